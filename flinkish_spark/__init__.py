@@ -1,0 +1,72 @@
+"""flinkish_spark: Apache Flink's model of finishing and restarting pipelines, for PySpark.
+
+Public API::
+
+    import flinkish_spark
+    spark = flinkish_spark.session()          # local Spark with workers that find this package
+    flinkish_spark.register(spark)            # flinkish.sequence, flinkish.files, ...
+    df = (spark.readStream.format("flinkish.sequence")
+          .option("uid", "numbers").option("checkpoint", "/tmp/p/meta")
+          .option("rowsPerSplit", "1000").load())
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flinkish_spark.errors import (
+    AlreadyExistsError,
+    CheckpointMismatchError,
+    ConfigError,
+    CorruptMetadataError,
+    EnvironmentSetupError,
+    FlinkishError,
+    ForeignMetadataError,
+    MetadataError,
+    RetryableError,
+    StorageAccessError,
+    StorageError,
+    StorageUnavailableError,
+    TerminalError,
+    UnsupportedFormatVersionError,
+)
+from flinkish_spark.session import session
+from flinkish_spark.source import Split, SplitDataSource, SplitEnumerator, SplitExtent, SplitReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__version__ = "0.1.0"
+
+
+def register(spark: "SparkSession") -> None:
+    """Register every built-in flinkish data source with ``spark``."""
+    from flinkish_spark.connectors import BUILTIN_SOURCES
+
+    for cls in BUILTIN_SOURCES:
+        spark.dataSource.register(cls)
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "CheckpointMismatchError",
+    "ConfigError",
+    "CorruptMetadataError",
+    "EnvironmentSetupError",
+    "FlinkishError",
+    "ForeignMetadataError",
+    "MetadataError",
+    "RetryableError",
+    "Split",
+    "SplitDataSource",
+    "SplitEnumerator",
+    "SplitExtent",
+    "SplitReader",
+    "StorageAccessError",
+    "StorageError",
+    "StorageUnavailableError",
+    "TerminalError",
+    "UnsupportedFormatVersionError",
+    "register",
+    "session",
+]

@@ -1,0 +1,87 @@
+"""One exception hierarchy for flinkish_spark.
+
+Every error the package raises is a :class:`FlinkishError`. Each one is either
+
+* :class:`TerminalError` -- retrying the same call cannot help: the input, the
+  configuration or the stored metadata is wrong and a person must change
+  something (the message says what and how), or
+* :class:`RetryableError` -- a transient condition (a storage endpoint that did
+  not answer, a throttled request); the same call may succeed later.
+
+Messages name the thing that is wrong (option, path, file, uid) and the fix.
+Spark wraps exceptions raised in Python workers in its own exception types; the
+class name and message of these errors stay visible in Spark's message text.
+"""
+
+from __future__ import annotations
+
+
+class FlinkishError(Exception):
+    """Base class of every error raised by flinkish_spark."""
+
+    retryable: bool = False
+
+
+class TerminalError(FlinkishError):
+    """An error that the same call will hit again: fix the input first."""
+
+    retryable = False
+
+
+class RetryableError(FlinkishError):
+    """A transient error: the same call may succeed later."""
+
+    retryable = True
+
+
+# -- configuration and environment ------------------------------------------------
+
+
+class ConfigError(TerminalError, ValueError):
+    """A bad option, option value or combination of options."""
+
+
+class EnvironmentSetupError(TerminalError):
+    """The machine is not set up to run Spark with this package (Java, PYSPARK_PYTHON)."""
+
+
+# -- storage --------------------------------------------------------------------------
+
+
+class StorageError(FlinkishError):
+    """Base class of object-store and file-system errors."""
+
+
+class StorageUnavailableError(StorageError, RetryableError):
+    """The storage endpoint did not answer or answered with a transient failure."""
+
+
+class StorageAccessError(StorageError, TerminalError):
+    """The storage refused the request (missing bucket, permission, unwritable path)."""
+
+
+class AlreadyExistsError(StorageError, TerminalError):
+    """An exclusive (put-if-absent) create found the object already there."""
+
+
+# -- checkpoint metadata ----------------------------------------------------------------
+
+
+class MetadataError(TerminalError):
+    """Base class of problems with stored checkpoint metadata."""
+
+
+class CorruptMetadataError(MetadataError):
+    """A metadata file is truncated, not Parquet, or internally inconsistent."""
+
+
+class ForeignMetadataError(MetadataError):
+    """A file in the metadata store was not written by flinkish_spark, or by another source."""
+
+
+class UnsupportedFormatVersionError(MetadataError):
+    """A metadata file was written by a newer flinkish_spark than the one reading it."""
+
+
+class CheckpointMismatchError(MetadataError):
+    """A restarted query does not match what its checkpoint recorded."""

@@ -1,0 +1,414 @@
+"""A small, picklable FileIO over fsspec.
+
+Guarantees:
+
+* :meth:`FileIO.write_exclusive` is put-if-absent: exactly one of two concurrent
+  writers of the same path succeeds, and a reader never sees a partially written
+  file. On local disk it writes a temporary file and hard-links it into place
+  (``link(2)`` fails if the target exists); on S3 it is a single PUT with
+  ``If-None-Match: *``; on ``memory://`` it is an exclusive open.
+* A retried exclusive write whose earlier attempt landed is recognised (the
+  stored bytes equal ours) and reported as success, as pyiceberg does for commits.
+* Transient storage failures are retried with backoff for idempotent calls and
+  surface as :class:`~flinkish_spark.errors.StorageUnavailableError` naming the
+  endpoint; refusals surface as :class:`~flinkish_spark.errors.StorageAccessError`.
+
+A FileIO pickles as its URL protocol and storage options: the fsspec file
+system is created lazily in each process (driver, executors).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+import fsspec
+from fsspec.core import split_protocol
+
+from flinkish_spark.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    StorageAccessError,
+    StorageUnavailableError,
+)
+
+T = TypeVar("T")
+
+_SUPPORTED_PROTOCOLS = ("file", "local", "memory", "s3", "s3a")
+# Defaults that keep an unreachable endpoint from hanging a query for minutes
+# (botocore's default connect timeout is 60 s with several retries).
+_S3_CONFIG_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 60,
+    "retries": {"max_attempts": 3, "mode": "standard"},
+}
+
+
+def storage_options_from(options: Mapping[str, str], url: str) -> dict[str, Any]:
+    """Build fsspec storage options for ``url`` from Spark-style options and the environment.
+
+    Options (all optional):
+
+    * ``endpointUrl`` -- S3 endpoint; default ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``.
+    * ``region`` -- S3 region; default ``AWS_REGION`` / ``AWS_DEFAULT_REGION``.
+    * ``storageOptions`` -- a JSON object passed to fsspec as is (wins over the above).
+
+    The environment is read here, on the driver, so executors that do not share
+    the driver's environment still reach the same endpoint.
+    """
+    protocol = protocol_of(url)
+    raw = options.get("storageOptions")
+    extra: dict[str, Any] = {}
+    if raw:
+        try:
+            extra = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"option 'storageOptions' is not valid JSON ({exc.msg}); "
+                'pass a JSON object such as {"anon": false}'
+            ) from None
+        if not isinstance(extra, dict):
+            raise ConfigError("option 'storageOptions' must be a JSON object, e.g. {\"anon\": false}")
+    result: dict[str, Any] = {}
+    if protocol == "s3":
+        endpoint = (
+            options.get("endpointUrl")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
+        if endpoint:
+            if not endpoint.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"option 'endpointUrl' must be an http:// or https:// URL, got {endpoint!r}"
+                )
+            result["endpoint_url"] = endpoint
+        region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get(
+            "AWS_DEFAULT_REGION"
+        )
+        client_kwargs: dict[str, Any] = {}
+        if region:
+            client_kwargs["region_name"] = region
+        if client_kwargs:
+            result["client_kwargs"] = client_kwargs
+        result["config_kwargs"] = dict(_S3_CONFIG_DEFAULTS)
+    result.update(extra)
+    return result
+
+
+def protocol_of(url: str) -> str:
+    protocol, _ = split_protocol(url)
+    protocol = protocol or "file"
+    if protocol == "s3a":
+        return "s3"
+    return protocol
+
+
+def _validate_url(url: str, what: str) -> None:
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"{what} must be a non-empty path or URL (file://, s3://, memory://)")
+    protocol = protocol_of(url)
+    if protocol not in _SUPPORTED_PROTOCOLS and protocol not in fsspec.available_protocols():
+        raise ConfigError(
+            f"{what} {url!r} uses the unknown protocol {protocol!r}; "
+            "use a local path, file://, s3:// or memory://"
+        )
+
+
+@dataclass
+class FileIO:
+    """File access rooted in one fsspec protocol. Paths are full URLs or local paths."""
+
+    protocol: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    retries: int = 4
+    _fs: Any = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def for_url(cls, url: str, storage_options: Mapping[str, Any] | None = None, what: str = "path") -> "FileIO":
+        _validate_url(url, what)
+        return cls(protocol=protocol_of(url), storage_options=dict(storage_options or {}))
+
+    # -- pickling: never ship a live file system (sockets, event loops) ------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"protocol": self.protocol, "storage_options": self.storage_options, "retries": self.retries}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.protocol = state["protocol"]
+        self.storage_options = state["storage_options"]
+        self.retries = state["retries"]
+        self._fs = None
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._fs = fsspec.filesystem(self.protocol, **self.storage_options)
+        return self._fs
+
+    @property
+    def endpoint(self) -> str:
+        if self.protocol == "s3":
+            return str(self.storage_options.get("endpoint_url") or "the default AWS S3 endpoint")
+        return f"{self.protocol}://"
+
+    def strip(self, url: str) -> str:
+        """The path as the file system wants it (no protocol)."""
+        return str(self.fs._strip_protocol(url))
+
+    def url(self, path: str) -> str:
+        """A full URL for a stripped path."""
+        if self.protocol in ("file", "local"):
+            return path
+        return f"{self.protocol}://{path.lstrip('/')}" if self.protocol != "memory" else f"memory://{path}"
+
+    # -- error mapping and retries ------------------------------------------------------
+
+    def _call(self, what: str, path: str, fn: Callable[[], T], idempotent: bool = True) -> T:
+        delay = 0.2
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except (FileNotFoundError, FileExistsError, AlreadyExistsError):
+                raise
+            except PermissionError as exc:
+                raise StorageAccessError(
+                    f"{what} {path!r} was refused: {exc}. Check the credentials and that the "
+                    "bucket or directory exists and is writable."
+                ) from exc
+            except Exception as exc:  # noqa: BLE001 - mapped below, re-raised if unknown
+                transient = _is_transient(exc)
+                if transient and idempotent and attempt <= self.retries:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                if transient:
+                    raise StorageUnavailableError(
+                        f"{what} {path!r} failed: the storage endpoint {self.endpoint} did not answer "
+                        f"({type(exc).__name__}: {exc}). Check that it is running and reachable; set "
+                        "the option 'endpointUrl' or AWS_ENDPOINT_URL to the right address."
+                    ) from exc
+                if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+                    raise StorageAccessError(f"{what} {path!r} was refused: {exc}") from exc
+                if _is_access_error(exc):
+                    raise StorageAccessError(
+                        f"{what} {path!r} was refused: {exc}. Check that the bucket exists and "
+                        "the credentials may write to it."
+                    ) from exc
+                raise
+
+    # -- reads --------------------------------------------------------------------------
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._call("reading", path, lambda: bytes(self.fs.cat_file(self.strip(path))))
+
+    def exists(self, path: str) -> bool:
+        return self._call("checking", path, lambda: bool(self.fs.exists(self.strip(path))))
+
+    def size(self, path: str) -> int:
+        return self._call("checking", path, lambda: int(self.fs.size(self.strip(path))))
+
+    def list_names(self, directory: str) -> list[str]:
+        """Base names of the entries directly in ``directory`` ([] if it does not exist)."""
+
+        def ls() -> list[str]:
+            d = self.strip(directory)
+            try:
+                entries = self.fs.ls(d, detail=False, refresh=True) if self.protocol == "s3" else self.fs.ls(d, detail=False)
+            except FileNotFoundError:
+                return []
+            return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+        return self._call("listing", directory, ls)
+
+    def find(self, directory: str) -> list[str]:
+        """Every file below ``directory`` (stripped paths, sorted)."""
+
+        def find() -> list[str]:
+            d = self.strip(directory)
+            if self.protocol == "s3":
+                self.fs.invalidate_cache()
+            try:
+                return sorted(self.fs.find(d))
+            except FileNotFoundError:
+                return []
+
+        return self._call("listing", directory, find)
+
+    def glob(self, pattern: str) -> list[str]:
+        def glob() -> list[str]:
+            if self.protocol == "s3":
+                self.fs.invalidate_cache()
+            return sorted(p for p in self.fs.glob(self.strip(pattern)) if not self.fs.isdir(p))
+
+        return self._call("listing", pattern, glob)
+
+    def isdir(self, path: str) -> bool:
+        return self._call("checking", path, lambda: bool(self.fs.isdir(self.strip(path))))
+
+    def open_input(self, path: str) -> Any:
+        return self._call("opening", path, lambda: self.fs.open(self.strip(path), "rb"))
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def write_exclusive(self, path: str, data: bytes) -> None:
+        """Create ``path`` with ``data``; raise AlreadyExistsError if it exists (put-if-absent)."""
+        stripped = self.strip(path)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if self.protocol in ("file", "local"):
+                    _local_exclusive_write(stripped, data)
+                else:
+                    self._call("writing", path, lambda: self.fs.pipe_file(stripped, data, mode="create"), idempotent=False)
+                return
+            except FileExistsError:
+                # An earlier attempt of ours may have landed before its answer was lost.
+                if attempt > 1 and self._stored_equals(path, data):
+                    return
+                raise AlreadyExistsError(f"{path!r} already exists") from None
+            except StorageUnavailableError:
+                if attempt > self.retries:
+                    raise
+                time.sleep(0.2 * attempt)
+
+    def _stored_equals(self, path: str, data: bytes) -> bool:
+        try:
+            return self.read_bytes(path) == data
+        except FileNotFoundError:
+            return False
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write (or overwrite) ``path``; atomic on local disk via rename."""
+        stripped = self.strip(path)
+        if self.protocol in ("file", "local"):
+            os.makedirs(os.path.dirname(stripped) or ".", exist_ok=True)
+            tmp = f"{stripped}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, stripped)
+            return
+        self._call("writing", path, lambda: self.fs.pipe_file(stripped, data))
+
+    def makedirs(self, path: str) -> None:
+        if self.protocol in ("file", "local"):
+            self._call("creating", path, lambda: os.makedirs(self.strip(path), exist_ok=True))
+
+    def delete(self, path: str) -> None:
+        """Delete ``path``; a missing file is not an error (deletes are retried)."""
+
+        def rm() -> None:
+            try:
+                self.fs.rm_file(self.strip(path))
+            except FileNotFoundError:
+                pass
+
+        self._call("deleting", path, rm)
+
+    def delete_many(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        if self.protocol == "s3":
+            stripped = [self.strip(p) for p in paths]
+            self._call("deleting", paths[0], lambda: self.fs.rm(stripped))
+            return
+        for p in paths:
+            self.delete(p)
+
+    def move(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst`` (copy + delete on object stores)."""
+        s, d = self.strip(src), self.strip(dst)
+        if self.protocol in ("file", "local"):
+            os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
+            self._call("moving", src, lambda: os.replace(s, d))
+            return
+        self._call("copying", src, lambda: self.fs.copy(s, d))
+        self.delete(src)
+
+    def check_writable_root(self, url: str, what: str) -> None:
+        """Fail fast, before anything is written, when ``url`` cannot be reached."""
+        stripped = self.strip(url)
+        if self.protocol == "s3":
+            bucket = stripped.split("/", 1)[0]
+            if not bucket:
+                raise ConfigError(f"{what} {url!r} names no bucket; use s3://BUCKET/prefix")
+            try:
+                self._call("checking", url, lambda: self.fs.ls(bucket, refresh=True))
+            except FileNotFoundError:
+                raise StorageAccessError(
+                    f"{what} {url!r}: the bucket {bucket!r} does not exist at {self.endpoint}; "
+                    "create it first or fix the URL"
+                ) from None
+        elif self.protocol in ("file", "local"):
+            probe = stripped
+            while probe and not os.path.exists(probe):
+                probe = os.path.dirname(probe.rstrip("/"))
+            if probe and (not os.path.isdir(probe) or not os.access(probe, os.W_OK)):
+                raise StorageAccessError(
+                    f"{what} {url!r} is not writable: {probe!r} is not a writable directory"
+                )
+
+    def walk_files(self, directory: str) -> Iterator[str]:
+        yield from self.find(directory)
+
+
+def _local_exclusive_write(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # atomic, fails with EEXIST when another writer got there first
+    finally:
+        os.unlink(tmp)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    names = {type(e).__name__ for e in _chain(exc)}
+    transient_names = {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ClientConnectorError",
+        "ServerDisconnectedError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "TimeoutError",
+        "ServerTimeoutError",
+    }
+    if names & transient_names:
+        return True
+    text = str(exc)
+    return any(s in text for s in ("SlowDown", "ServiceUnavailable", "InternalError", "503"))
+
+
+def _is_access_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(s in text for s in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket"))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__

@@ -1,0 +1,124 @@
+"""A SparkSession helper for local use that fails early and clearly on a bad setup.
+
+Spark's Python workers run under ``PYSPARK_PYTHON``; if that interpreter lacks
+this package, every query dies with "Python worker failed to connect back" or
+an import error deep in a task. :func:`session` checks Java and the worker
+interpreter first and raises :class:`~flinkish_spark.errors.EnvironmentSetupError`
+with the fix, then starts Spark with workers that use the current interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Mapping
+
+from flinkish_spark.errors import EnvironmentSetupError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA = 17
+
+
+def java_executable() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = os.path.join(java_home, "bin", "java")
+        if os.access(candidate, os.X_OK):
+            return candidate
+        raise EnvironmentSetupError(
+            f"JAVA_HOME is {java_home!r}, but {candidate} is not an executable. Point JAVA_HOME at a "
+            f"Java {MIN_JAVA}+ installation, or unset it to use the java on PATH."
+        )
+    found = shutil.which("java")
+    if not found:
+        raise EnvironmentSetupError(
+            f"Java was not found: Spark needs Java {MIN_JAVA} or newer. Install it (e.g. "
+            "'apt-get install openjdk-17-jre-headless') or set JAVA_HOME."
+        )
+    return found
+
+
+def check_java() -> int:
+    java = java_executable()
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EnvironmentSetupError(f"{java} -version failed ({exc}); install Java {MIN_JAVA}+") from None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not m:
+        raise EnvironmentSetupError(f"could not read the Java version from '{java} -version': {out.stderr.strip()!r}")
+    major = int(m.group(1))
+    if major == 1 and m.group(2):
+        major = int(m.group(2))
+    if major < MIN_JAVA:
+        raise EnvironmentSetupError(
+            f"{java} is Java {major}; Spark 4 needs Java {MIN_JAVA} or newer. Install a newer Java "
+            "and put it first on PATH or set JAVA_HOME."
+        )
+    return major
+
+
+def check_worker_python(python: str) -> None:
+    """Fail unless ``python`` can import pyspark and flinkish_spark (what workers need)."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return
+    try:
+        probe = subprocess.run(
+            [python, "-c", "import flinkish_spark, pyspark"], capture_output=True, text=True, timeout=120
+        )
+    except OSError as exc:
+        raise EnvironmentSetupError(
+            f"PYSPARK_PYTHON is {python!r}, which cannot be run ({exc}). Unset PYSPARK_PYTHON or set "
+            f"it to {sys.executable}."
+        ) from None
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        raise EnvironmentSetupError(
+            f"PYSPARK_PYTHON is {python!r}, but that interpreter cannot import flinkish_spark ({last}). "
+            f"Spark workers would fail with 'Python worker failed to connect back'. Unset PYSPARK_PYTHON "
+            f"or set it to {sys.executable}, the interpreter that has the package."
+        )
+
+
+def session(
+    master: str = "local[2]",
+    app_name: str = "flinkish",
+    conf: Mapping[str, str] | None = None,
+) -> "SparkSession":
+    """Start (or get) a SparkSession whose workers can run flinkish_spark, with sources registered.
+
+    ``master`` may be ``local[N]`` or ``local-cluster[N,cores,memoryMB]`` (separate
+    executor JVMs; ``SPARK_HOME`` is set to the installed pyspark when unset).
+    """
+    check_java()
+    python = os.environ.get("PYSPARK_PYTHON") or sys.executable
+    check_worker_python(python)
+    os.environ["PYSPARK_PYTHON"] = python
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local-cluster"):
+        import pyspark
+
+        os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .config("spark.executorEnv.PYSPARK_PYTHON", python)
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    from flinkish_spark import register
+
+    register(spark)
+    return spark

@@ -1,0 +1,44 @@
+"""The driver-side half of a split source (Flink's SplitEnumerator).
+
+It lives in Spark's long-lived Python worker on the driver. It discovers
+splits, says how far each can be read, and knows when it will never produce
+another split. Its state is stored with every checkpoint the source writes
+and handed back through :meth:`SplitEnumerator.restore` on restart.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Collection
+
+from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.source.split import Split, SplitExtent
+
+
+class SplitEnumerator(ABC):
+    @abstractmethod
+    def discover(self, known: Collection[str]) -> list[Split]:
+        """Return splits not in ``known`` (ids of every split ever seen, finished included)."""
+
+    @abstractmethod
+    def extent(self, split: Split, position: int) -> SplitExtent:
+        """How far ``split`` can be read now, given that it was read up to ``position``."""
+
+    @abstractmethod
+    def no_more_splits(self) -> bool:
+        """True once :meth:`discover` will never return a new split (a bounded source)."""
+
+    def snapshot_state(self) -> bytes:
+        """Opaque state stored with each checkpoint (default: none)."""
+        return b""
+
+    def restore(self, state: bytes) -> None:
+        """Restore from :meth:`snapshot_state` output of the checkpoint Spark resumes from."""
+
+    def on_checkpoint_complete(self, checkpoint: SourceCheckpoint) -> None:
+        """``checkpoint``'s epoch is committed by the sink and will never be replayed.
+
+        Called once or more per checkpoint (make it idempotent), in checkpoint order.
+        The place for work that must wait until data is safely out: deleting or
+        archiving input files, acknowledging messages.
+        """

@@ -1,0 +1,26 @@
+"""The executor-side half of a split source (Flink's SplitReader).
+
+A reader is created from a pickled copy of the source on each executor and
+must not rely on anything set on the driver after the query started: the
+split, the start and the end position are all it gets.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Iterator
+
+import pyarrow as pa
+
+from flinkish_spark.source.split import Split
+
+
+class SplitReader(ABC):
+    @abstractmethod
+    def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """Yield the records of ``split`` from position ``start`` (inclusive) to ``end`` (exclusive).
+
+        The same (split, start, end) must always yield the same records: a
+        replayed epoch re-reads exactly the same range. Batches may have any
+        column types castable to the source schema; the adapter casts them.
+        """

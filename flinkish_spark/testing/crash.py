@@ -1,0 +1,60 @@
+"""Crash injection at named protocol points, for crash tests that really kill the driver.
+
+Set ``FLINKISH_CRASH_AT=<point>[:<n>]`` in the environment of a process that
+starts a Spark driver (the JVM and its Python workers inherit it), plus
+``FLINKISH_CRASH_DIR`` (a directory for hit counters) and, to kill the whole
+driver -- Python driver, JVM and workers -- ``FLINKISH_CRASH_PGID`` (the
+process group the driver runs in; start it with ``start_new_session=True``).
+The ``n``-th time (default 1) execution reaches ``<point>``, in whichever
+process, the process group receives SIGKILL: the same as ``kill -9`` of the
+driver at exactly that point. Without the variables a crash point costs one
+dictionary lookup.
+
+Points (see docs/guarantees.md):
+
+* ``source.before_metadata_write`` / ``source.after_metadata_write`` -- in
+  ``latestOffset``, around writing the checkpoint file, i.e. before Spark's offset log;
+* ``source.partitions`` -- planning a batch, after Spark wrote its offset log;
+* ``source.read`` -- on an executor, after the first batch of a split was produced (mid-batch).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV_POINT = "FLINKISH_CRASH_AT"
+ENV_DIR = "FLINKISH_CRASH_DIR"
+ENV_PGID = "FLINKISH_CRASH_PGID"
+
+
+def crash_point(name: str) -> None:
+    spec = os.environ.get(ENV_POINT)
+    if not spec:
+        return
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    wanted = int(nth) if nth else 1
+    counter_dir = os.environ.get(ENV_DIR)
+    if counter_dir:
+        # One byte appended per hit: O_APPEND writes are atomic, so the file size
+        # counts hits across every process (driver worker, executors).
+        counter = os.path.join(counter_dir, f"{point}.hits")
+        fd = os.open(counter, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+        hits = os.path.getsize(counter)
+    else:
+        hits = wanted
+    if hits != wanted:
+        return
+    pgid = os.environ.get(ENV_PGID)
+    if pgid:
+        try:
+            os.killpg(int(pgid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(137)
