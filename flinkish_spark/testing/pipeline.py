@@ -1,0 +1,74 @@
+"""Run one streaming pipeline from a JSON spec in this process, for crash tests and demos.
+
+``python -m flinkish_spark.testing.pipeline SPEC.json`` starts a local Spark
+driver, runs ``readStream.format(source) -> writeStream.format(sink)`` with the
+spec's options and trigger until the query ends (AvailableNow) or
+``runSeconds`` pass, and exits 0. With ``FLINKISH_CRASH_AT`` set (see
+:mod:`flinkish_spark.testing.crash`) the driver is killed at that protocol point.
+
+Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
+``sink`` {format, options, checkpointLocation}, ``trigger`` ("availableNow" or
+"N seconds"), ``runSeconds``, ``master``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def _read(spark: Any, spec: dict[str, Any]) -> Any:
+    reader = spark.readStream.format(spec["format"])
+    if spec.get("schema"):
+        reader = reader.schema(spec["schema"])
+    for key, value in spec.get("options", {}).items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def run(spec: dict[str, Any]) -> None:
+    # Let crash points kill the whole driver: this process, the JVM and its workers.
+    os.environ["FLINKISH_CRASH_PGID"] = str(os.getpgrp())
+    import flinkish_spark
+
+    spark = flinkish_spark.session(master=spec.get("master", "local[2]"), app_name="flinkish-pipeline")
+    spark.sparkContext.setLogLevel("ERROR")
+    from flinkish_spark.testing.sources import register_test_sources
+
+    register_test_sources(spark)
+    sources = spec.get("sources") or [spec["source"]]
+    df = _read(spark, sources[0])
+    for other in sources[1:]:
+        df = df.unionByName(_read(spark, other))
+    sink = spec["sink"]
+    writer = df.writeStream.format(sink["format"]).option("checkpointLocation", sink["checkpointLocation"])
+    for key, value in sink.get("options", {}).items():
+        writer = writer.option(key, str(value))
+    trigger = spec.get("trigger", "availableNow")
+    writer = writer.trigger(availableNow=True) if trigger == "availableNow" else writer.trigger(processingTime=trigger)
+    query = writer.start()
+    if trigger == "availableNow":
+        query.awaitTermination()
+    else:
+        deadline = time.time() + float(spec.get("runSeconds", 10))
+        while time.time() < deadline and query.isActive:
+            time.sleep(0.2)
+        query.stop()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    spark.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python -m flinkish_spark.testing.pipeline SPEC.json")
+    with open(args[0]) as f:
+        run(json.load(f))
+
+
+if __name__ == "__main__":
+    main()

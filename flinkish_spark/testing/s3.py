@@ -1,0 +1,62 @@
+"""A local S3 API for tests and demos: moto's threaded server on a free loopback port.
+
+Usage::
+
+    with local_s3() as endpoint:      # "http://127.0.0.1:PORT"
+        make_bucket(endpoint, "data")
+        ... .option("endpointUrl", endpoint) ...
+
+Credentials are dummy values put in the environment (before Spark starts, so
+Spark's Python workers inherit them); nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+DUMMY_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def set_dummy_credentials() -> None:
+    for key, value in DUMMY_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+
+
+@contextmanager
+def local_s3() -> Iterator[str]:
+    """Run moto's S3 server on 127.0.0.1 for the duration of the block; yield its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    set_dummy_credentials()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def reset(endpoint: str) -> None:
+    """Forget every bucket and object on the server; clear fsspec's cached S3 clients."""
+    import requests
+    import s3fs
+
+    requests.post(f"{endpoint}/moto-api/reset", timeout=10)
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def make_bucket(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+
+
+def s3_storage_options(endpoint: str) -> dict[str, object]:
+    return {"endpoint_url": endpoint}

@@ -1,0 +1,100 @@
+"""FileIO: put-if-absent on every backend, error mapping, pickling."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Callable
+
+import pytest
+
+from flinkish_spark.errors import AlreadyExistsError, ConfigError, StorageAccessError, StorageUnavailableError
+from flinkish_spark.io.fileio import FileIO, storage_options_from
+
+
+def _backends(tmp_path, s3) -> dict[str, tuple[FileIO, str]]:
+    return {
+        "local": (FileIO.for_url(str(tmp_path)), str(tmp_path / "root")),
+        "memory": (FileIO.for_url("memory://x"), f"memory://fileio-{tmp_path.name}"),
+        "s3": (FileIO.for_url("s3://test", {"endpoint_url": s3}), "s3://test/root"),
+    }
+
+
+@pytest.mark.parametrize("backend", ["local", "memory", "s3"])
+def test_exclusive_create_has_exactly_one_winner(backend: str, tmp_path, s3: str) -> None:
+    io, root = _backends(tmp_path, s3)[backend]
+    path = f"{root}/ckpt/000000000001.parquet"
+    results: list[str] = []
+
+    def writer(tag: bytes) -> Callable[[], None]:
+        def go() -> None:
+            try:
+                io.write_exclusive(path, tag * 1000)
+                results.append("won")
+            except AlreadyExistsError:
+                results.append("lost")
+
+        return go
+
+    threads = [threading.Thread(target=writer(bytes([65 + i]))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["lost", "lost", "lost", "won"]
+    data = io.read_bytes(path)
+    assert len(data) == 1000 and len(set(data)) == 1  # one writer's whole file, never a mix
+    assert io.list_names(f"{root}/ckpt") == ["000000000001.parquet"]
+
+
+def test_local_exclusive_write_leaves_no_temporary_files(tmp_path) -> None:
+    io = FileIO.for_url(str(tmp_path))
+    io.write_exclusive(str(tmp_path / "d" / "a"), b"1")
+    with pytest.raises(AlreadyExistsError):
+        io.write_exclusive(str(tmp_path / "d" / "a"), b"2")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["a"]
+    assert io.read_bytes(str(tmp_path / "d" / "a")) == b"1"
+
+
+def test_fileio_pickles_without_its_filesystem(s3: str) -> None:
+    io = FileIO.for_url("s3://test/x", {"endpoint_url": s3})
+    io.write_bytes("s3://test/x/a", b"hello")
+    clone = pickle.loads(pickle.dumps(io))
+    assert clone._fs is None and clone.read_bytes("s3://test/x/a") == b"hello"
+
+
+def test_unreachable_endpoint_is_a_retryable_error_naming_it() -> None:
+    io = FileIO.for_url("s3://test", {"endpoint_url": "http://127.0.0.1:9", "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}}, )
+    io.retries = 1
+    with pytest.raises(StorageUnavailableError, match=r"http://127\.0\.0\.1:9") as err:
+        io.check_writable_root("s3://test/meta", "option 'checkpoint'")
+    assert err.value.retryable
+
+
+def test_missing_bucket_is_an_access_error(s3: str) -> None:
+    io = FileIO.for_url("s3://nope", {"endpoint_url": s3})
+    with pytest.raises(StorageAccessError, match="bucket 'nope' does not exist"):
+        io.check_writable_root("s3://nope/meta", "option 'checkpoint'")
+
+
+def test_root_below_a_file_is_refused(tmp_path) -> None:
+    (tmp_path / "afile").write_text("x")
+    io = FileIO.for_url(str(tmp_path))
+    with pytest.raises(StorageAccessError, match="not a writable directory"):
+        io.check_writable_root(str(tmp_path / "afile" / "meta"), "option 'checkpoint'")
+
+
+def test_storage_options_come_from_options_then_environment(monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:1")
+    assert storage_options_from({}, "s3://b/x")["endpoint_url"] == "http://env:1"
+    assert storage_options_from({"endpointUrl": "http://opt:2"}, "s3://b/x")["endpoint_url"] == "http://opt:2"
+    assert storage_options_from({}, "/local/x") == {}
+    with pytest.raises(ConfigError, match="'storageOptions' is not valid JSON"):
+        storage_options_from({"storageOptions": "{nope"}, "s3://b/x")
+    with pytest.raises(ConfigError, match="'endpointUrl' must be an http"):
+        storage_options_from({"endpointUrl": "localhost:9000"}, "s3://b/x")
+
+
+def test_unknown_protocol_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unknown protocol 'nosuch'"):
+        FileIO.for_url("nosuch://x", what="option 'checkpoint'")
