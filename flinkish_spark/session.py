@@ -100,6 +100,8 @@ def session(
     check_worker_python(python)
     os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local runs stay on loopback
     if master.startswith("local-cluster"):
         import pyspark
 

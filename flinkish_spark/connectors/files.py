@@ -177,6 +177,9 @@ class FilesDataSource(SplitDataSource):
     def schema(self) -> StructType:
         from pyspark.sql.pandas.types import from_arrow_schema
 
+        recorded = self.recorded_schema()
+        if recorded is not None:
+            return recorded
         files = self.lister().list()
         if not files:
             raise ConfigError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Collection, Iterator
+from typing import Any, ClassVar, Collection, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -87,7 +87,7 @@ class SequenceDataSource(SplitDataSource):
     """``spark.readStream.format("flinkish.sequence")``."""
 
     KIND = "flinkish.sequence"
-    EXTRA_OPTIONS = ("splits", "rowsPerSplit", "rowsPerSecond", "maxRowsPerTrigger")
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("splits", "rowsPerSplit", "rowsPerSecond", "maxRowsPerTrigger")
 
     def configure(self, opts: Options) -> None:
         lengths_raw = opts.get("rowsPerSplit")
@@ -136,5 +136,5 @@ class SequenceDataSource(SplitDataSource):
     def create_enumerator(self) -> SequenceEnumerator:
         return SequenceEnumerator(self.lengths, self.rows_per_second)
 
-    def create_reader(self, schema: StructType) -> SequenceReader:
+    def create_reader(self, schema: StructType) -> SplitReader:
         return SequenceReader()

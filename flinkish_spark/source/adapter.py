@@ -209,7 +209,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ckpt_id=ckpt_id,
             parent_id=None if prev is None else prev.ckpt_id,
             created_ms=int(time.time() * 1000),
-            config=self.source.config_json(),
+            config=self.source.config_json(self.schema),
             enumerator_state=enumerator.snapshot_state(),
             no_more_splits=no_more,
             splits=records,

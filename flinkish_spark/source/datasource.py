@@ -89,8 +89,24 @@ class SplitDataSource(DataSource):
 
     # -- wiring ---------------------------------------------------------------------------
 
-    def config_json(self) -> str:
-        return json.dumps(self.config(), sort_keys=True)
+    def config_json(self, schema: StructType) -> str:
+        """The configuration recorded in each checkpoint: the source's own plus its schema."""
+        return json.dumps({**self.config(), "schema": schema.json()}, sort_keys=True)
+
+    def recorded_schema(self) -> StructType | None:
+        """The schema recorded by the newest checkpoint of this uid, if there is one.
+
+        A restarted query keeps the schema it started with, even when the input
+        that it was inferred from is gone (archived, deleted).
+        """
+        latest = self.checkpoint_store().latest()
+        if latest is None:
+            return None
+        recorded = json.loads(latest.config).get("schema")
+        if not recorded:
+            return None
+        parsed = StructType.fromJson(json.loads(recorded))
+        return parsed
 
     def checkpoint_store(self) -> SourceCheckpointStore:
         return SourceCheckpointStore(self.io, self.checkpoint_root, self.uid, self.name())

@@ -31,8 +31,11 @@ def set_dummy_credentials() -> None:
 @contextmanager
 def local_s3() -> Iterator[str]:
     """Run moto's S3 server on 127.0.0.1 for the duration of the block; yield its endpoint URL."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     set_dummy_credentials()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -1,0 +1,62 @@
+"""Read-only views of a checkpoint metadata root, for people (tables) and machines (JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flinkish_spark.checkpoint.layout import join
+from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.checkpoint.store import SourceCheckpointStore
+from flinkish_spark.errors import ConfigError
+from flinkish_spark.io.fileio import FileIO
+
+
+@dataclass(frozen=True)
+class SourceEpoch:
+    uid: str
+    kind: str
+    ckpt_id: int
+    status: str
+    splits_finished: int
+    splits_total: int
+    rows_in_epoch: int
+    position_total: int
+    created_ms: int
+
+    @classmethod
+    def of(cls, c: SourceCheckpoint) -> "SourceEpoch":
+        return cls(
+            uid=c.uid,
+            kind=c.kind,
+            ckpt_id=c.ckpt_id,
+            status=c.status,
+            splits_finished=sum(1 for s in c.splits if s.finished),
+            splits_total=len(c.splits),
+            rows_in_epoch=sum(s.rows_in_epoch for s in c.splits),
+            position_total=sum(s.position for s in c.splits),
+            created_ms=c.created_ms,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def source_uids(io: FileIO, root: str) -> list[str]:
+    return io.list_names(join(root, "sources"))
+
+
+def recent_epochs(io: FileIO, root: str, last: int = 5) -> list[SourceEpoch]:
+    """The newest ``last`` checkpoints of every source under ``root``, oldest first per source."""
+    uids = source_uids(io, root)
+    if not uids and not io.exists(root):
+        raise ConfigError(f"{root} does not exist: pass the metadata root (the sources' 'checkpoint' option)")
+    out: list[SourceEpoch] = []
+    for uid in uids:
+        store = SourceCheckpointStore(io, root, uid, kind="")
+        for ckpt_id in store.ids()[-last:]:
+            from flinkish_spark.checkpoint.serde import decode_source_checkpoint
+
+            path = store.path(ckpt_id)
+            out.append(SourceEpoch.of(decode_source_checkpoint(io.read_bytes(path), path)))
+    return out

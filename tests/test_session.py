@@ -1,0 +1,52 @@
+"""The session helper refuses a machine that cannot run the package, with the fix in the message."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import flinkish_spark
+from flinkish_spark.errors import EnvironmentSetupError
+
+
+def test_missing_java_names_the_fix(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java anywhere
+    with pytest.raises(EnvironmentSetupError, match=r"Java was not found: Spark needs Java 17 or newer.*JAVA_HOME"):
+        flinkish_spark.session()
+
+
+def test_bad_java_home_is_named(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nojdk"))
+    with pytest.raises(EnvironmentSetupError, match=r"JAVA_HOME is .*nojdk.*is not an executable"):
+        flinkish_spark.session()
+
+
+def test_old_java_is_refused(monkeypatch, tmp_path: Path) -> None:
+    fake = tmp_path / "jdk" / "bin" / "java"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/bin/sh\necho \'openjdk version "11.0.2" 2019-01-15\' >&2\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    with pytest.raises(EnvironmentSetupError, match=r"is Java 11; Spark 4 needs Java 17 or newer"):
+        flinkish_spark.session()
+
+
+def test_worker_python_without_the_package_is_refused(monkeypatch, tmp_path: Path) -> None:
+    # An interpreter that exists but cannot import flinkish_spark (isolated mode, no site-packages).
+    wrapper = tmp_path / "python-without-package"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PYSPARK_PYTHON", str(wrapper))
+    with pytest.raises(EnvironmentSetupError) as err:
+        flinkish_spark.session()
+    msg = str(err.value)
+    assert "cannot import flinkish_spark" in msg and f"set it to {sys.executable}" in msg
+
+
+def test_worker_python_that_does_not_exist_is_refused(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PYSPARK_PYTHON", str(tmp_path / "python9"))
+    with pytest.raises(EnvironmentSetupError, match=r"PYSPARK_PYTHON is .*python9.*cannot be run"):
+        flinkish_spark.session()
