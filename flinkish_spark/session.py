@@ -113,6 +113,7 @@ def session(
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.executorEnv.PYSPARK_PYTHON", python)

@@ -75,10 +75,14 @@ def encode_source_checkpoint(ckpt: SourceCheckpoint) -> bytes:
         b"flinkish.status": ckpt.status.encode(),
         b"flinkish.enumerator_state": ckpt.enumerator_state,
     }
-    table = table.replace_schema_metadata(metadata)
     buf = io.BytesIO()
     # Dictionary + zstd keep 100k mostly-finished splits well under a megabyte.
-    pq.write_table(table, buf, compression="zstd", use_dictionary=True)
+    # store_schema=False + explicit key-value metadata: otherwise pyarrow stores the
+    # metadata a second time, base64-encoded, inside its ARROW:schema entry.
+    writer = pq.ParquetWriter(buf, SPLIT_SCHEMA, compression="zstd", use_dictionary=True, store_schema=False)
+    writer.write_table(table)
+    writer.add_key_value_metadata(metadata)
+    writer.close()
     return buf.getvalue()
 
 
@@ -106,7 +110,11 @@ def read_format_version(metadata: dict[bytes, bytes] | None, path: str) -> int:
 def decode_source_checkpoint(data: bytes, path: str) -> SourceCheckpoint:
     """Decode one checkpoint file; every failure names ``path``."""
     try:
-        table = pq.read_table(io.BytesIO(data))
+        parquet = pq.ParquetFile(io.BytesIO(data))
+        # The footer's key-value metadata, not the Arrow schema's: files are written
+        # without the ARROW:schema copy (store_schema=False).
+        footer_md = parquet.metadata.metadata
+        table = parquet.read()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
         if len(data) >= 4 and data[:4] == b"PAR1":
             raise CorruptMetadataError(
@@ -117,7 +125,7 @@ def decode_source_checkpoint(data: bytes, path: str) -> SourceCheckpoint:
             f"{path} is not a Parquet file ({len(data)} bytes). The checkpoint directory may hold a "
             "foreign or damaged file; remove it or point 'checkpoint' elsewhere."
         ) from None
-    md = table.schema.metadata or {}
+    md = dict(footer_md or {})
     read_format_version(md, path)
     if md.get(KIND_KEY) != SOURCE_FILE_KIND:
         raise ForeignMetadataError(f"{path} is flinkish metadata of kind {md.get(KIND_KEY)!r}, not a source checkpoint")
