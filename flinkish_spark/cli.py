@@ -29,7 +29,8 @@ def _inspect(args: argparse.Namespace) -> int:
         table.add_column(col)
     for e in epochs:
         table.add_row(e.uid, e.kind, str(e.ckpt_id), e.status, f"{e.splits_finished}/{e.splits_total}", str(e.rows_in_epoch), str(e.position_total))
-    Console().print(table)
+    # Piped output (scripts, logs) is not cut to 80 columns.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
 
 
