@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING
 from flinkish_spark.errors import (
     AlreadyExistsError,
     CheckpointMismatchError,
+    CommitFailedError,
     ConfigError,
     CorruptMetadataError,
     EnvironmentSetupError,
+    FencedError,
     FlinkishError,
     ForeignMetadataError,
     MetadataError,
@@ -31,6 +33,7 @@ from flinkish_spark.errors import (
     UnsupportedFormatVersionError,
 )
 from flinkish_spark.session import session
+from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
 from flinkish_spark.source import Split, SplitDataSource, SplitEnumerator, SplitExtent, SplitReader
 
 if TYPE_CHECKING:
@@ -40,10 +43,10 @@ __version__ = "0.1.0"
 
 
 def register(spark: "SparkSession") -> None:
-    """Register every built-in flinkish data source with ``spark``."""
-    from flinkish_spark.connectors import BUILTIN_SOURCES
+    """Register every built-in flinkish source and sink with ``spark``."""
+    from flinkish_spark.connectors import BUILTIN_SINKS, BUILTIN_SOURCES
 
-    for cls in BUILTIN_SOURCES:
+    for cls in (*BUILTIN_SOURCES, *BUILTIN_SINKS):
         spark.dataSource.register(cls)
 
 
@@ -67,6 +70,12 @@ __all__ = [
     "StorageUnavailableError",
     "TerminalError",
     "UnsupportedFormatVersionError",
+    "CommitOutcome",
+    "FencedError",
+    "CommitFailedError",
+    "PrepareContext",
+    "TwoPhaseCommitSink",
     "register",
+    "transactional",
     "session",
 ]

@@ -1,5 +1,6 @@
-"""The ``flinkish`` command: ``demo`` (a real pipeline on local Spark and a local S3 server)
-and ``inspect`` (what a checkpoint metadata root says, as a table or JSON)."""
+"""The ``flinkish`` command: ``demo`` (a real pipeline on local Spark and a local S3 server),
+``inspect`` (what a checkpoint metadata root says, as a table or JSON) and ``orphans``
+(staged sink output that a crash left behind)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,29 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _orphans(args: argparse.Namespace) -> int:
+    from flinkish_spark.io.fileio import FileIO, storage_options_from
+    from flinkish_spark.sink.decisions import DecisionLog
+    from flinkish_spark.sink.orphans import remove, scan
+
+    options = {"endpointUrl": args.endpoint_url} if args.endpoint_url else {}
+    data_io = FileIO.for_url(args.path, storage_options_from(options, args.path), what="PATH")
+    meta_io = FileIO.for_url(args.checkpoint, storage_options_from(options, args.checkpoint), what="--checkpoint")
+    entries = scan(data_io, args.path, DecisionLog(meta_io, args.checkpoint.rstrip("/"), args.uid))
+    removed = remove(data_io, entries, include_pending=args.include_pending) if args.delete else []
+    if args.json:
+        print(json.dumps({"staged": [e.__dict__ for e in entries], "removed": [e.path for e in removed]}, indent=2))
+        return 0
+    for e in entries:
+        print(f"{e.state:8} epoch {e.epoch:>6}  {e.path}")
+    counts = {s: sum(1 for e in entries if e.state == s) for s in ("orphan", "pending", "decided")}
+    print(f"{counts['orphan']} orphan, {counts['pending']} pending (newest undecided epochs), "
+          f"{counts['decided']} awaiting recovery; removed {len(removed)}")
+    if not args.delete and counts["orphan"]:
+        print("run again with --delete to remove the orphans")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from flinkish_spark.demo import run_demo
 
@@ -50,6 +74,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--last", type=int, default=5, help="epochs per source (default 5)")
     p.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     p.set_defaults(func=_inspect)
+
+    o = sub.add_parser("orphans", help="list (and --delete) staged files of a flinkish.parquet sink that no commit will use")
+    o.add_argument("path", help="the sink's 'path'")
+    o.add_argument("--uid", required=True, help="the sink's uid")
+    o.add_argument("--checkpoint", required=True, help="the sink's metadata root (default of the sink: <checkpointLocation>/flinkish)")
+    o.add_argument("--delete", action="store_true", help="remove the orphans")
+    o.add_argument("--include-pending", action="store_true", help="with --delete: also remove staged files of the newest undecided epochs (only when the query is stopped for good)")
+    o.add_argument("--json", action="store_true")
+    o.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    o.set_defaults(func=_orphans)
 
     d = sub.add_parser("demo", help="run a real pipeline on local Spark and a local S3 server")
     d.add_argument("--workdir", default="demo-output", help="where the demo writes (default ./demo-output)")

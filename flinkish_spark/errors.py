@@ -85,3 +85,18 @@ class UnsupportedFormatVersionError(MetadataError):
 
 class CheckpointMismatchError(MetadataError):
     """A restarted query does not match what its checkpoint recorded."""
+
+
+# -- sinks and fencing ------------------------------------------------------------------
+
+
+class FencedError(TerminalError):
+    """Another live run of the same query holds the lease for this source or sink uid."""
+
+
+class CommitFailedError(TerminalError):
+    """A sink refused to commit an epoch whose decision is recorded; a restart retries it."""
+
+
+class CommitRetryExhaustedError(RetryableError):
+    """A sink kept answering 'retry later' for an epoch; a restart retries the commit."""

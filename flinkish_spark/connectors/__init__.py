@@ -1,8 +1,10 @@
-"""Built-in connectors: the ``flinkish.sequence`` generator and the ``flinkish.files`` source."""
+"""Built-in connectors: ``flinkish.sequence`` and ``flinkish.files`` sources, the ``flinkish.parquet`` sink."""
 
 from flinkish_spark.connectors.files import FilesDataSource
+from flinkish_spark.connectors.parquet_sink import ParquetSink, ParquetSinkDataSource
 from flinkish_spark.connectors.sequence import SequenceDataSource
 
 BUILTIN_SOURCES = (SequenceDataSource, FilesDataSource)
+BUILTIN_SINKS = (ParquetSinkDataSource,)
 
-__all__ = ["BUILTIN_SOURCES", "FilesDataSource", "SequenceDataSource"]
+__all__ = ["BUILTIN_SINKS", "BUILTIN_SOURCES", "FilesDataSource", "ParquetSink", "ParquetSinkDataSource", "SequenceDataSource"]

@@ -357,8 +357,16 @@ class FileIO:
                     f"{what} {url!r} is not writable: {probe!r} is not a writable directory"
                 )
 
-    def walk_files(self, directory: str) -> Iterator[str]:
-        yield from self.find(directory)
+    def remove_empty_dirs(self, directory: str) -> None:
+        """Remove ``directory`` and its empty sub-folders (local disk; object stores have none)."""
+        if self.protocol not in ("file", "local"):
+            return
+        top = self.strip(directory)
+        for root, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+            try:
+                os.rmdir(root)
+            except OSError:
+                pass
 
 
 def _local_exclusive_write(path: str, data: bytes) -> None:

@@ -26,6 +26,7 @@ carries only the source and schema: ``read`` needs nothing else.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -40,9 +41,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from flinkish_spark.checkpoint.layout import join
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.errors import CheckpointMismatchError, UnsupportedFormatVersionError
+from flinkish_spark.sink.lease import Lease
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.planning import Budget, plan_epoch, read_ranges
 from flinkish_spark.source.reader import SplitReader
@@ -103,6 +106,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._notified_through = GENESIS
         self._available_now = False
         self._caps: dict[str, int] | None = None
+        self._lease: Lease | None = None
 
     # -- offsets ------------------------------------------------------------------------
 
@@ -129,6 +133,29 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "restarts; restore the old uid or start with a new checkpointLocation."
             )
         return int(offset["ckpt"])
+
+    def _fence(self) -> None:
+        """Hold this uid's lease for the run (heartbeat thread); fail if another live run has it."""
+        if self._lease is None:
+            lease = Lease(
+                self.source.io,
+                join(self.store.directory, "_lease.json"),
+                uuid.uuid4().hex,
+                f"source uid {self.source.uid!r}",
+                self.source.lease_timeout,
+            )
+            lease.acquire()
+            lease.start_heartbeat()
+            self._lease = lease
+        self._lease.check()
+
+    def stop(self) -> None:
+        # Spark calls this when the query ends: release the lease so a restart need not wait.
+        if self._lease is not None and self._lease.held:
+            self._lease.stop_heartbeat()
+            holder = self._lease.read()
+            if holder is not None and holder.run_id == self._lease.run_id:
+                self.source.io.delete(self._lease.path)
 
     @property
     def store(self) -> SourceCheckpointStore:
@@ -174,6 +201,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._caps = None
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._fence()
         prev = self._load(self._ckpt_id(start))
         self._checkpoint_complete(prev)
         enumerator = self._enumerator_for(prev)
@@ -234,6 +262,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start_id, end_id = self._ckpt_id(start), self._ckpt_id(end)
         if start_id == end_id:
             return []
+        self._fence()
         ckpt = self._load(end_id)
         assert ckpt is not None
         expected_parent = None if start_id == GENESIS else start_id

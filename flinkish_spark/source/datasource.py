@@ -24,12 +24,13 @@ from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import STORAGE_OPTIONS, Options
+from flinkish_spark.sink.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 from flinkish_spark.source.adapter import SplitStreamReader
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_RETAIN = 10
-COMMON_OPTIONS = ("uid", "checkpoint", "retainCheckpoints", *STORAGE_OPTIONS)
+COMMON_OPTIONS = ("uid", "checkpoint", "retainCheckpoints", "leaseTimeout", *STORAGE_OPTIONS)
 
 
 def parse_uid(opts: Options) -> str:
@@ -54,6 +55,7 @@ class SplitDataSource(DataSource):
             "checkpoint", "the metadata root URL, e.g. s3://bucket/pipelines/p1/meta or /tmp/p1/meta"
         ).rstrip("/")
         self.retain = opts.integer("retainCheckpoints", DEFAULT_RETAIN, minimum=1) or DEFAULT_RETAIN
+        self.lease_timeout = opts.number("leaseTimeout", DEFAULT_LEASE_TIMEOUT_S) or DEFAULT_LEASE_TIMEOUT_S
         self.raw_options = opts.raw()
         self.io = FileIO.for_url(
             self.checkpoint_root,

@@ -58,3 +58,27 @@ def crash_point(name: str) -> None:
         except ProcessLookupError:
             pass
     os._exit(137)
+
+
+ENV_FAIL = "FLINKISH_FAIL_AT"
+
+
+class InjectedFailure(RuntimeError):
+    """An exception raised on purpose by :func:`fail_point` (a task failure, not a kill)."""
+
+
+def fail_point(name: str, attempt: int = 0) -> None:
+    """Raise :class:`InjectedFailure` at ``name`` when ``FLINKISH_FAIL_AT`` asks for it.
+
+    ``FLINKISH_FAIL_AT=<point>:first`` fails only the first attempt of a Spark task
+    (Spark retries it when ``spark.task.maxFailures`` > 1, e.g. master ``local[2,4]``);
+    ``<point>:always`` fails every attempt (the job, and the query, fail).
+    """
+    spec = os.environ.get(ENV_FAIL)
+    if not spec:
+        return
+    point, _, mode = spec.partition(":")
+    if point != name:
+        return
+    if mode == "always" or (mode in ("", "first") and attempt == 0):
+        raise InjectedFailure(f"injected failure at {name} (attempt {attempt})")

@@ -1,0 +1,232 @@
+"""``flinkish.parquet``: an exactly-once Parquet sink on any fsspec URL (local disk, S3).
+
+Prepare (executors) writes each task's rows to staging files
+``<path>/_flinkish_staging/<uid>/<epoch>/<partition>-<attempt>-<random>-<n>.parquet.staged``:
+invisible to Spark and pyarrow (they skip ``_``-prefixed folders) and to
+``*.parquet`` globs (DuckDB), because of the folder and the suffix. Commit (driver)
+moves each staged file to its final, deterministic name
+``<path>/[k=v/]part-<epoch>-<partition>-<n>-<uid>.parquet`` -- an atomic rename on local
+disk, a server-side copy then delete on S3 -- so no reader ever sees a half-written file,
+and a repeated commit finds the final file in place and cannot duplicate it.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql.types import StructType
+
+from flinkish_spark.errors import CommitFailedError, ConfigError
+from flinkish_spark.io.fileio import FileIO, storage_options_from
+from flinkish_spark.options import Options
+from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
+from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
+from flinkish_spark.testing.crash import crash_point, fail_point
+
+STAGING = "_flinkish_staging"
+STAGED_SUFFIX = ".parquet.staged"
+DEFAULT_ROWS_PER_FILE = 1_000_000
+DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    staged: str
+    final: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class ParquetCommittable:
+    files: tuple[StagedFile, ...]
+
+
+def parse_size(opts: Options, name: str, default: int) -> int:
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    text = raw.strip().lower().replace(" ", "")
+    digits = text.rstrip("kmgb")
+    unit = text[len(digits):]
+    if not digits.isdigit() or unit not in _SIZE_UNITS or int(digits) <= 0:
+        raise ConfigError(f"{opts.component}: option '{name}' must be a size such as 134217728, 128MB or 1GB, got {raw!r}")
+    return int(digits) * _SIZE_UNITS[unit]
+
+
+class ParquetSink(TwoPhaseCommitSink[ParquetCommittable]):
+    def __init__(self, io: FileIO, path: str, uid: str, schema: StructType, partition_by: tuple[str, ...],
+                 rows_per_file: int, target_file_size: int, compression: str) -> None:
+        self.io = io
+        self.path = path.rstrip("/")
+        self.uid = uid
+        self.partition_by = partition_by
+        self.rows_per_file = rows_per_file
+        self.target_file_size = target_file_size
+        self.compression = compression
+        self.file_names = [n for n in schema.fieldNames() if n not in partition_by]
+
+    @classmethod
+    def at(cls, path: str, uid: str, schema: StructType, partition_by: tuple[str, ...] = (),
+           rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
+           compression: str = "snappy", options: dict[str, str] | None = None) -> "ParquetSink":
+        """A sink for :func:`flinkish_spark.transactional` (foreachBatch); options as the format's."""
+        io = FileIO.for_url(path, storage_options_from(options or {}, path), what="path")
+        io.check_writable_root(path, "path")
+        return cls(io, path, uid, schema, tuple(partition_by), rows_per_file, target_file_size, compression)
+
+    def staging_dir(self, epoch: int) -> str:
+        return f"{self.path}/{STAGING}/{self.uid}/{epoch:012d}"
+
+    # -- prepare (executors) ---------------------------------------------------------------
+
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> ParquetCommittable | None:
+        token = uuid.uuid4().hex[:8]
+        writers: dict[str, _RollingWriter] = {}
+        files: list[StagedFile] = []
+        counter = 0
+
+        def writer_for(part_dir: str, schema: pa.Schema) -> _RollingWriter:
+            nonlocal counter
+            w = writers.get(part_dir)
+            if w is None or w.full(self.rows_per_file, self.target_file_size):
+                if w is not None:
+                    files.append(w.close())
+                n = counter
+                counter += 1
+                staged = f"{self.staging_dir(ctx.epoch)}/{ctx.partition_id:05d}-{ctx.attempt}-{token}-{n:04d}{STAGED_SUFFIX}"
+                final_dir = f"{self.path}/{part_dir}" if part_dir else self.path
+                final = f"{final_dir}/part-{ctx.epoch:012d}-{ctx.partition_id:05d}-{n:04d}-{self.uid}.parquet"
+                w = _RollingWriter(self.io, staged, final, schema, self.compression)
+                writers[part_dir] = w
+            return w
+
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            for part_dir, piece in self._split(batch):
+                # Spark's batches carry its session time zone: write them as they come.
+                columns = piece.select(self.file_names)
+                offset = 0
+                while offset < columns.num_rows:  # honour rowsPerFile inside large batches
+                    w = writer_for(part_dir, columns.schema)
+                    take = min(columns.num_rows - offset, max(1, self.rows_per_file - w.rows))
+                    w.write(columns.slice(offset, take))
+                    offset += take
+                    fail_point("sink.write", attempt=ctx.attempt)
+        files.extend(w.close() for w in writers.values())
+        files = [f for f in files if f.rows > 0]
+        return ParquetCommittable(tuple(files)) if files else None
+
+    def _split(self, batch: pa.RecordBatch) -> Iterator[tuple[str, pa.RecordBatch]]:
+        if not self.partition_by:
+            yield "", batch
+            return
+        table = pa.Table.from_batches([batch])
+        keys = table.group_by(list(self.partition_by)).aggregate([]).to_pylist()
+        for key in keys:
+            mask = None
+            for col, value in key.items():
+                cond = pc.is_null(table[col]) if value is None else pc.equal(table[col], value)
+                mask = cond if mask is None else pc.and_(mask, cond)
+            part_dir = "/".join(f"{c}={'__HIVE_DEFAULT_PARTITION__' if key[c] is None else key[c]}" for c in self.partition_by)
+            for piece in table.filter(mask).to_batches():
+                yield part_dir, piece
+
+    # -- commit / abort (driver) -------------------------------------------------------------
+
+    def commit(self, committables: list[ParquetCommittable], epoch: int) -> CommitOutcome:
+        moved = 0
+        for c in committables:
+            for f in c.files:
+                if self.io.exists(f.staged):
+                    self.io.move(f.staged, f.final)
+                elif not self.io.exists(f.final):
+                    raise CommitFailedError(
+                        f"epoch {epoch} of sink uid {self.uid!r}: neither the staged file {f.staged} nor its "
+                        f"final file {f.final} exists. The staging folder was cleaned by hand; the epoch's "
+                        "data is lost from the sink and must be rewritten."
+                    )
+                moved += 1
+                if moved == 1:
+                    crash_point("sink.mid_commit")  # some files visible, others not yet
+        return "COMMITTED"
+
+    def abort(self, committables: list[ParquetCommittable], epoch: int) -> None:
+        self.io.delete_many([f.staged for c in committables for f in c.files])
+
+    def cleanup(self, epoch: int, keep: list[ParquetCommittable]) -> None:
+        staging = self.staging_dir(epoch)
+        wanted = {self.io.strip(f.staged) for c in keep for f in c.files}
+        leftovers = [p for p in self.io.find(staging) if p not in wanted]
+        self.io.delete_many([self.io.url(p) for p in leftovers])
+        self.io.remove_empty_dirs(staging)
+
+    def encode(self, committable: ParquetCommittable) -> bytes:
+        return json.dumps([asdict(f) for f in committable.files], sort_keys=True).encode()
+
+    def decode(self, data: bytes) -> ParquetCommittable:
+        return decode_committable(data)
+
+
+def decode_committable(data: bytes) -> ParquetCommittable:
+    return ParquetCommittable(tuple(StagedFile(**d) for d in json.loads(data)))
+
+
+class _RollingWriter:
+    def __init__(self, io: FileIO, staged: str, final: str, schema: pa.Schema, compression: str) -> None:
+        self.staged, self.final = staged, final
+        self.io = io
+        io.makedirs(posixpath.dirname(io.strip(staged)))
+        self.handle = io.fs.open(io.strip(staged), "wb")
+        self.writer = pq.ParquetWriter(self.handle, schema, compression=compression)
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.writer.write_batch(batch)
+        self.rows += batch.num_rows
+
+    def full(self, rows_per_file: int, target_size: int) -> bool:
+        return self.rows >= rows_per_file or self.handle.tell() >= target_size
+
+    def close(self) -> StagedFile:
+        self.writer.close()
+        self.handle.close()
+        return StagedFile(self.staged, self.final, self.rows)
+
+
+class ParquetSinkDataSource(TwoPhaseCommitDataSource):
+    """``df.writeStream.format("flinkish.parquet")``."""
+
+    KIND = "flinkish.parquet"
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("rowsPerFile", "targetFileSize", "partitionBy", "compression")
+
+    def configure(self, opts: Options) -> None:
+        self.path = opts.required("path", "where the Parquet files go (fsspec URL), e.g. .option('path', 's3://b/out')").rstrip("/")
+        self.rows_per_file = opts.integer("rowsPerFile", DEFAULT_ROWS_PER_FILE, minimum=1) or DEFAULT_ROWS_PER_FILE
+        self.target_file_size = parse_size(opts, "targetFileSize", DEFAULT_TARGET_FILE_SIZE)
+        raw = opts.get("partitionBy") or ""
+        self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
+        self.compression = opts.choice("compression", ("snappy", "zstd", "gzip", "none"), "snappy")
+        self.data_io = FileIO.for_url(self.path, storage_options_from(self.raw_options, self.path), what="option 'path'")
+        self.data_io.check_writable_root(self.path, "option 'path'")
+
+    def sink(self, schema: StructType) -> ParquetSink:
+        missing = [c for c in self.partition_by if c not in schema.fieldNames()]
+        if missing:
+            raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
+        if len(self.partition_by) == len(schema.fieldNames()):
+            raise ConfigError(f"{self.name()} sink: option 'partitionBy' cannot name every column")
+        return ParquetSink(self.data_io, self.path, self.uid, schema, self.partition_by,
+                           self.rows_per_file, self.target_file_size, self.compression)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        self.sink(schema)  # validate partitionBy against the schema before any task runs
+        return super().streamWriter(schema, overwrite)

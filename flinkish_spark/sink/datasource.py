@@ -1,0 +1,163 @@
+"""Wiring a :class:`TwoPhaseCommitSink` into ``writeStream.format(...)``.
+
+Spark 4.3 runs a Python stream writer's ``write`` on executors and its
+``commit(messages, batchId)`` / ``abort`` on the driver, each time from a fresh
+writer made by the :class:`TwoPhaseCommitDataSource` that ``start()`` created (one
+instance per run of the query, while the write side gets a new instance per batch).
+The per-run ``run_id`` made in ``__init__`` therefore identifies the committing run.
+
+Common sink options: ``uid`` (required), ``checkpoint`` (metadata root; default
+``<checkpointLocation>/flinkish``), ``leaseTimeout`` (seconds, default 5), plus the
+storage options ``endpointUrl``, ``region``, ``storageOptions``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from flinkish_spark.checkpoint.layout import join
+from flinkish_spark.errors import CheckpointMismatchError, ConfigError
+from flinkish_spark.io.fileio import FileIO, storage_options_from
+from flinkish_spark.options import STORAGE_OPTIONS, Options
+from flinkish_spark.sink.committer import commit_epoch
+from flinkish_spark.sink.decisions import DecisionLog
+from flinkish_spark.sink.lease import DEFAULT_TIMEOUT_S, Lease
+from flinkish_spark.sink.protocol import PrepareContext, TwoPhaseCommitSink
+from flinkish_spark.source.datasource import parse_uid
+from flinkish_spark.testing.crash import crash_point
+
+# Options Spark itself passes to a stream writer.
+SPARK_WRITER_OPTIONS = ("checkpointLocation", "queryName", "path")
+COMMON_SINK_OPTIONS = ("uid", "checkpoint", "leaseTimeout", "retainDecisions", *STORAGE_OPTIONS, *SPARK_WRITER_OPTIONS)
+DEFAULT_RETAIN = 10
+
+
+@dataclass
+class PreparedMessage(WriterCommitMessage):
+    committable: Any
+    partition_id: int
+    attempt: int
+
+
+def task_context(uid: str, epoch: int | None = None) -> PrepareContext:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return PrepareContext(uid, epoch if epoch is not None else -1, 0, 0)
+    if epoch is None:
+        raw = ctx.getLocalProperty("streaming.sql.batchId")
+        epoch = int(raw) if raw is not None else -1
+    return PrepareContext(uid, epoch, ctx.partitionId(), ctx.attemptNumber())
+
+
+class TwoPhaseCommitDataSource(DataSource):
+    KIND: ClassVar[str] = ""
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        opts = Options(options, f"{self.name()} sink", COMMON_SINK_OPTIONS + self.EXTRA_OPTIONS)
+        self.uid = parse_uid(opts)
+        self.run_id = uuid.uuid4().hex
+        root = opts.get("checkpoint")
+        if not root:
+            location = opts.get("checkpointLocation")
+            if not location:
+                raise ConfigError(
+                    f"{opts.component}: set the option 'checkpoint' (metadata root URL) or the query's "
+                    "checkpointLocation, from which it defaults to <checkpointLocation>/flinkish"
+                )
+            root = join(location.rstrip("/"), "flinkish")
+        self.checkpoint_root = root.rstrip("/")
+        self.lease_timeout = opts.number("leaseTimeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+        self.retain = opts.integer("retainDecisions", DEFAULT_RETAIN, minimum=2) or DEFAULT_RETAIN
+        self.raw_options = opts.raw()
+        self.io = FileIO.for_url(
+            self.checkpoint_root, storage_options_from(self.raw_options, self.checkpoint_root), what="option 'checkpoint'"
+        )
+        self.configure(opts)
+        self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.KIND
+
+    @abstractmethod
+    def configure(self, opts: Options) -> None: ...
+
+    @abstractmethod
+    def sink(self, schema: StructType) -> TwoPhaseCommitSink[Any]: ...
+
+    def decision_log(self) -> DecisionLog:
+        return DecisionLog(self.io, self.checkpoint_root, self.uid)
+
+    def lease(self) -> Lease:
+        return Lease(self.io, join(self.decision_log().directory, "_lease.json"), self.run_id, f"sink uid {self.uid!r}", self.lease_timeout)
+
+    def check_schema(self, schema: StructType) -> None:
+        """Refuse to write a schema other than the one this sink uid started with."""
+        path = join(self.decision_log().directory, "_schema.json")
+        try:
+            recorded = StructType.fromJson(json.loads(self.io.read_bytes(path)))
+        except FileNotFoundError:
+            return
+        if recorded != schema:
+            raise CheckpointMismatchError(
+                f"sink uid {self.uid!r} was started with the schema {recorded.simpleString()}, but the "
+                f"query now writes {schema.simpleString()}. Write to a new path with a new uid, or "
+                "restore the old schema."
+            )
+
+    def record_schema(self, schema: StructType) -> None:
+        path = join(self.decision_log().directory, "_schema.json")
+        if not self.io.exists(path):
+            self.io.write_bytes(path, schema.json().encode())
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> "TwoPhaseCommitStreamWriter":
+        self.check_schema(schema)  # before any task of the batch runs
+        return TwoPhaseCommitStreamWriter(self, schema)
+
+
+class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType) -> None:
+        self.source = source
+        self.schema = schema
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedMessage:
+        ctx = task_context(self.source.uid)
+        committable = self.source.sink(self.schema).prepare(iterator, ctx)
+        return PreparedMessage(committable, ctx.partition_id, ctx.attempt)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        src = self.source
+        src.lease().renew()
+        src.record_schema(self.schema)
+        prepared = [m.committable for m in messages if isinstance(m, PreparedMessage)]
+        log = src.decision_log()
+        commit_epoch(src.sink(self.schema), log, batchId, prepared, src.run_id)
+        log.retain(src.retain, batchId)
+        crash_point("sink.after_commit")  # committed, Spark's commit log not yet written
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        sink = self.source.sink(self.schema)
+        log = self.source.decision_log()
+        decision = log.read(batchId)
+        decided = set(decision.committables) if decision is not None else set()
+        # Never abort what a recorded decision names: a restart commits it.
+        doomed = [
+            m.committable
+            for m in messages
+            if isinstance(m, PreparedMessage) and m.committable is not None and sink.encode(m.committable) not in decided
+        ]
+        sink.abort(doomed, batchId)
+        if decision is None:
+            sink.cleanup(batchId, [])

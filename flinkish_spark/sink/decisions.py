@@ -1,0 +1,155 @@
+"""The decision log of a two-phase-commit sink: one immutable record per (sink uid, epoch).
+
+Layout below the sink's metadata root::
+
+    <root>/sinks/<uid>/decisions/<epoch, 12 digits>.parquet   the decision: what to commit
+    <root>/sinks/<uid>/decisions/<epoch, 12 digits>.done      made visible (empty marker)
+    <root>/sinks/<uid>/_lease.json                             fencing (see lease.py)
+    <root>/sinks/<uid>/_schema.json                            the schema the sink was started with
+
+Guarantees:
+
+* a decision is written with put-if-absent before any output of its epoch becomes
+  visible; once written it is never changed -- a replay of the epoch commits the
+  recorded committables, never new ones;
+* the ``.done`` marker is written only after the sink made every committable visible;
+* recording costs O(1) object-store requests per epoch, whatever the number of writers
+  (one row per committable in one file).
+
+Decision files use the versioned Parquet conventions of the source checkpoints
+(``flinkish.format_version`` in the footer; see docs/metadata-format.md).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flinkish_spark.checkpoint.layout import join
+from flinkish_spark.checkpoint.serde import FORMAT_VERSION, KIND_KEY, MAGIC_KEY, read_format_version
+from flinkish_spark.errors import AlreadyExistsError, CorruptMetadataError, ForeignMetadataError
+from flinkish_spark.io.fileio import FileIO
+
+DECISION_FILE_KIND = b"sink-decision"
+_SCHEMA = pa.schema([pa.field("committable", pa.binary(), nullable=False)])
+
+
+@dataclass(frozen=True)
+class Decision:
+    uid: str
+    epoch: int
+    run_id: str
+    created_ms: int
+    committables: tuple[bytes, ...]
+
+
+def encode_decision(d: Decision) -> bytes:
+    table = pa.table({"committable": pa.array(list(d.committables), pa.binary())}, schema=_SCHEMA)
+    buf = io.BytesIO()
+    writer = pq.ParquetWriter(buf, _SCHEMA, compression="zstd", store_schema=False)
+    writer.write_table(table)
+    writer.add_key_value_metadata(
+        {
+            MAGIC_KEY: str(FORMAT_VERSION).encode(),
+            KIND_KEY: DECISION_FILE_KIND,
+            b"flinkish.uid": d.uid.encode(),
+            b"flinkish.epoch": str(d.epoch).encode(),
+            b"flinkish.run_id": d.run_id.encode(),
+            b"flinkish.created_ms": str(d.created_ms).encode(),
+        }
+    )
+    writer.close()
+    return buf.getvalue()
+
+
+def decode_decision(data: bytes, path: str) -> Decision:
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data))
+        md = dict(pf.metadata.metadata or {})
+        table = pf.read()
+    except (pa.ArrowException, OSError):
+        raise CorruptMetadataError(
+            f"{path} is not a readable commit record ({len(data)} bytes, truncated or damaged). "
+            "If no output of this epoch is visible, delete the record and restart to redo the epoch."
+        ) from None
+    read_format_version(md, path)
+    if md.get(KIND_KEY) != DECISION_FILE_KIND:
+        raise ForeignMetadataError(f"{path} is flinkish metadata of kind {md.get(KIND_KEY)!r}, not a commit record")
+    try:
+        return Decision(
+            uid=md[b"flinkish.uid"].decode(),
+            epoch=int(md[b"flinkish.epoch"]),
+            run_id=md[b"flinkish.run_id"].decode(),
+            created_ms=int(md[b"flinkish.created_ms"]),
+            committables=tuple(table.column("committable").to_pylist()),
+        )
+    except (KeyError, ValueError) as exc:
+        raise CorruptMetadataError(f"{path}: commit record field missing or invalid ({exc!r})") from None
+
+
+class DecisionLog:
+    def __init__(self, io: FileIO, root: str, uid: str) -> None:
+        self.io = io
+        self.uid = uid
+        self.directory = join(root, "sinks", uid)
+        self.decisions = join(self.directory, "decisions")
+
+    def path(self, epoch: int) -> str:
+        return join(self.decisions, f"{epoch:012d}.parquet")
+
+    def done_path(self, epoch: int) -> str:
+        return join(self.decisions, f"{epoch:012d}.done")
+
+    def read(self, epoch: int) -> Decision | None:
+        path = self.path(epoch)
+        try:
+            data = self.io.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        decision = decode_decision(data, path)
+        if decision.uid != self.uid or decision.epoch != epoch:
+            raise CorruptMetadataError(f"{path} records uid {decision.uid!r} epoch {decision.epoch}, not {self.uid!r} {epoch}")
+        return decision
+
+    def record(self, epoch: int, committables: list[bytes], run_id: str) -> tuple[Decision, bool]:
+        """Record the decision for ``epoch``; return (the decision in force, whether it is ours)."""
+        decision = Decision(self.uid, epoch, run_id, int(time.time() * 1000), tuple(committables))
+        try:
+            self.io.write_exclusive(self.path(epoch), encode_decision(decision))
+            return decision, True
+        except AlreadyExistsError:
+            existing = self.read(epoch)
+            assert existing is not None
+            return existing, False
+
+    def is_done(self, epoch: int) -> bool:
+        return self.io.exists(self.done_path(epoch))
+
+    def mark_done(self, epoch: int) -> None:
+        try:
+            self.io.write_exclusive(self.done_path(epoch), b"")
+        except AlreadyExistsError:
+            pass  # a repeated commit of a done epoch
+
+    def epochs(self) -> tuple[list[int], set[int]]:
+        """(epochs with a decision, epochs marked done), from one listing."""
+        decided: list[int] = []
+        done: set[int] = set()
+        for name in self.io.list_names(self.decisions):
+            stem, _, ext = name.partition(".")
+            if stem.isdigit() and len(stem) == 12:
+                if ext == "parquet":
+                    decided.append(int(stem))
+                elif ext == "done":
+                    done.add(int(stem))
+        return sorted(decided), done
+
+    def retain(self, keep: int, through_epoch: int) -> None:
+        """Delete records of done epochs older than the newest ``keep`` (Spark replays only the last)."""
+        decided, done = self.epochs()
+        old = [e for e in decided if e in done and e <= through_epoch][:-keep] if keep > 0 else []
+        self.io.delete_many([self.path(e) for e in old] + [self.done_path(e) for e in old])

@@ -1,0 +1,66 @@
+"""The two-phase-commit sink protocol (Flink's TwoPhaseCommitSinkFunction / Sink V2 Committer).
+
+Implement :class:`TwoPhaseCommitSink` for any transactional target:
+
+* :meth:`~TwoPhaseCommitSink.prepare` runs on executors, once per task attempt: write
+  the task's rows *invisibly* (staging files, an open transaction, an unfinished
+  upload) and return a picklable *committable* that describes them (or ``None``).
+* :meth:`~TwoPhaseCommitSink.commit` runs on the driver with every committable of one
+  epoch, after the framework durably recorded the decision to commit them. It must be
+  idempotent: it may run again for the same epoch after a crash (recover-and-commit).
+  It answers with a :data:`CommitOutcome`.
+* :meth:`~TwoPhaseCommitSink.abort` removes prepared output that will never be committed
+  (failed epochs, replays whose epoch was already decided).
+* :meth:`~TwoPhaseCommitSink.cleanup` removes leftovers of an epoch that no committable
+  names (failed task attempts, attempts of a crashed run) -- the recover-and-abort step.
+
+The framework (:mod:`flinkish_spark.sink.committer`) owns the decision log, replay
+detection, fencing and retries; a sink only moves its own data.
+"""
+
+from __future__ import annotations
+
+import pickle
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Generic, Iterator, Literal, TypeVar
+
+import pyarrow as pa
+
+CommitOutcome = Literal["COMMITTED", "ALREADY_COMMITTED", "RETRY_LATER", "FAILED"]
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    """Where a prepare call runs: the sink uid, the epoch, the Spark partition and attempt."""
+
+    uid: str
+    epoch: int
+    partition_id: int
+    attempt: int
+
+
+class TwoPhaseCommitSink(ABC, Generic[C]):
+    @abstractmethod
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> C | None:
+        """Write ``batches`` invisibly; return what commit needs, or None when nothing was written."""
+
+    @abstractmethod
+    def commit(self, committables: list[C], epoch: int) -> CommitOutcome:
+        """Make the prepared output of ``epoch`` visible. Idempotent."""
+
+    @abstractmethod
+    def abort(self, committables: list[C], epoch: int) -> None:
+        """Remove prepared output that will not be committed. Idempotent."""
+
+    def cleanup(self, epoch: int, keep: list[C]) -> None:
+        """Remove prepared output of ``epoch`` that no committable in ``keep`` names (default: none)."""
+
+    def encode(self, committable: C) -> bytes:
+        """Serialise a committable for the decision log (default: pickle)."""
+        return pickle.dumps(committable)
+
+    def decode(self, data: bytes) -> C:
+        result: Any = pickle.loads(data)
+        return result
