@@ -62,13 +62,15 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
     """Run a pipeline spec in a child driver process; optionally kill -9 it at a crash point."""
     counter = 0
 
-    def run(spec: dict[str, Any], crash_at: str | None = None, timeout: float = 300) -> PipelineRun:
+    def run(spec: dict[str, Any], crash_at: str | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> PipelineRun:
         nonlocal counter
         counter += 1
         spec_path = tmp_path / f"spec-{counter}.json"
         spec_path.write_text(json.dumps(spec))
+        extra = env or {}
         env = dict(os.environ)
         env.pop(ENV_POINT, None)
+        env.update(extra)
         if crash_at:
             crash_dir = tmp_path / f"crash-{counter}"
             crash_dir.mkdir()

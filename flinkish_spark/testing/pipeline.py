@@ -7,7 +7,7 @@ spec's options and trigger until the query ends (AvailableNow) or
 :mod:`flinkish_spark.testing.crash`) the driver is killed at that protocol point.
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
-``sink`` {format, options, checkpointLocation}, ``trigger`` ("availableNow" or
+``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``.
 """
 
@@ -44,9 +44,21 @@ def run(spec: dict[str, Any]) -> None:
     for other in sources[1:]:
         df = df.unionByName(_read(spark, other))
     sink = spec["sink"]
-    writer = df.writeStream.format(sink["format"]).option("checkpointLocation", sink["checkpointLocation"])
-    for key, value in sink.get("options", {}).items():
-        writer = writer.option(key, str(value))
+    if "foreachBatch" in sink:
+        from flinkish_spark.connectors.parquet_sink import ParquetSink
+        from flinkish_spark.sink.foreach_batch import transactional
+
+        fb = sink["foreachBatch"]
+        options = {k: str(v) for k, v in fb.get("options", {}).items()}
+        target = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
+                                rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
+        writer = df.writeStream.foreachBatch(
+            transactional(target, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
+        ).option("checkpointLocation", sink["checkpointLocation"])
+    else:
+        writer = df.writeStream.format(sink["format"]).option("checkpointLocation", sink["checkpointLocation"])
+        for key, value in sink.get("options", {}).items():
+            writer = writer.option(key, str(value))
     trigger = spec.get("trigger", "availableNow")
     writer = writer.trigger(availableNow=True) if trigger == "availableNow" else writer.trigger(processingTime=trigger)
     query = writer.start()

@@ -1,0 +1,176 @@
+"""Two-phase commit under kill -9, task failures, aborts, replays and concurrent runs.
+
+Every case runs pipelines in child driver processes (see conftest.run_pipeline) and
+checks what a user would: the rows in the sink read back with Spark, pyarrow and
+DuckDB, staged files left on storage, the decision log, and error messages.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow.dataset as ds
+import pytest
+import s3fs
+
+from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.sink.decisions import DecisionLog
+
+pytestmark = pytest.mark.slow
+LENGTHS = [700, 300]
+EPOCH = 1  # the second epoch: crash points are hit on their 2nd pass
+
+
+def spec(tmp_path: Path, out: str, meta: str, sink_meta: str | None = None, **extra_options: str) -> dict:
+    sink_options = {"uid": "out", "path": out, "rowsPerFile": 50, **extra_options}
+    if sink_meta:
+        sink_options["checkpoint"] = sink_meta
+    return {
+        "source": {"format": "flinkish.sequence", "options": {
+            "uid": "seq", "checkpoint": meta, "rowsPerSplit": ",".join(map(str, LENGTHS)), "maxRowsPerTrigger": 400,
+            **extra_options}},
+        "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"), "options": sink_options},
+    }
+
+
+def expected() -> collections.Counter:
+    return collections.Counter((k, i) for k, n in enumerate(LENGTHS) for i in range(n))
+
+
+def read_all_ways(spark, out: Path) -> None:
+    """Spark, pyarrow and DuckDB must each see every row exactly once."""
+    assert collections.Counter((r.split, r.seq) for r in spark.read.parquet(str(out)).collect()) == expected()
+    t = ds.dataset(str(out)).to_table()
+    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == expected()
+    assert collections.Counter(duckdb.sql(f"select split, seq from read_parquet('{out}/**/*.parquet')").fetchall()) == expected()
+
+
+def staged(out: Path) -> list[Path]:
+    return sorted(out.rglob("*.staged"))
+
+
+def finals_of(out: Path, epoch: int) -> list[Path]:
+    return sorted(out.glob(f"part-{epoch:012d}-*.parquet"))
+
+
+def log_for(tmp_path: Path) -> DecisionLog:
+    return DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
+
+
+@pytest.mark.parametrize("point", ["sink.before_decision", "sink.after_decision", "sink.mid_commit", "sink.after_commit"])
+def test_crash_matrix_local(spark, run_pipeline, tmp_path: Path, point: str) -> None:
+    out = tmp_path / "out"
+    s = spec(tmp_path, str(out), str(tmp_path / "meta"))
+    first = run_pipeline(s, crash_at=f"{point}:2")
+    assert first.killed, first.output[-3000:]
+    log = log_for(tmp_path)
+    decided, done = log.epochs()
+    if point == "sink.before_decision":  # prepared, not decided, nothing of the epoch visible
+        assert EPOCH not in decided and staged(out) and not finals_of(out, EPOCH)
+    elif point == "sink.after_decision":  # decided, nothing visible yet
+        assert EPOCH in decided and EPOCH not in done and not finals_of(out, EPOCH)
+    elif point == "sink.mid_commit":  # some files visible, others still staged
+        assert EPOCH in decided and EPOCH not in done and finals_of(out, EPOCH) and staged(out)
+    else:  # committed; Spark's commit log does not have it
+        assert EPOCH in done and not (tmp_path / "cp" / "commits" / str(EPOCH)).exists()
+
+    second = run_pipeline(s)
+    assert second.returncode == 0, second.output[-3000:]
+    read_all_ways(spark, out)
+    assert staged(out) == []
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("point", ["sink.after_decision", "sink.mid_commit"])
+def test_crash_matrix_s3(run_pipeline, s3: str, tmp_path: Path, point: str) -> None:
+    s = spec(tmp_path, "s3://test/out", "s3://test/meta", sink_meta="s3://test/sinkmeta", endpointUrl=s3)
+    assert run_pipeline(s, crash_at=f"{point}:2").killed
+    assert run_pipeline(s).returncode == 0
+    fs = s3fs.S3FileSystem(endpoint_url=s3, skip_instance_cache=True)
+    t = ds.dataset("test/out", filesystem=fs, format="parquet").to_table()
+    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == expected()
+    assert not [p for p in fs.find("test/out") if p.endswith(".staged")]
+
+
+def test_task_failure_in_first_attempt_is_retried_without_orphans(spark, run_pipeline, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s = {**spec(tmp_path, str(out), str(tmp_path / "meta")), "master": "local[2,4]"}
+    run = run_pipeline(s, env={"FLINKISH_FAIL_AT": "sink.write:first"})
+    assert run.returncode == 0, run.output[-3000:]
+    assert "injected failure at sink.write (attempt 0)" in run.output  # the first attempts really failed
+    read_all_ways(spark, out)
+    assert staged(out) == []
+
+
+def test_query_that_fails_permanently_leaves_nothing_visible(run_pipeline, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = run_pipeline(spec(tmp_path, str(out), str(tmp_path / "meta")), env={"FLINKISH_FAIL_AT": "sink.write:always"})
+    assert run.returncode != 0 and not run.killed
+    assert "injected failure at sink.write" in run.output
+    assert list(out.glob("**/*.parquet")) == [] and staged(out) == []
+    assert log_for(tmp_path).epochs() == ([], set())
+
+
+def test_foreach_batch_replay_is_not_applied_twice(spark, run_pipeline, tmp_path: Path) -> None:
+    out = tmp_path / "target"
+    s = spec(tmp_path, str(out), str(tmp_path / "meta"))
+    s["sink"] = {"checkpointLocation": str(tmp_path / "cp"),
+                 "foreachBatch": {"uid": "fb", "path": str(out), "checkpoint": str(tmp_path / "fbmeta"), "rowsPerFile": 50}}
+    first = run_pipeline(s, crash_at="sink.after_commit:2")  # target committed, Spark's commit log not
+    assert first.killed, first.output[-3000:]
+    assert not (tmp_path / "cp" / "commits" / str(EPOCH)).exists()
+    assert run_pipeline(s).returncode == 0
+    read_all_ways(spark, out)
+
+
+def test_corrupt_commit_record_is_a_clear_error_and_writes_nothing(run_pipeline, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s = spec(tmp_path, str(out), str(tmp_path / "meta"))
+    assert run_pipeline(s, crash_at="sink.after_decision:2").killed
+    record = Path(log_for(tmp_path).path(EPOCH))
+    record.write_bytes(record.read_bytes()[:40])
+    before = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    second = run_pipeline(s)
+    assert second.returncode != 0
+    assert "CorruptMetadataError" in second.output and f"{EPOCH:012d}.parquet is not a readable commit record" in second.output
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == before
+
+
+def test_second_concurrent_run_is_fenced_and_first_completes(spark, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s = {
+        "source": {"format": "flinkish.sequence", "options": {"uid": "seq", "checkpoint": str(tmp_path / "meta"), "splits": 2, "rowsPerSecond": 200}},
+        "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"), "options": {"uid": "out", "path": str(out)}},
+        "trigger": "1 second",
+        "runSeconds": 40,
+    }
+    (tmp_path / "first.json").write_text(json.dumps(s))
+    (tmp_path / "second.json").write_text(json.dumps({**s, "runSeconds": 15}))
+    cmd = [sys.executable, "-m", "flinkish_spark.testing.pipeline"]
+    first = subprocess.Popen([*cmd, str(tmp_path / "first.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(log_for(tmp_path).epochs()[1]) < 2:
+            time.sleep(0.5)
+        assert len(log_for(tmp_path).epochs()[1]) >= 2, "the first run did not commit"
+        second = subprocess.run([*cmd, str(tmp_path / "second.json")], capture_output=True, text=True, timeout=180)
+        assert second.returncode != 0
+        text = second.stdout + second.stderr
+        assert "FencedError" in text and "is in use by another live run of this query" in text
+        out1, _ = first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, 9)
+    assert first.returncode == 0, out1[-3000:]
+    rows = spark.read.parquet(str(out)).collect()
+    by_split = collections.defaultdict(list)
+    for r in rows:
+        by_split[r.split].append(r.seq)
+    assert by_split and all(sorted(v) == list(range(len(v))) for v in by_split.values())
