@@ -123,7 +123,9 @@ class TwoPhaseCommitDataSource(DataSource):
             self.io.write_bytes(path, schema.json().encode())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> "TwoPhaseCommitStreamWriter":
-        self.check_schema(schema)  # before any task of the batch runs
+        # Runs on the driver before any task of the batch: refuse bad state before writing.
+        self.check_schema(schema)
+        self.decision_log().check_pending()
         return TwoPhaseCommitStreamWriter(self, schema)
 
 

@@ -148,6 +148,14 @@ class DecisionLog:
                     done.add(int(stem))
         return sorted(decided), done
 
+    def check_pending(self) -> list[int]:
+        """Read every decided-but-not-done epoch (the ones a restart recovers); a damaged record raises here."""
+        decided, done = self.epochs()
+        pending = [e for e in decided if e not in done]
+        for epoch in pending:
+            self.read(epoch)
+        return pending
+
     def retain(self, keep: int, through_epoch: int) -> None:
         """Delete records of done epochs older than the newest ``keep`` (Spark replays only the last)."""
         decided, done = self.epochs()
