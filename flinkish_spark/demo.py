@@ -1,17 +1,25 @@
-"""The demo behind ``flinkish demo``: a bounded file pipeline on local Spark with metadata on a local S3 server.
+"""The demo behind ``flinkish demo``: a file pipeline on local Spark and a local S3 server,
+killed with SIGKILL in the middle of a commit, restarted, and checked for exactly-once output.
 
 1. starts moto's S3 server on 127.0.0.1 and drops five Parquet files into s3://demo/input/;
-2. runs ``flinkish.files`` (bounded, two files per epoch, archive after commit) into
-   Spark's Parquet sink under ``WORKDIR/output``, checkpoint metadata on s3://demo/meta;
-3. restarts the same query from its checkpoints: nothing is read again;
-4. prints the epochs from the metadata, the rows in the sink and the archived files.
+2. runs ``flinkish.files`` (bounded, two files per epoch, archive after commit) into the
+   two-phase-commit sink ``flinkish.parquet`` at s3://demo/output, metadata on s3://demo/meta,
+   in a child driver process that is killed (kill -9 of its whole process group) while the
+   second epoch's files are being made visible;
+3. restarts the same pipeline from its checkpoints; it recovers the decided epoch and ends;
+4. reads s3://demo/output with pyarrow, checks every row is there exactly once, and prints
+   the epochs recorded in the metadata and the archived input.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 
 FILES = 5
@@ -19,83 +27,90 @@ ROWS_PER_FILE = 1_000
 
 
 def run_demo(workdir: str) -> int:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
     from rich.console import Console
     from rich.table import Table
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from flinkish_spark.inspect import recent_epochs
     from flinkish_spark.io.fileio import FileIO
+    from flinkish_spark.session import check_java
+    from flinkish_spark.testing.crash import ENV_DIR, ENV_POINT
     from flinkish_spark.testing.s3 import local_s3, make_bucket
 
     console = Console()
+    check_java()
     workdir = os.path.abspath(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     with local_s3() as endpoint:
-        console.print(f"[bold]1.[/] local S3 server at {endpoint}; writing {FILES} Parquet files to s3://demo/input/")
+        console.print(f"[bold]1.[/] local S3 server at {endpoint}; {FILES} Parquet files -> s3://demo/input/")
         make_bucket(endpoint, "demo")
-        data_io = FileIO.for_url("s3://demo", {"endpoint_url": endpoint})
+        data = FileIO.for_url("s3://demo", {"endpoint_url": endpoint})
         for f in range(FILES):
             ids = list(range(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE))
             buf = io.BytesIO()
             pq.write_table(pa.table({"order_id": ids, "amount": [i % 97 for i in ids]}), buf)
-            data_io.write_bytes(f"s3://demo/input/orders-{f}.parquet", buf.getvalue())
+            data.write_bytes(f"s3://demo/input/orders-{f}.parquet", buf.getvalue())
 
-        import flinkish_spark
+        spec = {
+            "source": {"format": "flinkish.files", "options": {
+                "uid": "orders", "checkpoint": "s3://demo/meta", "endpointUrl": endpoint,
+                "path": "s3://demo/input", "bounded": "true", "maxFilesPerTrigger": 2,
+                "cleanup": "archive", "archivePath": "s3://demo/archive"}},
+            "sink": {"format": "flinkish.parquet", "checkpointLocation": os.path.join(workdir, "spark-checkpoint"),
+                     "options": {"uid": "orders-out", "path": "s3://demo/output", "checkpoint": "s3://demo/meta",
+                                 "endpointUrl": endpoint, "rowsPerFile": 400}},
+        }
+        spec_path = os.path.join(workdir, "pipeline.json")
+        with open(spec_path, "w") as spec_file:
+            json.dump(spec, spec_file, indent=2)
 
-        console.print("[bold]2.[/] starting local Spark (local[2])")
-        spark = flinkish_spark.session(app_name="flinkish-demo")
-        spark.sparkContext.setLogLevel("ERROR")
-        output, cp = os.path.join(workdir, "output"), os.path.join(workdir, "spark-checkpoint")
-
-        def run_once() -> float:
-            df = (
-                spark.readStream.format("flinkish.files")
-                .option("uid", "orders")
-                .option("checkpoint", "s3://demo/meta")
-                .option("endpointUrl", endpoint)
-                .option("path", "s3://demo/input")
-                .option("bounded", "true")
-                .option("maxFilesPerTrigger", "2")
-                .option("cleanup", "archive")
-                .option("archivePath", "s3://demo/archive")
-                .load()
-            )
+        def pipeline(crash_at: str | None) -> tuple[int, float]:
+            env = dict(os.environ)
+            if crash_at:
+                env[ENV_POINT] = crash_at
+                env[ENV_DIR] = workdir
             started = time.time()
-            query = (
-                df.writeStream.format("parquet")
-                .option("path", output)
-                .option("checkpointLocation", cp)
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            return time.time() - started
+            proc = subprocess.run([sys.executable, "-m", "flinkish_spark.testing.pipeline", spec_path], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            if proc.returncode not in (0, -signal.SIGKILL):
+                console.print(proc.stdout[-4000:])
+            return proc.returncode, time.time() - started
 
-        took = run_once()
-        rows = spark.read.parquet(output).count()
-        console.print(f"    first run: {rows} rows in the sink in {took:.1f}s")
-
-        console.print("[bold]3.[/] restarting the same query from its checkpoints")
-        run_once()
-        again = spark.read.parquet(output).count()
-        console.print(f"    after restart: {again} rows (nothing read twice)")
-
-        table = Table(title="epochs recorded in s3://demo/meta (flinkish inspect)")
-        for col in ("checkpoint", "status", "files finished", "files read in epoch"):
-            table.add_column(col)
-        for e in recent_epochs(data_io, "s3://demo/meta", last=10):
-            table.add_row(str(e.ckpt_id), e.status, f"{e.splits_finished}/{e.splits_total}", str(e.rows_in_epoch))
-        console.print(table)
-        archived = sorted(p.rsplit("/", 1)[-1] for p in data_io.find("s3://demo/archive"))
-        left = data_io.find("s3://demo/input")
-        console.print(f"[bold]4.[/] archived after commit: {', '.join(archived)}; left in input: {len(left)}")
-        spark.stop()
-        expected = FILES * ROWS_PER_FILE
-        if rows != expected or again != expected:
-            console.print(f"[red]demo FAILED: expected {expected} rows, got {rows} then {again}[/]")
+        console.print("[bold]2.[/] running files -> flinkish.parquet on local Spark; the driver is killed "
+                      "(SIGKILL) halfway through making epoch 1's files visible")
+        rc, took = pipeline("sink.mid_commit:2")
+        visible = len([p for p in data.find("s3://demo/output") if p.endswith(".parquet")])
+        console.print(f"    driver exit: {'killed by SIGKILL' if rc == -signal.SIGKILL else rc} after {took:.1f}s; "
+                      f"{visible} output files visible, the rest still staged")
+        if rc != -signal.SIGKILL:
+            console.print("[red]demo FAILED: the crash did not happen[/]")
             return 1
-        console.print(f"[green]demo OK[/]: {expected} rows exactly once; output in {output}")
+
+        console.print("[bold]3.[/] restarting the same pipeline from its checkpoints")
+        rc, took = pipeline(None)
+        console.print(f"    finished with exit code {rc} in {took:.1f}s")
+        if rc != 0:
+            return 1
+
+        table = ds.dataset("demo/output", filesystem=data.fs, format="parquet").to_table()
+        ids = table.column("order_id").to_pylist()
+        expected = FILES * ROWS_PER_FILE
+        exact = len(ids) == expected and len(set(ids)) == expected
+        epochs = Table(title="epochs recorded in s3://demo/meta (flinkish inspect)")
+        for col in ("checkpoint", "status", "files finished", "files read in epoch"):
+            epochs.add_column(col)
+        for e in recent_epochs(data, "s3://demo/meta", last=10):
+            epochs.add_row(str(e.ckpt_id), e.status, f"{e.splits_finished}/{e.splits_total}", str(e.rows_in_epoch))
+        console.print(epochs)
+        archived = sorted(p.rsplit("/", 1)[-1] for p in data.find("s3://demo/archive"))
+        console.print(f"[bold]4.[/] s3://demo/output holds {len(ids)} rows, {len(set(ids))} distinct "
+                      f"(pyarrow); archived after commit: {', '.join(archived)}")
+        if not exact:
+            console.print(f"[red]demo FAILED: expected {expected} distinct rows exactly once[/]")
+            return 1
+        console.print(f"[green]demo OK[/]: {expected} rows exactly once despite kill -9 mid-commit "
+                      f"(pipeline spec: {spec_path})")
     return 0

@@ -334,6 +334,19 @@ class FileIO:
         self._call("copying", src, lambda: self.fs.copy(s, d))
         self.delete(src)
 
+    def move_many(self, pairs: list[tuple[str, str]]) -> None:
+        """Move several files; on object stores the copies run concurrently, then one bulk delete."""
+        if not pairs:
+            return
+        if self.protocol in ("file", "local") or len(pairs) == 1:
+            for src, dst in pairs:
+                self.move(src, dst)
+            return
+        srcs = [self.strip(s) for s, _ in pairs]
+        dsts = [self.strip(d) for _, d in pairs]
+        self._call("copying", pairs[0][0], lambda: self.fs.copy(srcs, dsts))
+        self.delete_many([s for s, _ in pairs])
+
     def check_writable_root(self, url: str, what: str) -> None:
         """Fail fast, before anything is written, when ``url`` cannot be reached."""
         stripped = self.strip(url)
