@@ -6,7 +6,9 @@ local[2], local disk:
 * built-in: Spark's streaming Parquet file source (10 pre-written files,
   maxFilesPerTrigger=1) -> Spark's Parquet file sink (with its _spark_metadata log);
 * flinkish.sequence -> flinkish.parquet (two-phase commit, decision log);
-* flinkish.files -> flinkish.parquet on the same 10 files (the like-for-like input).
+* flinkish.files -> flinkish.parquet on the same 10 files (the like-for-like input);
+* breakdown rows: flinkish.sequence into Spark's Parquet sink, and into a Python sink that
+  drops its input (what any Python data source sink costs before writing a byte).
 
 Runs alternate; the table shows medians and each pipeline's rows/s relative to built-in.
 
@@ -27,6 +29,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import print_table, write_results  # noqa: E402
 
 EPOCHS = 10
+
+
+def noop_sink_class():  # type: ignore[no-untyped-def]
+    from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+
+    class Writer(DataSourceStreamArrowWriter):
+        def write(self, iterator):  # type: ignore[no-untyped-def]
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages, batchId):  # type: ignore[no-untyped-def]
+            pass
+
+    class Noop(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench.noop"
+
+        def streamWriter(self, schema, overwrite):  # type: ignore[no-untyped-def]
+            return Writer()
+
+    return Noop
 
 
 def main() -> None:
@@ -54,14 +79,24 @@ def main() -> None:
     )
     schema = "split int, seq long, ts timestamp"
 
+    spark.dataSource.register(noop_sink_class())
+
+    def sequence_df(tag: str):  # type: ignore[no-untyped-def]
+        return (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", f"{work}/{tag}/meta")
+                .option("rowsPerSplit", str(half)).option("maxRowsPerTrigger", str(args.rows // EPOCHS)).load())
+
+    def sequence_to_spark_parquet(tag: str) -> float:
+        return timed(sequence_df(tag).writeStream.format("parquet").option("path", f"{work}/{tag}/out"), f"{work}/{tag}")
+
+    def sequence_to_noop(tag: str) -> float:
+        return timed(sequence_df(tag).writeStream.format("bench.noop"), f"{work}/{tag}", check=False)
+
     def builtin(tag: str) -> float:
         df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(inputs)
         return timed(df.writeStream.format("parquet").option("path", f"{work}/{tag}/out"), f"{work}/{tag}")
 
     def flinkish_sequence(tag: str) -> float:
-        df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", f"{work}/{tag}/meta")
-              .option("rowsPerSplit", str(half)).option("maxRowsPerTrigger", str(args.rows // EPOCHS)).load())
-        return timed(df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", f"{work}/{tag}/out"), f"{work}/{tag}")
+        return timed(sequence_df(tag).writeStream.format("flinkish.parquet").option("uid", "out").option("path", f"{work}/{tag}/out"), f"{work}/{tag}")
 
     def flinkish_files(tag: str) -> float:
         df = (spark.readStream.format("flinkish.files").schema(schema).option("uid", "files")
@@ -69,13 +104,14 @@ def main() -> None:
               .option("maxFilesPerTrigger", "1").load())
         return timed(df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", f"{work}/{tag}/out"), f"{work}/{tag}")
 
-    def timed(writer, base: str) -> float:  # type: ignore[no-untyped-def]
+    def timed(writer, base: str, check: bool = True) -> float:  # type: ignore[no-untyped-def]
         started = time.perf_counter()
         q = writer.option("checkpointLocation", f"{base}/cp").trigger(availableNow=True).start()
         q.awaitTermination()
         took = time.perf_counter() - started
-        n = spark.read.parquet(f"{base}/out").count()
-        assert n == args.rows, (base, n)
+        if check:
+            n = spark.read.parquet(f"{base}/out").count()
+            assert n == args.rows, (base, n)
         shutil.rmtree(base)
         return took
 
@@ -83,7 +119,11 @@ def main() -> None:
         "built-in parquet source -> parquet sink (_spark_metadata)": builtin,
         "flinkish.sequence -> flinkish.parquet": flinkish_sequence,
         "flinkish.files -> flinkish.parquet (same files)": flinkish_files,
+        "(breakdown) flinkish.sequence -> Spark parquet sink": sequence_to_spark_parquet,
+        "(breakdown) flinkish.sequence -> no-op Python sink": sequence_to_noop,
     }
+    for name, fn in pipelines.items():  # warm up every code path (JVM classes, Python workers)
+        fn(f"warm-{abs(hash(name)) % 1000}")
     times: dict[str, list[float]] = {name: [] for name in pipelines}
     for i in range(args.repeats):
         for name, fn in pipelines.items():
