@@ -147,7 +147,14 @@ class FileIO:
     @property
     def fs(self) -> Any:
         if self._fs is None:
-            self._fs = fsspec.filesystem(self.protocol, **self.storage_options)
+            options = dict(self.storage_options)
+            if self.protocol == "s3":
+                # Spark reuses Python workers across tasks and queries: a shared, cached
+                # S3FileSystem answers sizes from a stale listing cache (a file then reads
+                # as 0 bytes). Each FileIO gets its own client and no listing cache.
+                options.setdefault("skip_instance_cache", True)
+                options.setdefault("use_listings_cache", False)
+            self._fs = fsspec.filesystem(self.protocol, **options)
         return self._fs
 
     @property

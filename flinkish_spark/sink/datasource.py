@@ -25,13 +25,12 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
 from flinkish_spark.errors import CheckpointMismatchError, ConfigError
-from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import STORAGE_OPTIONS, Options
 from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
-from flinkish_spark.sink.lease import DEFAULT_TIMEOUT_S, Lease
+from flinkish_spark.sink.lease import Lease
 from flinkish_spark.sink.protocol import PrepareContext, TwoPhaseCommitSink
-from flinkish_spark.source.datasource import parse_uid
+from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.testing.crash import crash_point
 
 # Options Spark itself passes to a stream writer.
@@ -66,7 +65,7 @@ class TwoPhaseCommitDataSource(DataSource):
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         opts = Options(options, f"{self.name()} sink", COMMON_SINK_OPTIONS + self.EXTRA_OPTIONS)
-        self.uid = parse_uid(opts)
+        uid = parse_uid(opts)
         self.run_id = uuid.uuid4().hex
         root = opts.get("checkpoint")
         if not root:
@@ -77,13 +76,10 @@ class TwoPhaseCommitDataSource(DataSource):
                     "checkpointLocation, from which it defaults to <checkpointLocation>/flinkish"
                 )
             root = join(location.rstrip("/"), "flinkish")
-        self.checkpoint_root = root.rstrip("/")
-        self.lease_timeout = opts.number("leaseTimeout", DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+        settings = operator_settings(opts, uid, root)
+        self.uid, self.checkpoint_root, self.io = settings.uid, settings.checkpoint_root, settings.io
+        self.lease_timeout, self.raw_options = settings.lease_timeout, settings.raw_options
         self.retain = opts.integer("retainDecisions", DEFAULT_RETAIN, minimum=2) or DEFAULT_RETAIN
-        self.raw_options = opts.raw()
-        self.io = FileIO.for_url(
-            self.checkpoint_root, storage_options_from(self.raw_options, self.checkpoint_root), what="option 'checkpoint'"
-        )
         self.configure(opts)
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
 

@@ -19,28 +19,15 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 from pyspark.sql.types import StructType
 
-from flinkish_spark.checkpoint.layout import UID_PATTERN
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
-from flinkish_spark.errors import ConfigError
-from flinkish_spark.io.fileio import FileIO, storage_options_from
+from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.options import STORAGE_OPTIONS, Options
-from flinkish_spark.sink.lease import DEFAULT_TIMEOUT_S as DEFAULT_LEASE_TIMEOUT_S
 from flinkish_spark.source.adapter import SplitStreamReader
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_RETAIN = 10
 COMMON_OPTIONS = ("uid", "checkpoint", "retainCheckpoints", "leaseTimeout", *STORAGE_OPTIONS)
-
-
-def parse_uid(opts: Options) -> str:
-    uid = opts.required("uid", "a stable name for this operator, e.g. .option('uid', 'orders')")
-    if not UID_PATTERN.match(uid):
-        raise ConfigError(
-            f"{opts.component}: option 'uid' must be 1-128 letters, digits, '_', '-' or '.', "
-            f"starting with a letter or digit; got {uid!r}"
-        )
-    return uid
 
 
 class SplitDataSource(DataSource):
@@ -50,18 +37,12 @@ class SplitDataSource(DataSource):
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         opts = Options(options, f"{self.name()} source", COMMON_OPTIONS + self.EXTRA_OPTIONS)
-        self.uid = parse_uid(opts)
-        self.checkpoint_root = opts.required(
-            "checkpoint", "the metadata root URL, e.g. s3://bucket/pipelines/p1/meta or /tmp/p1/meta"
-        ).rstrip("/")
+        uid = parse_uid(opts)  # the uid error comes before the checkpoint error
+        root = opts.required("checkpoint", "the metadata root URL, e.g. s3://bucket/pipelines/p1/meta or /tmp/p1/meta")
+        settings = operator_settings(opts, uid, root)
+        self.uid, self.checkpoint_root, self.io = settings.uid, settings.checkpoint_root, settings.io
+        self.lease_timeout, self.raw_options = settings.lease_timeout, settings.raw_options
         self.retain = opts.integer("retainCheckpoints", DEFAULT_RETAIN, minimum=1) or DEFAULT_RETAIN
-        self.lease_timeout = opts.number("leaseTimeout", DEFAULT_LEASE_TIMEOUT_S) or DEFAULT_LEASE_TIMEOUT_S
-        self.raw_options = opts.raw()
-        self.io = FileIO.for_url(
-            self.checkpoint_root,
-            storage_options_from(self.raw_options, self.checkpoint_root),
-            what="option 'checkpoint'",
-        )
         self.configure(opts)
         # Reachability last: every pure validation error comes first, and nothing is written.
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")

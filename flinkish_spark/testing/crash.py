@@ -28,13 +28,20 @@ ENV_DIR = "FLINKISH_CRASH_DIR"
 ENV_PGID = "FLINKISH_CRASH_PGID"
 
 
-def crash_point(name: str) -> None:
-    spec = os.environ.get(ENV_POINT)
+def _armed(env: str, name: str) -> str | None:
+    """The argument after ``<name>:`` in ``$env`` when the variable names this point, else None."""
+    spec = os.environ.get(env)
     if not spec:
+        return None
+    point, _, arg = spec.partition(":")
+    return arg if point == name else None
+
+
+def crash_point(name: str) -> None:
+    nth = _armed(ENV_POINT, name)
+    if nth is None:
         return
-    point, _, nth = spec.partition(":")
-    if point != name:
-        return
+    point = name
     wanted = int(nth) if nth else 1
     counter_dir = os.environ.get(ENV_DIR)
     if counter_dir:
@@ -74,11 +81,8 @@ def fail_point(name: str, attempt: int = 0) -> None:
     (Spark retries it when ``spark.task.maxFailures`` > 1, e.g. master ``local[2,4]``);
     ``<point>:always`` fails every attempt (the job, and the query, fail).
     """
-    spec = os.environ.get(ENV_FAIL)
-    if not spec:
-        return
-    point, _, mode = spec.partition(":")
-    if point != name:
+    mode = _armed(ENV_FAIL, name)
+    if mode is None:
         return
     if mode == "always" or (mode in ("", "first") and attempt == 0):
         raise InjectedFailure(f"injected failure at {name} (attempt {attempt})")

@@ -51,7 +51,7 @@ def ids_in(spark, out: Path) -> collections.Counter:
 
 def latest_checkpoint(fs: s3fs.S3FileSystem, uid: str):
     fs.invalidate_cache()
-    names = sorted(fs.ls(f"test/meta/sources/{uid}"))
+    names = sorted(p for p in fs.ls(f"test/meta/sources/{uid}") if p.endswith(".parquet"))
     return decode_source_checkpoint(fs.cat_file(names[-1]), names[-1])
 
 
