@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
     ReadLimit,
     ReadMaxFiles,
     ReadMaxRows,
@@ -150,7 +149,8 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lease.check()
 
     def stop(self) -> None:
-        # Spark calls this when the query ends: release the lease so a restart need not wait.
+        # Spark calls this only when it ends the runner gracefully (usually it kills the
+        # process): then release the lease so that a restart need not wait for it to expire.
         if self._lease is not None and self._lease.held:
             self._lease.stop_heartbeat()
             holder = self._lease.read()
@@ -254,9 +254,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return Budget(max_units=limit.max_rows)
         if isinstance(limit, ReadMaxFiles):
             return Budget(max_splits=limit.max_files)
-        if isinstance(limit, ReadAllAvailable):
-            return Budget()
-        return Budget()  # ReadMinRows / ReadMaxBytes: read what is there
+        return Budget()  # ReadAllAvailable, and ReadMinRows / ReadMaxBytes: read what is there
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         start_id, end_id = self._ckpt_id(start), self._ckpt_id(end)
