@@ -8,6 +8,9 @@ Public API::
     df = (spark.readStream.format("flinkish.sequence")
           .option("uid", "numbers").option("checkpoint", "/tmp/p/meta")
           .option("rowsPerSplit", "1000").load())
+    query = df.writeStream.format("flinkish.parquet")...start()
+    flinkish_spark.await_finished(query)      # "finished": bounded input, final epoch committed
+    flinkish_spark.stop(query, drain=False)   # graceful stop at an epoch boundary
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from flinkish_spark.errors import (
     TerminalError,
     UnsupportedFormatVersionError,
 )
+from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
 from flinkish_spark.session import session
 from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
 from flinkish_spark.source import Split, SplitDataSource, SplitEnumerator, SplitExtent, SplitReader
@@ -48,6 +52,10 @@ def register(spark: "SparkSession") -> None:
 
     for cls in (*BUILTIN_SOURCES, *BUILTIN_SINKS):
         spark.dataSource.register(cls)
+    # Ends queries whose flinkish inputs have all ended, and carries out stop requests.
+    from flinkish_spark.finish import FinishController
+
+    FinishController.install(spark)
 
 
 __all__ = [
@@ -76,6 +84,10 @@ __all__ = [
     "PrepareContext",
     "TwoPhaseCommitSink",
     "register",
+    "QueryEnd",
+    "await_finished",
+    "stop",
+    "with_watermark",
     "transactional",
     "session",
 ]

@@ -53,7 +53,7 @@ class SourceCheckpointStore:
                 f"{path} belongs to source uid {ckpt.uid!r} checkpoint {ckpt.ckpt_id}, "
                 f"not to uid {self.uid!r} checkpoint {ckpt_id}; the metadata was moved or copied by hand"
             )
-        if ckpt.kind != self.kind:
+        if self.kind and ckpt.kind != self.kind:
             raise CheckpointMismatchError(
                 f"source uid {self.uid!r} was checkpointed as a {ckpt.kind!r} source, but the query "
                 f"now uses {self.kind!r} under the same uid. Give the new source its own uid."

@@ -18,6 +18,14 @@ Protocol (write-ahead metadata, DESIGN.md section 4.1):
   finished input and retention of old metadata happen there. (``commit(end)``
   lags one batch behind and is only a second, idempotent, notification.)
 
+Finishing (FLIP-147, see :mod:`flinkish_spark.finish`): a FINISHED source never plans
+another row. ``latestOffset`` also honours stop requests (no drain: return the same
+checkpoint marked ``stop``; drain: one epoch that ends every split where it is) and, with
+``watermarkColumn``, emits the end-of-input marker once every source under the root has
+ended. On the first call of a run the checkpoint Spark resumes from is checked against
+the query (Flink's VertexFinishedStateChecker): a FINISHED source whose configuration
+changed fails before anything is written.
+
 The driver-side state (enumerator, caches) lives in Spark's long-lived Python
 worker on the driver. The copy of this object that Spark pickles for executors
 carries only the source and schema: ``read`` needs nothing else.
@@ -25,6 +33,8 @@ carries only the source and schema: ``read`` needs nothing else.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,11 +51,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
-from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.errors import CheckpointMismatchError, UnsupportedFormatVersionError
+from flinkish_spark.finish.stop_request import StopRequest, read_request
+from flinkish_spark.finish.watermark import END_OF_INPUT_TS
 from flinkish_spark.sink.lease import Lease
 from flinkish_spark.source.enumerator import SplitEnumerator
+from flinkish_spark.source.offset import GENESIS, OFFSET_VERSION, EndOfInput, SourceOffset
 from flinkish_spark.source.planning import Budget, plan_epoch, read_ranges
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
@@ -53,10 +66,6 @@ from flinkish_spark.testing.crash import crash_point
 
 if TYPE_CHECKING:
     from flinkish_spark.source.datasource import SplitDataSource
-
-OFFSET_VERSION = 1
-GENESIS = -1
-
 
 @dataclass
 class SplitPartition(InputPartition):
@@ -74,6 +83,17 @@ class SplitPartition(InputPartition):
         self.payload = payload
         self.start = start
         self.end = end
+        self.ckpt_id = ckpt_id
+
+
+@dataclass
+class EndOfInputPartition(InputPartition):
+    """The one-row partition that carries the end-of-input watermark marker."""
+
+    ckpt_id: int
+
+    def __init__(self, ckpt_id: int) -> None:
+        super().__init__(("end-of-input", ckpt_id))
         self.ckpt_id = ckpt_id
 
 
@@ -106,32 +126,75 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = False
         self._caps: dict[str, int] | None = None
         self._lease: Lease | None = None
+        self._restore_checked = False
+        # latestOffset/partitions/commit run on Spark's thread; the lease heartbeat on another.
+        self._lock = threading.RLock()
 
     # -- offsets ------------------------------------------------------------------------
 
-    def _offset(self, ckpt: SourceCheckpoint | None) -> dict:
-        if ckpt is None:
-            return {"v": OFFSET_VERSION, "uid": self.source.uid, "ckpt": GENESIS}
-        return {"v": OFFSET_VERSION, "uid": self.source.uid, "ckpt": ckpt.ckpt_id, "status": ckpt.status}
+    def _offset(self, ckpt: SourceCheckpoint | None, **extra: Any) -> dict:
+        src = self.source
+        status = None if ckpt is None else ckpt.status
+        eoi: EndOfInput | None = "pending" if (ckpt is not None and ckpt.finished and src.watermark_column) else None
+        off = SourceOffset(
+            uid=src.uid,
+            ckpt=GENESIS if ckpt is None else ckpt.ckpt_id,
+            status=status,
+            root=src.checkpoint_root,
+            endpoint_url=src.raw_options.get("endpointUrl"),
+            region=src.raw_options.get("region"),
+            eoi=eoi,
+        )
+        return off.with_(**extra).to_json() if extra else off.to_json()
 
-    def _ckpt_id(self, offset: dict) -> int:
-        if not isinstance(offset, dict) or "ckpt" not in offset:
+    def _parse(self, offset: dict) -> SourceOffset:
+        parsed = SourceOffset.from_json(offset)
+        if parsed is None:
             raise CheckpointMismatchError(
                 f"source uid {self.source.uid!r}: Spark's offset log holds {offset!r}, which is not a "
                 "flinkish offset. The checkpointLocation belongs to a different query or source."
             )
-        if int(offset.get("v", 0)) > OFFSET_VERSION:
+        if parsed.version > OFFSET_VERSION:
             raise UnsupportedFormatVersionError(
                 f"source uid {self.source.uid!r}: the offset log was written with offset version "
-                f"{offset.get('v')}, this flinkish_spark reads up to {OFFSET_VERSION}; upgrade it"
+                f"{parsed.version}, this flinkish_spark reads up to {OFFSET_VERSION}; upgrade it"
             )
-        if offset.get("uid") != self.source.uid:
+        if parsed.uid != self.source.uid:
             raise CheckpointMismatchError(
-                f"Spark's checkpointLocation holds offsets of source uid {offset.get('uid')!r}, but "
+                f"Spark's checkpointLocation holds offsets of source uid {parsed.uid!r}, but "
                 f"this source has uid {self.source.uid!r}. A source's uid must stay the same across "
-                "restarts; restore the old uid or start with a new checkpointLocation."
+                "restarts (was it renamed, or removed and another one added?); restore the old uid "
+                "or start with a new checkpointLocation."
             )
-        return int(offset["ckpt"])
+        return parsed
+
+    def _ckpt_id(self, offset: dict) -> int:
+        return self._parse(offset).ckpt
+
+    def _check_restore(self, ckpt_id: int) -> None:
+        """First call of a run: compare the checkpoint Spark resumes from with this query.
+
+        Runs before the lease is taken, so a mismatch writes nothing at all.
+        """
+        if self._restore_checked:
+            return
+        self._restore_checked = True
+        ckpt = self._load(ckpt_id)
+        if ckpt is None or not ckpt.finished:
+            return
+        recorded, current = json.loads(ckpt.config), json.loads(self.source.config_json(self.schema))
+        changes = [
+            f"{key}: {recorded.get(key)!r} -> {current.get(key)!r}"
+            for key in sorted(set(recorded) | set(current))
+            if recorded.get(key) != current.get(key)
+        ]
+        if changes:
+            raise CheckpointMismatchError(
+                f"source uid {self.source.uid!r} is FINISHED in checkpoint {ckpt.ckpt_id}, but its "
+                f"configuration changed ({'; '.join(changes)}). A finished source is never read "
+                "again, so the change would be silently ignored. Restore the old configuration, "
+                "give the changed source a new uid, or start with a new checkpointLocation."
+            )
 
     def _fence(self) -> None:
         """Hold this uid's lease for the run (heartbeat thread); fail if another live run has it."""
@@ -146,6 +209,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lease.acquire()
             lease.start_heartbeat()
             self._lease = lease
+            self.source.write_descriptor()
         self._lease.check()
 
     def stop(self) -> None:
@@ -201,9 +265,24 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._caps = None
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        with self._lock:
+            return self._latest_offset(start, limit)
+
+    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
+        start_off = self._parse(start)
+        self._check_restore(start_off.ckpt)
         self._fence()
-        prev = self._load(self._ckpt_id(start))
+        prev = self._load(start_off.ckpt)
         self._checkpoint_complete(prev)
+        if prev is not None and prev.finished:
+            return self._finished_offset(start, start_off)
+        request = self._stop_request()
+        if request is not None and not request.drain:
+            # Stop without drain: no new epoch; the offset says so, so that the driver's
+            # finish controller ends the query once this (empty) batch is committed.
+            return start if start_off.stop == request.id else self._offset(prev, stop=request.id)
+        if request is not None and request.drain:
+            return self._drain(prev, request)
         enumerator = self._enumerator_for(prev)
         previous = prev.splits if prev is not None else ()
 
@@ -230,7 +309,19 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if no_more != (prev.no_more_splits if prev is not None else False):
             changed = True
         if not changed:
-            return start
+            # A stop marker of an earlier run must not stay in the offsets of this one.
+            return start if start_off.stop is None else self._offset(prev)
+        return self._write(prev, enumerator.snapshot_state(), no_more, records, ckpt_id)
+
+    def _write(
+        self,
+        prev: SourceCheckpoint | None,
+        state: bytes,
+        no_more: bool,
+        records: tuple[SplitRecord, ...],
+        ckpt_id: int,
+        **extra: Any,
+    ) -> dict:
         ckpt = SourceCheckpoint(
             uid=self.source.uid,
             kind=self.source.name(),
@@ -238,7 +329,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parent_id=None if prev is None else prev.ckpt_id,
             created_ms=int(time.time() * 1000),
             config=self.source.config_json(self.schema),
-            enumerator_state=enumerator.snapshot_state(),
+            enumerator_state=state,
             no_more_splits=no_more,
             splits=records,
         )
@@ -247,7 +338,49 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         crash_point("source.after_metadata_write")
         self._remember(ckpt)
         self._enumerator_at = ckpt.ckpt_id
-        return self._offset(ckpt)
+        return self._offset(ckpt, **extra)
+
+    def _stop_request(self) -> StopRequest | None:
+        assert self._lease is not None
+        req = read_request(self.source.io, self.source.checkpoint_root, self.source.uid)
+        if req is None or req.state != "requested" or req.run_id != self._lease.run_id:
+            return None  # none, done, or meant for an earlier run of the query
+        return req
+
+    def _drain(self, prev: SourceCheckpoint | None, request: StopRequest) -> dict:
+        """Stop with drain: end every split where it is; the source is FINISHED from here on."""
+        ckpt_id = self.store.allocate_id()
+        records = tuple(
+            rec.compact()
+            if rec.finished
+            else SplitRecord(rec.split_id, rec.position, rec.position, rec.position, True, ckpt_id, rec.payload)
+            for rec in (prev.splits if prev is not None else ())
+        )
+        state = self._enumerator_for(prev).snapshot_state()
+        return self._write(prev, state, True, records, ckpt_id, stop=request.id)
+
+    def _finished_offset(self, start: dict, start_off: SourceOffset) -> dict:
+        """A FINISHED source reads nothing, except once the end-of-input marker."""
+        if start_off.eoi == "pending" and self.source.watermark_column and self._all_sources_finished():
+            return start_off.with_(eoi="emitted").to_json()
+        return start
+
+    def _all_sources_finished(self) -> bool:
+        """Whether every source under this metadata root has ended (FLIP-147's "all inputs")."""
+        root, io = self.source.checkpoint_root, self.source.io
+        for uid in io.list_names(join(root, "sources")):
+            if uid == self.source.uid:
+                continue
+            other = SourceCheckpointStore(io, root, uid, kind="")
+            ids = other.ids()
+            if not ids:
+                continue
+            from flinkish_spark.checkpoint.serde import decode_source_checkpoint
+
+            path = other.path(ids[-1])
+            if not decode_source_checkpoint(io.read_bytes(path), path).finished:
+                return False
+        return True
 
     def _budget(self, limit: ReadLimit) -> Budget:
         if isinstance(limit, ReadMaxRows):
@@ -257,11 +390,16 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return Budget()  # ReadAllAvailable, and ReadMinRows / ReadMaxBytes: read what is there
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        start_id, end_id = self._ckpt_id(start), self._ckpt_id(end)
+        start_off, end_off = self._parse(start), self._parse(end)
+        start_id, end_id = start_off.ckpt, end_off.ckpt
         if start_id == end_id:
+            if end_off.eoi == "emitted" and start_off.eoi != "emitted":
+                return [EndOfInputPartition(end_id)]
             return []
-        self._fence()
-        ckpt = self._load(end_id)
+        with self._lock:
+            self._check_restore(end_id)
+            self._fence()
+            ckpt = self._load(end_id)
         assert ckpt is not None
         expected_parent = None if start_id == GENESIS else start_id
         if ckpt.parent_id != expected_parent:
@@ -274,7 +412,8 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [SplitPartition(r.split_id, r.payload, r.start, r.end, ckpt.ckpt_id) for r in read_ranges(ckpt)]
 
     def commit(self, end: dict) -> None:
-        self._checkpoint_complete(self._load(self._ckpt_id(end)))
+        with self._lock:
+            self._checkpoint_complete(self._load(self._ckpt_id(end)))
 
     def _checkpoint_complete(self, ckpt: SourceCheckpoint | None) -> None:
         if ckpt is None or ckpt.ckpt_id <= self._notified_through:
@@ -285,7 +424,20 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- executors ------------------------------------------------------------------------
 
+    def _end_of_input_batch(self) -> pa.RecordBatch:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        target = to_arrow_schema(self.schema, timezone="UTC")
+        column = self.source.watermark_column
+        arrays = [
+            pa.array([END_OF_INPUT_TS], f.type) if f.name == column else pa.nulls(1, f.type) for f in target
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=target)
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, EndOfInputPartition):
+            yield self._end_of_input_batch()
+            return
         assert isinstance(partition, SplitPartition)
         if self._split_reader is None:
             self._split_reader = self.source.create_reader(self.schema)

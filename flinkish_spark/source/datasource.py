@@ -20,6 +20,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
+from flinkish_spark.errors import ConfigError
 from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.options import STORAGE_OPTIONS, Options
 from flinkish_spark.source.adapter import SplitStreamReader
@@ -27,7 +28,9 @@ from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_RETAIN = 10
-COMMON_OPTIONS = ("uid", "checkpoint", "retainCheckpoints", "leaseTimeout", *STORAGE_OPTIONS)
+COMMON_OPTIONS = ("uid", "checkpoint", "retainCheckpoints", "leaseTimeout", "watermarkColumn", *STORAGE_OPTIONS)
+DESCRIPTOR_FILE = "_source.json"
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential")
 
 
 class SplitDataSource(DataSource):
@@ -43,6 +46,7 @@ class SplitDataSource(DataSource):
         self.uid, self.checkpoint_root, self.io = settings.uid, settings.checkpoint_root, settings.io
         self.lease_timeout, self.raw_options = settings.lease_timeout, settings.raw_options
         self.retain = opts.integer("retainCheckpoints", DEFAULT_RETAIN, minimum=1) or DEFAULT_RETAIN
+        self.watermark_column = (opts.get("watermarkColumn") or "").strip() or None
         self.configure(opts)
         # Reachability last: every pure validation error comes first, and nothing is written.
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
@@ -95,4 +99,49 @@ class SplitDataSource(DataSource):
         return SourceCheckpointStore(self.io, self.checkpoint_root, self.uid, self.name())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if self.watermark_column is not None:
+            from pyspark.sql.types import TimestampNTZType, TimestampType
+
+            field = next((f for f in schema.fields if f.name == self.watermark_column), None)
+            if field is None or not isinstance(field.dataType, (TimestampType, TimestampNTZType)):
+                raise ConfigError(
+                    f"{self.name()} source: option 'watermarkColumn' must name a timestamp column of "
+                    f"the schema; {self.watermark_column!r} is "
+                    + ("not in it" if field is None else f"a {field.dataType.simpleString()}")
+                    + f" (schema: {schema.simpleString()})"
+                )
         return SplitStreamReader(self, schema)
+
+    # -- the final checkpoint notification from the driver's own process -------------------
+
+    def write_descriptor(self) -> None:
+        """Record how to rebuild this source (class and options, never credentials).
+
+        The finish controller runs in the driver's Python process, not in Spark's
+        source worker; it uses this to deliver the final "checkpoint complete"
+        notification, which Spark itself never sends (see flinkish_spark.finish).
+        """
+        options = {
+            k: v for k, v in self.raw_options.items() if not any(w in k.lower() for w in _SECRET_WORDS)
+        }
+        options.pop("storageOptions", None)  # may hold credentials; the environment provides them
+        cls = type(self)
+        descriptor = {"class": f"{cls.__module__}:{cls.__qualname__}", "options": options}
+        self.io.write_bytes(
+            f"{self.checkpoint_store().directory}/{DESCRIPTOR_FILE}", json.dumps(descriptor).encode()
+        )
+
+    @staticmethod
+    def from_descriptor(io: Any, root: str, uid: str, extra_options: dict[str, str]) -> "SplitDataSource":
+        import importlib
+
+        path = f"{SourceCheckpointStore(io, root, uid, '').directory}/{DESCRIPTOR_FILE}"
+        descriptor = json.loads(io.read_bytes(path))
+        module, _, qualname = descriptor["class"].partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        options = {**descriptor["options"], **extra_options}
+        source = obj(options)
+        assert isinstance(source, SplitDataSource)
+        return source

@@ -1,0 +1,365 @@
+"""The finish controller: ends queries whose inputs have ended, and stops them gracefully.
+
+Spark ends a query by itself only under ``Trigger.AvailableNow``/``Once``; under
+processing-time triggers nothing ends a query whose inputs are exhausted, and
+``query.stop()`` interrupts whatever batch is running. This module supplies the
+missing part of FLIP-147 from the driver's Python process, where the
+``StreamingQuery`` handle lives:
+
+* a ``StreamingQueryListener`` (installed by :func:`flinkish_spark.register`) reads
+  each batch's progress. The end offsets of flinkish sources carry their status
+  and stop state (see :mod:`flinkish_spark.source.offset`). Progress is posted
+  after Spark wrote the batch to its commit log, so when every source of the
+  query is FINISHED (or has stopped for a live stop request) in a progress event,
+  that batch -- the final epoch -- is committed by the sink;
+* it then delivers the final "checkpoint complete" notification to every source
+  (which Spark never sends for the last batch), waits until the query is between
+  triggers, and calls ``query.stop()``: the query ends at an epoch boundary,
+  without waiting for the next trigger, whatever the trigger interval;
+* when the end-of-input watermark marker was emitted and the query has stateful
+  operators, it waits for the one more batch that Spark runs to fire the windows.
+
+Queries with a source that is not a flinkish source are never ended by it (such a
+source may be unbounded). Under AvailableNow, Spark ends the query itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from flinkish_spark.errors import ConfigError
+from flinkish_spark.finish.stop_request import lease_run_id, mark_done, read_request, request_stop
+from flinkish_spark.finish.watermark import MARKER_THRESHOLD
+from flinkish_spark.io.fileio import FileIO, storage_options_from
+from flinkish_spark.source.offset import SourceOffset
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+QueryEnd = Literal["finished", "drained", "stopped", "terminated", "failed", "timeout"]
+"""How a query ended: ``finished`` (all inputs ended, final epoch committed), ``drained``
+(stop with drain), ``stopped`` (stop without drain: resumable), ``terminated`` (ended
+otherwise, e.g. AvailableNow with unbounded inputs, or ``query.stop()``), ``failed``,
+``timeout`` (still running when the wait timed out)."""
+
+_POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class Verdict:
+    end: QueryEnd
+    offsets: tuple[SourceOffset, ...]
+    request_id: str | None = None
+
+
+def _io(off: SourceOffset) -> FileIO:
+    assert off.root is not None
+    return FileIO.for_url(off.root, storage_options_from(off.storage_options(), off.root), what="metadata root")
+
+
+def flinkish_offsets(progress: Any) -> tuple[SourceOffset, ...] | None:
+    """The end offsets of a progress event if every source of the query is a flinkish one."""
+    sources = getattr(progress, "sources", None) or []
+    offs = tuple(SourceOffset.from_json(s.endOffset) for s in sources)
+    if not offs or any(o is None or o.root is None for o in offs):
+        return None
+    return offs  # type: ignore[return-value]
+
+
+def _watermark_flushed(progress: Any) -> bool:
+    raw = (getattr(progress, "eventTime", None) or {}).get("watermark")
+    if not raw:
+        return False
+    try:
+        wm = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    if wm.tzinfo is None:
+        wm = wm.replace(tzinfo=timezone.utc)
+    return wm >= MARKER_THRESHOLD
+
+
+def verdict(progress: Any) -> Verdict | None:
+    """Whether the batch of ``progress`` is the last one the query needs, and why."""
+    offs = flinkish_offsets(progress)
+    if offs is None:
+        return None
+    live_stops = {o.stop for o in offs if o.stop and not o.finished}
+    if not all(o.finished and o.eoi != "pending" or (o.stop and not o.finished) for o in offs):
+        return None
+    if any(o.eoi == "emitted" for o in offs) and getattr(progress, "stateOperators", None):
+        # The marker moved the watermark at the end of the marker's batch; Spark fires the
+        # windows in the batch after it. Wait for that one.
+        if not _watermark_flushed(progress):
+            return None
+    if live_stops:
+        request_id = sorted(live_stops)[0]
+        # Stop markers of a killed earlier run may come back in a replayed batch: only a
+        # request meant for the live run of every source counts.
+        for o in offs:
+            if not o.finished and not _request_is_live(o, request_id):
+                return None
+        return Verdict("stopped", offs, request_id)
+    drained = {o.stop for o in offs if o.stop}
+    if drained:
+        return Verdict("drained", offs, sorted(drained)[0])
+    return Verdict("finished", offs)
+
+
+def _request_is_live(off: SourceOffset, request_id: str) -> bool:
+    assert off.root is not None
+    io = _io(off)
+    req = read_request(io, off.root, off.uid)
+    return req is not None and req.id == request_id and req.state == "requested" and req.run_id == lease_run_id(io, off.root, off.uid)
+
+
+def notify_final_checkpoint(off: SourceOffset) -> bool:
+    """Deliver "checkpoint complete" for ``off``'s checkpoint to a rebuilt copy of its source.
+
+    Idempotent (a restart delivers it again from Spark's own ``latestOffset``); a failure
+    is logged, not raised: the notification is then deferred to the query's next start.
+    """
+    from flinkish_spark.source.datasource import SplitDataSource
+
+    if off.ckpt < 0 or off.root is None:
+        return True
+    try:
+        io = _io(off)
+        source = SplitDataSource.from_descriptor(io, off.root, off.uid, off.storage_options())
+        store = source.checkpoint_store()
+        ckpt = store.read(off.ckpt)
+        enumerator = source.create_enumerator()
+        enumerator.restore(ckpt.enumerator_state)
+        enumerator.on_checkpoint_complete(ckpt)
+        store.retain(source.retain, ckpt.ckpt_id)
+        return True
+    except Exception as exc:  # noqa: BLE001 - never fail a finished query over cleanup
+        log.warning(
+            "flinkish: final checkpoint notification for source uid %r (checkpoint %s) failed: %s; "
+            "it is delivered again when the query next starts",
+            off.uid,
+            off.ckpt,
+            exc,
+        )
+        return False
+
+
+def _trigger_name(query: "StreamingQuery") -> str:
+    try:
+        return str(query._jsq.streamingQuery().trigger().getClass().getSimpleName())
+    except Exception:  # noqa: BLE001 - a Spark Connect or future handle: assume a timed trigger
+        return ""
+
+
+class FinishController(StreamingQueryListener):
+    """One per SparkSession; see the module docstring."""
+
+    _ATTR = "_flinkish_finish_controller"
+
+    def __init__(self, spark: "SparkSession") -> None:
+        self._spark = spark
+        self._lock = threading.Lock()
+        self._finishing: dict[str, threading.Thread] = {}
+        self.ended: dict[str, QueryEnd] = {}
+        self.finished_at: dict[str, float] = {}
+
+    @classmethod
+    def install(cls, spark: "SparkSession") -> "FinishController":
+        existing = getattr(spark, cls._ATTR, None)
+        if isinstance(existing, FinishController):
+            return existing
+        controller = cls(spark)
+        spark.streams.addListener(controller)
+        setattr(spark, cls._ATTR, controller)
+        return controller
+
+    # -- listener callbacks (Spark's listener bus thread: never block it) -----------------
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        try:
+            self.consider(event.progress)
+        except Exception:  # noqa: BLE001 - a listener must never throw into Spark
+            log.exception("flinkish: finish controller failed on a progress event")
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+    # -- the decision -----------------------------------------------------------------------
+
+    def consider(self, progress: Any) -> None:
+        if progress is None:
+            return
+        qid = str(progress.id)
+        with self._lock:
+            if qid in self._finishing:
+                return
+        v = verdict(progress)
+        if v is None:
+            return
+        with self._lock:
+            if qid in self._finishing:
+                return
+            thread = threading.Thread(target=self._finish, args=(qid, v), name=f"flinkish-finish-{qid[:8]}", daemon=True)
+            self._finishing[qid] = thread
+        self.finished_at[qid] = time.time()
+        thread.start()
+
+    def _finish(self, qid: str, v: Verdict) -> None:
+        query = self._spark.streams.get(qid)
+        for off in v.offsets:
+            notify_final_checkpoint(off)
+        if query is None:
+            return
+        self.ended[qid] = v.end
+        if _trigger_name(query) not in ("AvailableNowTrigger", "OneTimeTrigger"):
+            # Between triggers there is no batch to interrupt; a trigger that starts now finds
+            # every source finished or stopped and constructs no batch.
+            while query.isActive and query.status.get("isTriggerActive"):
+                time.sleep(_POLL_S)
+            query.stop()
+        else:
+            query.awaitTermination()
+        if v.request_id:
+            for off in v.offsets:
+                try:
+                    assert off.root is not None
+                    mark_done(_io(off), off.root, off.uid, v.request_id, v.end)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("flinkish: could not mark stop request %s done: %s", v.request_id, exc)
+
+    def wait(self, query: "StreamingQuery", timeout: float | None, progress: bool = False) -> QueryEnd:
+        qid = str(query.id)
+        deadline = None if timeout is None else time.time() + timeout
+        bar = _ProgressBar() if progress else None
+        try:
+            while query.isActive:
+                # Belt and braces: also look at the last progress ourselves, in case the
+                # listener was installed after the final batch.
+                self.consider(query.lastProgress)
+                if bar is not None:
+                    bar.update(query.lastProgress)
+                if deadline is not None and time.time() >= deadline:
+                    return "timeout"
+                query.awaitTermination(1)
+            thread = self._finishing.get(qid)
+            if thread is not None:
+                thread.join()
+            if bar is not None:
+                bar.update(query.lastProgress)
+        finally:
+            if bar is not None:
+                bar.close()
+        if query.exception() is not None:
+            return "failed"
+        if qid in self.ended:
+            return self.ended[qid]
+        offs = flinkish_offsets(query.lastProgress)
+        if offs is not None and all(o.finished for o in offs):
+            return "finished"
+        return "terminated"
+
+
+def _session() -> "SparkSession":
+    from pyspark.sql import SparkSession
+
+    return SparkSession.active()
+
+
+class _ProgressBar:
+    """Finished splits / rows of a query's bounded inputs, read from their checkpoints."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("splits"),
+            TextColumn("{task.fields[rows]} rows"), TimeElapsedColumn(),
+        )
+        self._task = self._progress.add_task("finishing", total=None, rows=0)
+        self._progress.start()
+        self._last: tuple[tuple[str, int], ...] = ()
+
+    def update(self, progress: Any) -> None:
+        offs = flinkish_offsets(progress)
+        if not offs:
+            return
+        key = tuple((o.uid, o.ckpt) for o in offs)
+        if key == self._last:
+            return
+        self._last = key
+        done = total = rows = 0
+        from flinkish_spark.checkpoint.store import SourceCheckpointStore
+
+        for off in offs:
+            if off.ckpt < 0 or off.root is None:
+                continue
+            try:
+                ckpt = SourceCheckpointStore(_io(off), off.root, off.uid, kind="").read(off.ckpt)
+            except Exception:  # noqa: BLE001 - progress display is best effort
+                continue
+            done += sum(1 for s in ckpt.splits if s.finished)
+            total += len(ckpt.splits)
+            rows += sum(s.position for s in ckpt.splits)
+        self._progress.update(self._task, completed=done, total=total or None, rows=rows)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def await_finished(query: "StreamingQuery", timeout: float | None = None, progress: bool = False) -> QueryEnd:
+    """Wait until ``query`` ends and return how it ended (see :data:`QueryEnd`).
+
+    With every source bounded, the query ends by itself once the epoch that read the
+    last rows is committed (also under processing-time triggers); ``progress=True``
+    shows finished splits and rows while waiting.
+    """
+    return FinishController.install(_session()).wait(query, timeout, progress)
+
+
+def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = None) -> QueryEnd:
+    """Stop ``query`` at an epoch boundary (Flink's stop-with-savepoint), and wait for it.
+
+    ``drain=False``: no new epoch starts, everything started is committed, sources are
+    not finished; a restart continues exactly where it stopped. ``drain=True``: every
+    source ends its input now (it is FINISHED from then on), the end-of-input watermark
+    flush runs, the final epoch commits and the query ends; a restart adds nothing.
+    """
+    controller = FinishController.install(_session())
+    deadline = None if timeout is None else time.time() + timeout
+    while query.isActive and query.lastProgress is None:
+        # Before the first batch there is no offset that tells where the sources are.
+        if deadline is not None and time.time() >= deadline:
+            return "timeout"
+        query.awaitTermination(1)
+    if not query.isActive:
+        return controller.wait(query, 0)
+    offs = flinkish_offsets(query.lastProgress)
+    if offs is None:
+        raise ConfigError(
+            "flinkish_spark.stop needs every source of the query to be a flinkish source (an "
+            "other source cannot be stopped at an epoch boundary); use query.stop() instead"
+        )
+    request_id = uuid.uuid4().hex[:12]
+    for off in offs:
+        if not off.finished:
+            assert off.root is not None
+            request_stop(_io(off), off.root, off.uid, drain, request_id)
+    remaining = None if deadline is None else max(0.0, deadline - time.time())
+    return controller.wait(query, remaining)
