@@ -1,48 +1,98 @@
 """The ``flinkish`` command: ``demo`` (a real pipeline on local Spark and a local S3 server),
-``inspect`` (what a checkpoint metadata root says, as a table or JSON) and ``orphans``
-(staged sink output that a crash left behind)."""
+``inspect`` (what a checkpoint metadata root says, as a table or JSON), ``stop`` (stop a
+running query at an epoch boundary, with or without drain, from any process) and
+``orphans`` (staged sink output that a crash left behind)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from flinkish_spark.errors import FlinkishError
+
+if TYPE_CHECKING:
+    from flinkish_spark.io.fileio import FileIO
+
+
+def _root_io(args: argparse.Namespace, url: str, what: str) -> "FileIO":
+    from flinkish_spark.io.fileio import FileIO, storage_options_from
+
+    options = {"endpointUrl": args.endpoint_url} if args.endpoint_url else {}
+    return FileIO.for_url(url, storage_options_from(options, url), what=what)
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flinkish_spark.inspect import recent_epochs
-    from flinkish_spark.io.fileio import FileIO, storage_options_from
+    from flinkish_spark.inspect import recent_epochs, sink_epochs
 
-    options = {"endpointUrl": args.endpoint_url} if args.endpoint_url else {}
-    io = FileIO.for_url(args.checkpoint, storage_options_from(options, args.checkpoint), what="CHECKPOINT")
-    epochs = recent_epochs(io, args.checkpoint.rstrip("/"), last=args.last)
+    root = args.checkpoint.rstrip("/")
+    io = _root_io(args, args.checkpoint, "CHECKPOINT")
+    epochs = recent_epochs(io, root, last=args.last)
+    sinks = sink_epochs(io, root, last=args.last)
     if args.json:
-        print(json.dumps({"checkpoint": args.checkpoint, "sources": [e.to_json() for e in epochs]}, indent=2))
+        print(json.dumps({"checkpoint": args.checkpoint, "sources": [e.to_json() for e in epochs],
+                          "sinks": [e.to_json() for e in sinks]}, indent=2))
         return 0
-    table = Table(title=f"flinkish checkpoint {args.checkpoint}")
+    # Piped output (scripts, logs) is not cut to 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    table = Table(title=f"flinkish checkpoint {args.checkpoint}: sources")
     for col in ("source uid", "kind", "checkpoint", "status", "splits finished", "rows in epoch", "position total"):
         table.add_column(col)
     for e in epochs:
         table.add_row(e.uid, e.kind, str(e.ckpt_id), e.status, f"{e.splits_finished}/{e.splits_total}", str(e.rows_in_epoch), str(e.position_total))
-    # Piped output (scripts, logs) is not cut to 80 columns.
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    console.print(table)
+    if sinks:
+        st = Table(title="sinks (two-phase commit)")
+        for col in ("sink uid", "epoch", "commit state", "committables"):
+            st.add_column(col)
+        for s in sinks:
+            st.add_row(s.uid, str(s.epoch), s.state, str(s.committables))
+        console.print(st)
     return 0
 
 
+def _stop(args: argparse.Namespace) -> int:
+    import time
+    import uuid
+
+    from flinkish_spark.errors import ConfigError
+    from flinkish_spark.finish.stop_request import read_request, request_stop
+    from flinkish_spark.inspect import running_source_uids
+
+    root = args.checkpoint.rstrip("/")
+    io = _root_io(args, args.checkpoint, "CHECKPOINT")
+    uids = args.uid or running_source_uids(io, root)
+    if not uids:
+        raise ConfigError(f"no running flinkish source under {root} (no live lease): nothing to stop")
+    request_id = uuid.uuid4().hex[:12]
+    for uid in uids:
+        request_stop(io, root, uid, args.drain, request_id)
+    print(f"stop request {request_id} ({'drain' if args.drain else 'no drain'}) sent to {', '.join(uids)}", flush=True)
+    if args.no_wait:
+        return 0
+    deadline = time.time() + args.timeout
+    while time.time() < deadline:
+        reqs = [read_request(io, root, uid) for uid in uids]
+        if all(r is not None and r.id == request_id and r.state == "done" for r in reqs):
+            outcome = next(r.outcome for r in reqs if r is not None)
+            print(f"query ended: {outcome}")
+            return 0
+        time.sleep(0.2)
+    print(f"flinkish: the query did not end within {args.timeout}s (is it running with "
+          "flinkish_spark.register(spark)?); the request stays in place", file=sys.stderr)
+    return 1
+
+
 def _orphans(args: argparse.Namespace) -> int:
-    from flinkish_spark.io.fileio import FileIO, storage_options_from
     from flinkish_spark.sink.decisions import DecisionLog
     from flinkish_spark.sink.orphans import remove, scan
 
-    options = {"endpointUrl": args.endpoint_url} if args.endpoint_url else {}
-    data_io = FileIO.for_url(args.path, storage_options_from(options, args.path), what="PATH")
-    meta_io = FileIO.for_url(args.checkpoint, storage_options_from(options, args.checkpoint), what="--checkpoint")
+    data_io = _root_io(args, args.path, "PATH")
+    meta_io = _root_io(args, args.checkpoint, "--checkpoint")
     entries = scan(data_io, args.path, DecisionLog(meta_io, args.checkpoint.rstrip("/"), args.uid))
     removed = remove(data_io, entries, include_pending=args.include_pending) if args.delete else []
     if args.json:
@@ -69,11 +119,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("inspect", help="show the recent epochs of every source under a metadata root")
-    p.add_argument("checkpoint", help="the metadata root URL (the sources' 'checkpoint' option)")
+    p.add_argument("checkpoint", help="the metadata root URL (the sources' and sinks' 'checkpoint' option)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--last", type=int, default=5, help="epochs per source (default 5)")
     p.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     p.set_defaults(func=_inspect)
+
+    s = sub.add_parser("stop", help="stop the query running on a metadata root at an epoch boundary")
+    s.add_argument("checkpoint", help="the metadata root URL of the query's sources")
+    s.add_argument("--drain", action="store_true", help="end the input (sources become FINISHED), flush event-time windows, then stop")
+    s.add_argument("--uid", action="append", help="only these source uids (default: every running source under CHECKPOINT)")
+    s.add_argument("--no-wait", action="store_true", help="return after sending the request")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the query to end (default 300)")
+    s.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    s.set_defaults(func=_stop)
 
     o = sub.add_parser("orphans", help="list (and --delete) staged files of a flinkish.parquet sink that no commit will use")
     o.add_argument("path", help="the sink's 'path'")

@@ -42,6 +42,36 @@ class SourceEpoch:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class SinkEpoch:
+    """One epoch of a two-phase-commit sink: ``committed`` (visible) or ``decided`` (a restart commits it)."""
+
+    uid: str
+    epoch: int
+    state: str
+    committables: int
+    created_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sink_epochs(io: FileIO, root: str, last: int = 5) -> list[SinkEpoch]:
+    """The newest ``last`` epochs of every two-phase-commit sink under ``root``."""
+    from flinkish_spark.sink.decisions import DecisionLog
+
+    out: list[SinkEpoch] = []
+    for uid in io.list_names(join(root, "sinks")):
+        log = DecisionLog(io, root, uid)
+        decided, done = log.epochs()
+        for epoch in decided[-last:]:
+            d = log.read(epoch)
+            if d is not None:
+                state = "committed" if epoch in done else "decided"
+                out.append(SinkEpoch(uid, epoch, state, len(d.committables), d.created_ms))
+    return out
+
+
 def source_uids(io: FileIO, root: str) -> list[str]:
     return io.list_names(join(root, "sources"))
 
@@ -49,7 +79,7 @@ def source_uids(io: FileIO, root: str) -> list[str]:
 def recent_epochs(io: FileIO, root: str, last: int = 5) -> list[SourceEpoch]:
     """The newest ``last`` checkpoints of every source under ``root``, oldest first per source."""
     uids = source_uids(io, root)
-    if not uids and not io.exists(root):
+    if not io.exists(root):
         raise ConfigError(f"{root} does not exist: pass the metadata root (the sources' 'checkpoint' option)")
     out: list[SourceEpoch] = []
     for uid in uids:
@@ -59,4 +89,20 @@ def recent_epochs(io: FileIO, root: str, last: int = 5) -> list[SourceEpoch]:
 
             path = store.path(ckpt_id)
             out.append(SourceEpoch.of(decode_source_checkpoint(io.read_bytes(path), path)))
+    return out
+
+
+def running_source_uids(io: FileIO, root: str, fresh_s: float = 30.0) -> list[str]:
+    """Source uids under ``root`` whose lease was renewed in the last ``fresh_s`` seconds."""
+    import json
+    import time
+
+    out = []
+    for uid in source_uids(io, root):
+        try:
+            lease = json.loads(io.read_bytes(join(root, "sources", uid, "_lease.json")))
+        except (FileNotFoundError, ValueError):
+            continue
+        if time.time() - int(lease.get("renewed_ms", 0)) / 1000 < fresh_s:
+            out.append(uid)
     return out

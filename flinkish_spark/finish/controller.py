@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pyspark.sql.streaming import StreamingQueryListener
 
 from flinkish_spark.errors import ConfigError
-from flinkish_spark.finish.stop_request import lease_run_id, mark_done, read_request, request_stop
+from flinkish_spark.finish.stop_request import lease_run_id, mark_done, read_request, release_lease, request_stop
 from flinkish_spark.finish.watermark import MARKER_THRESHOLD
 from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.source.offset import SourceOffset
@@ -111,9 +111,11 @@ def verdict(progress: Any) -> Verdict | None:
             if not o.finished and not _request_is_live(o, request_id):
                 return None
         return Verdict("stopped", offs, request_id)
-    drained = {o.stop for o in offs if o.stop}
+    # A drain marker stays in the offsets of a FINISHED source for good; a restart of a
+    # drained query simply finds it finished.
+    drained = sorted({o.stop for o in offs if o.stop and _request_is_live(o, o.stop)})
     if drained:
-        return Verdict("drained", offs, sorted(drained)[0])
+        return Verdict("drained", offs, drained[0])
     return Verdict("finished", offs)
 
 
@@ -206,34 +208,41 @@ class FinishController(StreamingQueryListener):
     def consider(self, progress: Any) -> None:
         if progress is None:
             return
-        qid = str(progress.id)
+        # A query keeps its id across restarts; each run has its own runId.
+        qid, run = str(progress.id), str(progress.runId)
         with self._lock:
-            if qid in self._finishing:
+            if run in self._finishing:
                 return
         v = verdict(progress)
         if v is None:
             return
         with self._lock:
-            if qid in self._finishing:
+            if run in self._finishing:
                 return
-            thread = threading.Thread(target=self._finish, args=(qid, v), name=f"flinkish-finish-{qid[:8]}", daemon=True)
-            self._finishing[qid] = thread
-        self.finished_at[qid] = time.time()
+            thread = threading.Thread(target=self._finish, args=(qid, run, v), name=f"flinkish-finish-{run[:8]}", daemon=True)
+            self._finishing[run] = thread
+        self.finished_at[run] = time.time()
         thread.start()
 
-    def _finish(self, qid: str, v: Verdict) -> None:
+    def _finish(self, qid: str, run: str, v: Verdict) -> None:
         query = self._spark.streams.get(qid)
         for off in v.offsets:
             notify_final_checkpoint(off)
-        if query is None:
+        if query is None or str(query.runId) != run:
             return
-        self.ended[qid] = v.end
+        leases = {off: lease_run_id(_io(off), off.root, off.uid) for off in v.offsets if off.root}
+        self.ended[run] = v.end
         if _trigger_name(query) not in ("AvailableNowTrigger", "OneTimeTrigger"):
             # Between triggers there is no batch to interrupt; a trigger that starts now finds
             # every source finished or stopped and constructs no batch.
             while query.isActive and query.status.get("isTriggerActive"):
                 time.sleep(_POLL_S)
             query.stop()
+            # The run is over: free the sources' leases so that a restart need not wait for
+            # them to expire (only leases still held by this run, never a newer one's).
+            for off, holder in leases.items():
+                if holder is not None and off.root is not None:
+                    release_lease(_io(off), off.root, off.uid, holder)
         else:
             query.awaitTermination()
         if v.request_id:
@@ -245,7 +254,7 @@ class FinishController(StreamingQueryListener):
                     log.warning("flinkish: could not mark stop request %s done: %s", v.request_id, exc)
 
     def wait(self, query: "StreamingQuery", timeout: float | None, progress: bool = False) -> QueryEnd:
-        qid = str(query.id)
+        qid = str(query.runId)
         deadline = None if timeout is None else time.time() + timeout
         bar = _ProgressBar() if progress else None
         try:

@@ -45,6 +45,12 @@ def lease_run_id(io: FileIO, root: str, uid: str) -> str | None:
         return None
 
 
+def release_lease(io: FileIO, root: str, uid: str, run_id: str) -> None:
+    """Delete source ``uid``'s lease if ``run_id`` still holds it (its run has ended)."""
+    if lease_run_id(io, root, uid) == run_id:
+        io.delete(join(source_dir(root, uid), LEASE_FILE))
+
+
 def read_request(io: FileIO, root: str, uid: str) -> StopRequest | None:
     try:
         d = json.loads(io.read_bytes(join(source_dir(root, uid), STOP_FILE)))

@@ -8,7 +8,11 @@ spec's options and trigger until the query ends (AvailableNow) or
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 ``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
-"N seconds"), ``runSeconds``, ``master``.
+"N seconds"), ``runSeconds``, ``master``, and how the run ends: ``end`` = "finish"
+(``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
+after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
+another process) or "timeout" (``query.stop()`` after ``runSeconds``). The run prints
+``QUERY_END=<how it ended>``.
 """
 
 from __future__ import annotations
@@ -62,13 +66,24 @@ def run(spec: dict[str, Any]) -> None:
     trigger = spec.get("trigger", "availableNow")
     writer = writer.trigger(availableNow=True) if trigger == "availableNow" else writer.trigger(processingTime=trigger)
     query = writer.start()
-    if trigger == "availableNow":
-        query.awaitTermination()
+    end = spec.get("end", "finish" if trigger == "availableNow" else "timeout")
+    run_seconds = float(spec["runSeconds"]) if "runSeconds" in spec else (None if trigger == "availableNow" else 10.0)
+    if end in ("finish", "external"):
+        how = flinkish_spark.await_finished(query, timeout=run_seconds)
+        if how == "timeout":
+            query.stop()
+    elif end in ("stop", "drain"):
+        batches = int(spec.get("stopAfterBatches", 1))
+        while query.isActive and (query.lastProgress is None or query.lastProgress.batchId < batches - 1):
+            time.sleep(0.05)
+        how = flinkish_spark.stop(query, drain=end == "drain", timeout=run_seconds)
     else:
-        deadline = time.time() + float(spec.get("runSeconds", 10))
+        deadline = time.time() + (run_seconds or 10.0)
         while time.time() < deadline and query.isActive:
             time.sleep(0.2)
         query.stop()
+        how = "terminated"
+    print(f"QUERY_END={how}", flush=True)
     if query.exception() is not None:
         raise SystemExit(f"query failed: {query.exception()}")
     spark.stop()
