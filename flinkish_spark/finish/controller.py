@@ -266,7 +266,10 @@ class FinishController(StreamingQueryListener):
                     bar.update(query.lastProgress)
                 if deadline is not None and time.time() >= deadline:
                     return "timeout"
-                query.awaitTermination(1)
+                try:
+                    query.awaitTermination(1)
+                except Exception:  # noqa: BLE001 - the query failed: reported below as "failed"
+                    break
             thread = self._finishing.get(qid)
             if thread is not None:
                 thread.join()

@@ -37,6 +37,7 @@ from flinkish_spark.testing.crash import crash_point
 SPARK_WRITER_OPTIONS = ("checkpointLocation", "queryName", "path")
 COMMON_SINK_OPTIONS = ("uid", "checkpoint", "leaseTimeout", "retainDecisions", *STORAGE_OPTIONS, *SPARK_WRITER_OPTIONS)
 DEFAULT_RETAIN = 10
+QUERY_FILE = "_query.json"
 
 
 @dataclass
@@ -82,6 +83,8 @@ class TwoPhaseCommitDataSource(DataSource):
         self.retain = opts.integer("retainDecisions", DEFAULT_RETAIN, minimum=2) or DEFAULT_RETAIN
         self.configure(opts)
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
+        # start() makes this instance on the driver: a renamed sink fails before any batch.
+        self.check_uid_unchanged()
 
     @classmethod
     def name(cls) -> str:
@@ -117,6 +120,34 @@ class TwoPhaseCommitDataSource(DataSource):
         path = join(self.decision_log().directory, "_schema.json")
         if not self.io.exists(path):
             self.io.write_bytes(path, schema.json().encode())
+        query = join(self.decision_log().directory, QUERY_FILE)
+        location = self.raw_options.get("checkpointLocation")
+        if location and not self.io.exists(query):
+            self.io.write_bytes(query, json.dumps({"checkpointLocation": location}).encode())
+
+    def check_uid_unchanged(self) -> None:
+        """Refuse a sink uid that is new to a query whose checkpoint another sink uid wrote.
+
+        Spark's commit log says which epochs are done, the decision log of the sink uid
+        says what they committed: with a renamed uid, a replayed epoch would commit twice.
+        """
+        location = self.raw_options.get("checkpointLocation")
+        if not location or self.io.exists(join(self.decision_log().directory, QUERY_FILE)):
+            return
+        sinks = join(self.checkpoint_root, "sinks")
+        for other in self.io.list_names(sinks):
+            if other == self.uid:
+                continue
+            try:
+                recorded = json.loads(self.io.read_bytes(join(sinks, other, QUERY_FILE)))
+            except (FileNotFoundError, ValueError):
+                continue
+            if recorded.get("checkpointLocation") == location:
+                raise CheckpointMismatchError(
+                    f"sink uid {self.uid!r} is new, but the query's checkpointLocation {location} was "
+                    f"written with sink uid {other!r}. A sink's uid must stay the same across "
+                    f"restarts: restore the uid {other!r}, or give the renamed sink a new checkpointLocation."
+                )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> "TwoPhaseCommitStreamWriter":
         # Runs on the driver before any task of the batch: refuse bad state before writing.

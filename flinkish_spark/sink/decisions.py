@@ -6,6 +6,7 @@ Layout below the sink's metadata root::
     <root>/sinks/<uid>/decisions/<epoch, 12 digits>.done      made visible (empty marker)
     <root>/sinks/<uid>/_lease.json                             fencing (see lease.py)
     <root>/sinks/<uid>/_schema.json                            the schema the sink was started with
+    <root>/sinks/<uid>/_query.json                             the query's checkpointLocation (uid-rename check)
 
 Guarantees:
 
