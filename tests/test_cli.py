@@ -65,3 +65,22 @@ def test_demo_runs_and_reports_exactly_once(tmp_path: Path) -> None:
     assert "killed by SIGKILL" in out.stdout
     assert "holds 5000 rows, 5000 distinct" in out.stdout
     assert "demo OK: 5000 rows exactly once despite kill -9 mid-commit" in out.stdout
+
+
+@pytest.mark.s3
+def test_inspect_a_real_pipeline_on_s3_shows_source_status_and_sink_commits(spark, s3: str, tmp_path: Path) -> None:
+    import flinkish_spark
+
+    df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", "s3://test/meta")
+          .option("endpointUrl", s3).option("rowsPerSplit", "10,100").option("maxRowsPerTrigger", "40").load())
+    q = (df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", "s3://test/out")
+         .option("checkpoint", "s3://test/meta").option("endpointUrl", s3)
+         .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="1 second").start())
+    assert flinkish_spark.await_finished(q, timeout=120) == "finished"
+    data = json.loads(flinkish("inspect", "s3://test/meta", "--json", "--endpoint-url", s3).stdout)
+    statuses = [s["status"] for s in data["sources"]]
+    assert statuses[0] == "PARTIALLY_FINISHED" and statuses[-1] == "FINISHED"
+    assert data["sources"][-1]["splits_finished"] == data["sources"][-1]["splits_total"] == 2
+    assert {s["uid"] for s in data["sinks"]} == {"out"} and all(s["state"] == "committed" for s in data["sinks"])
+    table = flinkish("inspect", "s3://test/meta", "--endpoint-url", s3).stdout
+    assert "FINISHED" in table and "committed" in table and "2/2" in table

@@ -198,7 +198,14 @@ class FinishController(StreamingQueryListener):
             log.exception("flinkish: finish controller failed on a progress event")
 
     def onQueryIdle(self, event: Any) -> None:
-        pass
+        # A restarted query whose sources were already finished runs no batch; its idle
+        # event is the first chance to end it.
+        try:
+            query = self._spark.streams.get(str(event.id))
+            if query is not None:
+                self.consider(query.lastProgress)
+        except Exception:  # noqa: BLE001 - a listener must never throw into Spark
+            log.exception("flinkish: finish controller failed on an idle event")
 
     def onQueryTerminated(self, event: Any) -> None:
         pass
