@@ -34,7 +34,6 @@ carries only the source and schema: ``read`` needs nothing else.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -127,8 +126,6 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._caps: dict[str, int] | None = None
         self._lease: Lease | None = None
         self._restore_checked = False
-        # latestOffset/partitions/commit run on Spark's thread; the lease heartbeat on another.
-        self._lock = threading.RLock()
 
     # -- offsets ------------------------------------------------------------------------
 
@@ -265,10 +262,6 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._caps = None
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        with self._lock:
-            return self._latest_offset(start, limit)
-
-    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         start_off = self._parse(start)
         self._check_restore(start_off.ckpt)
         self._fence()
@@ -396,10 +389,9 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if end_off.eoi == "emitted" and start_off.eoi != "emitted":
                 return [EndOfInputPartition(end_id)]
             return []
-        with self._lock:
-            self._check_restore(end_id)
-            self._fence()
-            ckpt = self._load(end_id)
+        self._check_restore(end_id)
+        self._fence()
+        ckpt = self._load(end_id)
         assert ckpt is not None
         expected_parent = None if start_id == GENESIS else start_id
         if ckpt.parent_id != expected_parent:
@@ -412,8 +404,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [SplitPartition(r.split_id, r.payload, r.start, r.end, ckpt.ckpt_id) for r in read_ranges(ckpt)]
 
     def commit(self, end: dict) -> None:
-        with self._lock:
-            self._checkpoint_complete(self._load(self._ckpt_id(end)))
+        self._checkpoint_complete(self._load(self._ckpt_id(end)))
 
     def _checkpoint_complete(self, ckpt: SourceCheckpoint | None) -> None:
         if ckpt is None or ckpt.ckpt_id <= self._notified_through:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 import sys
 import time
@@ -92,8 +93,33 @@ def test_drain_flushes_windows_ends_the_query_and_a_restart_adds_nothing(spark, 
     assert _latest(meta).splits == latest.splits
 
 
+def _start_external(spec: dict) -> subprocess.Popen:
+    code = ("import json; from flinkish_spark.testing.pipeline import run; "
+            f"run(json.loads({json.dumps(json.dumps(spec))}))")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def _cli_stop(proc: subprocess.Popen, meta: Path, after_ckpt: int, *flags: str) -> str:
+    """Wait until the query in ``proc`` wrote checkpoint ``after_ckpt``, then `flinkish stop` it."""
+    try:
+        deadline = time.time() + 180
+        while _latest(meta) is None or _latest(meta).ckpt_id < after_ckpt:
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        stop = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "stop", *flags, str(meta), "--timeout", "120"],
+                              capture_output=True, text=True, timeout=180)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out[-3000:]
+        return stop.stdout + out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.mark.slow
-def test_cli_stop_with_drain_from_a_second_process(run_pipeline, tmp_path: Path) -> None:
+def test_cli_stop_and_drain_from_a_second_process(tmp_path: Path) -> None:
     meta = tmp_path / "meta"
     spec = {
         "source": {"format": "flinkish.sequence", "options": {"uid": "seq", "checkpoint": str(meta), "splits": 2,
@@ -103,25 +129,15 @@ def test_cli_stop_with_drain_from_a_second_process(run_pipeline, tmp_path: Path)
         "trigger": "1 second", "end": "external", "runSeconds": 240,
     }
     # The query runs in one process; `flinkish stop` comes from another (this test's).
-    proc = subprocess.Popen([sys.executable, "-c", "import json,sys; from flinkish_spark.testing.pipeline import run; "
-                             f"run(json.loads({__import__('json').dumps(__import__('json').dumps(spec))}))"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.time() + 180
-        while _latest(meta) is None or _latest(meta).ckpt_id < 2:
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.2)
-        stop = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "stop", "--drain", str(meta), "--timeout", "120"],
-                              capture_output=True, text=True, timeout=180)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        assert "query ended: drained" in stop.stdout
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0 and "QUERY_END=drained" in out, out[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out = _cli_stop(_start_external(spec), meta, 2)
+    assert "query ended: stopped" in out and "QUERY_END=stopped" in out
+    stopped = _latest(meta)
+    assert stopped is not None and stopped.status == "RUNNING"
+
+    out = _cli_stop(_start_external(spec), meta, stopped.ckpt_id + 2, "--drain")
+    assert "query ended: drained" in out and "QUERY_END=drained" in out
     latest = _latest(meta)
     assert latest is not None and latest.status == "FINISHED"
-    rows = _rows(tmp_path / "out")
-    assert max(rows.values()) == 1
-    assert rows == collections.Counter((s.split_id and int(s.split_id), i) for s in latest.splits for i in range(s.position))
+    # Across the stop, the restart and the drain: every row read is in the sink exactly once.
+    assert _rows(tmp_path / "out") == collections.Counter(
+        (int(s.split_id), i) for s in latest.splits for i in range(s.position))

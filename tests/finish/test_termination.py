@@ -20,16 +20,18 @@ def _rows(path: Path) -> collections.Counter:
     return collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist()))
 
 
-def test_bounded_query_with_30s_trigger_ends_by_itself_after_last_commit(spark, tmp_path: Path) -> None:
+def test_bounded_query_with_30s_trigger_ends_by_itself_after_last_commit(spark, tmp_path: Path, capsys) -> None:
     lengths = [50, 120, 80]
     df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", str(tmp_path / "meta"))
           .option("rowsPerSplit", ",".join(map(str, lengths))).load())
     q = (df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", str(tmp_path / "out"))
          .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="30 seconds").start())
     started = time.time()
-    end = flinkish_spark.await_finished(q, timeout=120)
+    end = flinkish_spark.await_finished(q, timeout=120, progress=True)
     elapsed = time.time() - started
     assert end == "finished"
+    shown = capsys.readouterr().out
+    assert "finishing" in shown and "3/3" in shown and "250 rows" in shown  # the progress bar's last state
     assert not q.isActive and q.exception() is None
     # The 30 s trigger never fired a second time: the query ended right after its one batch.
     assert elapsed < 25, elapsed
@@ -54,3 +56,14 @@ def test_files_archive_includes_the_last_epoch_when_await_finished_returns(spark
     assert sorted(p.name for p in archive.glob("*.parquet")) == ["f0.parquet", "f1.parquet", "f2.parquet"]
     assert list(inbox.glob("*.parquet")) == []
     assert ds.dataset(str(tmp_path / "out")).count_rows() == 30
+
+
+def test_query_ends_by_itself_without_await_finished(spark, tmp_path: Path) -> None:
+    # register() installed the finish controller: Spark's own awaitTermination sees the end.
+    df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", str(tmp_path / "meta"))
+          .option("rowsPerSplit", "30").load())
+    q = (df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", str(tmp_path / "out"))
+         .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="60 seconds").start())
+    assert q.awaitTermination(50) is True
+    assert q.exception() is None
+    assert ds.dataset(str(tmp_path / "out")).count_rows() == 60
