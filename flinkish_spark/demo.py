@@ -6,7 +6,9 @@ killed with SIGKILL in the middle of a commit, restarted, and checked for exactl
    two-phase-commit sink ``flinkish.parquet`` at s3://demo/output, metadata on s3://demo/meta,
    in a child driver process that is killed (kill -9 of its whole process group) while the
    second epoch's files are being made visible;
-3. restarts the same pipeline from its checkpoints; it recovers the decided epoch and ends;
+3. restarts the same pipeline from its checkpoints, now under a 10-second processing-time
+   trigger: it recovers the decided epoch, reads the last file, and ends by itself right
+   after the final commit (Spark alone would keep triggering forever);
 4. reads s3://demo/output with pyarrow, checks every row is there exactly once, and prints
    the epochs recorded in the metadata and the archived input.
 """
@@ -68,6 +70,10 @@ def run_demo(workdir: str) -> int:
             json.dump(spec, spec_file, indent=2)
 
         def pipeline(crash_at: str | None) -> tuple[int, float]:
+            if crash_at is None:
+                # The restart: a processing-time trigger, ended by flinkish's finish controller.
+                with open(spec_path, "w") as spec_file:
+                    json.dump({**spec, "trigger": "10 seconds", "end": "finish", "runSeconds": 300}, spec_file, indent=2)
             env = dict(os.environ)
             if crash_at:
                 env[ENV_POINT] = crash_at
@@ -77,7 +83,10 @@ def run_demo(workdir: str) -> int:
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
             if proc.returncode not in (0, -signal.SIGKILL):
                 console.print(proc.stdout[-4000:])
+            ended.extend(line.split("=", 1)[1] for line in proc.stdout.splitlines() if line.startswith("QUERY_END="))
             return proc.returncode, time.time() - started
+
+        ended: list[str] = []
 
         console.print("[bold]2.[/] running files -> flinkish.parquet on local Spark; the driver is killed "
                       "(SIGKILL) halfway through making epoch 1's files visible")
@@ -89,10 +98,11 @@ def run_demo(workdir: str) -> int:
             console.print("[red]demo FAILED: the crash did not happen[/]")
             return 1
 
-        console.print("[bold]3.[/] restarting the same pipeline from its checkpoints")
+        console.print("[bold]3.[/] restarting the same pipeline from its checkpoints (trigger: every 10 s)")
         rc, took = pipeline(None)
-        console.print(f"    finished with exit code {rc} in {took:.1f}s")
-        if rc != 0:
+        how = ended[-1] if ended else "?"
+        console.print(f"    the query ended by itself ({how}) after its final commit; exit code {rc} in {took:.1f}s")
+        if rc != 0 or how != "finished":
             return 1
 
         table = ds.dataset("demo/output", filesystem=data.fs, format="parquet").to_table()
@@ -110,6 +120,9 @@ def run_demo(workdir: str) -> int:
                       f"(pyarrow); archived after commit: {', '.join(archived)}")
         if not exact:
             console.print(f"[red]demo FAILED: expected {expected} distinct rows exactly once[/]")
+            return 1
+        if len(archived) != FILES:
+            console.print(f"[red]demo FAILED: expected all {FILES} input files archived (final checkpoint notification)[/]")
             return 1
         console.print(f"[green]demo OK[/]: {expected} rows exactly once despite kill -9 mid-commit "
                       f"(pipeline spec: {spec_path})")

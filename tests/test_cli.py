@@ -64,6 +64,7 @@ def test_demo_runs_and_reports_exactly_once(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "killed by SIGKILL" in out.stdout
     assert "holds 5000 rows, 5000 distinct" in out.stdout
+    assert "the query ended by itself (finished)" in out.stdout
     assert "demo OK: 5000 rows exactly once despite kill -9 mid-commit" in out.stdout
 
 
@@ -84,3 +85,12 @@ def test_inspect_a_real_pipeline_on_s3_shows_source_status_and_sink_commits(spar
     assert {s["uid"] for s in data["sinks"]} == {"out"} and all(s["state"] == "committed" for s in data["sinks"])
     table = flinkish("inspect", "s3://test/meta", "--endpoint-url", s3).stdout
     assert "FINISHED" in table and "committed" in table and "2/2" in table
+
+
+def test_stop_without_a_running_query_is_a_clear_error_and_writes_nothing(tmp_path: Path) -> None:
+    root = str(tmp_path / "meta")
+    write_epochs(FileIO.for_url(root), root)  # a checkpoint, but no live lease
+    before = sorted(p.name for p in (tmp_path / "meta" / "sources" / "orders").iterdir())
+    out = flinkish("stop", "--drain", root)
+    assert out.returncode == 2 and "no running flinkish source under" in out.stderr
+    assert sorted(p.name for p in (tmp_path / "meta" / "sources" / "orders").iterdir()) == before

@@ -76,11 +76,11 @@ def test_bounded_and_unbounded_union_survives_kill_9_and_never_rereads_the_finis
             {"format": "flinkish.testing.counting", "options": {"uid": "bounded", "checkpoint": str(meta), "rowsPerSplit": "30,50",
                                                                "maxRowsPerTrigger": 40, "readLog": str(reads)}},
             {"format": "flinkish.sequence", "options": {"uid": "unbounded", "checkpoint": str(meta), "splits": 2,
-                                                         "rowsPerSecond": 100, "maxRowsPerTrigger": 40}},
+                                                         "rowsPerSecond": 400, "maxRowsPerTrigger": 40}},
         ],
         "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"),
                  "options": {"uid": "out", "path": str(tmp_path / "out")}},
-        "trigger": "1 second", "end": "timeout", "runSeconds": 60,
+        "trigger": "300 milliseconds", "end": "timeout", "runSeconds": 60,
     }
     # The 7th checkpoint write: the bounded source has finished (2 epochs), the unbounded one runs on.
     first = run_pipeline(spec, crash_at="source.after_metadata_write:7")

@@ -126,7 +126,7 @@ def test_cli_stop_and_drain_from_a_second_process(tmp_path: Path) -> None:
                                                              "rowsPerSecond": 200}},
         "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"),
                  "options": {"uid": "out", "path": str(tmp_path / "out")}},
-        "trigger": "1 second", "end": "external", "runSeconds": 240,
+        "trigger": "300 milliseconds", "end": "external", "runSeconds": 240,
     }
     # The query runs in one process; `flinkish stop` comes from another (this test's).
     out = _cli_stop(_start_external(spec), meta, 2)
