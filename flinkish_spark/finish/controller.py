@@ -121,9 +121,13 @@ def verdict(progress: Any) -> Verdict | None:
 
 def _request_is_live(off: SourceOffset, request_id: str) -> bool:
     assert off.root is not None
-    io = _io(off)
-    req = read_request(io, off.root, off.uid)
-    return req is not None and req.id == request_id and req.state == "requested" and req.run_id == lease_run_id(io, off.root, off.uid)
+    try:
+        io = _io(off)
+        req = read_request(io, off.root, off.uid)
+        return req is not None and req.id == request_id and req.state == "requested" and req.run_id == lease_run_id(io, off.root, off.uid)
+    except Exception as exc:  # noqa: BLE001 - unreadable: not a stop we can vouch for; never stop on a guess
+        log.warning("flinkish: cannot read the stop request of source uid %r: %s", off.uid, exc)
+        return False
 
 
 def notify_final_checkpoint(off: SourceOffset) -> bool:
@@ -159,7 +163,8 @@ def notify_final_checkpoint(off: SourceOffset) -> bool:
 
 def _trigger_name(query: "StreamingQuery") -> str:
     try:
-        return str(query._jsq.streamingQuery().trigger().getClass().getSimpleName())
+        # Scala case objects (AvailableNowTrigger, OneTimeTrigger) have a trailing '$'.
+        return str(query._jsq.streamingQuery().trigger().getClass().getSimpleName()).rstrip("$")
     except Exception:  # noqa: BLE001 - a Spark Connect or future handle: assume a timed trigger
         return ""
 
