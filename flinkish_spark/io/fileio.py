@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -147,14 +148,7 @@ class FileIO:
     @property
     def fs(self) -> Any:
         if self._fs is None:
-            options = dict(self.storage_options)
-            if self.protocol == "s3":
-                # Spark reuses Python workers across tasks and queries: a shared, cached
-                # S3FileSystem answers sizes from a stale listing cache (a file then reads
-                # as 0 bytes). Each FileIO gets its own client and no listing cache.
-                options.setdefault("skip_instance_cache", True)
-                options.setdefault("use_listings_cache", False)
-            self._fs = fsspec.filesystem(self.protocol, **options)
+            self._fs = _shared_filesystem(self.protocol, self.storage_options)
         return self._fs
 
     @property
@@ -175,7 +169,8 @@ class FileIO:
 
     # -- error mapping and retries ------------------------------------------------------
 
-    def _call(self, what: str, path: str, fn: Callable[[], T], idempotent: bool = True) -> T:
+    def _call(self, what: str, path: str, fn: Callable[[], T], idempotent: bool = True, retries: int | None = None) -> T:
+        retries = self.retries if retries is None else retries
         delay = 0.2
         attempt = 0
         while True:
@@ -190,8 +185,15 @@ class FileIO:
                     "bucket or directory exists and is writable."
                 ) from exc
             except Exception as exc:  # noqa: BLE001 - mapped below, re-raised if unknown
+                if _is_missing_credentials(exc):
+                    raise StorageAccessError(
+                        f"{what} {path!r} failed: no S3 credentials were found. Set AWS_ACCESS_KEY_ID "
+                        "and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment of the driver "
+                        "and the executors, or pass them in the option 'storageOptions', e.g. "
+                        '{"key": "...", "secret": "..."}.'
+                    ) from exc
                 transient = _is_transient(exc)
-                if transient and idempotent and attempt <= self.retries:
+                if transient and idempotent and attempt <= retries:
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
@@ -362,7 +364,8 @@ class FileIO:
             if not bucket:
                 raise ConfigError(f"{what} {url!r} names no bucket; use s3://BUCKET/prefix")
             try:
-                self._call("checking", url, lambda: self.fs.ls(bucket, refresh=True))
+                # Fail fast when a query is defined: the client's own retries suffice here.
+                self._call("checking", url, lambda: self.fs.ls(bucket, refresh=True), retries=0)
             except FileNotFoundError:
                 raise StorageAccessError(
                     f"{what} {url!r}: the bucket {bucket!r} does not exist at {self.endpoint}; "
@@ -387,6 +390,39 @@ class FileIO:
                 os.rmdir(root)
             except OSError:
                 pass
+
+
+_FS_LOCK = threading.Lock()
+_FS_CACHE: dict[tuple[str, str], Any] = {}
+_FS_CACHE_PID = os.getpid()
+
+
+def _shared_filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any:
+    """One fsspec file system per process and (protocol, options).
+
+    Creating an S3 client costs 0.2-0.4 s (botocore loads its service model), and Spark
+    runs commits and tasks in Python workers that each build several FileIOs: sharing
+    the client is what keeps an S3 commit in the tens of milliseconds. The instance is
+    ours, never fsspec's global one, and has no listing cache: Spark reuses Python
+    workers across tasks and queries, and a cached listing answers stale sizes (a file
+    then reads as 0 bytes). A forked process builds its own (sockets and event loops
+    must not cross a fork).
+    """
+    global _FS_CACHE_PID
+    options = dict(storage_options)
+    if protocol == "s3":
+        options.setdefault("skip_instance_cache", True)
+        options.setdefault("use_listings_cache", False)
+    key = (protocol, json.dumps(options, sort_keys=True, default=repr))
+    with _FS_LOCK:
+        if _FS_CACHE_PID != os.getpid():
+            _FS_CACHE.clear()
+            _FS_CACHE_PID = os.getpid()
+        fs = _FS_CACHE.get(key)
+        if fs is None:
+            fs = fsspec.filesystem(protocol, **options)
+            _FS_CACHE[key] = fs
+        return fs
 
 
 def _local_exclusive_write(path: str, data: bytes) -> None:
@@ -426,6 +462,10 @@ def _is_transient(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(s in text for s in ("SlowDown", "ServiceUnavailable", "InternalError", "503"))
+
+
+def _is_missing_credentials(exc: BaseException) -> bool:
+    return any(type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError") for e in _chain(exc))
 
 
 def _is_access_error(exc: BaseException) -> bool:

@@ -98,3 +98,24 @@ def test_storage_options_come_from_options_then_environment(monkeypatch) -> None
 def test_unknown_protocol_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="unknown protocol 'nosuch'"):
         FileIO.for_url("nosuch://x", what="option 'checkpoint'")
+
+
+def test_missing_credentials_are_an_access_error_naming_the_fix(s3: str, monkeypatch) -> None:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    io = FileIO.for_url("s3://test", {"endpoint_url": s3, "config_kwargs": {"connect_timeout": 2}})  # its own client
+    with pytest.raises(StorageAccessError, match="no S3 credentials were found. Set AWS_ACCESS_KEY_ID"):
+        io.check_writable_root("s3://test/meta", "option 'checkpoint'")
+
+
+def test_fileios_share_one_client_that_never_answers_from_a_stale_listing(s3: str) -> None:
+    a = FileIO.for_url("s3://test", {"endpoint_url": s3})
+    b = pickle.loads(pickle.dumps(FileIO.for_url("s3://test", {"endpoint_url": s3})))
+    assert a.fs is b.fs  # one S3 client per process and storage options
+    a.write_bytes("s3://test/d/f", b"1")
+    assert b.list_names("s3://test/d") == ["f"] and b.size("s3://test/d/f") == 1
+    a.write_bytes("s3://test/d/f", b"12345")  # rewritten after b listed it
+    assert b.size("s3://test/d/f") == 5 and b.read_bytes("s3://test/d/f") == b"12345"
