@@ -14,6 +14,7 @@ storage options ``endpointUrl``, ``region``, ``storageOptions``.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -45,6 +46,23 @@ class PreparedMessage(WriterCommitMessage):
     committable: Any
     partition_id: int
     attempt: int
+
+
+def spark_query_id(location: str) -> str | None:
+    """The id Spark keeps in ``<checkpointLocation>/metadata``; None where it cannot be read here.
+
+    Only local checkpoint locations are read (HDFS or s3a:// ones need Hadoop's
+    file systems, which the Python side does not have).
+    """
+    path = location[len("file:"):] if location.startswith("file:") else location
+    if "://" in path:
+        return None
+    try:
+        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+            value = json.loads(f.readline()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(value) if value else None
 
 
 def task_context(uid: str, epoch: int | None = None) -> PrepareContext:
@@ -123,7 +141,37 @@ class TwoPhaseCommitDataSource(DataSource):
         query = join(self.decision_log().directory, QUERY_FILE)
         location = self.raw_options.get("checkpointLocation")
         if location and not self.io.exists(query):
-            self.io.write_bytes(query, json.dumps({"checkpointLocation": location}).encode())
+            record = {"checkpointLocation": location, "queryId": spark_query_id(location)}
+            self.io.write_bytes(query, json.dumps(record).encode())
+
+    def check_same_query(self) -> None:
+        """Refuse to continue a decision log that belongs to an earlier incarnation of the query.
+
+        Spark numbers epochs from 0 again when its checkpointLocation is deleted or replaced.
+        This sink would then take the new epochs for replays of committed ones and skip
+        them: silently lost rows. Spark's query id (``<checkpointLocation>/metadata``)
+        tells the two apart.
+        """
+        location = self.raw_options.get("checkpointLocation")
+        current = spark_query_id(location) if location else None
+        if current is None:
+            return
+        try:
+            recorded = json.loads(self.io.read_bytes(join(self.decision_log().directory, QUERY_FILE)))
+        except FileNotFoundError:
+            return
+        except ValueError:
+            return  # a damaged control file costs this check, never a row
+        previous = recorded.get("queryId") if isinstance(recorded, dict) else None
+        if previous and previous != current:
+            decided, _ = self.decision_log().epochs()
+            raise CheckpointMismatchError(
+                f"sink uid {self.uid!r} committed epochs up to {decided[-1] if decided else '?'} for the "
+                f"streaming query {previous}, but the checkpointLocation {location} now belongs to the "
+                f"query {current}: it was deleted or replaced, so Spark restarts at epoch 0 and this sink "
+                "would skip those epochs as already committed. Restore the old checkpointLocation, or "
+                "give the sink a new 'uid' (and 'path') or a new 'checkpoint' for a fresh start."
+            )
 
     def check_uid_unchanged(self) -> None:
         """Refuse a sink uid that is new to a query whose checkpoint another sink uid wrote.
@@ -152,6 +200,7 @@ class TwoPhaseCommitDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> "TwoPhaseCommitStreamWriter":
         # Runs on the driver before any task of the batch: refuse bad state before writing.
         self.check_schema(schema)
+        self.check_same_query()
         self.decision_log().check_pending()
         return TwoPhaseCommitStreamWriter(self, schema)
 

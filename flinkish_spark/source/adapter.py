@@ -176,6 +176,9 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._restore_checked:
             return
         self._restore_checked = True
+        if ckpt_id == GENESIS:
+            self._check_fresh_start()
+            return
         ckpt = self._load(ckpt_id)
         if ckpt is None or not ckpt.finished:
             return
@@ -193,6 +196,25 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "give the changed source a new uid, or start with a new checkpointLocation."
             )
 
+    def _check_fresh_start(self) -> None:
+        """Spark starts this source from the beginning: its metadata must not say otherwise.
+
+        A checkpoint with a parent is only ever written after Spark logged and committed
+        that parent, so finding one means Spark's checkpointLocation was deleted or
+        replaced while this source's metadata was kept: starting over would read every
+        split again. (Checkpoints without a parent may be orphans of a crash before
+        Spark's first offset log entry: those are fine.)
+        """
+        latest = self.store.latest()
+        if latest is not None and latest.parent_id is not None:
+            raise CheckpointMismatchError(
+                f"source uid {self.source.uid!r} has checkpoints up to {latest.ckpt_id} in "
+                f"{self.store.directory}, but Spark starts the query from the beginning: its "
+                "checkpointLocation was deleted or replaced while the flinkish metadata was kept, "
+                "and the input would be read again. Keep the two together: restore the "
+                "checkpointLocation, or start afresh with a new 'checkpoint' (or a new uid)."
+            )
+
     def _fence(self) -> None:
         """Hold this uid's lease for the run (heartbeat thread); fail if another live run has it."""
         if self._lease is None:
@@ -202,6 +224,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 uuid.uuid4().hex,
                 f"source uid {self.source.uid!r}",
                 self.source.lease_timeout,
+                pid_is_liveness=True,  # the heartbeat runs in this long-lived driver-side worker
             )
             lease.acquire()
             lease.start_heartbeat()

@@ -102,3 +102,39 @@ def test_bounded_and_unbounded_union_survives_kill_9_and_never_rereads_the_finis
     expected = collections.Counter([(0, i) for i in range(30)] + [(1, i) for i in range(50)])
     expected.update((k, i) for k, n in positions.items() for i in range(n))
     assert got == expected
+
+
+def test_restart_after_spark_checkpoint_was_deleted_fails_and_writes_nothing(spark, tmp_path: Path) -> None:
+    import shutil
+
+    assert flinkish_spark.await_finished(_query(spark, tmp_path, "150"), timeout=120) == "finished"
+    shutil.rmtree(tmp_path / "cp")  # Spark's checkpointLocation gone, flinkish metadata kept
+    before = _snapshot(tmp_path / "meta", tmp_path / "out")
+    q = _query(spark, tmp_path, "150")
+    assert flinkish_spark.await_finished(q, timeout=120) == "failed"
+    message = str(q.exception())
+    assert "source uid 'seq' has checkpoints up to" in message
+    assert "checkpointLocation was deleted or replaced while the flinkish metadata was kept" in message
+    assert _snapshot(tmp_path / "meta", tmp_path / "out") == before
+    assert ds.dataset(str(tmp_path / "out"), format="parquet").count_rows() == 300
+
+
+def test_sink_refuses_a_decision_log_of_an_earlier_incarnation_of_the_query(spark, tmp_path: Path) -> None:
+    import shutil
+
+    def query(meta: str):
+        df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", str(tmp_path / meta))
+              .option("rowsPerSplit", "50").option("maxRowsPerTrigger", "40").load())
+        return (df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", str(tmp_path / "out"))
+                .option("checkpoint", str(tmp_path / "sinkmeta")).option("checkpointLocation", str(tmp_path / "cp"))
+                .trigger(availableNow=True).start())
+
+    assert flinkish_spark.await_finished(query("meta1"), timeout=120) == "finished"
+    shutil.rmtree(tmp_path / "cp")
+    before = _snapshot(tmp_path / "sinkmeta", tmp_path / "out")
+    q = query("meta2")  # a fresh source: epochs start at 0 again, the sink's log says 0..2 are done
+    assert flinkish_spark.await_finished(q, timeout=120) == "failed"
+    message = str(q.exception())
+    assert re.search(r"sink uid 'out' committed epochs up to 2 for the streaming query \S+, but the "
+                     r"checkpointLocation \S+ now belongs to the query \S+: it was deleted or replaced", message), message
+    assert _snapshot(tmp_path / "sinkmeta", tmp_path / "out") == before
