@@ -30,12 +30,38 @@ DEFAULT_TIMEOUT_S = 5.0
 HEARTBEATS_PER_TIMEOUT = 5
 
 
+def _pid_namespace() -> str | None:
+    """This process's PID namespace (Linux), so pids are only compared where they mean the same."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
     run_id: str
     renewed_ms: int
     host: str
     pid: int
+    pidns: str | None = None
+
+    def holder_is_gone(self) -> bool:
+        """The holder ran on this host, in this PID namespace, and its process no longer exists."""
+        if self.pid <= 0 or self.host != socket.gethostname():
+            return False
+        ns = _pid_namespace()
+        return ns is not None and self.pidns == ns and not _process_exists(self.pid)
 
     def describe(self) -> str:
         age = max(0.0, time.time() - self.renewed_ms / 1000)
@@ -43,7 +69,11 @@ class LeaseRecord:
 
 
 class Lease:
-    def __init__(self, io: FileIO, path: str, run_id: str, what: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, io: FileIO, path: str, run_id: str, what: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 pid_is_liveness: bool = False) -> None:
+        """``pid_is_liveness``: the holding process lives exactly as long as the run (a source's
+        heartbeat process), so a holder on this host whose process is gone is dead at once."""
+        self.pid_is_liveness = pid_is_liveness
         self.io = io
         self.path = path
         self.run_id = run_id
@@ -57,14 +87,17 @@ class Lease:
     def read(self) -> LeaseRecord | None:
         try:
             d = json.loads(self.io.read_bytes(self.path))
-            return LeaseRecord(str(d["run_id"]), int(d["renewed_ms"]), str(d.get("host", "?")), int(d.get("pid", 0)))
+            pidns = d.get("pidns")
+            return LeaseRecord(str(d["run_id"]), int(d["renewed_ms"]), str(d.get("host", "?")), int(d.get("pid", 0)),
+                               str(pidns) if pidns else None)
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError):
             return None  # a damaged lease protects nothing; it is rewritten
 
     def _write(self) -> None:
-        record = {"run_id": self.run_id, "renewed_ms": int(time.time() * 1000), "host": socket.gethostname(), "pid": os.getpid()}
+        record = {"run_id": self.run_id, "renewed_ms": int(time.time() * 1000), "host": socket.gethostname(),
+                  "pid": os.getpid(), "pidns": _pid_namespace()}
         self.io.write_bytes(self.path, json.dumps(record).encode())
 
     def _fence(self, holder: LeaseRecord) -> FencedError:
@@ -77,11 +110,18 @@ class Lease:
     def acquire(self) -> None:
         """Take the lease, waiting up to ``timeout`` to tell a dead holder from a live one."""
         current = self.read()
+        if current is not None and current.run_id == self.run_id:
+            # Ours already (a sink renews from a fresh writer each commit): just renew.
+            self._write()
+            self.held = True
+            return
         if current is not None and current.run_id != self.run_id:
             age_s = time.time() - current.renewed_ms / 1000
-            # A holder that missed two timeouts of heartbeats is dead. Otherwise do not trust
+            # A holder that missed two timeouts of heartbeats is dead, and so is one whose process
+            # on this host is gone (a restart after kill -9 need not wait). Otherwise do not trust
             # clocks across hosts: watch for one timeout whether it is renewed.
-            if age_s < 2 * self.timeout_s:
+            gone = self.pid_is_liveness and current.holder_is_gone()
+            if age_s < 2 * self.timeout_s and not gone:
                 deadline = time.monotonic() + self.timeout_s + 0.5
                 while time.monotonic() < deadline:
                     time.sleep(self.timeout_s / (2 * HEARTBEATS_PER_TIMEOUT))
@@ -104,6 +144,11 @@ class Lease:
             self.acquire()
             return
         current = self.read()
+        if current is not None and current.run_id == self.run_id:
+            # Ours already (a sink renews from a fresh writer each commit): just renew.
+            self._write()
+            self.held = True
+            return
         if current is not None and current.run_id != self.run_id:
             self.held = False
             self.lost_to = current
