@@ -180,6 +180,9 @@ class FinishController(StreamingQueryListener):
         self._finishing: dict[str, threading.Thread] = {}
         self.ended: dict[str, QueryEnd] = {}
         self.finished_at: dict[str, float] = {}
+        self._terminated: set[str] = set()
+        self._seen_live: set[str] = set()  # runs this listener got events of: their end event will come
+        self._terminated_cv = threading.Condition()
 
     @classmethod
     def install(cls, spark: "SparkSession") -> "FinishController":
@@ -194,9 +197,10 @@ class FinishController(StreamingQueryListener):
     # -- listener callbacks (Spark's listener bus thread: never block it) -----------------
 
     def onQueryStarted(self, event: Any) -> None:
-        pass
+        self._seen_live.add(str(event.runId))
 
     def onQueryProgress(self, event: Any) -> None:
+        self._seen_live.add(str(event.progress.runId))
         try:
             self.consider(event.progress)
         except Exception:  # noqa: BLE001 - a listener must never throw into Spark
@@ -205,6 +209,7 @@ class FinishController(StreamingQueryListener):
     def onQueryIdle(self, event: Any) -> None:
         # A restarted query whose sources were already finished runs no batch; its idle
         # event is the first chance to end it.
+        self._seen_live.add(str(event.runId))
         try:
             query = self._spark.streams.get(str(event.id))
             if query is not None:
@@ -213,7 +218,19 @@ class FinishController(StreamingQueryListener):
             log.exception("flinkish: finish controller failed on an idle event")
 
     def onQueryTerminated(self, event: Any) -> None:
-        pass
+        with self._terminated_cv:
+            self._terminated.add(str(event.runId))
+            self._terminated_cv.notify_all()
+
+    def wait_terminated_event(self, run_id: str, timeout: float = 10.0) -> bool:
+        """Wait until Spark delivered ``run_id``'s termination event to this listener.
+
+        Spark posts listener events asynchronously. A script that exits right after the
+        query ended would leave events in flight to a Python process that is gone, and
+        Spark logs each one as an error with a stack trace: waiting here keeps the end quiet.
+        """
+        with self._terminated_cv:
+            return self._terminated_cv.wait_for(lambda: run_id in self._terminated, timeout)
 
     # -- the decision -----------------------------------------------------------------------
 
@@ -285,6 +302,8 @@ class FinishController(StreamingQueryListener):
             thread = self._finishing.get(qid)
             if thread is not None:
                 thread.join()
+            if not query.isActive and qid in self._seen_live:
+                self.wait_terminated_event(qid)
             if bar is not None:
                 bar.update(query.lastProgress)
         finally:
