@@ -46,9 +46,17 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def register(spark: "SparkSession") -> None:
-    """Register every built-in flinkish source and sink with ``spark``."""
+def register(spark: "SparkSession", check_workers: bool = True) -> None:
+    """Register every built-in flinkish source and sink with ``spark``.
+
+    On a local master it first checks that Spark's Python workers can import this
+    package (:class:`EnvironmentSetupError` naming the interpreter and the fix).
+    """
     from flinkish_spark.connectors import BUILTIN_SINKS, BUILTIN_SOURCES
+    from flinkish_spark.session import check_session_workers
+
+    if check_workers:
+        check_session_workers(spark)
 
     for cls in (*BUILTIN_SOURCES, *BUILTIN_SINKS):
         spark.dataSource.register(cls)

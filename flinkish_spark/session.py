@@ -63,9 +63,10 @@ def check_java() -> int:
     return major
 
 
-def check_worker_python(python: str) -> None:
+def check_worker_python(python: str, what: str = "PYSPARK_PYTHON") -> None:
     """Fail unless ``python`` can import pyspark and flinkish_spark (what workers need)."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    resolved = python if os.sep in python else (shutil.which(python) or python)
+    if os.path.realpath(resolved) == os.path.realpath(sys.executable):
         return
     try:
         probe = subprocess.run(
@@ -73,16 +74,27 @@ def check_worker_python(python: str) -> None:
         )
     except OSError as exc:
         raise EnvironmentSetupError(
-            f"PYSPARK_PYTHON is {python!r}, which cannot be run ({exc}). Unset PYSPARK_PYTHON or set "
+            f"{what} is {python!r}, which cannot be run ({exc}). Unset PYSPARK_PYTHON or set "
             f"it to {sys.executable}."
         ) from None
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         raise EnvironmentSetupError(
-            f"PYSPARK_PYTHON is {python!r}, but that interpreter cannot import flinkish_spark ({last}). "
+            f"{what} is {python!r}, but that interpreter cannot import flinkish_spark ({last}). "
             f"Spark workers would fail with 'Python worker failed to connect back'. Unset PYSPARK_PYTHON "
             f"or set it to {sys.executable}, the interpreter that has the package."
         )
+
+
+def check_session_workers(spark: "SparkSession") -> None:
+    """On a local master, fail unless the session's worker interpreter has this package.
+
+    Workers of other masters run on other machines: their interpreter cannot be probed here.
+    """
+    sc = spark.sparkContext
+    if str(sc.master).startswith("local"):
+        label = "PYSPARK_PYTHON" if os.environ.get("PYSPARK_PYTHON") else "the Spark workers' interpreter (PYSPARK_PYTHON unset)"
+        check_worker_python(str(sc.pythonExec), label)
 
 
 def session(
@@ -123,5 +135,5 @@ def session(
     spark = builder.getOrCreate()
     from flinkish_spark import register
 
-    register(spark)
+    register(spark, check_workers=False)  # checked above, before Spark started
     return spark

@@ -50,3 +50,15 @@ def test_worker_python_that_does_not_exist_is_refused(monkeypatch, tmp_path: Pat
     monkeypatch.setenv("PYSPARK_PYTHON", str(tmp_path / "python9"))
     with pytest.raises(EnvironmentSetupError, match=r"PYSPARK_PYTHON is .*python9.*cannot be run"):
         flinkish_spark.session()
+
+
+def test_register_on_a_session_whose_workers_lack_the_package_is_refused(spark, monkeypatch, tmp_path: Path) -> None:
+    wrapper = tmp_path / "python-without-package"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", str(wrapper))  # as if Spark started without it
+    with pytest.raises(EnvironmentSetupError) as err:
+        flinkish_spark.register(spark)
+    msg = str(err.value)
+    assert "the Spark workers' interpreter (PYSPARK_PYTHON unset) is" in msg and "cannot import flinkish_spark" in msg
