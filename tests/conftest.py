@@ -14,6 +14,7 @@ import pytest
 
 from flinkish_spark.testing import s3 as s3_helpers
 from flinkish_spark.testing.crash import ENV_DIR, ENV_POINT
+from flinkish_spark.testing.pipeline import child_spec
 
 # Before any JVM starts: Spark's Python workers inherit the environment.
 s3_helpers.set_dummy_credentials()
@@ -66,7 +67,7 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
         nonlocal counter
         counter += 1
         spec_path = tmp_path / f"spec-{counter}.json"
-        spec_path.write_text(json.dumps(spec))
+        spec_path.write_text(json.dumps(child_spec(spec)))
         extra = env or {}
         env = dict(os.environ)
         env.pop(ENV_POINT, None)

@@ -8,7 +8,7 @@ spec's options and trigger until the query ends (AvailableNow) or
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 ``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
-"N seconds"), ``runSeconds``, ``master``, and how the run ends: ``end`` = "finish"
+"N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
 another process) or "timeout" (``query.stop()`` after ``runSeconds``). The run prints
@@ -22,6 +22,18 @@ import os
 import sys
 import time
 from typing import Any
+
+
+# For tests that start many short-lived drivers: a JVM that only JIT-compiles with C1 and
+# uses the serial collector starts about 20 % faster on two cores (measured 26 s vs 32 s per
+# pipeline run). Not a recommendation for long-running pipelines.
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SHORT_LIVED_CONF = {"spark.driver.extraJavaOptions": SHORT_LIVED_JVM, "spark.executor.extraJavaOptions": SHORT_LIVED_JVM}
+
+
+def child_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with :data:`SHORT_LIVED_CONF` added (the spec's own ``conf`` entries win)."""
+    return {**spec, "conf": {**SHORT_LIVED_CONF, **spec.get("conf", {})}}
 
 
 def _read(spark: Any, spec: dict[str, Any]) -> Any:
@@ -38,7 +50,8 @@ def run(spec: dict[str, Any]) -> None:
     os.environ["FLINKISH_CRASH_PGID"] = str(os.getpgrp())
     import flinkish_spark
 
-    spark = flinkish_spark.session(master=spec.get("master", "local[2]"), app_name="flinkish-pipeline")
+    spark = flinkish_spark.session(master=spec.get("master", "local[2]"), app_name="flinkish-pipeline",
+                                   conf=spec.get("conf"))
     spark.sparkContext.setLogLevel("ERROR")
     from flinkish_spark.testing.sources import register_test_sources
 

@@ -22,6 +22,7 @@ import s3fs
 
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.decisions import DecisionLog
+from flinkish_spark.testing.pipeline import child_spec
 
 pytestmark = pytest.mark.slow
 LENGTHS = [700, 300]
@@ -44,59 +45,109 @@ def expected() -> collections.Counter:
     return collections.Counter((k, i) for k, n in enumerate(LENGTHS) for i in range(n))
 
 
-def read_all_ways(spark, out: Path) -> None:
+def read_all_ways(spark, out: Path, want: collections.Counter | None = None) -> None:
     """Spark, pyarrow and DuckDB must each see every row exactly once."""
-    assert collections.Counter((r.split, r.seq) for r in spark.read.parquet(str(out)).collect()) == expected()
+    want = expected() if want is None else want
+    assert collections.Counter((r.split, r.seq) for r in spark.read.parquet(str(out)).collect()) == want
     t = ds.dataset(str(out)).to_table()
-    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == expected()
-    assert collections.Counter(duckdb.sql(f"select split, seq from read_parquet('{out}/**/*.parquet')").fetchall()) == expected()
+    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == want
+    assert collections.Counter(duckdb.sql(f"select split, seq from read_parquet('{out}/**/*.parquet')").fetchall()) == want
 
 
 def staged(out: Path) -> list[Path]:
     return sorted(out.rglob("*.staged"))
 
 
-def finals_of(out: Path, epoch: int) -> list[Path]:
-    return sorted(out.glob(f"part-{epoch:012d}-*.parquet"))
-
-
 def log_for(tmp_path: Path) -> DecisionLog:
     return DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
 
 
-@pytest.mark.parametrize("point", ["sink.before_decision", "sink.after_decision", "sink.mid_commit", "sink.after_commit"])
-def test_crash_matrix_local(spark, run_pipeline, tmp_path: Path, point: str) -> None:
-    out = tmp_path / "out"
-    s = spec(tmp_path, str(out), str(tmp_path / "meta"))
-    first = run_pipeline(s, crash_at=f"{point}:2")
-    assert first.killed, first.output[-3000:]
-    log = log_for(tmp_path)
-    decided, done = log.epochs()
-    if point == "sink.before_decision":  # prepared, not decided, nothing of the epoch visible
-        assert EPOCH not in decided and staged(out) and not finals_of(out, EPOCH)
-    elif point == "sink.after_decision":  # decided, nothing visible yet
-        assert EPOCH in decided and EPOCH not in done and not finals_of(out, EPOCH)
-    elif point == "sink.mid_commit":  # some files visible, others still staged
-        assert EPOCH in decided and EPOCH not in done and finals_of(out, EPOCH) and staged(out)
-    else:  # committed; Spark's commit log does not have it
-        assert EPOCH in done and not (tmp_path / "cp" / "commits" / str(EPOCH)).exists()
+# One pipeline is killed at each point in turn: run k crashes in epoch k (its point is hit
+# once by the recovery of the epoch the previous run crashed in, then by epoch k), and the
+# next run recovers it. Every kill is checked where it happened; the last run completes.
+CHAIN = ["sink.before_decision", "sink.after_decision", "sink.mid_commit", "sink.after_commit"]
+CHAIN_LENGTHS = [500, 400]
 
-    second = run_pipeline(s)
-    assert second.returncode == 0, second.output[-3000:]
-    read_all_ways(spark, out)
-    assert staged(out) == []
+
+def chain_spec(tmp_path: Path, out: str, meta: str, sink_meta: str | None = None, **extra: str) -> dict:
+    s = spec(tmp_path, out, meta, sink_meta, **extra)
+    s["source"]["options"].update(rowsPerSplit=",".join(map(str, CHAIN_LENGTHS)), maxRowsPerTrigger=150)
+    return s
+
+
+def chain_expected() -> collections.Counter:
+    return collections.Counter((k, i) for k, n in enumerate(CHAIN_LENGTHS) for i in range(n))
+
+
+class Storage:
+    """What the crash checks look at, on local disk or S3."""
+
+    def __init__(self, io: FileIO, out: str, log: DecisionLog) -> None:
+        self.io, self.out, self.log = io, out.rstrip("/"), log
+
+    def staged(self) -> list[str]:
+        return [p for p in self.io.find(self.out) if p.endswith(".staged")]
+
+    def finals(self, epoch: int) -> list[str]:
+        return [p for p in self.io.find(self.out) if p.rsplit("/", 1)[-1].startswith(f"part-{epoch:012d}-")]
+
+
+def check_killed_at(point: str, epoch: int, store: Storage, cp: Path) -> None:
+    decided, done = store.log.epochs()
+    if point == "sink.before_decision":  # prepared, not decided, nothing of the epoch visible
+        assert epoch not in decided and store.staged() and not store.finals(epoch)
+    elif point == "sink.after_decision":  # decided, nothing visible yet
+        assert epoch in decided and epoch not in done and not store.finals(epoch)
+    elif point == "sink.mid_commit":  # some files visible, others still staged
+        assert epoch in decided and epoch not in done and store.finals(epoch) and store.staged()
+    else:  # committed; Spark's commit log does not have it
+        assert epoch in done and not (cp / "commits" / str(epoch)).exists()
+
+
+def run_crash_chain(run_pipeline, s: dict, store: Storage, cp: Path, after_kill=None) -> None:
+    for epoch, point in enumerate(CHAIN, start=1):
+        run = run_pipeline(s, crash_at=f"{point}:2")
+        assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
+        check_killed_at(point, epoch, store, cp)
+        if after_kill is not None:
+            after_kill(point, epoch)
+    last = run_pipeline(s)
+    assert last.returncode == 0, last.output[-3000:]
+    assert store.staged() == []
+
+
+def test_crash_matrix_local(spark, run_pipeline, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s = chain_spec(tmp_path, str(out), str(tmp_path / "meta"))
+
+    def corrupt_decided_record(point: str, epoch: int) -> None:
+        """With an epoch decided and not yet visible: a damaged commit record is a clear error."""
+        if point != "sink.after_decision":
+            return
+        record = Path(log_for(tmp_path).path(epoch))
+        intact = record.read_bytes()
+        record.write_bytes(intact[:40])
+        before = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+        failed = run_pipeline(s)
+        assert failed.returncode != 0 and not failed.killed
+        assert "CorruptMetadataError" in failed.output, failed.output[-3000:]
+        assert f"{epoch:012d}.parquet is not a readable commit record" in failed.output
+        assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == before  # nothing written
+        record.write_bytes(intact)  # repaired: the chain goes on and recovers the epoch
+
+    run_crash_chain(run_pipeline, s, Storage(FileIO.for_url(str(out)), str(out), log_for(tmp_path)), tmp_path / "cp",
+                    after_kill=corrupt_decided_record)
+    read_all_ways(spark, out, chain_expected())
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("point", ["sink.after_decision", "sink.mid_commit"])
-def test_crash_matrix_s3(run_pipeline, s3: str, tmp_path: Path, point: str) -> None:
-    s = spec(tmp_path, "s3://test/out", "s3://test/meta", sink_meta="s3://test/sinkmeta", endpointUrl=s3)
-    assert run_pipeline(s, crash_at=f"{point}:2").killed
-    assert run_pipeline(s).returncode == 0
+def test_crash_matrix_s3(run_pipeline, s3: str, tmp_path: Path) -> None:
+    s = chain_spec(tmp_path, "s3://test/out", "s3://test/meta", sink_meta="s3://test/sinkmeta", endpointUrl=s3)
+    io = FileIO.for_url("s3://test", {"endpoint_url": s3})
+    run_crash_chain(run_pipeline, s, Storage(io, "s3://test/out", DecisionLog(io, "s3://test/sinkmeta", "out")), tmp_path / "cp")
     fs = s3fs.S3FileSystem(endpoint_url=s3, skip_instance_cache=True)
     t = ds.dataset("test/out", filesystem=fs, format="parquet").to_table()
-    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == expected()
-    assert not [p for p in fs.find("test/out") if p.endswith(".staged")]
+    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == chain_expected()
 
 
 def test_task_failure_in_first_attempt_is_retried_without_orphans(spark, run_pipeline, tmp_path: Path) -> None:
@@ -130,19 +181,6 @@ def test_foreach_batch_replay_is_not_applied_twice(spark, run_pipeline, tmp_path
     read_all_ways(spark, out)
 
 
-def test_corrupt_commit_record_is_a_clear_error_and_writes_nothing(run_pipeline, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    s = spec(tmp_path, str(out), str(tmp_path / "meta"))
-    assert run_pipeline(s, crash_at="sink.after_decision:2").killed
-    record = Path(log_for(tmp_path).path(EPOCH))
-    record.write_bytes(record.read_bytes()[:40])
-    before = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
-    second = run_pipeline(s)
-    assert second.returncode != 0
-    assert "CorruptMetadataError" in second.output and f"{EPOCH:012d}.parquet is not a readable commit record" in second.output
-    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == before
-
-
 def test_second_concurrent_run_is_fenced_and_first_completes(spark, tmp_path: Path) -> None:
     out = tmp_path / "out"
     s = {
@@ -151,8 +189,8 @@ def test_second_concurrent_run_is_fenced_and_first_completes(spark, tmp_path: Pa
         "trigger": "1 second",
         "runSeconds": 40,
     }
-    (tmp_path / "first.json").write_text(json.dumps(s))
-    (tmp_path / "second.json").write_text(json.dumps({**s, "runSeconds": 15}))
+    (tmp_path / "first.json").write_text(json.dumps(child_spec(s)))
+    (tmp_path / "second.json").write_text(json.dumps(child_spec({**s, "runSeconds": 15})))
     cmd = [sys.executable, "-m", "flinkish_spark.testing.pipeline"]
     first = subprocess.Popen([*cmd, str(tmp_path / "first.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
