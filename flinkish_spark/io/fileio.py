@@ -19,6 +19,7 @@ system is created lazily in each process (driver, executors).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import fsspec
+import fsspec.asyn
 from fsspec.core import split_protocol
 
 from flinkish_spark.errors import (
@@ -41,6 +43,7 @@ from flinkish_spark.errors import (
 T = TypeVar("T")
 
 _SUPPORTED_PROTOCOLS = ("file", "local", "memory", "s3", "s3a")
+_S3_COPY_CONCURRENCY = 32
 # Defaults that keep an unreachable endpoint from hanging a query for minutes
 # (botocore's default connect timeout is 60 s with several retries).
 _S3_CONFIG_DEFAULTS: dict[str, Any] = {
@@ -215,10 +218,27 @@ class FileIO:
     # -- reads --------------------------------------------------------------------------
 
     def read_bytes(self, path: str) -> bytes:
-        return self._call("reading", path, lambda: bytes(self.fs.cat_file(self.strip(path))))
+        """The whole (small: metadata, markers) file. On S3 one GET: s3fs would first ask for
+        the size (a HEAD, and a listing when the file is missing) to split large reads."""
+        kwargs = {"max_concurrency": 1} if self.protocol == "s3" else {}
+        return self._call("reading", path, lambda: bytes(self.fs.cat_file(self.strip(path), **kwargs)))
 
     def exists(self, path: str) -> bool:
         return self._call("checking", path, lambda: bool(self.fs.exists(self.strip(path))))
+
+    def small_file_exists(self, path: str) -> bool:
+        """Whether the small file ``path`` exists, in one request.
+
+        s3fs's ``exists`` follows a 404 with a listing (is it a folder?); for a marker
+        file a GET answers in one request either way.
+        """
+        if self.protocol != "s3":
+            return self.exists(path)
+        try:
+            self.read_bytes(path)
+        except FileNotFoundError:
+            return False
+        return True
 
     def size(self, path: str) -> int:
         return self._call("checking", path, lambda: int(self.fs.size(self.strip(path))))
@@ -324,11 +344,24 @@ class FileIO:
         self._call("deleting", path, rm)
 
     def delete_many(self, paths: list[str]) -> None:
+        """Delete files (never folders); missing ones are not an error. On S3: bulk deletes."""
         if not paths:
             return
         if self.protocol == "s3":
             stripped = [self.strip(p) for p in paths]
-            self._call("deleting", paths[0], lambda: self.fs.rm(stripped))
+            bulk = getattr(self.fs, "_bulk_delete", None)
+            if bulk is None:  # an s3fs without it: the public call (it lists each path first)
+                self._call("deleting", paths[0], lambda: self.fs.rm(stripped))
+                return
+            by_bucket: dict[str, list[str]] = {}
+            for p in stripped:
+                by_bucket.setdefault(p.split("/", 1)[0], []).append(p)
+            chunks = [ps[i:i + 1000] for ps in by_bucket.values() for i in range(0, len(ps), 1000)]
+
+            async def delete_all() -> None:
+                await asyncio.gather(*(bulk(chunk) for chunk in chunks))
+
+            self._call("deleting", paths[0], lambda: fsspec.asyn.sync(self.fs.loop, delete_all))
             return
         for p in paths:
             self.delete(p)
@@ -343,17 +376,36 @@ class FileIO:
         self._call("copying", src, lambda: self.fs.copy(s, d))
         self.delete(src)
 
-    def move_many(self, pairs: list[tuple[str, str]]) -> None:
-        """Move several files; on object stores the copies run concurrently, then one bulk delete."""
+    def move_many(self, pairs: list[tuple[str, str]], small: bool = False) -> None:
+        """Move several files; on object stores the copies run concurrently, then bulk deletes.
+
+        ``small=True`` promises every file is under S3's 5 GB limit for a single server-side
+        copy: then each file costs exactly one CopyObject request (s3fs's generic copy first
+        lists and heads every path, one after another).
+        """
         if not pairs:
             return
-        if self.protocol in ("file", "local") or len(pairs) == 1:
+        if self.protocol in ("file", "local") or (len(pairs) == 1 and not small):
             for src, dst in pairs:
                 self.move(src, dst)
             return
         srcs = [self.strip(s) for s, _ in pairs]
         dsts = [self.strip(d) for _, d in pairs]
-        self._call("copying", pairs[0][0], lambda: self.fs.copy(srcs, dsts))
+        copy_one = getattr(self.fs, "_copy_basic", None) if small and self.protocol == "s3" else None
+        if copy_one is None:
+            self._call("copying", pairs[0][0], lambda: self.fs.copy(srcs, dsts))
+        else:
+            async def copy_all() -> None:
+                limit = asyncio.Semaphore(_S3_COPY_CONCURRENCY)
+
+                async def one(src: str, dst: str) -> None:
+                    async with limit:
+                        await copy_one(src, dst)
+
+                await asyncio.gather(*(one(s, d) for s, d in zip(srcs, dsts)))
+
+            # Idempotent: copying the same staged bytes to the same name again is harmless.
+            self._call("copying", pairs[0][0], lambda: fsspec.asyn.sync(self.fs.loop, copy_all))
         self.delete_many([s for s, _ in pairs])
 
     def check_writable_root(self, url: str, what: str) -> None:

@@ -128,7 +128,7 @@ class DecisionLog:
             return existing, False
 
     def is_done(self, epoch: int) -> bool:
-        return self.io.exists(self.done_path(epoch))
+        return self.io.small_file_exists(self.done_path(epoch))
 
     def mark_done(self, epoch: int) -> None:
         try:

@@ -123,3 +123,20 @@ def test_bad_sink_input_fails_before_writing(spark, tmp_path: Path, options: dic
     assert message in str(err.value)
     assert not (tmp_path / "out").exists()
     assert not (tmp_path / "cp" / "flinkish").exists()
+
+
+@pytest.mark.s3
+def test_target_file_size_above_the_s3_copy_limit_is_refused(s3: str) -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from flinkish_spark.connectors.parquet_sink import ParquetSink, ParquetSinkDataSource
+    from flinkish_spark.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"option 'targetFileSize' must be at most 4GB on S3 \(got '8GB'\)"):
+        ParquetSinkDataSource({"uid": "o", "path": "s3://test/out", "checkpoint": "s3://test/m", "endpointUrl": s3,
+                               "targetFileSize": "8GB"})
+    with pytest.raises(ConfigError, match="target_file_size must be at most 4GB on S3"):
+        ParquetSink.at("s3://test/out", uid="o", schema=StructType([StructField("id", LongType())]),
+                       target_file_size=8 * 1024**3, options={"endpointUrl": s3})
+    fs = s3fs.S3FileSystem(endpoint_url=s3, skip_instance_cache=True)
+    assert fs.find("test") == []  # refused before anything was written
