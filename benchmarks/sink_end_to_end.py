@@ -57,7 +57,7 @@ def noop_sink_class():  # type: ignore[no-untyped-def]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     import flinkish_spark
     from pyspark.sql import functions as F
@@ -107,7 +107,9 @@ def main() -> None:
     def timed(writer, base: str, check: bool = True) -> float:  # type: ignore[no-untyped-def]
         started = time.perf_counter()
         q = writer.option("checkpointLocation", f"{base}/cp").trigger(availableNow=True).start()
-        q.awaitTermination()
+        # await_finished also waits for the final checkpoint notification (a plain
+        # awaitTermination returns while it may still run, and would race the cleanup).
+        flinkish_spark.await_finished(q)
         took = time.perf_counter() - started
         if check:
             n = spark.read.parquet(f"{base}/out").count()

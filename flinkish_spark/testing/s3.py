@@ -30,7 +30,11 @@ def set_dummy_credentials() -> None:
 
 @contextmanager
 def local_s3() -> Iterator[str]:
-    """Run moto's S3 server on 127.0.0.1 for the duration of the block; yield its endpoint URL."""
+    """Run moto's S3 server on 127.0.0.1 for the duration of the block; yield its endpoint URL.
+
+    moto keeps buckets per *process*, not per server: a second server in the same process
+    starts with the first one's buckets. Call :func:`reset` for an empty one.
+    """
     import logging
 
     from moto.server import ThreadedMotoServer
