@@ -56,12 +56,8 @@ class FileLister:
     def list(self) -> list[str]:
         if any(c in self.path for c in _GLOB_CHARS):
             found = self.io.glob(self.path)
-        elif self.io.isdir(self.path):
-            found = self.io.find(self.path)
-        elif self.io.exists(self.path):
-            found = [self.io.strip(self.path)]
         else:
-            found = []
+            found = self.io.find(self.path)  # a directory's files, or the file itself
         return [self.io.url(p) for p in found if not posixpath.basename(p).startswith(("_", "."))]
 
 

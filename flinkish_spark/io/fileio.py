@@ -256,30 +256,41 @@ class FileIO:
 
         return self._call("listing", directory, ls)
 
-    def find(self, directory: str) -> list[str]:
-        """Every file below ``directory`` (stripped paths, sorted)."""
+    def find(self, path: str) -> list[str]:
+        """Every file below the directory ``path``, or ``[path]`` if it is a file (stripped, sorted).
+
+        Only files: on an object store a "directory" is a listing, and the answer to "is
+        this a directory?" can change between two requests while objects come and go
+        (s3fs's find then reports the prefix itself), so entries are filtered by type
+        from one listing instead of asking isdir/exists separately.
+        """
 
         def find() -> list[str]:
-            d = self.strip(directory)
+            stripped = self.strip(path)
             if self.protocol == "s3":
                 self.fs.invalidate_cache()
             try:
-                return sorted(self.fs.find(d))
+                found = self.fs.find(stripped, detail=True)
             except FileNotFoundError:
                 return []
+            return sorted(_files_only(found))
 
-        return self._call("listing", directory, find)
+        return self._call("listing", path, find)
 
     def glob(self, pattern: str) -> list[str]:
+        """Every file matching ``pattern``; a matching directory contributes the files below it."""
+
         def glob() -> list[str]:
             if self.protocol == "s3":
                 self.fs.invalidate_cache()
-            return sorted(p for p in self.fs.glob(self.strip(pattern)) if not self.fs.isdir(p))
+            matches = self.fs.glob(self.strip(pattern), detail=True)
+            files = set(_files_only(matches))
+            for name, info in matches.items():
+                if info.get("type") == "directory":
+                    files.update(_files_only(self.fs.find(name, detail=True)))
+            return sorted(files)
 
         return self._call("listing", pattern, glob)
-
-    def isdir(self, path: str) -> bool:
-        return self._call("checking", path, lambda: bool(self.fs.isdir(self.strip(path))))
 
     def open_input(self, path: str) -> Any:
         return self._call("opening", path, lambda: self.fs.open(self.strip(path), "rb"))
@@ -447,6 +458,12 @@ class FileIO:
 _FS_LOCK = threading.Lock()
 _FS_CACHE: dict[tuple[str, str], Any] = {}
 _FS_CACHE_PID = os.getpid()
+
+
+def _files_only(entries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    # fsspec's find answers ``{path: {}}`` for a plain file path: no type means a file.
+    # A key ending in "/" is a folder placeholder some S3 tools create, never data.
+    return [name for name, info in entries.items() if info.get("type", "file") == "file" and not name.endswith("/")]
 
 
 def _shared_filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any:
