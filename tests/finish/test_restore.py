@@ -31,16 +31,24 @@ def _query(spark, tmp_path: Path, rows_per_split: str, sink_uid: str = "out", ma
             .trigger(processingTime="1 second").start())
 
 
-def test_restart_with_a_changed_finished_source_fails_and_writes_nothing(spark, tmp_path: Path) -> None:
-    assert flinkish_spark.await_finished(_query(spark, tmp_path, "40,30"), timeout=120) == "finished"
+def _restart_fails_and_writes_nothing(spark, tmp_path: Path, rows_per_split: str, *fragments: str) -> None:
+    """Restart the query: it fails with every fragment in its error; metadata and output are unchanged."""
     before = _snapshot(tmp_path / "meta", tmp_path / "out")
-
-    q = _query(spark, tmp_path, "40,60")
+    q = _query(spark, tmp_path, rows_per_split)
     assert flinkish_spark.await_finished(q, timeout=120) == "failed"
     message = str(q.exception())
-    assert "source uid 'seq' is FINISHED in checkpoint" in message
-    assert "configuration changed (rowsPerSplit: [40, 30] -> [40, 60])" in message
+    for fragment in fragments:
+        assert fragment in message
     assert _snapshot(tmp_path / "meta", tmp_path / "out") == before
+
+
+def test_restart_with_a_changed_finished_source_fails_and_writes_nothing(spark, tmp_path: Path) -> None:
+    assert flinkish_spark.await_finished(_query(spark, tmp_path, "40,30"), timeout=120) == "finished"
+    _restart_fails_and_writes_nothing(
+        spark, tmp_path, "40,60",
+        "source uid 'seq' is FINISHED in checkpoint",
+        "configuration changed (rowsPerSplit: [40, 30] -> [40, 60])",
+    )
 
 
 def test_restart_with_a_compatible_change_is_accepted(spark, tmp_path: Path) -> None:
@@ -109,13 +117,11 @@ def test_restart_after_spark_checkpoint_was_deleted_fails_and_writes_nothing(spa
 
     assert flinkish_spark.await_finished(_query(spark, tmp_path, "150"), timeout=120) == "finished"
     shutil.rmtree(tmp_path / "cp")  # Spark's checkpointLocation gone, flinkish metadata kept
-    before = _snapshot(tmp_path / "meta", tmp_path / "out")
-    q = _query(spark, tmp_path, "150")
-    assert flinkish_spark.await_finished(q, timeout=120) == "failed"
-    message = str(q.exception())
-    assert "source uid 'seq' has checkpoints up to" in message
-    assert "checkpointLocation was deleted or replaced while the flinkish metadata was kept" in message
-    assert _snapshot(tmp_path / "meta", tmp_path / "out") == before
+    _restart_fails_and_writes_nothing(
+        spark, tmp_path, "150",
+        "source uid 'seq' has checkpoints up to",
+        "checkpointLocation was deleted or replaced while the flinkish metadata was kept",
+    )
     assert ds.dataset(str(tmp_path / "out"), format="parquet").count_rows() == 300
 
 
