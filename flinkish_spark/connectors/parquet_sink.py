@@ -36,6 +36,17 @@ DEFAULT_ROWS_PER_FILE = 1_000_000
 DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
 # A file may overshoot its target by one Arrow batch: stay well below S3's 5 GB copy limit.
 MAX_S3_TARGET_FILE_SIZE = 4 * 1024**3
+
+
+def check_s3_target_file_size(io: FileIO, size: int, what: str, given: str) -> None:
+    """Refuse a target file size that S3 could not make visible with one server-side copy."""
+    if io.protocol == "s3" and size > MAX_S3_TARGET_FILE_SIZE:
+        raise ConfigError(
+            f"{what} must be at most 4GB on S3 (got {given}): a committed file is made visible "
+            "with one server-side copy, which S3 allows up to 5 GB"
+        )
+
+
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
 
 
@@ -81,8 +92,7 @@ class ParquetSink(TwoPhaseCommitSink[ParquetCommittable]):
            compression: str = "snappy", options: dict[str, str] | None = None) -> "ParquetSink":
         """A sink for :func:`flinkish_spark.transactional` (foreachBatch); options as the format's."""
         io = FileIO.for_url(path, storage_options_from(options or {}, path), what="path")
-        if io.protocol == "s3" and target_file_size > MAX_S3_TARGET_FILE_SIZE:
-            raise ConfigError(f"ParquetSink.at(): target_file_size must be at most 4GB on S3, got {target_file_size}")
+        check_s3_target_file_size(io, target_file_size, "ParquetSink.at(): target_file_size", str(target_file_size))
         io.check_writable_root(path, "path")
         return cls(io, path, uid, schema, tuple(partition_by), rows_per_file, target_file_size, compression)
 
@@ -274,11 +284,8 @@ class ParquetSinkDataSource(TwoPhaseCommitDataSource):
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.compression = opts.choice("compression", ("snappy", "zstd", "gzip", "none"), "snappy")
         self.data_io = FileIO.for_url(self.path, storage_options_from(self.raw_options, self.path), what="option 'path'")
-        if self.data_io.protocol == "s3" and self.target_file_size > MAX_S3_TARGET_FILE_SIZE:
-            raise ConfigError(
-                f"{opts.component}: option 'targetFileSize' must be at most 4GB on S3 (got {opts.get('targetFileSize')!r}): "
-                "a committed file is made visible with one server-side copy, which S3 allows up to 5 GB"
-            )
+        check_s3_target_file_size(self.data_io, self.target_file_size, f"{opts.component}: option 'targetFileSize'",
+                                  repr(opts.get("targetFileSize")))
         self.data_io.check_writable_root(self.path, "option 'path'")
 
     def sink(self, schema: StructType) -> ParquetSink:

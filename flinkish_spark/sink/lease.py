@@ -115,7 +115,7 @@ class Lease:
             self._write()
             self.held = True
             return
-        if current is not None and current.run_id != self.run_id:
+        if current is not None:  # another run's
             age_s = time.time() - current.renewed_ms / 1000
             # A holder that missed two timeouts of heartbeats is dead, and so is one whose process
             # on this host is gone (a restart after kill -9 need not wait). Otherwise do not trust
@@ -144,11 +144,6 @@ class Lease:
             self.acquire()
             return
         current = self.read()
-        if current is not None and current.run_id == self.run_id:
-            # Ours already (a sink renews from a fresh writer each commit): just renew.
-            self._write()
-            self.held = True
-            return
         if current is not None and current.run_id != self.run_id:
             self.held = False
             self.lost_to = current
