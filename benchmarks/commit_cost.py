@@ -37,7 +37,7 @@ from flinkish_spark.io.fileio import FileIO  # noqa: E402
 from flinkish_spark.sink.committer import commit_epoch  # noqa: E402
 from flinkish_spark.sink.decisions import DecisionLog  # noqa: E402
 from flinkish_spark.sink.protocol import PrepareContext  # noqa: E402
-from flinkish_spark.testing.s3 import local_s3, make_bucket  # noqa: E402
+from flinkish_spark.embedded.s3 import local_s3, make_bucket  # noqa: E402
 
 
 class RequestCounter(logging.Handler):

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import print_table, write_results  # noqa: E402
 
 from flinkish_spark.connectors.sequence import SequenceDataSource  # noqa: E402
-from flinkish_spark.testing.s3 import local_s3, make_bucket  # noqa: E402
+from flinkish_spark.embedded.s3 import local_s3, make_bucket  # noqa: E402
 
 
 # The sequence schema, built without a SparkSession (DDL parsing needs one).

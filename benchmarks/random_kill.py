@@ -66,7 +66,7 @@ def one_round(master: str, kind: str, kill: str, kills: int, rng: random.Random)
     import pyarrow.parquet as pq
     import s3fs
 
-    from flinkish_spark.testing.s3 import local_s3, make_bucket, reset
+    from flinkish_spark.embedded.s3 import local_s3, make_bucket, reset
 
     work = tempfile.mkdtemp(prefix="flinkish-random-kill-")
     started = time.time()

@@ -38,8 +38,8 @@ def run_demo(workdir: str) -> int:
     from flinkish_spark.inspect import recent_epochs
     from flinkish_spark.io.fileio import FileIO
     from flinkish_spark.session import check_java
-    from flinkish_spark.testing.crash import ENV_DIR, ENV_POINT
-    from flinkish_spark.testing.s3 import local_s3, make_bucket
+    from flinkish_spark.faults import ENV_DIR, ENV_POINT
+    from flinkish_spark.embedded.s3 import local_s3, make_bucket
 
     console = Console()
     check_java()
@@ -79,7 +79,7 @@ def run_demo(workdir: str) -> int:
                 env[ENV_POINT] = crash_at
                 env[ENV_DIR] = workdir
             started = time.time()
-            proc = subprocess.run([sys.executable, "-m", "flinkish_spark.testing.pipeline", spec_path], env=env,
+            proc = subprocess.run([sys.executable, "-m", "flinkish_spark.runner", spec_path], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
             if proc.returncode not in (0, -signal.SIGKILL):
                 console.print(proc.stdout[-4000:])

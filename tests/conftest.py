@@ -1,20 +1,25 @@
-"""Shared fixtures: one local[2] Spark per session, moto's S3 server, a child-process pipeline runner."""
+"""Shared fixtures: one local[2] Spark per session, moto's S3 server, one PostgreSQL server, a child-process pipeline runner."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from flinkish_spark.testing import s3 as s3_helpers
-from flinkish_spark.testing.crash import ENV_DIR, ENV_POINT
-from flinkish_spark.testing.pipeline import child_spec
+from flinkish_spark.embedded import s3 as s3_helpers
+from flinkish_spark.faults import ENV_DIR, ENV_POINT
+from flinkish_spark.runner import child_spec
+
+POSTGRES_URL_ENV = "FLINKISH_TEST_POSTGRES_URL"  # run the PostgreSQL tests against this server instead
 
 # Before any JVM starts: Spark's Python workers inherit the environment.
 s3_helpers.set_dummy_credentials()
@@ -48,6 +53,49 @@ def s3(s3_endpoint: str) -> str:
     return s3_endpoint
 
 
+@dataclass
+class PostgresForTests:
+    """The session's PostgreSQL: the embedded server, or the one ``FLINKISH_TEST_POSTGRES_URL`` names."""
+
+    url: str
+    embedded: Any  # flinkish_spark.embedded.postgres.EmbeddedPostgres, or None for an external server
+
+    def url_for(self, database: str) -> str:
+        parts = urllib.parse.urlsplit(self.url)
+        return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
+
+    def create_database(self, name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url_for(name)
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresForTests]:
+    """One PostgreSQL server per test session (two-phase commit and logical WAL enabled)."""
+    external = os.environ.get(POSTGRES_URL_ENV)
+    if external:
+        yield PostgresForTests(external, None)
+        return
+    from flinkish_spark.embedded.postgres import start_postgres
+
+    server = start_postgres(tmp_path_factory.mktemp("postgres") / "data")
+    try:
+        yield PostgresForTests(server.uri, server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresForTests, request: pytest.FixtureRequest) -> str:
+    """A libpq URI of a fresh, empty database for this test."""
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:50]
+    return postgres.create_database(name)
+
+
 class PipelineRun:
     def __init__(self, returncode: int, output: str) -> None:
         self.returncode = returncode
@@ -67,6 +115,8 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
         nonlocal counter
         counter += 1
         spec_path = tmp_path / f"spec-{counter}.json"
+        # The child driver knows the suite's own formats (flinkish.testing.counting) too.
+        spec = {**spec, "register": ["flinkish_spark.testing.sources:register_test_sources", *spec.get("register", [])]}
         spec_path.write_text(json.dumps(child_spec(spec)))
         extra = env or {}
         env = dict(os.environ)
@@ -78,7 +128,7 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
             env[ENV_POINT] = crash_at
             env[ENV_DIR] = str(crash_dir)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flinkish_spark.testing.pipeline", str(spec_path)],
+            [sys.executable, "-m", "flinkish_spark.runner", str(spec_path)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

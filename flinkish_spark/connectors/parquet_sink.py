@@ -28,7 +28,7 @@ from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
-from flinkish_spark.testing.crash import crash_point, fail_point
+from flinkish_spark.faults import crash_point, fail_point
 
 STAGING = "_flinkish_staging"
 STAGED_SUFFIX = ".parquet.staged"

@@ -11,7 +11,7 @@ For one epoch with the committables its tasks prepared:
    mark the epoch done;
 4. remove what no decided committable names (recover-and-abort of failed attempts).
 
-Crash points (see flinkish_spark.testing.crash): ``sink.before_decision``,
+Crash points (see flinkish_spark.faults): ``sink.before_decision``,
 ``sink.after_decision``, ``sink.before_done``.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Literal
 from flinkish_spark.errors import CommitFailedError, CommitRetryExhaustedError
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import TwoPhaseCommitSink
-from flinkish_spark.testing.crash import crash_point
+from flinkish_spark.faults import crash_point
 
 EpochOutcome = Literal["COMMITTED", "RECOVERED", "ALREADY_COMMITTED"]
 

@@ -32,7 +32,7 @@ from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.lease import Lease
 from flinkish_spark.sink.protocol import PrepareContext, TwoPhaseCommitSink
 from flinkish_spark.operator import operator_settings, parse_uid
-from flinkish_spark.testing.crash import crash_point
+from flinkish_spark.faults import crash_point
 
 # Options Spark itself passes to a stream writer.
 SPARK_WRITER_OPTIONS = ("checkpointLocation", "queryName", "path")

@@ -30,7 +30,7 @@ from flinkish_spark.sink.committer import CommitResult, commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.lease import DEFAULT_TIMEOUT_S, Lease
 from flinkish_spark.sink.protocol import TwoPhaseCommitSink
-from flinkish_spark.testing.crash import crash_point
+from flinkish_spark.faults import crash_point
 
 
 def transactional(

@@ -37,7 +37,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -54,6 +54,7 @@ from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.errors import CheckpointMismatchError, UnsupportedFormatVersionError
 from flinkish_spark.finish.stop_request import StopRequest, read_request
+from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.finish.watermark import END_OF_INPUT_TS
 from flinkish_spark.sink.lease import Lease
 from flinkish_spark.source.enumerator import SplitEnumerator
@@ -61,10 +62,28 @@ from flinkish_spark.source.offset import GENESIS, OFFSET_VERSION, EndOfInput, So
 from flinkish_spark.source.planning import Budget, plan_epoch, read_ranges
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
-from flinkish_spark.testing.crash import crash_point
+from flinkish_spark.faults import crash_point
 
-if TYPE_CHECKING:
-    from flinkish_spark.source.datasource import SplitDataSource
+
+class SourceHost(Protocol):
+    """What the stream reader needs from the :class:`~flinkish_spark.source.datasource.SplitDataSource`
+    that made it. A protocol, so the reader (lower layer) does not import the data source (upper layer)."""
+
+    uid: str
+    io: FileIO
+    checkpoint_root: str
+    lease_timeout: float
+    retain: int
+    watermark_column: str | None
+    raw_options: dict[str, str]
+
+    def name(self) -> str: ...
+    def config_json(self, schema: StructType) -> str: ...
+    def write_descriptor(self) -> None: ...
+    def checkpoint_store(self) -> SourceCheckpointStore: ...
+    def create_enumerator(self) -> SplitEnumerator: ...
+    def create_reader(self, schema: StructType) -> SplitReader: ...
+    def default_read_limit(self) -> ReadLimit: ...
 
 @dataclass
 class SplitPartition(InputPartition):
@@ -97,7 +116,7 @@ class EndOfInputPartition(InputPartition):
 
 
 class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, source: "SplitDataSource", schema: StructType) -> None:
+    def __init__(self, source: SourceHost, schema: StructType) -> None:
         self.source = source
         self.schema = schema
         self._reset_driver_state()

@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import flinkish_spark
-from flinkish_spark.testing.pipeline import child_spec
+from flinkish_spark.runner import child_spec
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.io.fileio import FileIO
 
@@ -96,7 +96,7 @@ def test_drain_flushes_windows_ends_the_query_and_a_restart_adds_nothing(spark, 
 
 def _start_external(spec: dict) -> subprocess.Popen:
     spec = child_spec(spec)
-    code = ("import json; from flinkish_spark.testing.pipeline import run; "
+    code = ("import json; from flinkish_spark.runner import run; "
             f"run(json.loads({json.dumps(json.dumps(spec))}))")
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)

@@ -22,7 +22,7 @@ import s3fs
 
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.decisions import DecisionLog
-from flinkish_spark.testing.pipeline import child_spec
+from flinkish_spark.runner import child_spec
 
 pytestmark = pytest.mark.slow
 LENGTHS = [700, 300]
@@ -191,7 +191,7 @@ def test_second_concurrent_run_is_fenced_and_first_completes(spark, tmp_path: Pa
     }
     (tmp_path / "first.json").write_text(json.dumps(child_spec(s)))
     (tmp_path / "second.json").write_text(json.dumps(child_spec({**s, "runSeconds": 15})))
-    cmd = [sys.executable, "-m", "flinkish_spark.testing.pipeline"]
+    cmd = [sys.executable, "-m", "flinkish_spark.runner"]
     first = subprocess.Popen([*cmd, str(tmp_path / "first.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 120

@@ -1,4 +1,8 @@
-"""Crash injection at named protocol points, for crash tests that really kill the driver.
+"""Crash and failure injection at named protocol points.
+
+A production facility: every protocol step of the sources and sinks calls it, and it
+does nothing unless armed through the environment, which crash tests, the demo and the
+benchmarks do to really kill the driver (or fail a task) at exactly that step.
 
 Set ``FLINKISH_CRASH_AT=<point>[:<n>]`` in the environment of a process that
 starts a Spark driver (the JVM and its Python workers inherit it), plus
@@ -15,7 +19,10 @@ Points (see docs/guarantees.md):
 * ``source.before_metadata_write`` / ``source.after_metadata_write`` -- in
   ``latestOffset``, around writing the checkpoint file, i.e. before Spark's offset log;
 * ``source.partitions`` -- planning a batch, after Spark wrote its offset log;
-* ``source.read`` -- on an executor, after the first batch of a split was produced (mid-batch).
+* ``source.read`` -- on an executor, after the first batch of a split was produced (mid-batch);
+* ``sink.before_decision`` / ``sink.after_decision`` / ``sink.before_done`` -- the driver's commit
+  (:mod:`flinkish_spark.sink.committer`); ``sink.mid_commit`` -- inside a sink's commit, some output
+  visible; ``sink.after_commit`` -- committed, Spark's commit log not yet written.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Run one streaming pipeline from a JSON spec in this process, for crash tests and demos.
 
-``python -m flinkish_spark.testing.pipeline SPEC.json`` starts a local Spark
+``python -m flinkish_spark.runner SPEC.json`` starts a local Spark
 driver, runs ``readStream.format(source) -> writeStream.format(sink)`` with the
 spec's options and trigger until the query ends (AvailableNow) or
 ``runSeconds`` pass, and exits 0. With ``FLINKISH_CRASH_AT`` set (see
-:mod:`flinkish_spark.testing.crash`) the driver is killed at that protocol point.
+:mod:`flinkish_spark.faults`) the driver is killed at that protocol point.
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
+``register`` (a list of "module:function" that register extra formats with the session),
 ``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
@@ -17,6 +18,7 @@ another process) or "timeout" (``query.stop()`` after ``runSeconds``). The run p
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -53,9 +55,11 @@ def run(spec: dict[str, Any]) -> None:
     spark = flinkish_spark.session(master=spec.get("master", "local[2]"), app_name="flinkish-pipeline",
                                    conf=spec.get("conf"))
     spark.sparkContext.setLogLevel("ERROR")
-    from flinkish_spark.testing.sources import register_test_sources
-
-    register_test_sources(spark)
+    # Extra formats (e.g. the test suite's counting source): "module:function" names that
+    # take the session. Imported by name so this module never depends on test helpers.
+    for target in spec.get("register", []):
+        module, _, function = target.partition(":")
+        getattr(importlib.import_module(module), function)(spark)
     sources = spec.get("sources") or [spec["source"]]
     df = _read(spark, sources[0])
     for other in sources[1:]:
@@ -105,7 +109,7 @@ def run(spec: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m flinkish_spark.testing.pipeline SPEC.json")
+        raise SystemExit("usage: python -m flinkish_spark.runner SPEC.json")
     with open(args[0]) as f:
         run(json.load(f))
 
