@@ -8,7 +8,8 @@ spec's options and trigger until the query ends (AvailableNow) or
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 ``register`` (a list of "module:function" that register extra formats with the session),
-``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
+``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
+(``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink), ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
@@ -71,8 +72,16 @@ def run(spec: dict[str, Any]) -> None:
 
         fb = sink["foreachBatch"]
         options = {k: str(v) for k, v in fb.get("options", {}).items()}
-        target = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
-                                rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
+        target: Any
+        if fb.get("kind") == "postgres":  # {kind, uid, checkpoint, url, table, mode?, key?, createTable?, commitMode?}
+            from flinkish_spark.connectors.postgres import PostgresSink
+
+            target = PostgresSink.create(fb["url"], fb["table"], uid=fb["uid"], schema=df.schema, mode=fb.get("mode", "append"),
+                                         key=fb.get("key", ""), create_table=bool(fb.get("createTable", False)),
+                                         commit_mode=fb.get("commitMode", "auto"))
+        else:
+            target = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
+                                    rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
         writer = df.writeStream.foreachBatch(
             transactional(target, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
         ).option("checkpointLocation", sink["checkpointLocation"])
