@@ -7,6 +7,7 @@ spec's options and trigger until the query ends (AvailableNow) or
 :mod:`flinkish_spark.faults`) the driver is killed at that protocol point.
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
+``select`` (a list of SQL expressions for ``selectExpr``),
 ``register`` (a list of "module:function" that register extra formats with the session),
 ``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
 (``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink), ``trigger`` ("availableNow" or
@@ -65,6 +66,8 @@ def run(spec: dict[str, Any]) -> None:
     df = _read(spark, sources[0])
     for other in sources[1:]:
         df = df.unionByName(_read(spark, other))
+    if spec.get("select"):  # SQL expressions applied before the sink (e.g. derive a key)
+        df = df.selectExpr(*spec["select"])
     sink = spec["sink"]
     if "foreachBatch" in sink:
         from flinkish_spark.connectors.parquet_sink import ParquetSink
