@@ -75,18 +75,18 @@ def run(spec: dict[str, Any]) -> None:
 
         fb = sink["foreachBatch"]
         options = {k: str(v) for k, v in fb.get("options", {}).items()}
-        target: Any
+        fb_sink: Any
         if fb.get("kind") == "postgres":  # {kind, uid, checkpoint, url, table, mode?, key?, createTable?, commitMode?}
             from flinkish_spark.connectors.postgres import PostgresSink
 
-            target = PostgresSink.create(fb["url"], fb["table"], uid=fb["uid"], schema=df.schema, mode=fb.get("mode", "append"),
-                                         key=fb.get("key", ""), create_table=bool(fb.get("createTable", False)),
-                                         commit_mode=fb.get("commitMode", "auto"))
+            fb_sink = PostgresSink.create(fb["url"], fb["table"], uid=fb["uid"], schema=df.schema, mode=fb.get("mode", "append"),
+                                          key=fb.get("key", ""), create_table=bool(fb.get("createTable", False)),
+                                          commit_mode=fb.get("commitMode", "auto"))
         else:
-            target = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
-                                    rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
+            fb_sink = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
+                                     rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
         writer = df.writeStream.foreachBatch(
-            transactional(target, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
+            transactional(fb_sink, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
         ).option("checkpointLocation", sink["checkpointLocation"])
     else:
         writer = df.writeStream.format(sink["format"]).option("checkpointLocation", sink["checkpointLocation"])
