@@ -100,3 +100,22 @@ class CommitFailedError(TerminalError):
 
 class CommitRetryExhaustedError(RetryableError):
     """A sink kept answering 'retry later' for an epoch; a restart retries the commit."""
+
+
+# -- databases (flinkish.postgres) ------------------------------------------------------
+
+
+class DatabaseUnavailableError(RetryableError):
+    """The database server did not answer (down, restarting, unreachable)."""
+
+
+class DatabaseAccessError(TerminalError):
+    """The database refused the connection (authentication, unknown role or database) or a permission."""
+
+
+class TargetSchemaError(TerminalError):
+    """The target table is missing, lacks a column, has an incompatible type or no unique key."""
+
+
+class TargetWriteError(TerminalError):
+    """The database rejected an epoch's rows (a constraint violation, a bad value); nothing of the epoch is visible."""

@@ -7,8 +7,10 @@ spec's options and trigger until the query ends (AvailableNow) or
 :mod:`flinkish_spark.faults`) the driver is killed at that protocol point.
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
+``select`` (a list of SQL expressions for ``selectExpr``),
 ``register`` (a list of "module:function" that register extra formats with the session),
-``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
+``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
+(``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink), ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
@@ -64,6 +66,8 @@ def run(spec: dict[str, Any]) -> None:
     df = _read(spark, sources[0])
     for other in sources[1:]:
         df = df.unionByName(_read(spark, other))
+    if spec.get("select"):  # SQL expressions applied before the sink (e.g. derive a key)
+        df = df.selectExpr(*spec["select"])
     sink = spec["sink"]
     if "foreachBatch" in sink:
         from flinkish_spark.connectors.parquet_sink import ParquetSink
@@ -71,10 +75,18 @@ def run(spec: dict[str, Any]) -> None:
 
         fb = sink["foreachBatch"]
         options = {k: str(v) for k, v in fb.get("options", {}).items()}
-        target = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
-                                rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
+        fb_sink: Any
+        if fb.get("kind") == "postgres":  # {kind, uid, checkpoint, url, table, mode?, key?, createTable?, commitMode?}
+            from flinkish_spark.connectors.postgres import PostgresSink
+
+            fb_sink = PostgresSink.create(fb["url"], fb["table"], uid=fb["uid"], schema=df.schema, mode=fb.get("mode", "append"),
+                                          key=fb.get("key", ""), create_table=bool(fb.get("createTable", False)),
+                                          commit_mode=fb.get("commitMode", "auto"))
+        else:
+            fb_sink = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
+                                     rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
         writer = df.writeStream.foreachBatch(
-            transactional(target, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
+            transactional(fb_sink, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
         ).option("checkpointLocation", sink["checkpointLocation"])
     else:
         writer = df.writeStream.format(sink["format"]).option("checkpointLocation", sink["checkpointLocation"])
