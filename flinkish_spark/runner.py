@@ -8,7 +8,9 @@ spec's options and trigger until the query ends (AvailableNow) or
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 ``register`` (a list of "module:function" that register extra formats with the session),
-``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
+``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
+or {sparkFiles: {uid, path, checkpoint, format, partitionBy, options}, checkpointLocation} (:func:`flinkish_spark.files_sink`),
+``map`` (a list of "module:function" applied to the DataFrame before the sink), ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
@@ -64,8 +66,17 @@ def run(spec: dict[str, Any]) -> None:
     df = _read(spark, sources[0])
     for other in sources[1:]:
         df = df.unionByName(_read(spark, other))
+    for target in spec.get("map", []):
+        module, _, function = target.partition(":")
+        df = getattr(importlib.import_module(module), function)(df)
     sink = spec["sink"]
-    if "foreachBatch" in sink:
+    if "sparkFiles" in sink:
+        sf = sink["sparkFiles"]
+        writer = df.writeStream.foreachBatch(flinkish_spark.files_sink(
+            sf["path"], uid=sf["uid"], checkpoint=sf["checkpoint"], format=sf.get("format", "parquet"),
+            partitionBy=sf.get("partitionBy"), options=sf.get("options"),
+        )).option("checkpointLocation", sink["checkpointLocation"])
+    elif "foreachBatch" in sink:
         from flinkish_spark.connectors.parquet_sink import ParquetSink
         from flinkish_spark.sink.foreach_batch import transactional
 
