@@ -80,3 +80,23 @@ def test_s3_path_without_jars_is_one_clear_error_before_anything_is_written(spar
 def test_unknown_format_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="format must be one of parquet, orc, json, csv, text"):
         flinkish_spark.files_sink(str(tmp_path / "out"), uid="files", checkpoint=str(tmp_path / "meta"), format="delta")
+
+
+def test_orphan_scan_knows_what_spark_staged(spark, tmp_path: Path) -> None:
+    """A prepared epoch that was never decided is 'pending'; once a later epoch is decided it is an orphan."""
+    from flinkish_spark.connectors.spark_files import SparkFilesSink
+    from flinkish_spark.sink import orphans
+
+    out, meta = tmp_path / "out", tmp_path / "meta"
+    fn = flinkish_spark.files_sink(str(out), uid="files", checkpoint=str(meta))
+    io = FileIO.for_url(str(out))
+    crashed = SparkFilesSink(io, str(out), "files", "parquet", (), {}).write_epoch(rows(spark, 10), 0)
+    assert crashed and all("_flinkish_staging/files/000000000000/" in f.staged for c in crashed for f in c.files)
+    log = DecisionLog(FileIO.for_url(str(meta)), str(meta), "files")
+    assert {e.state for e in orphans.scan(io, str(out), log)} == {"pending"}
+    fn(rows(spark, 10), 1)
+    entries = orphans.scan(io, str(out), log)
+    assert entries and {(e.epoch, e.state) for e in entries} == {(0, "orphan")}
+    orphans.remove(io, entries)
+    assert [p for p in (out / "_flinkish_staging").rglob("*") if p.is_file()] == []
+    assert collections.Counter(r.v for r in spark.read.parquet(str(out)).collect()) == collections.Counter(range(10))

@@ -99,7 +99,7 @@ def test_crash_matrix_parquet(spark, run_pipeline, tmp_path: Path) -> None:
     assert rows_of(spark.read.parquet(str(out)).collect()) == expected()
     t = ds.dataset(str(out)).to_table()
     assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == expected()
-    assert collections.Counter(duckdb.sql(f"select split, seq from read_parquet('{out}/**/*.parquet')").fetchall()) == expected()
+    assert collections.Counter(duckdb.sql(f"select split, seq from read_parquet('{out}/*.parquet')").fetchall()) == expected()
 
 
 def test_crash_matrix_json_partitioned_finishes_under_processing_time(spark, run_pipeline, tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_crash_matrix_json_partitioned_finishes_under_processing_time(spark, run
     assert {p.parent.name for p in visible(out)} == {"split=0", "split=1"}
     assert all(p.name.endswith("-out.json.gz") for p in visible(out))
     assert rows_of(spark.read.json(str(out)).collect()) == expected()
-    got = duckdb.sql(f"select split, seq from read_json('{out}/**/*.json.gz', hive_partitioning=true)").fetchall()
+    got = duckdb.sql(f"select split, seq from read_json('{out}/*/*.json.gz', hive_partitioning=true)").fetchall()
     assert collections.Counter((int(k), int(v)) for k, v in got) == expected()
 
 
