@@ -35,6 +35,7 @@ from flinkish_spark.errors import (
     TerminalError,
     UnsupportedFormatVersionError,
 )
+from flinkish_spark.connectors.spark_files import files_sink
 from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
 from flinkish_spark.session import session
 from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
@@ -97,5 +98,6 @@ __all__ = [
     "stop",
     "with_watermark",
     "transactional",
+    "files_sink",
     "session",
 ]

@@ -10,7 +10,9 @@ Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 ``select`` (a list of SQL expressions for ``selectExpr``),
 ``register`` (a list of "module:function" that register extra formats with the session),
 ``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
-(``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink), ``trigger`` ("availableNow" or
+(``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink),
+or {sparkFiles: {uid, path, checkpoint, format, partitionBy, options}, checkpointLocation} (:func:`flinkish_spark.files_sink`),
+``map`` (a list of "module:function" applied to the DataFrame before the sink), ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
@@ -49,6 +51,12 @@ def _read(spark: Any, spec: dict[str, Any]) -> Any:
     return reader.load()
 
 
+def _named(target: str) -> Any:
+    """The function a ``"module:function"`` spec entry names."""
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def run(spec: dict[str, Any]) -> None:
     # Let crash points kill the whole driver: this process, the JVM and its workers.
     os.environ["FLINKISH_CRASH_PGID"] = str(os.getpgrp())
@@ -60,16 +68,23 @@ def run(spec: dict[str, Any]) -> None:
     # Extra formats (e.g. the test suite's counting source): "module:function" names that
     # take the session. Imported by name so this module never depends on test helpers.
     for target in spec.get("register", []):
-        module, _, function = target.partition(":")
-        getattr(importlib.import_module(module), function)(spark)
+        _named(target)(spark)
     sources = spec.get("sources") or [spec["source"]]
     df = _read(spark, sources[0])
     for other in sources[1:]:
         df = df.unionByName(_read(spark, other))
     if spec.get("select"):  # SQL expressions applied before the sink (e.g. derive a key)
         df = df.selectExpr(*spec["select"])
+    for target in spec.get("map", []):
+        df = _named(target)(df)
     sink = spec["sink"]
-    if "foreachBatch" in sink:
+    if "sparkFiles" in sink:
+        sf = sink["sparkFiles"]
+        writer = df.writeStream.foreachBatch(flinkish_spark.files_sink(
+            sf["path"], uid=sf["uid"], checkpoint=sf["checkpoint"], format=sf.get("format", "parquet"),
+            partitionBy=sf.get("partitionBy"), options=sf.get("options"),
+        )).option("checkpointLocation", sink["checkpointLocation"])
+    elif "foreachBatch" in sink:
         from flinkish_spark.connectors.parquet_sink import ParquetSink
         from flinkish_spark.sink.foreach_batch import transactional
 
