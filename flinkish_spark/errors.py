@@ -100,3 +100,10 @@ class CommitFailedError(TerminalError):
 
 class CommitRetryExhaustedError(RetryableError):
     """A sink kept answering 'retry later' for an epoch; a restart retries the commit."""
+
+
+# -- tables (lakehouse sinks) --------------------------------------------------------------
+
+
+class TableMismatchError(TerminalError):
+    """The target table does not fit the query (another schema or partitioning), or the path is no table."""

@@ -1,10 +1,12 @@
-"""Built-in connectors: ``flinkish.sequence`` and ``flinkish.files`` sources, the ``flinkish.parquet`` sink."""
+"""Built-in connectors: ``flinkish.sequence`` and ``flinkish.files`` sources; ``flinkish.parquet``,
+``flinkish.delta`` and ``flinkish.iceberg`` sinks (the table sinks import deltalake/pyiceberg only when used)."""
 
+from flinkish_spark.connectors.delta import DeltaSink, DeltaSinkDataSource
 from flinkish_spark.connectors.files import FilesDataSource
 from flinkish_spark.connectors.parquet_sink import ParquetSink, ParquetSinkDataSource
 from flinkish_spark.connectors.sequence import SequenceDataSource
 
 BUILTIN_SOURCES = (SequenceDataSource, FilesDataSource)
-BUILTIN_SINKS = (ParquetSinkDataSource,)
+BUILTIN_SINKS = (ParquetSinkDataSource, DeltaSinkDataSource)
 
-__all__ = ["BUILTIN_SINKS", "BUILTIN_SOURCES", "FilesDataSource", "ParquetSink", "ParquetSinkDataSource", "SequenceDataSource"]
+__all__ = ["BUILTIN_SINKS", "BUILTIN_SOURCES", "DeltaSink", "DeltaSinkDataSource", "FilesDataSource", "ParquetSink", "ParquetSinkDataSource", "SequenceDataSource"]
