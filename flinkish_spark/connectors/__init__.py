@@ -3,10 +3,11 @@
 
 from flinkish_spark.connectors.delta import DeltaSink, DeltaSinkDataSource
 from flinkish_spark.connectors.files import FilesDataSource
+from flinkish_spark.connectors.iceberg import IcebergSink, IcebergSinkDataSource
 from flinkish_spark.connectors.parquet_sink import ParquetSink, ParquetSinkDataSource
 from flinkish_spark.connectors.sequence import SequenceDataSource
 
 BUILTIN_SOURCES = (SequenceDataSource, FilesDataSource)
-BUILTIN_SINKS = (ParquetSinkDataSource, DeltaSinkDataSource)
+BUILTIN_SINKS = (ParquetSinkDataSource, DeltaSinkDataSource, IcebergSinkDataSource)
 
-__all__ = ["BUILTIN_SINKS", "BUILTIN_SOURCES", "DeltaSink", "DeltaSinkDataSource", "FilesDataSource", "ParquetSink", "ParquetSinkDataSource", "SequenceDataSource"]
+__all__ = ["BUILTIN_SINKS", "BUILTIN_SOURCES", "DeltaSink", "DeltaSinkDataSource", "FilesDataSource", "IcebergSink", "IcebergSinkDataSource", "ParquetSink", "ParquetSinkDataSource", "SequenceDataSource"]
