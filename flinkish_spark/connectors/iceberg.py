@@ -30,7 +30,9 @@ Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
@@ -141,6 +143,10 @@ def _committed_epoch(table: Any, uid: str) -> int:
     return -1
 
 
+_CATALOGS: dict[str, Any] = {}
+_CATALOGS_LOCK = threading.Lock()
+
+
 class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def __init__(self, catalog_properties: dict[str, str], identifier: str, uid: str, schema: StructType,
                  partition_by: tuple[str, ...], io: FileIO, info: TableInfo | None = None,
@@ -176,12 +182,18 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     # -- the table (driver) ------------------------------------------------------------------
 
     def catalog(self) -> Any:
+        """The catalog, made once per process: a SQL catalog builds an engine, a REST one logs in."""
         _pyiceberg()
         from pyiceberg.catalog import load_catalog
 
-        props = dict(self.catalog_properties)
-        name = props.pop("name")
-        return load_catalog(name, **props)
+        key = json.dumps(self.catalog_properties, sort_keys=True)
+        with _CATALOGS_LOCK:
+            catalog = _CATALOGS.get(key)
+            if catalog is None:
+                props = dict(self.catalog_properties)
+                name = props.pop("name")
+                catalog = _CATALOGS[key] = load_catalog(name, **props)
+            return catalog
 
     def ensure_table(self, create: bool, component: str) -> TableInfo:
         """Validate the table against the query -- or create it -- before any task writes."""
