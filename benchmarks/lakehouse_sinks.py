@@ -11,7 +11,7 @@
    check and a checkpoint every 10 versions; Iceberg: catalog load, ancestry walk, one
    fast-append snapshot).
 
-    python benchmarks/lakehouse_sinks.py [--rows 10000000] [--repeats 1] [--epochs 500] [--skip-throughput]
+    python benchmarks/lakehouse_sinks.py [--rows 10000000] [--repeats 1] [--epochs 500] [--skip-throughput] [--skip-commit]
 """
 
 from __future__ import annotations
@@ -155,18 +155,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=500)
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-commit", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    payload: dict[str, Any] = {"rows": args.rows, "epochs": args.epochs}
     if not args.skip_throughput:
         tp = throughput(args.rows, args.repeats)
         print_table(["pipeline", "seconds (median)", "rows/s", "vs flinkish.parquet"], tp)
-        payload["throughput"] = tp
-    marks = [m for m in (10, 100, 500, 1000) if m <= args.epochs]
-    cc = commit_cost(args.epochs)
-    print_table(["sink", *[f"commit ms @ {m} epochs" for m in marks]], cc)
-    payload["commit_ms"] = cc
-    print(f"results: {write_results('lakehouse_sinks', payload)}")
+        print(f"results: {write_results('lakehouse_sinks_throughput', {'rows': args.rows, 'throughput': tp})}")
+    if not args.skip_commit:
+        marks = [m for m in (10, 100, 500, 1000) if m <= args.epochs]
+        cc = commit_cost(args.epochs)
+        print_table(["sink", *[f"commit ms @ {m} epochs" for m in marks]], cc)
+        print(f"results: {write_results('lakehouse_sinks_commit', {'epochs': args.epochs, 'commit_ms': cc})}")
 
 
 if __name__ == "__main__":

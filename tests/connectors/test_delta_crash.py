@@ -121,6 +121,8 @@ def test_two_queries_with_different_uids_append_concurrently(tmp_path: Path) -> 
         s = spec(tmp_path / f"cp-{name}", str(table), str(tmp_path / f"meta-{name}"), uid=name, lengths=[300, 300],
                  per_trigger=60)
         s["sink"]["options"]["rowsPerFile"] = 1000
+        # A processing-time trigger spreads each query's 10 commits over 10+ seconds: they overlap.
+        s.update(trigger="1 second", end="finish", runSeconds=300)
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(child_spec(s)))
         specs.append(path)
