@@ -32,6 +32,7 @@ from flinkish_spark.errors import (
     StorageAccessError,
     StorageError,
     StorageUnavailableError,
+    TableMismatchError,
     TerminalError,
     UnsupportedFormatVersionError,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "StorageAccessError",
     "StorageError",
     "StorageUnavailableError",
+    "TableMismatchError",
     "TerminalError",
     "UnsupportedFormatVersionError",
     "CommitOutcome",

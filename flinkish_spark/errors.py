@@ -114,8 +114,16 @@ class DatabaseAccessError(TerminalError):
 
 
 class TargetSchemaError(TerminalError):
-    """The target table is missing, lacks a column, has an incompatible type or no unique key."""
+    """The target does not fit the query: a table is missing, lacks a column, has an incompatible type or no
+    unique key, or (:class:`TableMismatchError`) a Delta/Iceberg table has another schema or partitioning."""
 
 
 class TargetWriteError(TerminalError):
     """The database rejected an epoch's rows (a constraint violation, a bad value); nothing of the epoch is visible."""
+
+
+# -- tables (lakehouse sinks) --------------------------------------------------------------
+
+
+class TableMismatchError(TargetSchemaError):
+    """A Delta or Iceberg table does not fit the query (another schema or partitioning), or the path is no table."""
