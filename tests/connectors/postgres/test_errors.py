@@ -166,3 +166,16 @@ def test_server_restart_between_prepare_and_commit(spark, postgres, tmp_path: Pa
     rows = q(pg_url, "SELECT split, seq FROM t")
     assert sorted(rows) == sorted([(0, i) for i in range(300)] + [(1, i) for i in range(200)])
     assert q(pg_url, "SELECT gid FROM pg_prepared_xacts") == []
+
+
+def test_missing_driver_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flinkish_spark.errors import EnvironmentSetupError
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg now fails as if not installed
+    monkeypatch.setitem(sys.modules, "adbc_driver_postgresql.dbapi", None)
+    with pytest.raises(EnvironmentSetupError, match=r"'psycopg': pip install 'flinkish_spark\[postgres\]'"):
+        PostgresSink.create("postgresql://u@h/db", "t", uid="out", schema=SCHEMA)
+    with pytest.raises(EnvironmentSetupError, match=r"'adbc-driver-postgresql': pip install 'flinkish_spark\[postgres\]'"):
+        from flinkish_spark.connectors.postgres.connection import adbc_connect
+
+        adbc_connect(parse_url("postgresql://u@h/db"))
