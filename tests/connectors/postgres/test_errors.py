@@ -179,3 +179,28 @@ def test_missing_driver_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch)
         from flinkish_spark.connectors.postgres.connection import adbc_connect
 
         adbc_connect(parse_url("postgresql://u@h/db"))
+
+
+def test_commit_of_a_transaction_rolled_back_by_hand_is_a_terminal_error_naming_it(pg_url: str) -> None:
+    import pyarrow as pa
+
+    from flinkish_spark.errors import CommitFailedError
+    from flinkish_spark.sink.protocol import PrepareContext
+
+    schema = StructType([StructField("id", LongType())])
+    rows = pa.RecordBatch.from_pydict({"id": pa.array([1, 2], pa.int64())})
+    sink = PostgresSink.create(pg_url, "t", uid="out", schema=schema, create_table=True, commit_mode="prepared")
+    done = sink.prepare(iter([rows]), PrepareContext("out", 0, 0, 0))
+    lost = sink.prepare(iter([rows]), PrepareContext("out", 1, 0, 0))
+    assert done is not None and lost is not None
+    assert sink.commit([done], 0) == "COMMITTED" and sink.commit([done], 0) == "COMMITTED"  # gone + recorded = done
+    q(pg_url, f"ROLLBACK PREPARED '{lost.gid}'")
+    with pytest.raises(CommitFailedError, match=f"prepared transaction '{lost.gid}' is gone.*no record of its commit"):
+        sink.commit([lost], 1)
+    staged = PostgresSink.create(pg_url, "t", uid="st", schema=schema, commit_mode="staged")
+    c = staged.prepare(iter([rows]), PrepareContext("st", 0, 0, 0))
+    assert c is not None
+    q(pg_url, f"DELETE FROM {staged.plan.staging}")
+    with pytest.raises(CommitFailedError, match="holds 0 of the epoch's 2 decided rows"):
+        staged.commit([c], 0)
+    assert q(pg_url, "SELECT count(*) FROM t") == [(2,)]
