@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--url", help="a PostgreSQL to use instead of a fresh embedded one (libpq URI)")
     ap.add_argument("--jar", default=DEFAULT_JAR, help="PostgreSQL JDBC driver jar for the Spark JDBC baseline")
+    ap.add_argument("--only", default="prepared,staged,jdbc,copy", help="comma list of: prepared, staged, jdbc, copy")
     args = ap.parse_args()
 
     import psycopg
@@ -134,13 +135,16 @@ def main() -> None:
         assert sql("SELECT count(*) FROM bench")[0][0] == 2 * half
         return took
 
-    pipelines = {
-        "flinkish.postgres commitMode=prepared": flinkish_pg("prepared"),
-        "flinkish.postgres commitMode=staged": flinkish_pg("staged"),
-    }
-    if jar:
+    only = set(args.only.split(","))
+    pipelines = {}
+    if "prepared" in only:
+        pipelines["flinkish.postgres commitMode=prepared"] = flinkish_pg("prepared")
+    if "staged" in only:
+        pipelines["flinkish.postgres commitMode=staged"] = flinkish_pg("staged")
+    if jar and "jdbc" in only:
         pipelines["Spark JDBC writer in foreachBatch (at-least-once)"] = spark_jdbc
-    pipelines["raw COPY, one process (ADBC, no Spark)"] = raw_copy
+    if "copy" in only:
+        pipelines["raw COPY, one process (ADBC, no Spark)"] = raw_copy
     warm["on"] = True
     for name, fn in pipelines.items():
         if fn is not raw_copy:
@@ -182,21 +186,21 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in times.items()}
     rate = {k: args.rows / v for k, v in med.items()}
-    prepared_rate = rate["flinkish.postgres commitMode=prepared"]
+    prepared_rate = rate.get("flinkish.postgres commitMode=prepared", float("nan"))
     rows = [[k, f"{med[k]:.2f}", f"{rate[k]:,.0f}", f"{prepared_rate / rate[k]:.2f}x", " ".join(f"{t:.2f}" for t in v)]
             for k, v in times.items()]
     print_table(["pipeline", "median s", "rows/s", "prepared rows/s over this", "runs (s)"], rows)
     print(f"\ncommit of one {per_epoch:,}-row epoch (2 partitions), median of 3: "
           + ", ".join(f"{m} {statistics.median(v):.0f} ms" for m, v in commit_ms.items()))
+    nan = float("nan")
     ratios = {
-        "prepared_vs_jdbc": (prepared_rate / rate["Spark JDBC writer in foreachBatch (at-least-once)"]) if jar else None,
-        "raw_copy_vs_prepared": rate["raw COPY, one process (ADBC, no Spark)"] / prepared_rate,
-        "prepared_vs_staged": prepared_rate / rate["flinkish.postgres commitMode=staged"],
+        "prepared_vs_jdbc": prepared_rate / rate.get("Spark JDBC writer in foreachBatch (at-least-once)", nan),
+        "raw_copy_vs_prepared": rate.get("raw COPY, one process (ADBC, no Spark)", nan) / prepared_rate,
+        "prepared_vs_staged": prepared_rate / rate.get("flinkish.postgres commitMode=staged", nan),
     }
-    print("targets: prepared >= 2x JDBC: " + (f"{ratios['prepared_vs_jdbc']:.2f}x" if jar else "n/a (no jar)")
-          + f"; raw COPY <= 1.5x prepared: {ratios['raw_copy_vs_prepared']:.2f}x; staged within 2x of prepared: "
-          f"{ratios['prepared_vs_staged']:.2f}x")
-    print(f"results: {write_results('postgres_sink', {'rows': args.rows, 'epochs': EPOCHS, 'seconds': times, 'median_seconds': med, 'rows_per_second': rate, 'ratios': ratios, 'commit_ms_per_epoch': commit_ms, 'epoch_rows': per_epoch})}")
+    print(f"targets: prepared >= 2x JDBC: {ratios['prepared_vs_jdbc']:.2f}x; raw COPY <= 1.5x prepared: "
+          f"{ratios['raw_copy_vs_prepared']:.2f}x; staged within 2x of prepared: {ratios['prepared_vs_staged']:.2f}x")
+    print(f"results: {write_results('postgres_sink' if len(only) == 4 else 'postgres_sink_' + '_'.join(sorted(only)), {'rows': args.rows, 'epochs': EPOCHS, 'seconds': times, 'median_seconds': med, 'rows_per_second': rate, 'ratios': ratios, 'commit_ms_per_epoch': commit_ms, 'epoch_rows': per_epoch})}")
 
 
 if __name__ == "__main__":

@@ -97,10 +97,10 @@ def test_prepared_upsert_is_refused_with_the_deadlock_reason(spark, tmp_path: Pa
         PostgresSink.create(pg_url, "t", uid="out", schema=SCHEMA, mode="upsert", key="id", commit_mode="prepared",
                             create_table=True)
     df = spark.readStream.format("flinkish.sequence").option("uid", "s").option("checkpoint", str(tmp_path / "m")).option("rowsPerSplit", "5").load()
-    with pytest.raises(Exception, match="would deadlock"):
+    with pytest.raises(Exception, match="would deadlock"):  # at start() or when the query runs the sink
         (df.writeStream.format("flinkish.postgres").option("uid", "out").option("url", pg_url).option("table", "t")
          .option("mode", "upsert").option("key", "seq").option("commitMode", "prepared")
-         .option("checkpointLocation", str(tmp_path / "cp")).start())
+         .option("checkpointLocation", str(tmp_path / "cp")).start().awaitTermination())
     assert q(pg_url, "SELECT to_regclass('public.t')") == [(None,)]
 
 
@@ -138,23 +138,25 @@ def test_constraint_violation_fails_the_epoch_and_leaves_nothing(spark, tmp_path
     assert q(pg_url, "SELECT gid FROM pg_prepared_xacts") == []
 
 
-def test_server_restart_between_prepare_and_commit(spark, postgres, tmp_path: Path, pg_url: str) -> None:
+def test_server_restart_between_prepare_and_commit(spark, postgres, tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if postgres.embedded is None:
         pytest.skip("restarts the embedded server")
     schema = StructType([StructField("split", LongType()), StructField("seq", LongType())])
     sink = PostgresSink.create(pg_url, "t", uid="out", schema=schema, create_table=True, commit_mode="prepared")
     restarts = []
+    commit = PostgresSink.commit
 
-    class RestartBeforeCommit(PostgresSink):
-        def commit(self, committables, epoch):  # type: ignore[no-untyped-def]
-            if not restarts:
-                # the tasks prepared: their transactions must survive pg_ctl restart
-                assert len(q(pg_url, "SELECT gid FROM pg_prepared_xacts")) == len(committables) > 0
-                postgres.embedded.restart()
-                restarts.append(epoch)
-            return super().commit(committables, epoch)
+    def restart_before_commit(self, committables, epoch):  # type: ignore[no-untyped-def]
+        if not restarts:
+            # the tasks prepared: their transactions must survive pg_ctl restart
+            assert len(q(pg_url, "SELECT gid FROM pg_prepared_xacts")) == len(committables) > 0
+            postgres.embedded.restart()
+            restarts.append(epoch)
+        return commit(self, committables, epoch)
 
-    target = RestartBeforeCommit(sink.plan, sink.uid, sink.run)
+    # foreachBatch commits in this (the driver's) process; tasks get the sink unpatched.
+    monkeypatch.setattr(PostgresSink, "commit", restart_before_commit)
+    target = sink
     df = (spark.readStream.format("flinkish.sequence").option("uid", "s").option("checkpoint", str(tmp_path / "m"))
           .option("rowsPerSplit", "300,200").load().selectExpr("CAST(split AS BIGINT) AS split", "seq"))
     query = (df.writeStream.foreachBatch(transactional(target, uid="out", checkpoint=str(tmp_path / "fb")))
@@ -164,3 +166,41 @@ def test_server_restart_between_prepare_and_commit(spark, postgres, tmp_path: Pa
     rows = q(pg_url, "SELECT split, seq FROM t")
     assert sorted(rows) == sorted([(0, i) for i in range(300)] + [(1, i) for i in range(200)])
     assert q(pg_url, "SELECT gid FROM pg_prepared_xacts") == []
+
+
+def test_missing_driver_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flinkish_spark.errors import EnvironmentSetupError
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg now fails as if not installed
+    monkeypatch.setitem(sys.modules, "adbc_driver_postgresql.dbapi", None)
+    with pytest.raises(EnvironmentSetupError, match=r"'psycopg': pip install 'flinkish_spark\[postgres\]'"):
+        PostgresSink.create("postgresql://u@h/db", "t", uid="out", schema=SCHEMA)
+    with pytest.raises(EnvironmentSetupError, match=r"'adbc-driver-postgresql': pip install 'flinkish_spark\[postgres\]'"):
+        from flinkish_spark.connectors.postgres.connection import adbc_connect
+
+        adbc_connect(parse_url("postgresql://u@h/db"))
+
+
+def test_commit_of_a_transaction_rolled_back_by_hand_is_a_terminal_error_naming_it(pg_url: str) -> None:
+    import pyarrow as pa
+
+    from flinkish_spark.errors import CommitFailedError
+    from flinkish_spark.sink.protocol import PrepareContext
+
+    schema = StructType([StructField("id", LongType())])
+    rows = pa.RecordBatch.from_pydict({"id": pa.array([1, 2], pa.int64())})
+    sink = PostgresSink.create(pg_url, "t", uid="out", schema=schema, create_table=True, commit_mode="prepared")
+    done = sink.prepare(iter([rows]), PrepareContext("out", 0, 0, 0))
+    lost = sink.prepare(iter([rows]), PrepareContext("out", 1, 0, 0))
+    assert done is not None and lost is not None
+    assert sink.commit([done], 0) == "COMMITTED" and sink.commit([done], 0) == "COMMITTED"  # gone + recorded = done
+    q(pg_url, f"ROLLBACK PREPARED '{lost.gid}'")
+    with pytest.raises(CommitFailedError, match=f"prepared transaction '{lost.gid}' is gone.*no record of its commit"):
+        sink.commit([lost], 1)
+    staged = PostgresSink.create(pg_url, "t", uid="st", schema=schema, commit_mode="staged")
+    c = staged.prepare(iter([rows]), PrepareContext("st", 0, 0, 0))
+    assert c is not None
+    q(pg_url, f"DELETE FROM {staged.plan.staging}")
+    with pytest.raises(CommitFailedError, match="holds 0 of the epoch's 2 decided rows"):
+        staged.commit([c], 0)
+    assert q(pg_url, "SELECT count(*) FROM t") == [(2,)]

@@ -1,5 +1,5 @@
-"""flinkish.postgres on real Spark and the embedded PostgreSQL: both commit modes, upsert,
-deletes, foreachBatch, and each configuration or target error (type, message, nothing written)."""
+"""flinkish.postgres on real Spark and the embedded PostgreSQL: both commit modes, auto's
+choice (log file and flinkish inspect), upsert, and the bounded pipeline of docs/postgres.md."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flinkish_spark.connectors.postgres import PostgresSink
-from flinkish_spark.connectors.postgres.connection import parse_url
-from flinkish_spark.errors import ConfigError, DatabaseAccessError, DatabaseUnavailableError, TargetSchemaError
-from flinkish_spark.sink.foreach_batch import transactional
+from flinkish_spark.cli import main
 
 LENGTHS = [700, 300]
 
@@ -71,10 +68,13 @@ def test_append_is_exactly_once_in_both_commit_modes(spark, tmp_path: Path, pg_u
     assert target["commitMode"] == commit_mode and target["table"] == "public.events"
 
 
-def test_auto_picks_prepared_for_append_and_staged_for_upsert(spark, tmp_path: Path, pg_url: str) -> None:
+def test_auto_picks_prepared_for_append_and_staged_for_upsert(spark, tmp_path: Path, pg_url: str, capsys) -> None:
     run(sequence(spark, str(tmp_path / "meta")), tmp_path, pg_url, table="events", createTable="true")
     target = json.loads((tmp_path / "cp" / "flinkish" / "sinks" / "out" / "_target.json").read_text())
     assert target["commitMode"] == "prepared" and target["commitModeOption"] == "auto"
+    assert main(["inspect", str(tmp_path / "cp" / "flinkish"), "--json"]) == 0  # flinkish inspect shows the choice
+    shown = json.loads(capsys.readouterr().out)["sinkTargets"]["out"]
+    assert shown["commitMode"] == "prepared" and shown["url"] == pg_url
     df = sequence(spark, str(tmp_path / "meta2"))
     q = (df.writeStream.format("flinkish.postgres").option("uid", "up").option("url", pg_url).option("table", "ups")
          .option("createTable", "true").option("mode", "upsert").option("key", "split")
@@ -86,3 +86,23 @@ def test_auto_picks_prepared_for_append_and_staged_for_upsert(spark, tmp_path: P
     # upsert keeps the last row per key: the highest seq of each split
     assert sorted(query(pg_url, "SELECT split, seq FROM ups")) == [(0, 699), (1, 299)]
     assert leftovers(pg_url) == ([], [])
+
+
+def test_docs_bounded_pipeline_ends_by_itself(spark, tmp_path: Path, pg_url: str) -> None:
+    """docs/postgres.md: a bounded source under a processing-time trigger; the query ends by itself."""
+    import flinkish_spark
+
+    df = (spark.readStream.format("flinkish.sequence").option("uid", "seq")
+          .option("checkpoint", str(tmp_path / "meta")).option("rowsPerSplit", "5000,5000").load())
+    query = (df.writeStream.format("flinkish.postgres")
+             .option("uid", "events").option("url", pg_url)
+             .option("table", "public.events").option("createTable", "true")
+             .option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(processingTime="2 seconds").start())
+    assert flinkish_spark.await_finished(query, timeout=240) != "timeout"
+    assert not query.isActive and query.exception() is None
+    assert query_rows(pg_url) == [(10000, 10000)]
+
+
+def query_rows(url: str) -> list[tuple]:
+    return query(url, "SELECT count(*), count(DISTINCT (split, seq)) FROM events")
