@@ -146,8 +146,10 @@ def run_size(spark, total_rows: int, repeats: int, warm: bool, only: list[str]) 
         q = writer.option("checkpointLocation", f"{base}/cp").trigger(availableNow=True).start()
         # await_finished also waits for the final checkpoint notification (a plain
         # awaitTermination returns while it may still run, and would race the cleanup).
-        flinkish_spark.await_finished(q)
+        how = flinkish_spark.await_finished(q)
         took = time.perf_counter() - started
+        if q.exception() is not None:
+            raise RuntimeError(f"{base}: the query ended {how}: {q.exception()}")
         phases: dict[str, int] = {}
         for p in q.recentProgress:
             for k, v in (p.durationMs or {}).items():

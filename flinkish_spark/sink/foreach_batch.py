@@ -10,6 +10,9 @@ Spark's commit log, the same ``batch_id`` runs again. The function returned by
 * otherwise the DataFrame is prepared on the executors (``mapInArrow``), decided and
   committed, exactly as the ``writeStream.format(...)`` adapter does.
 
+:func:`transactional_with` is the same with a driver-side prepare (a whole Spark job per
+batch instead of one call per task): :func:`flinkish_spark.files_sink` is built on it.
+
 Example::
 
     sink = ParquetSink.at("s3://bucket/out", uid="orders", schema=df.schema)
