@@ -90,7 +90,7 @@ def throughput(rows: int, repeats: int) -> list[list[Any]]:
     return out
 
 
-def commit_cost(epochs: int) -> list[list[Any]]:
+def commit_cost(epochs: int, only: set[str] | None = None) -> list[list[Any]]:
     import pyarrow as pa
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
@@ -129,8 +129,13 @@ def commit_cost(epochs: int) -> list[list[Any]]:
             "flinkish.delta": DeltaSink.at("s3://bench/delta", uid="u", schema=schema, options=opts),
             "flinkish.iceberg": IcebergSink.at("db.t", uid="u", schema=schema, catalog_uri=f"sqlite:///{work}/c.db",
                                                warehouse="s3://bench/wh", options=opts),
+            "flinkish.iceberg retainSnapshots=100": IcebergSink.at(
+                "db.r", uid="u", schema=schema, catalog_uri=f"sqlite:///{work}/c.db", warehouse="s3://bench/wh",
+                retain_snapshots=100, options=opts),
         }
         for name, sink in sinks.items():
+            if only and name not in only:
+                continue
             times: list[float] = []
             for epoch in range(epochs):
                 c = sink.prepare(iter([batch]), PrepareContext("u", epoch, 0, 0))
@@ -156,6 +161,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=500)
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-commit", action="store_true")
+    ap.add_argument("--sinks", default="", help="comma-separated commit-cost rows to run (default: all)")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not args.skip_throughput:
@@ -164,7 +170,7 @@ def main() -> None:
         print(f"results: {write_results('lakehouse_sinks_throughput', {'rows': args.rows, 'throughput': tp})}")
     if not args.skip_commit:
         marks = [m for m in (10, 100, 500, 1000) if m <= args.epochs]
-        cc = commit_cost(args.epochs)
+        cc = commit_cost(args.epochs, {s for s in args.sinks.split(",") if s})
         print_table(["sink", *[f"commit ms @ {m} epochs" for m in marks]], cc)
         print(f"results: {write_results('lakehouse_sinks_commit', {'epochs': args.epochs, 'commit_ms': cc})}")
 
