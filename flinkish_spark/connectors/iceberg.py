@@ -26,8 +26,9 @@ checkpoint folder (``<checkpoint>/iceberg/catalog.db``, warehouse
 Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
 ``warehouse``, ``partitionBy`` (identity partitions), ``createTable`` (default true),
 ``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (0: keep all; N: expire
-all but the newest N snapshots and the newest of each flinkish uid, so that commits stay
-O(N) -- pyiceberg's commit cost grows with the number of snapshots), storage options.
+all but the newest N snapshots and the newest of each flinkish uid -- pyiceberg's commit
+cost grows with the number of snapshots; the manifest list still grows, see
+docs/benchmarks.md), storage options.
 """
 
 from __future__ import annotations
