@@ -52,20 +52,25 @@ def throughput(rows: int, repeats: int) -> list[list[Any]]:
     per_split = rows // SPLITS
     results: dict[str, list[float]] = {"flinkish.parquet": [], "flinkish.delta": [], "flinkish.iceberg": [],
                                        "write_deltalake (one shot)": [], "pyiceberg append (one shot)": []}
-    for _ in range(repeats):
-        for fmt in ("flinkish.parquet", "flinkish.delta", "flinkish.iceberg"):
+    # Round 0 is a warm-up with 1 % of the rows (JVM, Python workers, imports), not timed.
+    for round_ in range(repeats + 1):
+        formats = ["flinkish.parquet", "flinkish.delta", "flinkish.iceberg"]
+        for fmt in formats[round_ % 3:] + formats[:round_ % 3]:  # rotate: no sink always runs first
             work = tempfile.mkdtemp(prefix="bench-lh-")
             df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", f"{work}/meta")
-                  .option("rowsPerSplit", ",".join([str(per_split)] * SPLITS))
-                  .option("maxRowsPerTrigger", str(rows // EPOCHS)).load())
+                  .option("rowsPerSplit", ",".join([str(per_split if round_ else max(1, per_split // 100))] * SPLITS))
+                  .option("maxRowsPerTrigger", str(rows // EPOCHS if round_ else max(1, rows // EPOCHS // 100))).load())
             w = df.writeStream.format(fmt).option("uid", "out").option("checkpointLocation", f"{work}/cp")
             w = w.option("table", "db.t") if fmt == "flinkish.iceberg" else w.option("path", f"{work}/out")
             t0 = time.perf_counter()
             q = w.trigger(availableNow=True).start()
             flinkish_spark.await_finished(q)
-            results[fmt].append(time.perf_counter() - t0)
+            if round_:
+                results[fmt].append(time.perf_counter() - t0)
             assert q.exception() is None, q.exception()
             shutil.rmtree(work, ignore_errors=True)
+        if not round_:
+            continue
         data = arrow_rows(rows)
         import deltalake
         from pyiceberg.catalog.sql import SqlCatalog
@@ -90,7 +95,7 @@ def throughput(rows: int, repeats: int) -> list[list[Any]]:
     return out
 
 
-def commit_cost(epochs: int) -> list[list[Any]]:
+def commit_cost(epochs: int, only: set[str] | None = None) -> list[list[Any]]:
     import pyarrow as pa
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
@@ -129,8 +134,13 @@ def commit_cost(epochs: int) -> list[list[Any]]:
             "flinkish.delta": DeltaSink.at("s3://bench/delta", uid="u", schema=schema, options=opts),
             "flinkish.iceberg": IcebergSink.at("db.t", uid="u", schema=schema, catalog_uri=f"sqlite:///{work}/c.db",
                                                warehouse="s3://bench/wh", options=opts),
+            "flinkish.iceberg retainSnapshots=100": IcebergSink.at(
+                "db.r", uid="u", schema=schema, catalog_uri=f"sqlite:///{work}/c.db", warehouse="s3://bench/wh",
+                retain_snapshots=100, options=opts),
         }
         for name, sink in sinks.items():
+            if only and name not in only:
+                continue
             times: list[float] = []
             for epoch in range(epochs):
                 c = sink.prepare(iter([batch]), PrepareContext("u", epoch, 0, 0))
@@ -156,6 +166,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=500)
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-commit", action="store_true")
+    ap.add_argument("--sinks", default="", help="comma-separated commit-cost rows to run (default: all)")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not args.skip_throughput:
@@ -164,7 +175,7 @@ def main() -> None:
         print(f"results: {write_results('lakehouse_sinks_throughput', {'rows': args.rows, 'throughput': tp})}")
     if not args.skip_commit:
         marks = [m for m in (10, 100, 500, 1000) if m <= args.epochs]
-        cc = commit_cost(args.epochs)
+        cc = commit_cost(args.epochs, {s for s in args.sinks.split(",") if s})
         print_table(["sink", *[f"commit ms @ {m} epochs" for m in marks]], cc)
         print(f"results: {write_results('lakehouse_sinks_commit', {'epochs': args.epochs, 'commit_ms': cc})}")
 

@@ -25,7 +25,10 @@ checkpoint folder (``<checkpoint>/iceberg/catalog.db``, warehouse
 
 Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
 ``warehouse``, ``partitionBy`` (identity partitions), ``createTable`` (default true),
-``checkpoint``, ``rowsPerFile``, ``targetFileSize``, storage options.
+``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (0: keep all; N: expire
+all but the newest N snapshots and the newest of each flinkish uid -- pyiceberg's commit
+cost grows with the number of snapshots; the manifest list still grows, see
+docs/benchmarks.md), storage options.
 """
 
 from __future__ import annotations
@@ -136,11 +139,17 @@ def _committed_epoch(table: Any, uid: str) -> int:
     """The newest epoch ``uid`` committed, walking the ancestry only back to it (-1: none)."""
     from pyiceberg.table.snapshots import ancestors_of
 
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+    def epoch_of(snapshot: Any) -> int | None:
         props = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-        if props.get(UID_PROPERTY) == uid:
-            return int(props.get(EPOCH_PROPERTY, -1))
-    return -1
+        return int(props.get(EPOCH_PROPERTY, -1)) if props.get(UID_PROPERTY) == uid else None
+
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        found = epoch_of(snapshot)
+        if found is not None:
+            return found
+    # The chain can end early where expiry removed other writers' snapshots (retainSnapshots
+    # keeps each uid's newest one, but not the links to it): look at every snapshot.
+    return max((e for e in map(epoch_of, table.snapshots()) if e is not None), default=-1)
 
 
 _CATALOGS: dict[str, Any] = {}
@@ -150,7 +159,8 @@ _CATALOGS_LOCK = threading.Lock()
 class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def __init__(self, catalog_properties: dict[str, str], identifier: str, uid: str, schema: StructType,
                  partition_by: tuple[str, ...], io: FileIO, info: TableInfo | None = None,
-                 rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE) -> None:
+                 rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
+                 retain_snapshots: int = 0) -> None:
         self.catalog_properties = catalog_properties
         self.identifier = identifier
         self.uid = uid
@@ -160,12 +170,14 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
         self.info = info
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
+        self.retain_snapshots = retain_snapshots
 
     @classmethod
     def at(cls, table: str, uid: str, schema: StructType, checkpoint: str | None = None, catalog: str | None = None,
            catalog_uri: str | None = None, warehouse: str | None = None, partition_by: tuple[str, ...] = (),
            create_table: bool = True, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
-           target_file_size: int = DEFAULT_TARGET_FILE_SIZE, options: dict[str, str] | None = None) -> "IcebergSink":
+           target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = 0,
+           options: dict[str, str] | None = None) -> "IcebergSink":
         """A sink for :func:`flinkish_spark.transactional` (foreachBatch); checks or creates the table now.
 
         Without ``catalog``/``catalog_uri`` the embedded SQLite catalog lives in ``checkpoint``.
@@ -174,7 +186,7 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
         props = catalog_properties(catalog, catalog_uri, warehouse, checkpoint, opts, "IcebergSink.at()")
         io = FileIO.for_url(props.get("warehouse") or ".", storage_options_from(opts, props.get("warehouse") or "."))
         sink = cls(props, _identifier(table, "IcebergSink.at()"), uid, schema, tuple(partition_by), io,
-                   rows_per_file=rows_per_file, target_file_size=target_file_size)
+                   rows_per_file=rows_per_file, target_file_size=target_file_size, retain_snapshots=retain_snapshots)
         sink.info = sink.ensure_table(create_table, "IcebergSink.at()")
         sink.io = FileIO.for_url(sink.info.location, storage_options_from(opts, sink.info.location), what="table location")
         return sink
@@ -308,12 +320,39 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
                                 partition=Record(*f.partition), file_size_in_bytes=f.size, sort_order_id=None,
                                 spec_id=table.metadata.default_spec_id, equality_ids=None, key_metadata=None,
                                 **dict(f.statistics)))
+                self._expire(table)
                 return "COMMITTED"
             except CommitFailedException:
                 # Another writer committed first: re-read the table and check again.
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))
                 table = self.catalog().load_table(self.identifier)
         return "RETRY_LATER"
+
+    def _expire(self, table: Any) -> None:
+        """Keep the newest ``retain_snapshots`` snapshots, and the newest one of every flinkish uid.
+
+        pyiceberg deep-copies the table metadata, with every snapshot, several times per
+        commit: without expiry a commit costs O(snapshots). The newest snapshot of each uid
+        is its idempotence record and is never expired. Expiry runs when 10 % more
+        snapshots than retained have piled up, so its cost is spread over many commits.
+        Data files stay: appends never remove them from later snapshots.
+        """
+        keep = self.retain_snapshots
+        snapshots = table.snapshots()
+        if not keep or len(snapshots) <= keep + max(10, keep // 10):
+            return
+        newest = sorted(snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)
+        protected = {s.snapshot_id for s in newest[:keep]}
+        seen: set[str] = set()
+        for s in newest:
+            uid = (s.summary.additional_properties if s.summary is not None else {}).get(UID_PROPERTY)
+            if uid is not None and uid not in seen:
+                seen.add(uid)
+                protected.add(s.snapshot_id)
+        doomed = [s.snapshot_id for s in snapshots if s.snapshot_id not in protected]
+        if doomed:
+            table = self.catalog().load_table(self.identifier)
+            table.maintenance.expire_snapshots().by_ids(doomed).commit()
 
     def abort(self, committables: list[IcebergCommittable], epoch: int) -> None:
         self.io.delete_many([f.path for c in committables for f in c.files])
@@ -381,7 +420,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "warehouse", "partitionBy",
-                                                "createTable", "rowsPerFile", "targetFileSize")
+                                                "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots")
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
@@ -391,6 +430,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         self.create_table = opts.boolean("createTable", True)
         self.rows_per_file = opts.integer("rowsPerFile", DEFAULT_ROWS_PER_FILE, minimum=1) or DEFAULT_ROWS_PER_FILE
         self.target_file_size = parse_size(opts, "targetFileSize", DEFAULT_TARGET_FILE_SIZE)
+        self.retain_snapshots = opts.integer("retainSnapshots", 0, minimum=0) or 0
         self.catalog_props = catalog_properties(opts.get("catalog"), opts.get("catalogUri"), opts.get("warehouse"),
                                                 self.checkpoint_root, self.raw_options, component)
         warehouse = self.catalog_props.get("warehouse") or self.checkpoint_root
@@ -403,7 +443,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
         return IcebergSink(self.catalog_props, self.identifier, self.uid, schema, self.partition_by, self.data_io,
-                           self.info, self.rows_per_file, self.target_file_size)
+                           self.info, self.rows_per_file, self.target_file_size, self.retain_snapshots)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # On the driver before any task: resolve (or create) the table; executors get its

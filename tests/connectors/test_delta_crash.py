@@ -93,6 +93,7 @@ def check_killed_at(point: str, epoch: int, table: Table, log: DecisionLog, cp: 
 
 
 @pytest.mark.s3
+@pytest.mark.timeout(1800)  # five driver runs; on two cores shared with other Spark jobs one run took 2 minutes
 def test_crash_matrix_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
     """kill -9 at each protocol point in turn, every task's first attempt failing: each row once,
     one table version per epoch, and no data file outside the log."""

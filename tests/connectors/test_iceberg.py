@@ -175,3 +175,24 @@ def test_s3_unreachable_is_a_clear_error(spark, tmp_path: Path) -> None:
          .option("endpointUrl", "http://127.0.0.1:9").option("checkpointLocation", str(tmp_path / "cp")).start().awaitTermination(120))
     assert "the storage endpoint http://127.0.0.1:9 did not answer" in str(info.value)
     assert not (tmp_path / "c.db").exists()  # failed before the catalog was opened
+
+
+def test_retain_snapshots_bounds_history_and_keeps_every_uids_record(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from flinkish_spark.connectors.iceberg import IcebergSink
+    from flinkish_spark.sink.protocol import PrepareContext
+
+    schema = StructType([StructField("split", IntegerType()), StructField("seq", LongType())])
+    batch = pa.RecordBatch.from_pydict({"split": pa.array([0], pa.int32()), "seq": [1]})
+    other = IcebergSink.at("db.events", uid="other", schema=schema, checkpoint=str(tmp_path))
+    assert other.commit([other.prepare(iter([batch]), PrepareContext("other", 7, 0, 0))], 7) == "COMMITTED"
+    sink = IcebergSink.at("db.events", uid="u", schema=schema, checkpoint=str(tmp_path), retain_snapshots=5)
+    for epoch in range(30):
+        assert sink.commit([sink.prepare(iter([batch]), PrepareContext("u", epoch, 0, 0))], epoch) == "COMMITTED"
+    table = sink.catalog().load_table("db.events")
+    assert len(table.snapshots()) <= 5 + 10 + 1
+    assert snapshot_epochs(table, "other") == [7]  # another uid's only record survives expiry
+    assert table.scan().to_arrow().num_rows == 31  # expiry removes history, never rows
+    assert sink.commit([], 3) == other.commit([], 7) == "ALREADY_COMMITTED"

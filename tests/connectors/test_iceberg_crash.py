@@ -51,6 +51,7 @@ class Table:
 
 
 @pytest.mark.s3
+@pytest.mark.timeout(1800)  # five driver runs; on two cores shared with other Spark jobs one run took 2 minutes
 def test_crash_matrix_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
     catalog_uri = f"sqlite:///{tmp_path}/catalog.db"
     s = {
