@@ -8,7 +8,8 @@ spec's options and trigger until the query ends (AvailableNow) or
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 ``register`` (a list of "module:function" that register extra formats with the session),
-``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}, ``trigger`` ("availableNow" or
+``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
+or {foreachBatchFunction: "module:function" (called with ``args``, returns the function), args, checkpointLocation}, ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
@@ -65,7 +66,12 @@ def run(spec: dict[str, Any]) -> None:
     for other in sources[1:]:
         df = df.unionByName(_read(spark, other))
     sink = spec["sink"]
-    if "foreachBatch" in sink:
+    if "foreachBatchFunction" in sink:
+        # "module:function" returning the foreachBatch function, given the spec's "args".
+        module, _, function = sink["foreachBatchFunction"].partition(":")
+        fn = getattr(importlib.import_module(module), function)(sink.get("args", {}))
+        writer = df.writeStream.foreachBatch(fn).option("checkpointLocation", sink["checkpointLocation"])
+    elif "foreachBatch" in sink:
         from flinkish_spark.connectors.parquet_sink import ParquetSink
         from flinkish_spark.sink.foreach_batch import transactional
 
