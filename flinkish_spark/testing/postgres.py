@@ -81,6 +81,17 @@ def mirror_batch_function(args: dict[str, Any]) -> Callable[[Any, int], None]:
                 s=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in cols),
             )
             delete = sql.SQL("DELETE FROM {t} WHERE {k} = %s").format(t=sql.Identifier(table), k=sql.Identifier(key))
+            if rows and all(r["_op"] == "r" for r in rows):
+                # A snapshot epoch: each key once, so one bulk COPY + INSERT ... ON CONFLICT.
+                conn.execute(sql.SQL("CREATE TEMP TABLE mirror_load (LIKE {t}) ON COMMIT DROP").format(t=sql.Identifier(table)))
+                with conn.cursor().copy(sql.SQL("COPY mirror_load ({c}) FROM STDIN").format(
+                        c=sql.SQL(", ").join(map(sql.Identifier, cols)))) as copy:
+                    for r in rows:
+                        copy.write_row(tuple(r[c] for c in cols))
+                conn.execute(sql.SQL("INSERT INTO {t} ({c}) SELECT {c} FROM mirror_load ON CONFLICT ({k}) DO UPDATE SET {s}").format(
+                    t=sql.Identifier(table), c=sql.SQL(", ").join(map(sql.Identifier, cols)), k=sql.Identifier(key),
+                    s=sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in cols)))
+                rows = []
             with conn.cursor() as cur:
                 # Runs of upserts go in one executemany; order across runs is kept.
                 run: list[tuple[Any, ...]] = []
