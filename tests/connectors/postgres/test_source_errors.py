@@ -125,6 +125,12 @@ def test_slot_lost_while_stopped_is_refused_then_resnapshot_starts_over(spark, p
     assert flinkish_spark.stop(q, drain=False, timeout=120) == "stopped"
     before = pq.read_table(str(tmp_path / "out")).num_rows
     assert before == 100
+    # Stopped without drain: the slot is kept, and `flinkish inspect` shows it and the WAL it holds.
+    from flinkish_spark.inspect import postgres_slots
+    from flinkish_spark.io.fileio import FileIO
+
+    (shown,) = postgres_slots(FileIO.for_url(str(tmp_path / "meta")), str(tmp_path / "meta"))
+    assert shown.slot == "flinkish_lost" and shown.confirmed_lsn and shown.wal_held_back_bytes is not None, shown
     execute(pg_url, "SELECT pg_drop_replication_slot('flinkish_lost')", "UPDATE t SET v = 'lost' WHERE id = 1")
 
     q = start(load(spark, pg_url, tmp_path, "lost", table="t"), tmp_path, trigger="1 second")
