@@ -43,7 +43,7 @@ with psycopg.connect(url, autocommit=True) as conn:
     t0 = time.time(); done = 0
     while done < total:
         n = min(batch, total - done)
-        conn.execute("INSERT INTO changes SELECT g, g % 100, g * 0.5, 'c' || g, now() FROM generate_series(%s, %s) g",
+        conn.execute("INSERT INTO changes SELECT g, g %% 100, g * 0.5, 'c' || g, now() FROM generate_series(%s, %s) g",
                      (start_id + done, start_id + done + n - 1))
         done += n
         if rate > 0:

@@ -6,7 +6,7 @@ one file there, so a test can prove which chunks were (not) read again after a r
 
 :func:`mirror_batch_function` is the foreachBatch used by the mirror test while the
 ``flinkish.postgres`` sink is not on this branch: it applies a batch of the source's rows
-to a target table by key (``r``/``c``/``u`` upsert, ``d`` delete) in ``(_lsn, _seq)`` order,
+to a target table by key (``r``/``c``/``u`` upsert, ``d`` delete) in ``_lsn`` order (WAL order within a transaction),
 in one transaction that also records the batch id, so a replayed batch changes nothing.
 """
 
@@ -74,7 +74,8 @@ def mirror_batch_function(args: dict[str, Any]) -> Callable[[Any, int], None]:
                 return  # a replay of a batch already applied
             cols = [c for c in data.column_names if not c.startswith("_")]
             rows = data.to_pylist()
-            rows.sort(key=lambda r: (r["_lsn"] if r["_lsn"] is not None else -1, r["_seq"] or 0))
+            # Stable sort: a change epoch is one partition in WAL order, kept within one _lsn.
+            rows.sort(key=lambda r: r["_lsn"] if r["_lsn"] is not None else -1)
             upsert = sql.SQL("INSERT INTO {t} ({c}) VALUES ({v}) ON CONFLICT ({k}) DO UPDATE SET {s}").format(
                 t=sql.Identifier(table), c=sql.SQL(", ").join(map(sql.Identifier, cols)),
                 v=sql.SQL(", ").join(sql.Placeholder() * len(cols)), k=sql.Identifier(key),

@@ -31,9 +31,10 @@ stops with an error naming the column; use ``REPLICA IDENTITY FULL``), changes o
 columns while running, and an append-only sink (it would see the overlap as duplicates).
 
 Output: the table's columns, plus ``_op`` (``r`` snapshot read, ``c`` insert, ``u`` update,
-``d`` delete), ``_lsn`` (the commit LSN of the change's transaction, null for snapshot rows),
-``_seq`` (the change's ordinal within its transaction) and ``_commit_ts``. Within one key,
-``(_lsn, _seq)`` is the order to apply changes in.
+``d`` delete), ``_lsn`` (the commit LSN of the change's transaction, null for snapshot rows)
+and ``_commit_ts``. An epoch's changes are one Spark partition in WAL order (commit order,
+then order within the transaction): a keyed sink that keeps the last row per key in the
+order Spark produced them (as the ``flinkish.postgres`` sink does) applies them right.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ DEFAULT_SPLIT_SIZE = 100_000
 BATCH_ROWS = 65_536
 #: How long a reader waits for a slot that a killed run's backend still holds.
 SLOT_BUSY_WAIT_S = 60.0
-METADATA_COLUMNS = ("_op", "_lsn", "_seq", "_commit_ts")
+METADATA_COLUMNS = ("_op", "_lsn", "_commit_ts")
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -119,7 +120,7 @@ class TableInfo:
 
     def spark_ddl(self) -> str:
         cols = [f"`{c.name}` {c.spark_type}" for c in self.columns]
-        return ", ".join(cols + ["`_op` string", "`_lsn` bigint", "`_seq` int", "`_commit_ts` timestamp"])
+        return ", ".join(cols + ["`_op` string", "`_lsn` bigint", "`_commit_ts` timestamp"])
 
 
 def quote_ident(name: str) -> str:
@@ -487,8 +488,7 @@ class PostgresReader(SplitReader):
     def _with_metadata(self, batch: pa.RecordBatch, op: str) -> pa.RecordBatch:
         n = batch.num_rows
         arrays = list(batch.columns) + [
-            pa.repeat(pa.scalar(op), n), pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32()),
-            pa.nulls(n, pa.timestamp("us", tz="UTC")),
+            pa.repeat(pa.scalar(op), n), pa.nulls(n, pa.int64()), pa.nulls(n, pa.timestamp("us", tz="UTC")),
         ]
         return pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + list(METADATA_COLUMNS))
 
@@ -506,7 +506,6 @@ class PostgresReader(SplitReader):
                 arrays.append(pa.array(values, fields[c.name].type))
             arrays.append(pa.array([op for op, _ in rows], pa.string()))
             arrays.append(pa.array([ch.commit_lsn for _, ch in rows], pa.int64()))
-            arrays.append(pa.array([ch.seq for _, ch in rows], pa.int32()))
             arrays.append(pa.array([ch.commit_ts_us for _, ch in rows], pa.timestamp("us", tz="UTC")))
             return pa.RecordBatch.from_arrays(arrays, names=[c.name for c in info.columns] + list(METADATA_COLUMNS))
 
