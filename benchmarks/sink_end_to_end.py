@@ -7,12 +7,18 @@ local[2], local disk:
   maxFilesPerTrigger=1) -> Spark's Parquet file sink (with its _spark_metadata log);
 * flinkish.sequence -> flinkish.parquet (two-phase commit, decision log);
 * flinkish.files -> flinkish.parquet on the same 10 files (the like-for-like input);
-* breakdown rows: flinkish.sequence into Spark's Parquet sink, and into a Python sink that
-  drops its input (what any Python data source sink costs before writing a byte).
+* flinkish.sequence -> ``flinkish_spark.files_sink`` (Spark's own Parquet writer prepares,
+  flinkish decides and moves the files), and flinkish.files -> files_sink;
+* breakdown rows: flinkish.sequence into Spark's Parquet sink, into a Python sink that
+  drops its input (what any Python data source sink costs before writing a byte), and into an
+  unprotected ``foreachBatch(lambda df, _: df.write.parquet(...))`` (files_sink without the
+  two-phase commit: the reference for its cost).
 
-Runs alternate; the table shows medians and each pipeline's rows/s relative to built-in.
+Runs alternate; the table shows medians and each pipeline's rows/s relative to built-in, and
+the summed Spark progress timings (``durationMs``: addBatch, latestOffset, ...) of the median run.
+``--rows`` takes a comma list: every size is a separate set of rounds in the same session.
 
-    python benchmarks/sink_end_to_end.py [--rows 10000000] [--repeats 3]
+    python benchmarks/sink_end_to_end.py [--rows 10000000,30000000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import print_table, write_results  # noqa: E402
@@ -56,14 +63,28 @@ def noop_sink_class():  # type: ignore[no-untyped-def]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--rows", default="10000000", help="comma list of sizes, e.g. 10000000,30000000")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", default="", help="comma list of substrings: run only matching pipelines")
     args = ap.parse_args()
     import flinkish_spark
-    from pyspark.sql import functions as F
 
     spark = flinkish_spark.session(app_name="bench-sink-e2e")
     spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(noop_sink_class())
+    results = {}
+    for i, rows in enumerate(int(r) for r in args.rows.split(",")):
+        results[rows] = run_size(spark, rows, args.repeats, warm=i == 0, only=[o for o in args.only.split(",") if o])
+    print(f"results: {write_results('sink_end_to_end', {'epochs': EPOCHS, 'sizes': results})}")
+    spark.stop()
+
+
+def run_size(spark, total_rows: int, repeats: int, warm: bool, only: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    import flinkish_spark
+    from pyspark.sql import functions as F
+
+    args = types.SimpleNamespace(rows=total_rows)  # the size of this round, as the pipelines read it
+
     work = tempfile.mkdtemp(prefix="flinkish-bench-")
     inputs = f"{work}/input"
     half = args.rows // 2
@@ -78,8 +99,6 @@ def main() -> None:
         .write.parquet(inputs)
     )
     schema = "split int, seq long, ts timestamp"
-
-    spark.dataSource.register(noop_sink_class())
 
     def sequence_df(tag: str):  # type: ignore[no-untyped-def]
         return (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", f"{work}/{tag}/meta")
@@ -104,6 +123,24 @@ def main() -> None:
               .option("maxFilesPerTrigger", "1").load())
         return timed(df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", f"{work}/{tag}/out"), f"{work}/{tag}")
 
+    def files_df(tag: str):  # type: ignore[no-untyped-def]
+        return (spark.readStream.format("flinkish.files").schema(schema).option("uid", "files")
+                .option("checkpoint", f"{work}/{tag}/meta").option("path", inputs).option("bounded", "true")
+                .option("maxFilesPerTrigger", "1").load())
+
+    def sequence_to_files_sink(tag: str) -> float:
+        fn = flinkish_spark.files_sink(f"{work}/{tag}/out", uid="out", checkpoint=f"{work}/{tag}/sinkmeta")
+        return timed(sequence_df(tag).writeStream.foreachBatch(fn), f"{work}/{tag}")
+
+    def files_to_files_sink(tag: str) -> float:
+        fn = flinkish_spark.files_sink(f"{work}/{tag}/out", uid="out", checkpoint=f"{work}/{tag}/sinkmeta")
+        return timed(files_df(tag).writeStream.foreachBatch(fn), f"{work}/{tag}")
+
+    def sequence_to_unprotected_foreach_batch(tag: str) -> float:
+        out = f"{work}/{tag}/out"
+        return timed(sequence_df(tag).writeStream.foreachBatch(lambda df, _: df.write.mode("append").parquet(out)),
+                     f"{work}/{tag}")
+
     def timed(writer, base: str, check: bool = True) -> float:  # type: ignore[no-untyped-def]
         started = time.perf_counter()
         q = writer.option("checkpointLocation", f"{base}/cp").trigger(availableNow=True).start()
@@ -111,34 +148,56 @@ def main() -> None:
         # awaitTermination returns while it may still run, and would race the cleanup).
         flinkish_spark.await_finished(q)
         took = time.perf_counter() - started
+        phases: dict[str, int] = {}
+        for p in q.recentProgress:
+            for k, v in (p.durationMs or {}).items():
+                phases[k] = phases.get(k, 0) + int(v)
+        last_phases[0] = phases
         if check:
             n = spark.read.parquet(f"{base}/out").count()
             assert n == args.rows, (base, n)
         shutil.rmtree(base)
         return took
 
+    last_phases: list[dict[str, int]] = [{}]
+    builtin_name = "built-in parquet source -> parquet sink (_spark_metadata)"
+    unprotected_name = "(breakdown) flinkish.sequence -> foreachBatch df.write.parquet (no exactly-once)"
     pipelines = {
-        "built-in parquet source -> parquet sink (_spark_metadata)": builtin,
+        builtin_name: builtin,
         "flinkish.sequence -> flinkish.parquet": flinkish_sequence,
         "flinkish.files -> flinkish.parquet (same files)": flinkish_files,
+        "flinkish.sequence -> files_sink (Spark writes, 2PC)": sequence_to_files_sink,
+        "flinkish.files -> files_sink (same files)": files_to_files_sink,
+        unprotected_name: sequence_to_unprotected_foreach_batch,
         "(breakdown) flinkish.sequence -> Spark parquet sink": sequence_to_spark_parquet,
         "(breakdown) flinkish.sequence -> no-op Python sink": sequence_to_noop,
     }
-    for name, fn in pipelines.items():  # warm up every code path (JVM classes, Python workers)
-        fn(f"warm-{abs(hash(name)) % 1000}")
+    pipelines = {k: v for k, v in pipelines.items() if k == builtin_name or not only or any(o in k for o in only)}
+    if warm:
+        for name, fn in pipelines.items():  # warm up every code path (JVM classes, Python workers)
+            fn(f"warm-{abs(hash(name)) % 1000}")
     times: dict[str, list[float]] = {name: [] for name in pipelines}
-    for i in range(args.repeats):
+    phases: dict[str, list[dict[str, int]]] = {name: [] for name in pipelines}
+    for i in range(repeats):
         for name, fn in pipelines.items():
             times[name].append(fn(f"run{i}-{len(times[name])}-{abs(hash(name)) % 1000}"))
+            phases[name].append(last_phases[0])
     shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    base = med["built-in parquet source -> parquet sink (_spark_metadata)"]
-    rows = [[k, f"{med[k]:.2f}", f"{args.rows / med[k]:,.0f}", f"{base / med[k]:.2f}x", " ".join(f"{t:.2f}" for t in v)] for k, v in times.items()]
-    print_table(["pipeline", "median s", "rows/s", "vs built-in", "runs (s)"], rows)
-    ratio = base / med["flinkish.sequence -> flinkish.parquet"]
-    print(f"\nflinkish.sequence -> flinkish.parquet: {ratio:.2f}x the built-in rows/s (target >= 0.8x)")
-    print(f"results: {write_results('sink_end_to_end', {'rows': args.rows, 'epochs': EPOCHS, 'seconds': times, 'median_seconds': med, 'ratio_vs_builtin': ratio})}")
-    spark.stop()
+    base = med[builtin_name]
+    print(f"\n{total_rows:,} rows, {repeats} rounds")
+    table = [[k, f"{med[k]:.2f}", f"{total_rows / med[k]:,.0f}", f"{base / med[k]:.2f}x", " ".join(f"{t:.2f}" for t in v)] for k, v in times.items()]
+    print_table(["pipeline", "median s", "rows/s", "vs built-in", "runs (s)"], table)
+    median_phases = {k: phases[k][times[k].index(sorted(times[k])[len(times[k]) // 2])] for k in times}
+    print("\nSpark progress timings of the median run (ms, summed over epochs):")
+    for k, ph in median_phases.items():
+        print(f"  {k}: " + ", ".join(f"{n}={v}" for n, v in sorted(ph.items()) if v))
+    fs = "flinkish.sequence -> files_sink (Spark writes, 2PC)"
+    if fs in med and unprotected_name in med:
+        print(f"\nfiles_sink vs unprotected foreachBatch: {med[unprotected_name] / med[fs]:.2f}x (target >= 0.95x); "
+              f"vs built-in: {base / med[fs]:.2f}x (target >= 0.8x)")
+    return {"seconds": times, "median_seconds": med, "progress_ms": median_phases,
+            "ratio_vs_builtin": {k: base / v for k, v in med.items()}}
 
 
 if __name__ == "__main__":

@@ -32,9 +32,11 @@ from flinkish_spark.errors import (
     StorageAccessError,
     StorageError,
     StorageUnavailableError,
+    TableMismatchError,
     TerminalError,
     UnsupportedFormatVersionError,
 )
+from flinkish_spark.connectors.spark_files import files_sink
 from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
 from flinkish_spark.session import session
 from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
@@ -84,6 +86,7 @@ __all__ = [
     "StorageAccessError",
     "StorageError",
     "StorageUnavailableError",
+    "TableMismatchError",
     "TerminalError",
     "UnsupportedFormatVersionError",
     "CommitOutcome",
@@ -97,5 +100,6 @@ __all__ = [
     "stop",
     "with_watermark",
     "transactional",
+    "files_sink",
     "session",
 ]

@@ -27,16 +27,17 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flinkish_spark.inspect import postgres_slots, recent_epochs, sink_epochs
+    from flinkish_spark.inspect import postgres_slots, recent_epochs, sink_epochs, sink_targets
 
     root = args.checkpoint.rstrip("/")
     io = _root_io(args, args.checkpoint, "CHECKPOINT")
     epochs = recent_epochs(io, root, last=args.last)
     sinks = sink_epochs(io, root, last=args.last)
     slots = postgres_slots(io, root)
+    targets = sink_targets(io, root)
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "sources": [e.to_json() for e in epochs],
-                          "sinks": [e.to_json() for e in sinks],
+                          "sinks": [e.to_json() for e in sinks], "sinkTargets": targets,
                           "postgres_slots": [s.to_json() for s in slots]}, indent=2))
         return 0
     # Piped output (scripts, logs) is not cut to 80 columns.
@@ -54,6 +55,9 @@ def _inspect(args: argparse.Namespace) -> int:
         for s in sinks:
             st.add_row(s.uid, str(s.epoch), s.state, str(s.committables))
         console.print(st)
+    for uid, t in targets.items():
+        details = ", ".join(f"{k}={v}" for k, v in t.items() if v not in (None, [], "") and k != "sink")
+        console.print(f"sink uid {uid}: {t.get('sink', '?')} {details}")
     if slots:
         pt = Table(title="PostgreSQL replication slots")
         for col in ("source uid", "slot", "confirmed", "WAL held back", "note"):
@@ -101,6 +105,8 @@ def _orphans(args: argparse.Namespace) -> int:
     from flinkish_spark.sink.decisions import DecisionLog
     from flinkish_spark.sink.orphans import remove, scan
 
+    if args.path.startswith(("postgresql://", "postgres://")):
+        return _pg_orphans(args)
     data_io = _root_io(args, args.path, "PATH")
     meta_io = _root_io(args, args.checkpoint, "--checkpoint")
     entries = scan(data_io, args.path, DecisionLog(meta_io, args.checkpoint.rstrip("/"), args.uid))
@@ -115,6 +121,31 @@ def _orphans(args: argparse.Namespace) -> int:
           f"{counts['decided']} awaiting recovery; removed {len(removed)}")
     if not args.delete and counts["orphan"]:
         print("run again with --delete to remove the orphans")
+    return 0
+
+
+def _pg_orphans(args: argparse.Namespace) -> int:
+    """``flinkish orphans postgresql://...``: a flinkish.postgres sink's prepared transactions and staged rows."""
+    from flinkish_spark.connectors.postgres.connection import parse_url
+    from flinkish_spark.connectors.postgres.orphans import remove, scan
+    from flinkish_spark.sink.decisions import DecisionLog
+
+    conn = parse_url(args.path, args.password_env, what="URL")
+    meta_io = _root_io(args, args.checkpoint, "--checkpoint")
+    entries = scan(conn, DecisionLog(meta_io, args.checkpoint.rstrip("/"), args.uid))
+    removed = remove(conn, entries, include_pending=args.include_pending) if args.delete else []
+    if args.json:
+        print(json.dumps({"database": conn.masked, "leftovers": [e.__dict__ for e in entries],
+                          "removed": [e.name for e in removed]}, indent=2))
+        return 0
+    for e in entries:
+        rows = f" ({e.rows} rows)" if e.rows is not None else ""
+        print(f"{e.state:8} epoch {e.epoch:>6}  {e.kind:8} {e.name}{rows}")
+    counts = {s: sum(1 for e in entries if e.state == s) for s in ("orphan", "pending", "decided")}
+    print(f"{conn.masked}: {counts['orphan']} orphan, {counts['pending']} pending (newest undecided epochs), "
+          f"{counts['decided']} awaiting recovery; removed {len(removed)}")
+    if not args.delete and counts["orphan"]:
+        print("run again with --delete to roll back / delete the orphans")
     return 0
 
 
@@ -144,13 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     s.set_defaults(func=_stop)
 
-    o = sub.add_parser("orphans", help="list (and --delete) staged files of a flinkish.parquet sink that no commit will use")
-    o.add_argument("path", help="the sink's 'path'")
+    o = sub.add_parser("orphans", help="list (and --delete) staged files of a flinkish.parquet sink, or prepared transactions and staged rows of a flinkish.postgres sink, that no commit will use")
+    o.add_argument("path", help="the sink's 'path', or a flinkish.postgres sink's 'url' (postgresql://...)")
     o.add_argument("--uid", required=True, help="the sink's uid")
     o.add_argument("--checkpoint", required=True, help="the sink's metadata root (default of the sink: <checkpointLocation>/flinkish)")
     o.add_argument("--delete", action="store_true", help="remove the orphans")
     o.add_argument("--include-pending", action="store_true", help="with --delete: also remove staged files of the newest undecided epochs (only when the query is stopped for good)")
     o.add_argument("--json", action="store_true")
+    o.add_argument("--password-env", help="flinkish.postgres: a variable holding the password (default: the URL's, or PGPASSWORD)")
     o.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     o.set_defaults(func=_orphans)
 

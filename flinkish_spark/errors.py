@@ -100,3 +100,30 @@ class CommitFailedError(TerminalError):
 
 class CommitRetryExhaustedError(RetryableError):
     """A sink kept answering 'retry later' for an epoch; a restart retries the commit."""
+
+
+# -- databases (flinkish.postgres) ------------------------------------------------------
+
+
+class DatabaseUnavailableError(RetryableError):
+    """The database server did not answer (down, restarting, unreachable)."""
+
+
+class DatabaseAccessError(TerminalError):
+    """The database refused the connection (authentication, unknown role or database) or a permission."""
+
+
+class TargetSchemaError(TerminalError):
+    """The target does not fit the query: a table is missing, lacks a column, has an incompatible type or no
+    unique key, or (:class:`TableMismatchError`) a Delta/Iceberg table has another schema or partitioning."""
+
+
+class TargetWriteError(TerminalError):
+    """The database rejected an epoch's rows (a constraint violation, a bad value); nothing of the epoch is visible."""
+
+
+# -- tables (lakehouse sinks) --------------------------------------------------------------
+
+
+class TableMismatchError(TargetSchemaError):
+    """A Delta or Iceberg table does not fit the query (another schema or partitioning), or the path is no table."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,6 +70,20 @@ def sink_epochs(io: FileIO, root: str, last: int = 5) -> list[SinkEpoch]:
             if d is not None:
                 state = "committed" if epoch in done else "decided"
                 out.append(SinkEpoch(uid, epoch, state, len(d.committables), d.created_ms))
+    return out
+
+
+def sink_targets(io: FileIO, root: str) -> dict[str, dict[str, Any]]:
+    """What each sink recorded about its target (``sinks/<uid>/_target.json``, e.g. the
+    commit mode ``flinkish.postgres`` chose), by sink uid; the URL in it is masked."""
+    out: dict[str, dict[str, Any]] = {}
+    for uid in io.list_names(join(root, "sinks")):
+        try:
+            record = json.loads(io.read_bytes(join(root, "sinks", uid, "_target.json")))
+        except (FileNotFoundError, ValueError):
+            continue
+        if isinstance(record, dict):
+            out[uid] = record
     return out
 
 

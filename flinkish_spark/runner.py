@@ -7,9 +7,13 @@ spec's options and trigger until the query ends (AvailableNow) or
 :mod:`flinkish_spark.faults`) the driver is killed at that protocol point.
 
 Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
+``select`` (a list of SQL expressions for ``selectExpr``),
 ``register`` (a list of "module:function" that register extra formats with the session),
 ``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
-or {foreachBatchFunction: "module:function" (called with ``args``, returns the function), args, checkpointLocation}, ``trigger`` ("availableNow" or
+(``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink),
+or {sparkFiles: {uid, path, checkpoint, format, partitionBy, options}, checkpointLocation} (:func:`flinkish_spark.files_sink`),
+or {foreachBatchFunction: "module:function" (called with ``args``, returns the function), args, checkpointLocation},
+``map`` (a list of "module:function" applied to the DataFrame before the sink), ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
@@ -48,6 +52,12 @@ def _read(spark: Any, spec: dict[str, Any]) -> Any:
     return reader.load()
 
 
+def _named(target: str) -> Any:
+    """The function a ``"module:function"`` spec entry names."""
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def run(spec: dict[str, Any]) -> None:
     # Let crash points kill the whole driver: this process, the JVM and its workers.
     os.environ["FLINKISH_CRASH_PGID"] = str(os.getpgrp())
@@ -59,28 +69,45 @@ def run(spec: dict[str, Any]) -> None:
     # Extra formats (e.g. the test suite's counting source): "module:function" names that
     # take the session. Imported by name so this module never depends on test helpers.
     for target in spec.get("register", []):
-        module, _, function = target.partition(":")
-        getattr(importlib.import_module(module), function)(spark)
+        _named(target)(spark)
     sources = spec.get("sources") or [spec["source"]]
     df = _read(spark, sources[0])
     for other in sources[1:]:
         df = df.unionByName(_read(spark, other))
+    if spec.get("select"):  # SQL expressions applied before the sink (e.g. derive a key)
+        df = df.selectExpr(*spec["select"])
+    for target in spec.get("map", []):
+        df = _named(target)(df)
     sink = spec["sink"]
     if "foreachBatchFunction" in sink:
         # "module:function" returning the foreachBatch function, given the spec's "args".
         module, _, function = sink["foreachBatchFunction"].partition(":")
         fn = getattr(importlib.import_module(module), function)(sink.get("args", {}))
         writer = df.writeStream.foreachBatch(fn).option("checkpointLocation", sink["checkpointLocation"])
+    elif "sparkFiles" in sink:
+        sf = sink["sparkFiles"]
+        writer = df.writeStream.foreachBatch(flinkish_spark.files_sink(
+            sf["path"], uid=sf["uid"], checkpoint=sf["checkpoint"], format=sf.get("format", "parquet"),
+            partitionBy=sf.get("partitionBy"), options=sf.get("options"),
+        )).option("checkpointLocation", sink["checkpointLocation"])
     elif "foreachBatch" in sink:
         from flinkish_spark.connectors.parquet_sink import ParquetSink
         from flinkish_spark.sink.foreach_batch import transactional
 
         fb = sink["foreachBatch"]
         options = {k: str(v) for k, v in fb.get("options", {}).items()}
-        target = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
-                                rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
+        fb_sink: Any
+        if fb.get("kind") == "postgres":  # {kind, uid, checkpoint, url, table, mode?, key?, createTable?, commitMode?}
+            from flinkish_spark.connectors.postgres import PostgresSink
+
+            fb_sink = PostgresSink.create(fb["url"], fb["table"], uid=fb["uid"], schema=df.schema, mode=fb.get("mode", "append"),
+                                          key=fb.get("key", ""), create_table=bool(fb.get("createTable", False)),
+                                          commit_mode=fb.get("commitMode", "auto"))
+        else:
+            fb_sink = ParquetSink.at(fb["path"], uid=fb["uid"], schema=df.schema, options=options,
+                                     rows_per_file=int(fb.get("rowsPerFile", 1_000_000)))
         writer = df.writeStream.foreachBatch(
-            transactional(target, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
+            transactional(fb_sink, uid=fb["uid"], checkpoint=fb["checkpoint"], storage_options=options)
         ).option("checkpointLocation", sink["checkpointLocation"])
     else:
         writer = df.writeStream.format(sink["format"]).option("checkpointLocation", sink["checkpointLocation"])

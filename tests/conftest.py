@@ -53,6 +53,43 @@ def s3(s3_endpoint: str) -> str:
     return s3_endpoint
 
 
+@pytest.fixture(scope="session")
+def s3_process_endpoint() -> Iterator[str]:
+    """moto's S3 server in a process of its own. delta-rs holds the GIL while it waits for S3,
+    which starves the in-process server of the ``s3`` fixture (the call times out after minutes)."""
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto's S3 server did not start")
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_proc(s3_process_endpoint: str) -> str:
+    """Like ``s3`` (a clean server with the bucket 'test'), the server in its own process."""
+    s3_helpers.reset(s3_process_endpoint)
+    s3_helpers.make_bucket(s3_process_endpoint, "test")
+    return s3_process_endpoint
+
+
 @dataclass
 class PostgresForTests:
     """The session's PostgreSQL: the embedded server, or the one ``FLINKISH_TEST_POSTGRES_URL`` names."""

@@ -27,7 +27,7 @@ from flinkish_spark.errors import CommitFailedError, ConfigError
 from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
-from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
+from flinkish_spark.sink.protocol import CommitOutcome, EpochCommitter, PrepareContext, TwoPhaseCommitSink
 from flinkish_spark.faults import crash_point, fail_point
 
 STAGING = "_flinkish_staging"
@@ -74,7 +74,64 @@ def parse_size(opts: Options, name: str, default: int) -> int:
     return int(digits) * _SIZE_UNITS[unit]
 
 
-class ParquetSink(TwoPhaseCommitSink[ParquetCommittable]):
+class StagedFilesCommitter(EpochCommitter[ParquetCommittable]):
+    """Commit of staged files: each staged file moves to its final name recorded in the decision.
+
+    Shared by ``flinkish.parquet`` (staged by Python tasks) and
+    :mod:`flinkish_spark.connectors.spark_files` (staged by Spark's own writer). Subclasses
+    set ``io``, ``path`` and ``uid``; staging lives in :meth:`staging_dir`.
+    """
+
+    io: FileIO
+    path: str
+    uid: str
+    # Every staged file is below S3's 5 GB single-copy limit (one CopyObject per file).
+    small_files: ClassVar[bool] = True
+
+    def staging_dir(self, epoch: int) -> str:
+        return f"{self.path}/{STAGING}/{self.uid}/{epoch:012d}"
+
+    # -- commit / abort (driver) -------------------------------------------------------------
+
+    def commit(self, committables: list[ParquetCommittable], epoch: int) -> CommitOutcome:
+        # One listing tells which staged files are still to move (a repeated commit finds
+        # some or all of them moved already); requests stay O(files), never O(files^2).
+        present = {self.io.strip(p) for p in self.io.find(self.staging_dir(epoch))}
+        pending: list[tuple[str, str]] = []
+        for c in committables:
+            for f in c.files:
+                if self.io.strip(f.staged) in present:
+                    pending.append((f.staged, f.final))
+                elif not self.io.exists(f.final):
+                    raise CommitFailedError(
+                        f"epoch {epoch} of sink uid {self.uid!r}: neither the staged file {f.staged} nor its "
+                        f"final file {f.final} exists. The staging folder was cleaned by hand; the epoch's "
+                        "data is lost from the sink and must be rewritten."
+                    )
+        if pending:
+            self.io.move_many(pending[:1], small=self.small_files)
+            crash_point("sink.mid_commit")  # some files visible, others not yet
+            self.io.move_many(pending[1:], small=self.small_files)
+        return "COMMITTED"
+
+    def abort(self, committables: list[ParquetCommittable], epoch: int) -> None:
+        self.io.delete_many([f.staged for c in committables for f in c.files])
+
+    def cleanup(self, epoch: int, keep: list[ParquetCommittable]) -> None:
+        staging = self.staging_dir(epoch)
+        wanted = {self.io.strip(f.staged) for c in keep for f in c.files}
+        leftovers = [p for p in self.io.find(staging) if p not in wanted]
+        self.io.delete_many([self.io.url(p) for p in leftovers])
+        self.io.remove_empty_dirs(staging)
+
+    def encode(self, committable: ParquetCommittable) -> bytes:
+        return json.dumps([asdict(f) for f in committable.files], sort_keys=True).encode()
+
+    def decode(self, data: bytes) -> ParquetCommittable:
+        return decode_committable(data)
+
+
+class ParquetSink(StagedFilesCommitter, TwoPhaseCommitSink[ParquetCommittable]):
     def __init__(self, io: FileIO, path: str, uid: str, schema: StructType, partition_by: tuple[str, ...],
                  rows_per_file: int, target_file_size: int, compression: str) -> None:
         self.io = io
@@ -95,9 +152,6 @@ class ParquetSink(TwoPhaseCommitSink[ParquetCommittable]):
         check_s3_target_file_size(io, target_file_size, "ParquetSink.at(): target_file_size", str(target_file_size))
         io.check_writable_root(path, "path")
         return cls(io, path, uid, schema, tuple(partition_by), rows_per_file, target_file_size, compression)
-
-    def staging_dir(self, epoch: int) -> str:
-        return f"{self.path}/{STAGING}/{self.uid}/{epoch:012d}"
 
     # -- prepare (executors) ---------------------------------------------------------------
 
@@ -153,47 +207,6 @@ class ParquetSink(TwoPhaseCommitSink[ParquetCommittable]):
             part_dir = "/".join(f"{c}={'__HIVE_DEFAULT_PARTITION__' if key[c] is None else key[c]}" for c in self.partition_by)
             for piece in table.filter(mask).to_batches():
                 yield part_dir, piece
-
-    # -- commit / abort (driver) -------------------------------------------------------------
-
-    def commit(self, committables: list[ParquetCommittable], epoch: int) -> CommitOutcome:
-        # One listing tells which staged files are still to move (a repeated commit finds
-        # some or all of them moved already); requests stay O(files), never O(files^2).
-        present = {self.io.strip(p) for p in self.io.find(self.staging_dir(epoch))}
-        pending: list[tuple[str, str]] = []
-        for c in committables:
-            for f in c.files:
-                if self.io.strip(f.staged) in present:
-                    pending.append((f.staged, f.final))
-                elif not self.io.exists(f.final):
-                    raise CommitFailedError(
-                        f"epoch {epoch} of sink uid {self.uid!r}: neither the staged file {f.staged} nor its "
-                        f"final file {f.final} exists. The staging folder was cleaned by hand; the epoch's "
-                        "data is lost from the sink and must be rewritten."
-                    )
-        if pending:
-            # Staged files are below S3's single-copy limit (targetFileSize is capped there).
-            self.io.move_many(pending[:1], small=True)
-            crash_point("sink.mid_commit")  # some files visible, others not yet
-            self.io.move_many(pending[1:], small=True)
-        return "COMMITTED"
-
-    def abort(self, committables: list[ParquetCommittable], epoch: int) -> None:
-        self.io.delete_many([f.staged for c in committables for f in c.files])
-
-    def cleanup(self, epoch: int, keep: list[ParquetCommittable]) -> None:
-        staging = self.staging_dir(epoch)
-        wanted = {self.io.strip(f.staged) for c in keep for f in c.files}
-        leftovers = [p for p in self.io.find(staging) if p not in wanted]
-        self.io.delete_many([self.io.url(p) for p in leftovers])
-        self.io.remove_empty_dirs(staging)
-
-    def encode(self, committable: ParquetCommittable) -> bytes:
-        return json.dumps([asdict(f) for f in committable.files], sort_keys=True).encode()
-
-    def decode(self, data: bytes) -> ParquetCommittable:
-        return decode_committable(data)
-
 
 def decode_committable(data: bytes) -> ParquetCommittable:
     return ParquetCommittable(tuple(StagedFile(**d) for d in json.loads(data)))

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from flinkish_spark.errors import CommitFailedError, CommitRetryExhaustedError
 from flinkish_spark.sink.decisions import DecisionLog
-from flinkish_spark.sink.protocol import TwoPhaseCommitSink
+from flinkish_spark.sink.protocol import EpochCommitter
 from flinkish_spark.faults import crash_point
 
 EpochOutcome = Literal["COMMITTED", "RECOVERED", "ALREADY_COMMITTED"]
@@ -37,7 +37,7 @@ class CommitResult:
 
 
 def commit_epoch(
-    sink: TwoPhaseCommitSink[Any],
+    sink: EpochCommitter[Any],
     log: DecisionLog,
     epoch: int,
     prepared: list[Any],
@@ -66,7 +66,7 @@ def commit_epoch(
     return CommitResult(epoch, outcome, len(kept))
 
 
-def _commit(sink: TwoPhaseCommitSink[Any], committables: list[Any], epoch: int, log: DecisionLog, retries: int) -> None:
+def _commit(sink: EpochCommitter[Any], committables: list[Any], epoch: int, log: DecisionLog, retries: int) -> None:
     delay = 0.5
     for attempt in range(retries + 1):
         outcome = sink.commit(committables, epoch)

@@ -29,7 +29,7 @@ from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.sink.committer import CommitResult, commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.lease import DEFAULT_TIMEOUT_S, Lease
-from flinkish_spark.sink.protocol import TwoPhaseCommitSink
+from flinkish_spark.sink.protocol import EpochCommitter, TwoPhaseCommitSink
 from flinkish_spark.faults import crash_point
 
 
@@ -42,6 +42,29 @@ def transactional(
     on_commit: Callable[[CommitResult], None] | None = None,
 ) -> Callable[[Any, int], None]:
     """Return a ``foreachBatch`` function that applies each batch to ``sink`` exactly once."""
+    return transactional_with(
+        sink, lambda df, batch_id: _prepare_on_executors(df, sink, uid, batch_id),
+        uid, checkpoint, storage_options, lease_timeout, on_commit,
+    )
+
+
+def transactional_with(
+    committer: EpochCommitter[Any],
+    prepare: Callable[[Any, int], list[Any]],
+    uid: str,
+    checkpoint: str,
+    storage_options: Mapping[str, str] | None = None,
+    lease_timeout: float = DEFAULT_TIMEOUT_S,
+    on_commit: Callable[[CommitResult], None] | None = None,
+) -> Callable[[Any, int], None]:
+    """Like :func:`transactional`, with a driver-side ``prepare(df, batch_id) -> committables``.
+
+    For sinks whose prepare is a whole Spark job started from the driver (Spark's own
+    ``DataFrameWriter``: :func:`flinkish_spark.files_sink`) instead of one call per task.
+    ``prepare`` is called only for batches without a decision, so a replay of a decided or
+    committed batch never recomputes its DataFrame; decision, commit and recovery are
+    :func:`~flinkish_spark.sink.committer.commit_epoch`'s, as for every other sink.
+    """
     if not isinstance(uid, str) or not UID_PATTERN.match(uid):
         raise ConfigError(f"transactional(): uid must be 1-128 letters, digits, '_', '-' or '.', got {uid!r}")
     root = checkpoint.rstrip("/")
@@ -55,8 +78,8 @@ def transactional(
         lease.renew()
         prepared: list[Any] = []
         if not log.is_done(batch_id) and log.read(batch_id) is None:
-            prepared = _prepare_on_executors(df, sink, uid, batch_id)
-        result = commit_epoch(sink, log, batch_id, prepared, run_id)
+            prepared = prepare(df, batch_id)
+        result = commit_epoch(committer, log, batch_id, prepared, run_id)
         log.retain(10, batch_id)
         if on_commit is not None:
             on_commit(result)

@@ -16,6 +16,11 @@ Implement :class:`TwoPhaseCommitSink` for any transactional target:
 
 The framework (:mod:`flinkish_spark.sink.committer`) owns the decision log, replay
 detection, fencing and retries; a sink only moves its own data.
+
+:class:`EpochCommitter` is the driver half alone (commit, abort, cleanup, encode, decode):
+what :func:`~flinkish_spark.sink.committer.commit_epoch` needs. A sink whose prepare is not
+a per-task function -- e.g. :mod:`flinkish_spark.connectors.spark_files`, where Spark's own
+``DataFrameWriter`` job prepares a whole epoch -- implements only that half.
 """
 
 from __future__ import annotations
@@ -41,10 +46,8 @@ class PrepareContext:
     attempt: int
 
 
-class TwoPhaseCommitSink(ABC, Generic[C]):
-    @abstractmethod
-    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> C | None:
-        """Write ``batches`` invisibly; return what commit needs, or None when nothing was written."""
+class EpochCommitter(ABC, Generic[C]):
+    """The driver side of a two-phase-commit sink: make an epoch's prepared output visible or remove it."""
 
     @abstractmethod
     def commit(self, committables: list[C], epoch: int) -> CommitOutcome:
@@ -64,3 +67,11 @@ class TwoPhaseCommitSink(ABC, Generic[C]):
     def decode(self, data: bytes) -> C:
         result: Any = pickle.loads(data)
         return result
+
+
+class TwoPhaseCommitSink(EpochCommitter[C]):
+    """An :class:`EpochCommitter` whose prepare runs on executors, once per task attempt."""
+
+    @abstractmethod
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> C | None:
+        """Write ``batches`` invisibly; return what commit needs, or None when nothing was written."""

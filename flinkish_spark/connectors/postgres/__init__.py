@@ -1,9 +1,14 @@
-"""PostgreSQL connectors: the ``flinkish.postgres`` source (snapshot splits, then a replication slot's changes).
+"""PostgreSQL connectors under one format name, ``flinkish.postgres``: the exactly-once sink
+(two-phase commit) and the source (snapshot splits that finish, then a replication slot's changes).
 
-Importing this package does not import psycopg or ADBC: they are imported when a
-connection is opened (``pip install 'flinkish_spark[postgres]'``).
+:mod:`.connection` (URIs, masked passwords, connecting, type mapping) belongs to the sink,
+:mod:`._source_conn` to the source (to be folded into one). psycopg and the ADBC driver are
+optional dependencies (``pip install 'flinkish_spark[postgres]'``), imported only when a
+connection is opened.
 """
 
+from flinkish_spark.connectors.postgres.datasource import PostgresDataSource
+from flinkish_spark.connectors.postgres.sink import PostgresSink, PostgresSinkDataSource
 from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
 
-__all__ = ["PostgresSourceDataSource"]
+__all__ = ["PostgresDataSource", "PostgresSink", "PostgresSinkDataSource", "PostgresSourceDataSource"]

@@ -1,0 +1,173 @@
+"""Lakehouse sinks: flinkish.delta and flinkish.iceberg next to flinkish.parquet, and commit cost vs history.
+
+1. **Throughput** (local disk, local[2], Trigger.AvailableNow, 10 epochs): N rows of
+   ``flinkish.sequence`` (split int, seq long, ts timestamp) into ``flinkish.parquet``,
+   ``flinkish.delta`` and ``flinkish.iceberg`` (embedded SQLite catalog), runs alternating;
+   plus a one-shot ``deltalake.write_deltalake`` and a pyiceberg ``append`` of the same
+   rows as one Arrow table (no Spark: what the libraries alone cost).
+2. **Commit cost vs history** (moto S3, no Spark): a sink prepares a small file and commits
+   one epoch at a time, up to ``--epochs`` (default 500); the table shows the median
+   commit milliseconds around epochs 10, 100 and 500 (Delta: one transaction with its txn
+   check and a checkpoint every 10 versions; Iceberg: catalog load, ancestry walk, one
+   fast-append snapshot).
+
+    python benchmarks/lakehouse_sinks.py [--rows 10000000] [--repeats 1] [--epochs 500] [--skip-throughput] [--skip-commit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import print_table, write_results  # noqa: E402
+
+EPOCHS = 10
+SPLITS = 4
+
+
+def arrow_rows(rows: int) -> Any:
+    import pyarrow as pa
+
+    per = rows // SPLITS
+    import numpy as np
+
+    split = np.repeat(np.arange(SPLITS, dtype=np.int32), per)
+    seq = np.tile(np.arange(per, dtype=np.int64), SPLITS)
+    ts = pa.array(1_704_067_200_000_000 + seq * 1000, pa.timestamp("us", "UTC"))
+    return pa.table({"split": split, "seq": seq, "ts": ts})
+
+
+def throughput(rows: int, repeats: int) -> list[list[Any]]:
+    import flinkish_spark
+
+    spark = flinkish_spark.session(app_name="bench-lakehouse")
+    spark.sparkContext.setLogLevel("ERROR")
+    per_split = rows // SPLITS
+    results: dict[str, list[float]] = {"flinkish.parquet": [], "flinkish.delta": [], "flinkish.iceberg": [],
+                                       "write_deltalake (one shot)": [], "pyiceberg append (one shot)": []}
+    for _ in range(repeats):
+        for fmt in ("flinkish.parquet", "flinkish.delta", "flinkish.iceberg"):
+            work = tempfile.mkdtemp(prefix="bench-lh-")
+            df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", f"{work}/meta")
+                  .option("rowsPerSplit", ",".join([str(per_split)] * SPLITS))
+                  .option("maxRowsPerTrigger", str(rows // EPOCHS)).load())
+            w = df.writeStream.format(fmt).option("uid", "out").option("checkpointLocation", f"{work}/cp")
+            w = w.option("table", "db.t") if fmt == "flinkish.iceberg" else w.option("path", f"{work}/out")
+            t0 = time.perf_counter()
+            q = w.trigger(availableNow=True).start()
+            flinkish_spark.await_finished(q)
+            results[fmt].append(time.perf_counter() - t0)
+            assert q.exception() is None, q.exception()
+            shutil.rmtree(work, ignore_errors=True)
+        data = arrow_rows(rows)
+        import deltalake
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        work = tempfile.mkdtemp(prefix="bench-lh-")
+        t0 = time.perf_counter()
+        deltalake.write_deltalake(f"{work}/delta", data)
+        results["write_deltalake (one shot)"].append(time.perf_counter() - t0)
+        catalog = SqlCatalog("b", uri=f"sqlite:///{work}/c.db", warehouse=f"file://{work}/wh")
+        catalog.create_namespace("db")
+        table = catalog.create_table("db.t", schema=data.schema)
+        t0 = time.perf_counter()
+        table.append(data)
+        results["pyiceberg append (one shot)"].append(time.perf_counter() - t0)
+        shutil.rmtree(work, ignore_errors=True)
+    spark.stop()
+    base = rows / statistics.median(results["flinkish.parquet"])
+    out = []
+    for name, secs in results.items():
+        rate = rows / statistics.median(secs)
+        out.append([name, f"{statistics.median(secs):.1f}", f"{rate:,.0f}", f"{rate / base:.2f}x"])
+    return out
+
+
+def commit_cost(epochs: int) -> list[list[Any]]:
+    import pyarrow as pa
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from flinkish_spark.connectors.delta import DeltaSink
+    from flinkish_spark.connectors.iceberg import IcebergSink
+    from flinkish_spark.embedded.s3 import make_bucket, reset, set_dummy_credentials
+    from flinkish_spark.sink.protocol import PrepareContext
+
+    schema = StructType([StructField("split", IntegerType()), StructField("seq", LongType())])
+    batch = pa.RecordBatch.from_pydict({"split": pa.array([0] * 100, pa.int32()), "seq": list(range(100))})
+    marks = [m for m in (10, 100, 500, 1000) if m <= epochs]
+    rows = []
+    set_dummy_credentials()
+    work = tempfile.mkdtemp(prefix="bench-lh-commit-")
+    # moto in a child process: delta-rs holds the GIL while it waits for S3.
+    import subprocess
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        reset(endpoint)
+        make_bucket(endpoint, "bench")
+        opts = {"endpointUrl": endpoint}
+        sinks = {
+            "flinkish.delta": DeltaSink.at("s3://bench/delta", uid="u", schema=schema, options=opts),
+            "flinkish.iceberg": IcebergSink.at("db.t", uid="u", schema=schema, catalog_uri=f"sqlite:///{work}/c.db",
+                                               warehouse="s3://bench/wh", options=opts),
+        }
+        for name, sink in sinks.items():
+            times: list[float] = []
+            for epoch in range(epochs):
+                c = sink.prepare(iter([batch]), PrepareContext("u", epoch, 0, 0))
+                t0 = time.perf_counter()
+                assert sink.commit([c], epoch) == "COMMITTED"
+                times.append((time.perf_counter() - t0) * 1000)
+            row: list[Any] = [name]
+            for m in marks:
+                window = times[max(0, m - 10):m]
+                row.append(f"{statistics.median(window):.0f}")
+            rows.append(row)
+            print(row, flush=True)
+    finally:
+        server.terminate()
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=500)
+    ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-commit", action="store_true")
+    args = ap.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not args.skip_throughput:
+        tp = throughput(args.rows, args.repeats)
+        print_table(["pipeline", "seconds (median)", "rows/s", "vs flinkish.parquet"], tp)
+        print(f"results: {write_results('lakehouse_sinks_throughput', {'rows': args.rows, 'throughput': tp})}")
+    if not args.skip_commit:
+        marks = [m for m in (10, 100, 500, 1000) if m <= args.epochs]
+        cc = commit_cost(args.epochs)
+        print_table(["sink", *[f"commit ms @ {m} epochs" for m in marks]], cc)
+        print(f"results: {write_results('lakehouse_sinks_commit', {'epochs': args.epochs, 'commit_ms': cc})}")
+
+
+if __name__ == "__main__":
+    main()
