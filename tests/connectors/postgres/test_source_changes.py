@@ -1,10 +1,9 @@
 """``flinkish.postgres`` snapshotThenChanges: a table mirrored into another one, through kills and a drain.
 
 A writer process inserts, updates (also keys) and deletes rows of the source table the
-whole time. The pipeline (snapshot chunks, then the slot's changes) applies every batch
-to a second table by key -- upsert, delete -- in one transaction per batch that records
-the batch id (the foreachBatch of :func:`flinkish_spark.testing.postgres.mirror_batch_function`;
-the ``flinkish.postgres`` sink is not on this branch yet). It is killed with kill -9 at
+whole time. The pipeline (snapshot chunks, then the slot's changes) writes into a second
+table through the ``flinkish.postgres`` sink in ``upsert`` mode with ``deletes=true``
+(exactly-once, two-phase commit). It is killed with kill -9 at
 three protocol points and restarted; after each kill the slot's confirmed position is
 checked against the last committed epoch. Then the writer stops, the pipeline is stopped
 with drain, and the target must equal the source row for row, with no slot or
@@ -68,8 +67,9 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
         "source": {"format": "flinkish.postgres", "options": {
             "uid": UID, "checkpoint": str(tmp_path / "meta"), "url": url, "table": "src",
             "splitSize": SPLIT, "maxRowsPerTrigger": 2 * SPLIT, "retainCheckpoints": 1000}},
-        "sink": {"foreachBatchFunction": "flinkish_spark.testing.postgres:mirror_batch_function",
-                 "args": {"url": url, "table": "dst", "key": "id"}, "checkpointLocation": str(tmp_path / "cp")},
+        "sink": {"format": "flinkish.postgres", "checkpointLocation": str(tmp_path / "cp"), "options": {
+            "uid": "dst", "checkpoint": str(tmp_path / "meta"), "url": url, "table": "public.dst",
+            "mode": "upsert", "key": "id", "deletes": "true"}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
