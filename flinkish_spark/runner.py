@@ -12,7 +12,6 @@ Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 ``sink`` {format, options, checkpointLocation} or {foreachBatch: {uid, path, checkpoint, options}, checkpointLocation}
 (``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink),
 or {sparkFiles: {uid, path, checkpoint, format, partitionBy, options}, checkpointLocation} (:func:`flinkish_spark.files_sink`),
-or {foreachBatchFunction: "module:function" (called with ``args``, returns the function), args, checkpointLocation},
 ``map`` (a list of "module:function" applied to the DataFrame before the sink), ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
@@ -79,12 +78,7 @@ def run(spec: dict[str, Any]) -> None:
     for target in spec.get("map", []):
         df = _named(target)(df)
     sink = spec["sink"]
-    if "foreachBatchFunction" in sink:
-        # "module:function" returning the foreachBatch function, given the spec's "args".
-        module, _, function = sink["foreachBatchFunction"].partition(":")
-        fn = getattr(importlib.import_module(module), function)(sink.get("args", {}))
-        writer = df.writeStream.foreachBatch(fn).option("checkpointLocation", sink["checkpointLocation"])
-    elif "sparkFiles" in sink:
+    if "sparkFiles" in sink:
         sf = sink["sparkFiles"]
         writer = df.writeStream.foreachBatch(flinkish_spark.files_sink(
             sf["path"], uid=sf["uid"], checkpoint=sf["checkpoint"], format=sf.get("format", "parquet"),
