@@ -343,16 +343,31 @@ class PostgresEnumerator(SplitEnumerator):
         and every replay see the same transactions.
         """
         src = self.source
+        want = limit or 1
+        stale = 0  # messages of transactions before ``position`` that the slot still returns
         with connect(src.url, src.password_env) as conn:
             flush = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
-            rows = _peek(conn, src.slot_name, src.publication, flush, limit or 1)
-        begins = [m for m in rows if m[:1] == b"B"]
-        # Only transactions at or after the position count (the slot is advanced to it first).
-        finals = [msg.final_lsn for msg in map(decode_message, begins) if isinstance(msg, Begin)]
-        finals = [f for f in finals if f >= position]
+            while True:
+                rows = _peek(conn, src.slot_name, src.publication, flush, want + stale)
+                finals, old = [], 0
+                current: int | None = None
+                for data in rows:
+                    if data[:1] == b"B":
+                        msg = decode_message(data)
+                        assert isinstance(msg, Begin)
+                        current = msg.final_lsn
+                        if current >= position:
+                            finals.append(current)
+                    if current is None or current < position:
+                        old += 1
+                # The slot lags behind ``position`` only until the completed epoch's advance
+                # (normally done just before): peek again past the transactions already read.
+                if old <= stale or len(rows) < want + stale:
+                    break
+                stale = old
         if not finals:
             return position  # nothing new: no epoch (and no empty batch) is made
-        if limit is not None and len(rows) >= limit:
+        if limit is not None and len(rows) - old >= limit:
             return finals[-1] + 1  # the peek stopped after a whole transaction: end just after it
         return flush
 

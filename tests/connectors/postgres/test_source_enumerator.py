@@ -54,7 +54,7 @@ def test_ranges_are_whole_transactions_replays_read_the_same_and_the_slot_moves_
         rows1 = [r for b in first for r in b]
         assert 0 < len(rows1) < 50 and len(rows1) % 10 == 0
         e2 = enum.extent(changes, e1).available
-        rows2 = [r for b in reader.read(changes, e1, e2) for r in b]
+        rows2 = [r for b in reader.read(changes, e1, e2) for r in b.to_pylist()]
         assert sorted(r["id"] for r in rows1 + rows2) == sorted(r["id"] for r in rows1 + rows2 if r["_op"] == "u")
         assert not {r["id"] for r in rows1} & {r["id"] for r in rows2}  # no transaction read twice
         assert len(rows1) + len(rows2) == 50  # ... and none lost
