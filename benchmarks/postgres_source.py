@@ -162,7 +162,8 @@ def change_stream(spark: Any, url: str, work: str, args: argparse.Namespace) -> 
 
     # Sustained rate: as fast as the writer can insert, until the target has every row.
     t0 = time.time()
-    write(args.changes, 0, 1).wait()
+    if write(args.changes, 0, 1).wait() != 0:
+        raise SystemExit("the change writer failed")
     writer_s = time.time() - t0
     while seen[0] < args.changes and q.isActive:
         time.sleep(0.1)
@@ -172,7 +173,8 @@ def change_stream(spark: Any, url: str, work: str, args: argparse.Namespace) -> 
     # Lag at a fixed rate.
     lags.clear()
     total = int(args.rate * args.lag_seconds)
-    write(total, args.rate, 10_000_000).wait()
+    if write(total, args.rate, 10_000_000).wait() != 0:
+        raise SystemExit("the change writer failed")
     while seen[0] < args.changes + total and q.isActive:
         time.sleep(0.1)
     lags.sort()
