@@ -27,16 +27,18 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flinkish_spark.inspect import recent_epochs, sink_epochs, sink_targets
+    from flinkish_spark.inspect import postgres_slots, recent_epochs, sink_epochs, sink_targets
 
     root = args.checkpoint.rstrip("/")
     io = _root_io(args, args.checkpoint, "CHECKPOINT")
     epochs = recent_epochs(io, root, last=args.last)
     sinks = sink_epochs(io, root, last=args.last)
+    slots = postgres_slots(io, root)
     targets = sink_targets(io, root)
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "sources": [e.to_json() for e in epochs],
-                          "sinks": [e.to_json() for e in sinks], "sinkTargets": targets}, indent=2))
+                          "sinks": [e.to_json() for e in sinks], "sinkTargets": targets,
+                          "postgres_slots": [s.to_json() for s in slots]}, indent=2))
         return 0
     # Piped output (scripts, logs) is not cut to 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -56,6 +58,14 @@ def _inspect(args: argparse.Namespace) -> int:
     for uid, t in targets.items():
         details = ", ".join(f"{k}={v}" for k, v in t.items() if v not in (None, [], "") and k != "sink")
         console.print(f"sink uid {uid}: {t.get('sink', '?')} {details}")
+    if slots:
+        pt = Table(title="PostgreSQL replication slots")
+        for col in ("source uid", "slot", "confirmed", "WAL held back", "note"):
+            pt.add_column(col)
+        for p in slots:
+            held = "" if p.wal_held_back_bytes is None else f"{p.wal_held_back_bytes / 2**20:.1f} MiB"
+            pt.add_row(p.uid, p.slot, p.confirmed_lsn or "", held, p.note)
+        console.print(pt)
     return 0
 
 

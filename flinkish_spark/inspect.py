@@ -121,3 +121,46 @@ def running_source_uids(io: FileIO, root: str, fresh_s: float = 30.0) -> list[st
         if time.time() - int(lease.get("renewed_ms", 0)) / 1000 < fresh_s:
             out.append(uid)
     return out
+
+
+@dataclass(frozen=True)
+class PostgresSlot:
+    """The replication slot of a ``flinkish.postgres`` source and the WAL it holds back (best effort)."""
+
+    uid: str
+    slot: str
+    confirmed_lsn: str | None
+    wal_held_back_bytes: int | None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def postgres_slots(io: FileIO, root: str) -> list[PostgresSlot]:
+    """Slots of the PostgreSQL sources under ``root``; connects with the URL their descriptor records."""
+    import json
+
+    from flinkish_spark.connectors.postgres.slot import MARKER_FILE, Ownership
+
+    out: list[PostgresSlot] = []
+    for uid in source_uids(io, root):
+        directory = join(root, "sources", uid)
+        if not io.exists(join(directory, MARKER_FILE)):
+            continue
+        owned = Ownership.read(io, directory)
+        assert owned is not None
+        try:
+            from flinkish_spark.connectors.postgres._source_conn import connect
+            from flinkish_spark.connectors.postgres.slot import wal_held_back
+
+            options = json.loads(io.read_bytes(join(directory, "_source.json")))["options"]
+            with connect(options["url"], options.get("passwordEnv")) as conn:
+                held = wal_held_back(conn, owned.slot)
+            if held is None:
+                out.append(PostgresSlot(uid, owned.slot, None, None, "no such slot (dropped: finished, or lost)"))
+            else:
+                out.append(PostgresSlot(uid, owned.slot, held[0], held[1]))
+        except Exception as exc:  # noqa: BLE001 - inspect is best effort; say why
+            out.append(PostgresSlot(uid, owned.slot, None, None, f"cannot reach the server: {exc}"))
+    return out

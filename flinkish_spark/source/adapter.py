@@ -385,14 +385,16 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _drain(self, prev: SourceCheckpoint | None, request: StopRequest) -> dict:
         """Stop with drain: end every split where it is; the source is FINISHED from here on."""
         ckpt_id = self.store.allocate_id()
-        records = tuple(
-            rec.compact()
-            if rec.finished
-            else SplitRecord(rec.split_id, rec.position, rec.position, rec.position, True, ckpt_id, rec.payload)
-            for rec in (prev.splits if prev is not None else ())
-        )
-        state = self._enumerator_for(prev).snapshot_state()
-        return self._write(prev, state, True, records, ckpt_id, stop=request.id)
+        enumerator = self._enumerator_for(prev)
+        records = []
+        for rec in prev.splits if prev is not None else ():
+            if rec.finished:
+                records.append(rec.compact())
+                continue
+            end = max(rec.position, enumerator.drain_position(Split(rec.split_id, rec.payload), rec.position))
+            records.append(SplitRecord(rec.split_id, rec.position, end, end, True, ckpt_id, rec.payload))
+        state = enumerator.snapshot_state()
+        return self._write(prev, state, True, tuple(records), ckpt_id, stop=request.id)
 
     def _finished_offset(self, start: dict, start_off: SourceOffset) -> dict:
         """A FINISHED source reads nothing, except once the end-of-input marker."""

@@ -39,6 +39,19 @@ class SplitDataSource(DataSource):
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
+        self.setup_source()
+
+    def setup_source(self) -> None:
+        """Validate the options as a source's (idempotent).
+
+        Runs from ``__init__``; a data source that also serves as a sink under the same
+        format name overrides ``__init__`` and calls this only when Spark asks it for a
+        reader (``schema``/``streamReader``), so that sink options are never checked as
+        source options.
+        """
+        if getattr(self, "_source_set_up", False):
+            return
+        options = self.options
         opts = Options(options, f"{self.name()} source", COMMON_OPTIONS + self.EXTRA_OPTIONS)
         uid = parse_uid(opts)  # the uid error comes before the checkpoint error
         root = opts.required("checkpoint", "the metadata root URL, e.g. s3://bucket/pipelines/p1/meta or /tmp/p1/meta")
@@ -50,6 +63,7 @@ class SplitDataSource(DataSource):
         self.configure(opts)
         # Reachability last: every pure validation error comes first, and nothing is written.
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
+        self._source_set_up = True
 
     @classmethod
     def name(cls) -> str:
@@ -144,4 +158,5 @@ class SplitDataSource(DataSource):
         options = {**descriptor["options"], **extra_options}
         source = obj(options)
         assert isinstance(source, SplitDataSource)
+        source.setup_source()
         return source

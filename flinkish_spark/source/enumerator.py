@@ -28,6 +28,15 @@ class SplitEnumerator(ABC):
     def no_more_splits(self) -> bool:
         """True once :meth:`discover` will never return a new split (a bounded source)."""
 
+    def drain_position(self, split: Split, position: int) -> int:
+        """Where a stop with drain ends ``split``, read up to ``position`` so far.
+
+        Default: where it is (drain ends the input now). A source whose "now" lies ahead of
+        what it has planned (a change stream: the current WAL position) returns that, and
+        the drain epoch reads up to it.
+        """
+        return position
+
     def snapshot_state(self) -> bytes:
         """Opaque state stored with each checkpoint (default: none)."""
         return b""

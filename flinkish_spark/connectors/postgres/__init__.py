@@ -1,10 +1,14 @@
-"""PostgreSQL connectors: the exactly-once sink ``flinkish.postgres`` (two-phase commit).
+"""PostgreSQL connectors under one format name, ``flinkish.postgres``: the exactly-once sink
+(two-phase commit) and the source (snapshot splits that finish, then a replication slot's changes).
 
-:mod:`.connection` (URIs, masked passwords, connecting, type mapping) is shared with
-other PostgreSQL connectors. psycopg and the ADBC driver are optional dependencies
-(``pip install 'flinkish_spark[postgres]'``), imported only when a connection is opened.
+:mod:`.connection` (URIs, masked passwords, connecting, type mapping) belongs to the sink,
+:mod:`._source_conn` to the source (to be folded into one). psycopg and the ADBC driver are
+optional dependencies (``pip install 'flinkish_spark[postgres]'``), imported only when a
+connection is opened.
 """
 
+from flinkish_spark.connectors.postgres.datasource import PostgresDataSource
 from flinkish_spark.connectors.postgres.sink import PostgresSink, PostgresSinkDataSource
+from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
 
-__all__ = ["PostgresSink", "PostgresSinkDataSource"]
+__all__ = ["PostgresDataSource", "PostgresSink", "PostgresSinkDataSource", "PostgresSourceDataSource"]

@@ -1,0 +1,191 @@
+"""The ``flinkish.postgres`` source: snapshot rows/s vs Spark's JDBC reader, change stream rate and lag.
+
+On an embedded PostgreSQL 18 (a fresh data folder), local[2]:
+
+1. **Snapshot** of a table of N rows (id bigint primary key, k int, v double precision,
+   name text, ts timestamptz) into Spark's Parquet writer, side by side with Spark's JDBC
+   reader (``partitionColumn=id``, ``numPartitions=2``, the PostgreSQL JDBC jar of the
+   local Maven repository via ``spark.jars``) into the same writer. Runs alternate; medians.
+2. **Change stream** (``startup=changes``, 1-second trigger, foreachBatch appending to
+   Parquet): *sustained changes/s* -- a writer process inserts ``--changes`` rows in
+   1,000-row transactions as fast as it can while the pipeline runs, and the rate is rows
+   over the time from the first insert to the last row in the target; *lag* -- a writer at a
+   fixed ``--rate`` rows/s for ``--lag-seconds``, and per row the time from its commit
+   (``_commit_ts``) to the end of the batch that wrote it to the target, p50 and p99.
+
+    python benchmarks/postgres_source.py [--rows 10000000] [--repeats 2] [--changes 300000] [--changes-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import print_table, write_results  # noqa: E402
+
+JDBC_JAR = os.path.expanduser("~/.m2/repository/org/postgresql/postgresql/42.7.13/postgresql-42.7.13.jar")
+
+WRITER = r'''
+import sys, time, psycopg
+url, total, rate = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+start_id = int(sys.argv[4])
+batch = 1000 if rate <= 0 else max(1, int(rate // 10))
+with psycopg.connect(url, autocommit=True) as conn:
+    t0 = time.time(); done = 0
+    while done < total:
+        n = min(batch, total - done)
+        conn.execute("INSERT INTO changes SELECT g, g %% 100, g * 0.5, 'c' || g, now() FROM generate_series(%s::bigint, %s::bigint) g",
+                     (start_id + done, start_id + done + n - 1))
+        done += n
+        if rate > 0:
+            ahead = done / rate - (time.time() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+'''
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--changes", type=int, default=300_000)
+    ap.add_argument("--rate", type=float, default=2000.0)
+    ap.add_argument("--lag-seconds", type=float, default=30.0)
+    ap.add_argument("--changes-only", action="store_true", help="skip the snapshot comparison")
+    args = ap.parse_args()
+
+    import psycopg
+
+    import flinkish_spark
+    from flinkish_spark.embedded.postgres import start_postgres
+
+    work = tempfile.mkdtemp(prefix="bench-pg-source-")
+    pg = start_postgres(os.path.join(work, "pg"))
+    url = pg.uri
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            t0 = time.time()
+            conn.execute("CREATE TABLE snap (id bigint PRIMARY KEY, k int, v double precision, name text, ts timestamptz)")
+            conn.execute(
+                "INSERT INTO snap SELECT g, g % 1000, g * 0.25, 'name ' || g, "
+                f"timestamptz '2024-01-01' + g * interval '1 second' FROM generate_series(1, {args.rows}) g"
+            )
+            conn.execute("VACUUM ANALYZE snap")
+            print(f"table of {args.rows:,} rows loaded in {time.time() - t0:.1f}s", flush=True)
+            conn.execute("CREATE TABLE changes (id bigint PRIMARY KEY, k int, v double precision, name text, ts timestamptz)")
+
+        spark = flinkish_spark.session(conf={"spark.jars": JDBC_JAR, "spark.driver.memory": "2g"})
+        spark.sparkContext.setLogLevel("ERROR")
+        results: dict[str, list[float]] = {"flinkish.postgres": [], "spark jdbc": []}
+        split = max(1, args.rows // 16)
+        for rep in range(0 if args.changes_only else args.repeats):
+            for name in ("flinkish.postgres", "spark jdbc"):
+                out = os.path.join(work, f"out-{name.replace(' ', '-')}-{rep}")
+                t0 = time.time()
+                if name == "flinkish.postgres":
+                    df = (spark.readStream.format("flinkish.postgres").option("uid", f"snap{rep}")
+                          .option("checkpoint", os.path.join(work, f"meta{rep}")).option("url", url)
+                          .option("table", "snap").option("startup", "snapshot").option("splitSize", split).load())
+                    q = (df.writeStream.format("parquet").option("path", out)
+                         .option("checkpointLocation", os.path.join(work, f"cp{rep}")).trigger(availableNow=True).start())
+                    end = flinkish_spark.await_finished(q)
+                    assert end == "finished", end
+                else:
+                    df = spark.read.jdbc(pg.jdbc_url, "snap", column="id", lowerBound=1, upperBound=args.rows,
+                                         numPartitions=2, properties={"driver": "org.postgresql.Driver", "fetchsize": "10000"})
+                    df.write.parquet(out)
+                secs = time.time() - t0
+                n = spark.read.parquet(out).count()
+                assert n == args.rows, (name, n)
+                results[name].append(secs)
+                print(f"{name}: {args.rows / secs:,.0f} rows/s ({secs:.1f}s)", flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+
+        med = {k: statistics.median(v) for k, v in results.items() if v}
+        if med:
+            base = args.rows / med["spark jdbc"]
+            rows = [[k, f"{args.rows / s:,.0f}", f"{s:.1f}", f"{(args.rows / s) / base:.2f}x"] for k, s in med.items()]
+            print_table(["snapshot", "rows/s (median)", "seconds", "vs jdbc"], rows)
+
+        changes = change_stream(spark, url, work, args)
+        path = write_results("postgres_source", {
+            "rows": args.rows, "repeats": args.repeats, "snapshot_seconds": results,
+            "snapshot_rows_per_s": {k: args.rows / s for k, s in med.items()}, **changes,
+        })
+        print(f"results: {path}")
+        spark.stop()
+    finally:
+        pg.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def change_stream(spark: Any, url: str, work: str, args: argparse.Namespace) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    import flinkish_spark
+
+    target = os.path.join(work, "changes-out")
+    lags: list[float] = []
+    seen = [0]
+    last_row_at = [0.0]
+
+    def batch(df: Any, batch_id: int) -> None:
+        data = df.toArrow()
+        if data.num_rows:
+            pq.write_table(data, os.path.join(target, f"batch-{batch_id}.parquet"))
+        now = time.time()
+        for ts in data.column("_commit_ts").to_pylist():
+            lags.append(now - ts.timestamp())
+        seen[0] += data.num_rows
+        if data.num_rows:
+            last_row_at[0] = now
+
+    os.makedirs(target, exist_ok=True)
+    df = (spark.readStream.format("flinkish.postgres").option("uid", "changes").option("checkpoint", os.path.join(work, "meta-c"))
+          .option("url", url).option("table", "changes").option("startup", "changes").load())
+    q = (df.writeStream.foreachBatch(batch).option("checkpointLocation", os.path.join(work, "cp-c"))
+         .trigger(processingTime="1 second").start())
+    while q.lastProgress is None:  # the slot exists after the first epoch
+        time.sleep(0.2)
+
+    def write(total: int, rate: float, start_id: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", WRITER, url, str(total), str(rate), str(start_id)])
+
+    # Sustained rate: as fast as the writer can insert, until the target has every row.
+    t0 = time.time()
+    if write(args.changes, 0, 1).wait() != 0:
+        raise SystemExit("the change writer failed")
+    writer_s = time.time() - t0
+    while seen[0] < args.changes and q.isActive:
+        time.sleep(0.1)
+    rate = args.changes / (last_row_at[0] - t0)
+    print(f"change stream: {rate:,.0f} changes/s sustained ({args.changes:,} rows; the writer alone took {writer_s:.1f}s)", flush=True)
+
+    # Lag at a fixed rate.
+    lags.clear()
+    total = int(args.rate * args.lag_seconds)
+    if write(total, args.rate, 10_000_000).wait() != 0:
+        raise SystemExit("the change writer failed")
+    while seen[0] < args.changes + total and q.isActive:
+        time.sleep(0.1)
+    lags.sort()
+    p50, p99 = lags[len(lags) // 2], lags[int(len(lags) * 0.99)]
+    print(f"lag at {args.rate:,.0f} changes/s (1 s trigger): p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms", flush=True)
+    end = flinkish_spark.stop(q, drain=True, timeout=120)
+    assert end == "drained", end
+    assert len(glob.glob(os.path.join(target, "*.parquet"))) > 0
+    return {"changes": args.changes, "changes_per_s": rate, "writer_seconds": writer_s,
+            "lag_rate": args.rate, "lag_p50_ms": p50 * 1000, "lag_p99_ms": p99 * 1000}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""``flinkish.postgres`` for both directions: reads go to the source, writes to the sink.
+
+Spark's Python data source registry keys classes by ``name()``, so one class must answer
+``readStream.format("flinkish.postgres")`` *and* ``writeStream.format("flinkish.postgres")``.
+This one holds no state of its own and delegates: :meth:`schema` and :meth:`streamReader` to
+:class:`~flinkish_spark.connectors.postgres.source.PostgresSourceDataSource`, :meth:`streamWriter`
+to :class:`~flinkish_spark.connectors.postgres.sink.PostgresSinkDataSource`. Each side therefore
+validates only its own options, and each keeps writing its own class into the metadata it
+records (the source's descriptor, which the final checkpoint notification rebuilds it from).
+Delegation rather than multiple inheritance: both sides define ``configure``, ``EXTRA_OPTIONS``
+and an ``__init__`` that validates, which one class cannot hold twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.types import StructType
+
+from flinkish_spark.connectors.postgres.sink import PostgresSinkDataSource
+from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
+
+
+class PostgresDataSource(DataSource):
+    """``spark.readStream.format("flinkish.postgres")`` and ``df.writeStream.format("flinkish.postgres")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "flinkish.postgres"
+
+    def schema(self) -> str:
+        return PostgresSourceDataSource(self.options).schema()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PostgresSourceDataSource(self.options).streamReader(schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        return PostgresSinkDataSource(self.options).streamWriter(schema, overwrite)

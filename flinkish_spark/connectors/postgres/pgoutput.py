@@ -1,0 +1,283 @@
+"""A small decoder of PostgreSQL's ``pgoutput`` logical replication messages (protocol version 1).
+
+What it guarantees: :func:`decode_changes` turns the messages of whole transactions, as
+``pg_logical_slot_peek_binary_changes(..., 'proto_version', '1', 'publication_names', ...)``
+returns them, into row changes in WAL (= commit) order, each tagged with its transaction's
+commit LSN and commit time. It is a pure function of the bytes: the same messages always
+give the same rows, which is what makes a replayed epoch read the same changes.
+
+Messages handled (see PostgreSQL's "Logical Replication Message Formats"): Begin ``B``,
+Commit ``C``, Relation ``R``, Insert ``I``, Update ``U`` (with an old key ``K`` or old row
+``O`` when the key changed or REPLICA IDENTITY FULL), Delete ``D``, Truncate ``T``; Origin
+``O``, Type ``Y`` and logical Message ``M`` carry no row change and are skipped. Values
+arrive as text (``t``), null (``n``) or "unchanged TOASTed value" (``u``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Iterable, Iterator, Literal
+
+ChangeOp = Literal["c", "u", "d"]
+
+#: PostgreSQL timestamps count microseconds from 2000-01-01 00:00:00 UTC.
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH_US = 946_684_800_000_000  # PG_EPOCH in microseconds since 1970-01-01
+
+#: A value the server did not send because it is an unchanged TOASTed value ('u').
+UNCHANGED_TOAST = object()
+
+
+class PgOutputError(ValueError):
+    """The bytes are not a pgoutput message this decoder understands."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type_oid: int
+    is_key: bool
+
+
+@dataclass(frozen=True)
+class Relation:
+    relid: int
+    namespace: str
+    name: str
+    replica_identity: str  # 'd' default (primary key), 'f' full, 'i' index, 'n' nothing
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True)
+class Begin:
+    final_lsn: int  # LSN of the commit record: the transaction's position in commit order
+    commit_ts_us: int  # microseconds since 1970-01-01 UTC
+    xid: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int
+
+
+
+@dataclass(frozen=True)
+class RowMessage:
+    kind: Literal["I", "U", "D"]
+    relid: int
+    new: tuple[object, ...] | None  # text values, None (null) or UNCHANGED_TOAST
+    old: tuple[object, ...] | None  # old key ('K') or old row ('O'), when sent
+    old_kind: Literal["K", "O"] | None
+
+
+@dataclass(frozen=True)
+class Truncate:
+    relids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    kind: str
+
+
+Message = Begin | Commit | Relation | RowMessage | Truncate | Skipped
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row change: ``values`` by column name (text, None or UNCHANGED_TOAST)."""
+
+    op: ChangeOp
+    relation: Relation
+    values: dict[str, object]
+    commit_lsn: int
+    commit_ts_us: int
+    seq: int  # ordinal of the change within its transaction (WAL order)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.data):
+            raise PgOutputError(f"message truncated: wanted {n} bytes at offset {self.pos} of {len(self.data)}")
+        out = self.data[self.pos:end]
+        self.pos = end
+        return out
+
+    def byte(self) -> str:
+        return chr(self.take(1)[0])
+
+    def int8(self) -> int:
+        return self.take(1)[0]
+
+    def int16(self) -> int:
+        return int(struct.unpack(">h", self.take(2))[0])
+
+    def int32(self) -> int:
+        return int(struct.unpack(">i", self.take(4))[0])
+
+    def uint32(self) -> int:
+        return int(struct.unpack(">I", self.take(4))[0])
+
+    def int64(self) -> int:
+        return int(struct.unpack(">q", self.take(8))[0])
+
+    def cstring(self) -> str:
+        end = self.data.find(b"\x00", self.pos)
+        if end < 0:
+            raise PgOutputError(f"unterminated string at offset {self.pos}")
+        out = self.data[self.pos:end].decode("utf-8")
+        self.pos = end + 1
+        return out
+
+    def tuple_data(self) -> tuple[object, ...]:
+        values: list[object] = []
+        for _ in range(self.int16()):
+            kind = self.byte()
+            if kind == "n":
+                values.append(None)
+            elif kind == "u":
+                values.append(UNCHANGED_TOAST)
+            elif kind == "t":
+                values.append(self.take(self.int32()).decode("utf-8"))
+            elif kind == "b":
+                raise PgOutputError("binary tuple values ('b') are not supported: do not ask for binary 'true'")
+            else:
+                raise PgOutputError(f"unknown tuple value kind {kind!r}")
+        return tuple(values)
+
+
+def _ts(pg_us: int) -> int:
+    return pg_us + PG_EPOCH_US
+
+
+def decode_message(data: bytes) -> Message:
+    """Decode one pgoutput message (one row of ``pg_logical_slot_peek_binary_changes``)."""
+    if not data:
+        raise PgOutputError("empty message")
+    r = _Reader(bytes(data))
+    kind = r.byte()
+    if kind == "B":
+        return Begin(final_lsn=r.int64(), commit_ts_us=_ts(r.int64()), xid=r.uint32())
+    if kind == "C":
+        r.int8()  # flags, unused
+        return Commit(commit_lsn=r.int64(), end_lsn=r.int64(), commit_ts_us=_ts(r.int64()))
+    if kind == "R":
+        relid = r.uint32()
+        namespace, name = r.cstring(), r.cstring()
+        identity = chr(r.int8())
+        cols = []
+        for _ in range(r.int16()):
+            flags = r.int8()
+            col_name = r.cstring()
+            type_oid = r.uint32()
+            r.int32()  # type modifier
+            cols.append(Column(col_name, type_oid, bool(flags & 1)))
+        return Relation(relid, namespace, name, identity, tuple(cols))
+    if kind == "I":
+        relid = r.uint32()
+        if r.byte() != "N":
+            raise PgOutputError("insert message without a new tuple")
+        return RowMessage("I", relid, r.tuple_data(), None, None)
+    if kind == "U":
+        relid = r.uint32()
+        tag = r.byte()
+        old: tuple[object, ...] | None = None
+        old_kind: Literal["K", "O"] | None = None
+        if tag in ("K", "O"):
+            old_kind = "K" if tag == "K" else "O"
+            old = r.tuple_data()
+            tag = r.byte()
+        if tag != "N":
+            raise PgOutputError(f"update message: expected a new tuple 'N', got {tag!r}")
+        return RowMessage("U", relid, r.tuple_data(), old, old_kind)
+    if kind == "D":
+        relid = r.uint32()
+        tag = r.byte()
+        if tag not in ("K", "O"):
+            raise PgOutputError(f"delete message: expected an old key 'K' or row 'O', got {tag!r}")
+        return RowMessage("D", relid, None, r.tuple_data(), "K" if tag == "K" else "O")
+    if kind == "T":
+        n = r.int32()
+        r.int8()  # options (CASCADE / RESTART IDENTITY)
+        return Truncate(tuple(r.uint32() for _ in range(n)))
+    if kind in ("O", "Y", "M"):
+        return Skipped(kind)
+    raise PgOutputError(f"unknown pgoutput message type {kind!r}")
+
+
+def decode_changes(
+    messages: Iterable[bytes], start_lsn: int = 0, end_lsn: int | None = None
+) -> Iterator[Change | Truncate]:
+    """Row changes of the transactions whose commit LSN lies in ``[start_lsn, end_lsn)``.
+
+    ``messages`` must begin at a transaction boundary (as a peek from a slot does). An
+    update that changes the key yields a delete of the old key followed by an insert-like
+    update of the new row, so that a keyed sink applying the rows in order ends right.
+    Relation messages seen anywhere in the stream are remembered (the server sends one
+    before a relation's first change in each decoding session, also in skipped transactions).
+    """
+    relations: dict[int, Relation] = {}
+    txn: Begin | None = None
+    seq = 0
+    for data in messages:
+        msg = decode_message(data)
+        if isinstance(msg, Relation):
+            relations[msg.relid] = msg
+        elif isinstance(msg, Begin):
+            txn, seq = msg, 0
+        elif isinstance(msg, Commit):
+            txn = None
+        elif isinstance(msg, (RowMessage, Truncate)):
+            if txn is None:
+                raise PgOutputError("a row change outside of a transaction (the messages do not start at a Begin)")
+            if txn.final_lsn < start_lsn or (end_lsn is not None and txn.final_lsn >= end_lsn):
+                continue
+            if isinstance(msg, Truncate):
+                yield msg
+                continue
+            rel = relations.get(msg.relid)
+            if rel is None:
+                raise PgOutputError(f"change of relation {msg.relid} before its Relation message")
+            names = [c.name for c in rel.columns]
+            if msg.kind == "D":
+                assert msg.old is not None
+                yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
+                seq += 1
+                continue
+            assert msg.new is not None
+            if msg.kind == "U" and msg.old_kind == "K" and msg.old is not None:
+                # Default replica identity sends the old key only when the key changed.
+                yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
+                seq += 1
+            elif msg.kind == "U" and msg.old_kind == "O" and msg.old is not None:
+                old_key = {c.name: v for c, v in zip(rel.columns, msg.old) if c.is_key}
+                new_key = {c.name: v for c, v in zip(rel.columns, msg.new) if c.is_key}
+                if old_key != new_key:
+                    yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
+                    seq += 1
+            op: ChangeOp = "c" if msg.kind == "I" else "u"
+            yield Change(op, rel, dict(zip(names, msg.new)), txn.final_lsn, txn.commit_ts_us, seq)
+            seq += 1
+
+
+def format_lsn(lsn: int) -> str:
+    """``0/16B3748`` style, as PostgreSQL prints a pg_lsn."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    hi, sep, lo = text.partition("/")
+    if not sep:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(hi, 16) << 32) | int(lo, 16)

@@ -1,0 +1,199 @@
+"""The replication slot and publication of a ``flinkish.postgres`` source: checks, create, advance, drop.
+
+Guarantees:
+
+* The slot is created *before* the snapshot's chunk boundaries are computed and before any
+  chunk is read, so every change committed after the slot's consistent point stays in the
+  WAL until the source has read it and the sink has committed it.
+* The slot is advanced (``pg_replication_slot_advance``) only to the end of an epoch whose
+  checkpoint is complete -- never before -- so a replayed epoch still finds its changes.
+* Ownership: before the source creates a slot or publication it records that in its own
+  checkpoint folder (``_postgres.json``). An existing slot or publication of the same name
+  that this record does not claim belongs to something else, and the source refuses to
+  use (or ever drop) it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from flinkish_spark.connectors.postgres._source_conn import PostgresSourceError
+from flinkish_spark.connectors.postgres.pgoutput import format_lsn, parse_lsn
+from flinkish_spark.io.fileio import FileIO
+
+MARKER_FILE = "_postgres.json"
+
+SlotState = Literal["ok", "missing", "lost"]
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """What this source created on the server (written before creating it)."""
+
+    database: str
+    slot: str
+    publication: str
+    slot_created: bool
+    publication_created: bool
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def read(cls, io: FileIO, directory: str) -> "Ownership | None":
+        path = f"{directory}/{MARKER_FILE}"
+        if not io.exists(path):
+            return None
+        d = json.loads(io.read_bytes(path))
+        return cls(str(d["database"]), str(d["slot"]), str(d["publication"]),
+                   bool(d["slot_created"]), bool(d["publication_created"]))
+
+    def write(self, io: FileIO, directory: str) -> None:
+        io.write_bytes(f"{directory}/{MARKER_FILE}", self.to_json())
+
+
+def check_logical_replication(conn: Any, what: str) -> None:
+    """``wal_level = logical`` and a role that may use replication slots, or a clear error."""
+    wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+    if wal_level != "logical":
+        raise PostgresSourceError(
+            f"{what}: the server's wal_level is {wal_level!r}; reading changes needs 'logical'. Set it with "
+            "ALTER SYSTEM SET wal_level = 'logical' (or wal_level = logical in postgresql.conf; on managed "
+            "services the 'logical replication' parameter) and restart the server; or use startup=snapshot"
+        )
+    row = conn.execute(
+        "SELECT rolreplication OR rolsuper, current_user FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if not row or not row[0]:
+        user = row[1] if row else "?"
+        raise PostgresSourceError(
+            f"{what}: the role {user!r} has no REPLICATION privilege, which replication slots need. "
+            f"Grant it: ALTER ROLE {user} WITH REPLICATION; or use startup=snapshot"
+        )
+
+
+def database_name(conn: Any) -> str:
+    return str(conn.execute("SELECT current_database()").fetchone()[0])
+
+
+def slot_info(conn: Any, slot: str) -> tuple[SlotState, int | None, str | None]:
+    """(state, confirmed_flush_lsn, database) of ``slot``; ``lost`` = invalidated by the server."""
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text, database, plugin, wal_status, invalidation_reason "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return "missing", None, None
+    confirmed, database, _plugin, wal_status, reason = row
+    if wal_status == "lost" or reason is not None:
+        return "lost", None if confirmed is None else parse_lsn(confirmed), database
+    return "ok", None if confirmed is None else parse_lsn(confirmed), database
+
+
+def publication_tables(conn: Any, publication: str) -> list[tuple[str, str]] | None:
+    """The tables of ``publication`` as (schema, table), or None when it does not exist."""
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
+        return None
+    rows = conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+    ).fetchall()
+    return [(str(s), str(t)) for s, t in rows]
+
+
+def ensure_slot_and_publication(
+    conn: Any,
+    io: FileIO,
+    directory: str,
+    slot: str,
+    publication: str,
+    table: tuple[str, str],
+    publication_given: bool,
+    what: str,
+) -> Ownership:
+    """Create (or, after a crash of the first run, reuse) the source's publication and slot.
+
+    Order matters: the publication first, then the slot, then (by the caller) the snapshot.
+    """
+    psycopg = __import__("psycopg")
+    sql = psycopg.sql
+    db = database_name(conn)
+    claimed = Ownership.read(io, directory)
+    tables = publication_tables(conn, publication)
+    state, _confirmed, slot_db = slot_info(conn, slot)
+    ours_pub = claimed is not None and claimed.publication == publication and claimed.publication_created
+    ours_slot = claimed is not None and claimed.slot == slot and claimed.slot_created and claimed.database == db
+    if tables is not None and not ours_pub and not publication_given:
+        raise PostgresSourceError(
+            f"{what}: a publication named {publication!r} already exists and was not created by this source "
+            f"(its checkpoint folder {directory} does not claim it). Name another one with the option "
+            "'publication', drop the old one (DROP PUBLICATION ...), or pass it explicitly if it is meant to be used"
+        )
+    if tables is not None and table not in tables:
+        raise PostgresSourceError(
+            f"{what}: the publication {publication!r} does not publish {table[0]}.{table[1]}; "
+            f"ALTER PUBLICATION {publication} ADD TABLE {table[0]}.{table[1]}, or name another publication"
+        )
+    if state != "missing" and not ours_slot:
+        where = f" (in database {slot_db!r})" if slot_db and slot_db != db else ""
+        raise PostgresSourceError(
+            f"{what}: a replication slot named {slot!r}{where} already exists and was not created by this "
+            f"source (its checkpoint folder {directory} does not claim it). Name another one with the option "
+            f"'slotName', or drop the old one: SELECT pg_drop_replication_slot('{slot}')"
+        )
+    owned = Ownership(db, slot, publication, slot_created=True, publication_created=tables is None or ours_pub)
+    # Recorded before creating: a crash in between leaves a claim on something that may not
+    # exist (harmless), never something created and unclaimed (which would block the restart).
+    owned.write(io, directory)
+    if tables is None:
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert, update, delete, truncate')").format(
+                sql.Identifier(publication), sql.Identifier(table[0]), sql.Identifier(table[1])
+            )
+        )
+    if state == "missing":
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    elif state == "lost":
+        raise PostgresSourceError(f"{what}: the replication slot {slot!r} was invalidated by the server before the first epoch")
+    return owned
+
+
+def start_lsn(conn: Any, slot: str) -> int:
+    state, confirmed, _ = slot_info(conn, slot)
+    if state != "ok" or confirmed is None:
+        raise PostgresSourceError(f"the replication slot {slot!r} is {state}")
+    return confirmed
+
+
+def advance(conn: Any, slot: str, lsn: int) -> bool:
+    """Move the slot's confirmed position up to ``lsn`` (never back); False when the slot is gone."""
+    state, confirmed, _ = slot_info(conn, slot)
+    if state != "ok":
+        return False
+    if confirmed is not None and confirmed >= lsn:
+        return True
+    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+    return True
+
+
+def drop(conn: Any, owned: Ownership) -> None:
+    """Drop what this source created; idempotent."""
+    psycopg = __import__("psycopg")
+    if owned.slot_created and slot_info(conn, owned.slot)[0] != "missing":
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (owned.slot,))
+    if owned.publication_created:
+        conn.execute(psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(psycopg.sql.Identifier(owned.publication)))
+
+
+def wal_held_back(conn: Any, slot: str) -> tuple[str, int] | None:
+    """(confirmed position, bytes of WAL the slot holds back) or None when there is no such slot."""
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    return str(row[0]), int(row[1] or 0)

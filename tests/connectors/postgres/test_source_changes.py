@@ -1,0 +1,124 @@
+"""``flinkish.postgres`` snapshotThenChanges: a table mirrored into another one, through kills and a drain.
+
+A writer process inserts, updates (also keys) and deletes rows of the source table the
+whole time. The pipeline (snapshot chunks, then the slot's changes) writes into a second
+table through the ``flinkish.postgres`` sink in ``upsert`` mode with ``deletes=true``
+(exactly-once, two-phase commit). It is killed with kill -9 at
+three protocol points and restarted; after each kill the slot's confirmed position is
+checked against the last committed epoch. Then the writer stops, the pipeline is stopped
+with drain, and the target must equal the source row for row, with no slot or
+publication left.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
+from flinkish_spark.testing.postgres import committed_checkpoint
+
+pytestmark = pytest.mark.slow
+
+ROWS = 200_000
+SPLIT = 25_000  # 8 chunks
+UID = "mirror"
+SLOT = "flinkish_mirror"
+
+WRITER = r'''
+import os, random, sys, time, psycopg
+url, stop_file = sys.argv[1], sys.argv[2]
+rnd = random.Random(7)
+next_id = 10_000_000
+with psycopg.connect(url, autocommit=True) as conn:
+    while not os.path.exists(stop_file):
+        op = rnd.random()
+        k = rnd.randint(1, 200_000)
+        with conn.transaction():
+            if op < 0.35:
+                conn.execute("INSERT INTO src VALUES (%s, %s, %s)", (next_id, "new", next_id % 97))
+                next_id += 1
+            elif op < 0.7:
+                conn.execute("UPDATE src SET v = v || '+', n = n + 1 WHERE id = %s", (k,))
+                conn.execute("UPDATE src SET n = n * 2 WHERE id = %s", (k + 1,))
+            elif op < 0.9:
+                conn.execute("DELETE FROM src WHERE id = %s", (k,))
+            else:
+                conn.execute("UPDATE src SET id = %s WHERE id = %s", (next_id, k))  # a key change
+                next_id += 1
+        time.sleep(0.003)
+'''
+
+
+def slot_confirmed(url: str) -> int | None:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+    return None if row is None else parse_lsn(row[0])
+
+
+def spec(tmp_path: Path, url: str, **extra: object) -> dict:
+    return {
+        "source": {"format": "flinkish.postgres", "options": {
+            "uid": UID, "checkpoint": str(tmp_path / "meta"), "url": url, "table": "src",
+            "splitSize": SPLIT, "maxRowsPerTrigger": 2 * SPLIT, "retainCheckpoints": 1000}},
+        "sink": {"format": "flinkish.postgres", "checkpointLocation": str(tmp_path / "cp"), "options": {
+            "uid": "dst", "checkpoint": str(tmp_path / "meta"), "url": url, "table": "public.dst",
+            "mode": "upsert", "key": "id", "deletes": "true"}},
+        "trigger": "1 second",
+        "end": "timeout",
+        "runSeconds": 200,
+        **extra,
+    }
+
+
+def test_mirror_through_kills_and_drain_equals_the_source(pg_url, run_pipeline, tmp_path: Path) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE src (id bigint PRIMARY KEY, v text, n int)")
+        conn.execute(f"INSERT INTO src SELECT g, 'v' || g, g % 1000 FROM generate_series(1, {ROWS}) g")
+        conn.execute("CREATE TABLE dst (id bigint PRIMARY KEY, v text, n int)")
+    stop_file = tmp_path / "stop-writer"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_file)])
+    try:
+        start_lsn: int | None = None
+        for point in ("source.read:3", "source.partitions:5", "source.after_metadata_write:3"):
+            run = run_pipeline(spec(tmp_path, pg_url), crash_at=point)
+            assert run.killed, f"expected a kill at {point}, got rc={run.returncode}:\n{run.output[-3000:]}"
+            confirmed = slot_confirmed(pg_url)
+            assert confirmed is not None, "the slot exists from the first epoch on"
+            done = committed_checkpoint(str(tmp_path / "cp"), str(tmp_path / "meta"), UID)
+            change = None if done is None else next((s for s in done.splits if s.split_id.startswith("changes-")), None)
+            if change is None or change.position == 0:
+                # No change epoch committed yet: the slot has not moved from where it was created.
+                start_lsn = confirmed if start_lsn is None else start_lsn
+                assert confirmed == start_lsn
+            else:
+                # Never past the end of the last committed epoch (it lags by at most that epoch).
+                assert confirmed <= change.position, (point, confirmed, change.position)
+        assert done is not None and any(s.split_id.startswith("changes-") and s.position > 0 for s in done.splits), \
+            "the kills should reach the change stream"
+    finally:
+        stop_file.touch()
+        writer.wait(timeout=60)
+
+    last = run_pipeline(spec(tmp_path, pg_url, end="drain", stopAfterBatches=2))
+    assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]
+
+    with psycopg.connect(pg_url) as conn:
+        count = conn.execute("SELECT count(*) FROM src").fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM dst").fetchone()[0] == count
+        missing = conn.execute("SELECT count(*) FROM (SELECT * FROM src EXCEPT SELECT * FROM dst) d").fetchone()[0]
+        extra = conn.execute("SELECT count(*) FROM (SELECT * FROM dst EXCEPT SELECT * FROM src) d").fetchone()[0]
+        assert (missing, extra) == (0, 0)
+        changed = conn.execute("SELECT count(*) FROM src WHERE v LIKE '%+' OR id > 200000").fetchone()[0]
+        assert changed > 50  # the writer really changed the table while the pipeline ran
+        # A drained source drops the slot and publication it created (final notification).
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s", (SLOT,)).fetchone()[0] == 0
