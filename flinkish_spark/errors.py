@@ -118,6 +118,10 @@ class TargetSchemaError(TerminalError):
     unique key, or (:class:`TableMismatchError`) a Delta/Iceberg table has another schema or partitioning."""
 
 
+class PostgresSourceError(TerminalError):
+    """The server, the table or the replication slot does not allow the flinkish.postgres source to run as asked."""
+
+
 class TargetWriteError(TerminalError):
     """The database rejected an epoch's rows (a constraint violation, a bad value); nothing of the epoch is visible."""
 

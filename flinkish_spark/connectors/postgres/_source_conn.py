@@ -15,35 +15,9 @@ import re
 import urllib.parse
 from typing import Any
 
-from flinkish_spark.errors import ConfigError, EnvironmentSetupError, RetryableError, TerminalError
-
-INSTALL_HINT = "pip install 'flinkish_spark[postgres]'"
-
-
-class PostgresSourceError(TerminalError):
-    """The server, the table or the replication slot does not allow the source to run as asked."""
-
-
-class PostgresUnavailableError(RetryableError):
-    """The server did not answer (down, restarting, network); a retry or restart may succeed."""
-
-
-def require_psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as e:  # pragma: no cover - depends on the installed extras
-        raise EnvironmentSetupError(f"the flinkish.postgres source needs psycopg: {INSTALL_HINT}") from e
-    return psycopg
-
-
-def require_adbc() -> Any:
-    try:
-        import adbc_driver_postgresql.dbapi as dbapi
-    except ImportError as e:  # pragma: no cover - depends on the installed extras
-        raise EnvironmentSetupError(
-            f"the flinkish.postgres source reads snapshots through ADBC (adbc-driver-postgresql): {INSTALL_HINT}"
-        ) from e
-    return dbapi
+# One error hierarchy and one install hint for both directions of flinkish.postgres.
+from flinkish_spark.connectors.postgres.connection import INSTALL_HINT, require_adbc, require_psycopg  # noqa: F401
+from flinkish_spark.errors import ConfigError, DatabaseUnavailableError, PostgresSourceError  # noqa: F401
 
 
 def mask_url(url: str) -> str:
@@ -112,7 +86,7 @@ def connect(url: str, password_env: str | None, autocommit: bool = True) -> Any:
                 f"flinkish.postgres source: authentication to {mask_url(url)} failed ({msg}); give the "
                 "password in the URL, in PGPASSWORD or in the variable that the option 'passwordEnv' names"
             ) from None
-        raise PostgresUnavailableError(f"flinkish.postgres source: cannot connect to {mask_url(url)}: {msg}") from None
+        raise DatabaseUnavailableError(f"flinkish.postgres source: cannot connect to {mask_url(url)}: {msg}") from None
 
 
 def connect_adbc(url: str, password_env: str | None) -> Any:
@@ -122,6 +96,6 @@ def connect_adbc(url: str, password_env: str | None) -> Any:
     try:
         return dbapi.connect(full)
     except Exception as e:  # noqa: BLE001 - ADBC raises its own DatabaseError family
-        raise PostgresUnavailableError(
+        raise DatabaseUnavailableError(
             f"flinkish.postgres source: cannot connect to {mask_url(url)}: {mask_text(str(e), full)}"
         ) from None
