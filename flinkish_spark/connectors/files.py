@@ -217,4 +217,10 @@ class FilesDataSource(SplitDataSource):
             rel = posixpath.relpath(self.data_io.strip(url), base) if base else posixpath.basename(url)
             if rel.startswith(".."):
                 rel = posixpath.basename(url)
-            self.data_io.move(url, f"{self.archive_path}/{rel}")
+            try:
+                self.data_io.move(url, f"{self.archive_path}/{rel}")
+            except FileNotFoundError:
+                # A second notification for the same epoch (the commit notification and the final
+                # one can both cover the last epoch) moved it first: gone from the input is the goal.
+                if self.data_io.exists(url):
+                    raise
