@@ -16,7 +16,7 @@ or {sparkFiles: {uid, path, checkpoint, format, partitionBy, options}, checkpoin
 "N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
-another process) or "timeout" (``query.stop()`` after ``runSeconds``). The run prints
+another process) or "timeout" (``query.stop()`` after ``runSeconds``, or earlier once the file ``stopWhenExists`` names exists). The run prints
 ``QUERY_END=<how it ended>``.
 """
 
@@ -123,7 +123,10 @@ def run(spec: dict[str, Any]) -> None:
         how = flinkish_spark.stop(query, drain=end == "drain", timeout=run_seconds)
     else:
         deadline = time.time() + (run_seconds or 10.0)
-        while time.time() < deadline and query.isActive:
+        # "stopWhenExists": end early, gracefully, once the caller creates that file (a test
+        # that must keep this run alive exactly as long as it needs, whatever the machine's speed).
+        stop_file = spec.get("stopWhenExists")
+        while time.time() < deadline and query.isActive and not (stop_file and os.path.exists(stop_file)):
             time.sleep(0.2)
         query.stop()
         how = "terminated"

@@ -187,10 +187,13 @@ def test_second_concurrent_run_is_fenced_and_first_completes(spark, tmp_path: Pa
         "source": {"format": "flinkish.sequence", "options": {"uid": "seq", "checkpoint": str(tmp_path / "meta"), "splits": 2, "rowsPerSecond": 200}},
         "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"), "options": {"uid": "out", "path": str(out)}},
         "trigger": "1 second",
-        "runSeconds": 40,
     }
-    (tmp_path / "first.json").write_text(json.dumps(child_spec(s)))
-    (tmp_path / "second.json").write_text(json.dumps(child_spec({**s, "runSeconds": 15})))
+    # The first run lives until the test says so (however slowly the second one starts on a
+    # loaded machine): the second must meet a *live* holder. The second fails at its first
+    # step; its runSeconds only bounds a run that wrongly was not fenced.
+    stop = tmp_path / "stop-first"
+    (tmp_path / "first.json").write_text(json.dumps(child_spec({**s, "runSeconds": 300, "stopWhenExists": str(stop)})))
+    (tmp_path / "second.json").write_text(json.dumps(child_spec({**s, "runSeconds": 60})))
     cmd = [sys.executable, "-m", "flinkish_spark.runner"]
     first = subprocess.Popen([*cmd, str(tmp_path / "first.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -199,9 +202,11 @@ def test_second_concurrent_run_is_fenced_and_first_completes(spark, tmp_path: Pa
             time.sleep(0.5)
         assert len(log_for(tmp_path).epochs()[1]) >= 2, "the first run did not commit"
         second = subprocess.run([*cmd, str(tmp_path / "second.json")], capture_output=True, text=True, timeout=180)
-        assert second.returncode != 0
+        assert first.poll() is None, "the first run ended before the second was checked"
+        assert second.returncode != 0, (second.stdout + second.stderr)[-3000:]
         text = second.stdout + second.stderr
         assert "FencedError" in text and "is in use by another live run of this query" in text
+        stop.touch()
         out1, _ = first.communicate(timeout=180)
     finally:
         if first.poll() is None:
