@@ -62,3 +62,30 @@ def test_register_on_a_session_whose_workers_lack_the_package_is_refused(spark, 
         flinkish_spark.register(spark)
     msg = str(err.value)
     assert "the Spark workers' interpreter (PYSPARK_PYTHON unset) is" in msg and "cannot import flinkish_spark" in msg
+
+
+def test_workers_import_the_installed_pyspark_not_the_zip(spark) -> None:
+    # Spark puts $SPARK_HOME/python/lib/pyspark.zip first on the workers' path; the session's
+    # SPARK_HOME has no zip, so workers start from the installed, compiled package.
+    def where(_: object) -> str:
+        import pyspark
+
+        return pyspark.__file__
+
+    seen = set(spark.sparkContext.parallelize(range(4), 2).map(where).collect())
+    assert seen and all(".zip" not in p for p in seen), seen
+
+
+def test_fast_worker_home_only_for_the_drivers_own_interpreter(monkeypatch, tmp_path: Path) -> None:
+    from flinkish_spark.worker_home import fast_worker_spark_home
+
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    home = fast_worker_spark_home(sys.executable)
+    assert home is not None and home.startswith(str(tmp_path / "cache"))
+    assert (Path(home) / "bin" / "spark-submit").is_file() and (Path(home) / "jars").is_dir()
+    assert not (Path(home) / "python").exists()
+    assert fast_worker_spark_home(sys.executable) == home  # built once, then reused
+    assert fast_worker_spark_home(str(tmp_path / "other-python")) is None
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "users-spark"))
+    assert fast_worker_spark_home(sys.executable) is None
