@@ -116,12 +116,17 @@ def _orphans(args: argparse.Namespace) -> int:
         return 0
     for e in entries:
         print(f"{e.state:8} epoch {e.epoch:>6}  {e.path}")
-    counts = {s: sum(1 for e in entries if e.state == s) for s in ("orphan", "pending", "decided")}
-    print(f"{counts['orphan']} orphan, {counts['pending']} pending (newest undecided epochs), "
-          f"{counts['decided']} awaiting recovery; removed {len(removed)}")
-    if not args.delete and counts["orphan"]:
-        print("run again with --delete to remove the orphans")
+    _orphan_summary([e.state for e in entries], len(removed), args.delete, "", "remove")
     return 0
+
+
+def _orphan_summary(states: list[str], removed: int, deleted: bool, where: str, verb: str) -> None:
+    """The closing lines of ``flinkish orphans``: counts per state, and the hint to delete."""
+    counts = {s: states.count(s) for s in ("orphan", "pending", "decided")}
+    print(f"{where}{counts['orphan']} orphan, {counts['pending']} pending (newest undecided epochs), "
+          f"{counts['decided']} awaiting recovery; removed {removed}")
+    if not deleted and counts["orphan"]:
+        print(f"run again with --delete to {verb} the orphans")
 
 
 def _pg_orphans(args: argparse.Namespace) -> int:
@@ -141,11 +146,7 @@ def _pg_orphans(args: argparse.Namespace) -> int:
     for e in entries:
         rows = f" ({e.rows} rows)" if e.rows is not None else ""
         print(f"{e.state:8} epoch {e.epoch:>6}  {e.kind:8} {e.name}{rows}")
-    counts = {s: sum(1 for e in entries if e.state == s) for s in ("orphan", "pending", "decided")}
-    print(f"{conn.masked}: {counts['orphan']} orphan, {counts['pending']} pending (newest undecided epochs), "
-          f"{counts['decided']} awaiting recovery; removed {len(removed)}")
-    if not args.delete and counts["orphan"]:
-        print("run again with --delete to roll back / delete the orphans")
+    _orphan_summary([e.state for e in entries], len(removed), args.delete, f"{conn.masked}: ", "roll back / delete")
     return 0
 
 

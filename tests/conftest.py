@@ -57,29 +57,8 @@ def s3(s3_endpoint: str) -> str:
 def s3_process_endpoint() -> Iterator[str]:
     """moto's S3 server in a process of its own. delta-rs holds the GIL while it waits for S3,
     which starves the in-process server of the ``s3`` fixture (the call times out after minutes)."""
-    import socket
-    import time
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto's S3 server did not start")
-                time.sleep(0.1)
+    with s3_helpers.local_s3_process() as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture

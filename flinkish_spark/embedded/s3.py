@@ -50,6 +50,40 @@ def local_s3() -> Iterator[str]:
         server.stop()
 
 
+@contextmanager
+def local_s3_process(start_timeout: float = 30.0) -> Iterator[str]:
+    """Like :func:`local_s3`, with moto's server in a process of its own.
+
+    For clients that hold the GIL while they wait for S3 (delta-rs does): they would starve a
+    server running in a thread of the same process.
+    """
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    set_dummy_credentials()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def reset(endpoint: str) -> None:
     """Forget every bucket and object on the server; clear fsspec's cached S3 clients."""
     import requests
