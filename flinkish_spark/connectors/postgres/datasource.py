@@ -13,6 +13,7 @@ and an ``__init__`` that validates, which one class cannot hold twice.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
@@ -25,6 +26,13 @@ from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
 class PostgresDataSource(DataSource):
     """``spark.readStream.format("flinkish.postgres")`` and ``df.writeStream.format("flinkish.postgres")``."""
 
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        # The sink's run id must live as long as this instance: Spark keeps the instance for the
+        # whole query and calls streamWriter() again for every micro-batch. A sink made afresh
+        # each time would look like a new run at every commit and wait out the lease of the last.
+        self.run_id = uuid.uuid4().hex
+
     @classmethod
     def name(cls) -> str:
         return "flinkish.postgres"
@@ -36,4 +44,6 @@ class PostgresDataSource(DataSource):
         return PostgresSourceDataSource(self.options).streamReader(schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        return PostgresSinkDataSource(self.options).streamWriter(schema, overwrite)
+        sink = PostgresSinkDataSource(self.options)
+        sink.run_id = self.run_id
+        return sink.streamWriter(schema, overwrite)

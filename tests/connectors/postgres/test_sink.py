@@ -106,3 +106,21 @@ def test_docs_bounded_pipeline_ends_by_itself(spark, tmp_path: Path, pg_url: str
 
 def query_rows(url: str) -> list[tuple]:
     return query(url, "SELECT count(*), count(DISTINCT (split, seq)) FROM events")
+
+
+def test_one_run_id_for_every_batch_of_a_query(tmp_path: Path, pg_url: str) -> None:
+    # Spark keeps one (pickled) data source instance per query and asks it for a writer every
+    # micro-batch. Each writer must commit as the same run: a new run id per batch made every
+    # commit wait out the previous batch's lease (5.5 s per epoch) as if another run held it.
+    import pickle
+
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from flinkish_spark.connectors.postgres.datasource import PostgresDataSource
+
+    with psycopg.connect(pg_url, autocommit=True) as c:
+        c.execute("CREATE TABLE public.runs (seq bigint)")
+    schema = StructType([StructField("seq", LongType())])
+    source = PostgresDataSource({"uid": "out", "url": pg_url, "table": "public.runs", "checkpoint": str(tmp_path / "meta")})
+    writers = [pickle.loads(pickle.dumps(source)).streamWriter(schema, False) for _ in range(2)]
+    assert writers[0].source.run_id == writers[1].source.run_id == source.run_id
