@@ -36,6 +36,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Iterator, Literal, Union
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
@@ -312,11 +313,12 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
     def _shape(self, batch: pa.Table, ctx: PrepareContext, attempt_id: str, start: int) -> pa.Table:
         n = batch.num_rows
         out = self._cast(batch)
+        # Built in Arrow, not from Python lists: this runs for every chunk of every task.
         extra = [
-            (S_EPOCH, pa.array([ctx.epoch] * n, pa.int64())),
-            (S_ATTEMPT, pa.array([attempt_id] * n, pa.string())),
-            (S_PART, pa.array([ctx.partition_id] * n, pa.int32())),
-            (S_ROW, pa.array(range(start, start + n), pa.int64())),
+            (S_EPOCH, pa.repeat(pa.scalar(ctx.epoch, pa.int64()), n)),
+            (S_ATTEMPT, pa.repeat(pa.scalar(attempt_id, pa.string()), n)),
+            (S_PART, pa.repeat(pa.scalar(ctx.partition_id, pa.int32()), n)),
+            (S_ROW, pa.array(np.arange(start, start + n, dtype=np.int64))),
         ]
         for i, (name, arr) in enumerate(extra):
             out = out.add_column(i, name, arr)
