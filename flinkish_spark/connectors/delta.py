@@ -7,21 +7,28 @@
 * **Commit** (driver, after the decision is recorded): one Delta transaction per epoch
   with every add action of the epoch and the application transaction
   ``txn(appId = sink uid, version = epoch)`` -- what Spark's own Delta streaming sink
-  writes. Appends of other writers do not conflict with it; delta-rs retries the commit
-  against them.
-* **Idempotence**: before committing, the table's ``transaction_version(uid)`` is read;
-  when it is already >= the epoch, the epoch is in the table and the commit answers
+  writes. It is a *blind append* written by :mod:`flinkish_spark.connectors.delta_log`:
+  put-if-absent of the next log version, O(1) per commit whatever the table's history
+  (delta-rs's own commit rebuilds its list of every live file each time). Appends of
+  other writers do not conflict with it; the commit reads theirs and takes the next
+  version. Tables whose protocol needs more of a writer (constraints, generated or
+  identity columns, column mapping, row tracking, ...) are committed through delta-rs.
+* **Idempotence**: the driver knows the table's ``txn`` version of the uid (read with
+  delta-rs once per process, then advanced by every commit it writes or reads); when it
+  is already >= the epoch, the epoch is in the table and the commit answers
   ``ALREADY_COMMITTED`` without writing. The check and the txn action live in the same
   log, so a crash between the table commit and the sink's own ``done`` marker (or
-  Spark's commit log) never appends an epoch twice; delta-rs's conflict checker also
-  refuses a concurrent commit of the same txn.
+  Spark's commit log) never appends an epoch twice; a commit of ours whose answer was
+  lost is found in the log when the put-if-absent loses against it.
 * **Abort / cleanup**: files of an epoch that no decided add action names (failed task
   attempts, a crashed run's prepare) are deleted by listing the epoch's folder.
 
 Every ``checkpointInterval`` table versions (default 10) the driver writes a Delta
-checkpoint, so reading the log before a commit costs the same after 10 or 10,000
-epochs. ``compactEvery`` (default 0: off) runs delta-rs's ``optimize.compact`` every N
-versions (it adds versions of its own; removed files stay until a ``VACUUM``).
+checkpoint, so a reader (or a restart) replays at most that many commits. A checkpoint
+lists every live file: it costs O(live files) (delta-rs loads them all first).
+``compactEvery`` (default 0: off) runs delta-rs's ``optimize.compact`` every N versions,
+which bounds the live files (it adds versions of its own; removed files stay until a
+``VACUUM``).
 
 Options: ``uid``, ``path`` (local or ``s3://``), ``partitionBy``, ``createTable``
 (default true), ``checkpoint``, ``checkpointInterval``, ``compactEvery``,
@@ -43,6 +50,14 @@ from typing import Any, ClassVar, Iterator
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
+from flinkish_spark.connectors.delta_log import (
+    DeltaLog,
+    LogHead,
+    StaleHead,
+    TableChanged,
+    add_action,
+    blind_append_supported,
+)
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.connectors.table_files import (
     DEFAULT_ROWS_PER_FILE,
@@ -96,8 +111,20 @@ def _type_names(schema: Any) -> list[tuple[str, str]]:
     return [(f.name, str(f.type)) for f in schema.fields]
 
 
+# Per driver process: the delta-rs table (loaded once, for validation and checkpoints)
+# and, per sink uid, the head of the log that blind appends continue from.
 _TABLES: dict[tuple[str, str], Any] = {}
+_HEADS: dict[tuple[str, str, str], "_Head"] = {}
 _TABLES_LOCK = threading.Lock()
+
+
+@dataclass
+class _Head:
+    """A uid's view of the log, and whether blind appends may be used on the table."""
+
+    log: LogHead
+    blind_append: bool
+    validated: tuple[str, tuple[str, ...]]  # (schema, partition columns) checked against the table
 
 
 class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
@@ -134,10 +161,18 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
 
     # -- the table (driver) ------------------------------------------------------------------
 
+    def _key(self) -> tuple[str, str]:
+        return self.table_uri, json.dumps(self.storage_options, sort_keys=True)
+
     def table(self, refresh: bool = True) -> Any:
-        """The table, loaded once per driver process and brought up to date incrementally."""
+        """The delta-rs table, loaded once per driver process and brought up to date incrementally.
+
+        Loading and updating cost O(live files) (delta-rs materialises the file list):
+        used at start, for validation after another writer changed the table, and for
+        checkpoints -- never on the per-epoch path of a blind append.
+        """
         deltalake = _deltalake()
-        key = (self.table_uri, json.dumps(self.storage_options, sort_keys=True))
+        key = self._key()
         with _TABLES_LOCK:
             table = _TABLES.get(key)
             if table is None:
@@ -147,12 +182,45 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
                 table.update_incremental()
             return table
 
+    def _head_key(self) -> tuple[str, str, str]:
+        return self.table_uri, json.dumps(self.storage_options, sort_keys=True), self.uid
+
+    def _head(self) -> _Head | None:
+        with _TABLES_LOCK:
+            return _HEADS.get(self._head_key())
+
+    def _forget_head(self) -> None:
+        with _TABLES_LOCK:
+            _HEADS.pop(self._head_key(), None)
+
     def ensure_table(self, create: bool, component: str) -> None:
         """Validate the table against the query -- or create it -- before any task writes.
 
         Raises TableMismatchError for a folder that is not a Delta table, another schema or
-        other partition columns; nothing is written then.
+        other partition columns; nothing is written then. Once validated in this process,
+        a later call only reads the commits other writers added since (O(their number)),
+        and validates again only if one of them changed the metadata or protocol.
         """
+        wanted_shape = (self.schema.to_string(), self.partition_by)
+        head = self._head()
+        if head is not None and head.validated == wanted_shape:
+            try:
+                if head.blind_append:
+                    DeltaLog(self.io, self.path).catch_up(head.log, self.uid)
+                return
+            except (TableChanged, StaleHead):
+                self._forget_head()
+        table = self._validate(create, component)
+        self._set_head(table, wanted_shape)
+
+    def _set_head(self, table: Any, validated: tuple[str, tuple[str, ...]]) -> _Head:
+        head = _Head(LogHead(table.version(), committed_version(table, self.uid)),
+                     blind_append_supported(table.protocol(), table.schema()), validated)
+        with _TABLES_LOCK:
+            _HEADS[self._head_key()] = head
+        return head
+
+    def _validate(self, create: bool, component: str) -> Any:
         deltalake = _deltalake()
         try:
             table = self.table()
@@ -192,6 +260,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
                 f"{component}: the Delta table {self.path!r} is partitioned by {list(parts)}, but the option "
                 f"'partitionBy' asks for {list(self.partition_by)}. Use the table's partition columns."
             )
+        return table
 
     # -- prepare (executors) -----------------------------------------------------------------
 
@@ -212,6 +281,46 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
     # -- commit / abort / cleanup (driver) ------------------------------------------------------
 
     def commit(self, committables: list[DeltaCommittable], epoch: int) -> CommitOutcome:
+        files = [f for c in committables for f in c.files]
+        for _ in range(3):
+            head = self._head()
+            if head is None:
+                # First commit in this process, or the table changed: read the table once.
+                head = self._set_head(self._validate(False, "flinkish.delta commit"),
+                                      (self.schema.to_string(), self.partition_by))
+            if head.log.txn >= epoch:
+                return "ALREADY_COMMITTED"
+            if not files:
+                return "COMMITTED"  # an empty epoch adds no version
+            if not head.blind_append:
+                return self._commit_with_delta_rs(files, epoch)
+            now = int(time.time() * 1000)
+            actions = [add_action(f.path, f.size, dict(f.partition_values), f.stats, now) for f in files]
+            try:
+                outcome = DeltaLog(self.io, self.path).append(
+                    head.log, self.uid, epoch, actions, {"flinkish.uid": self.uid, "flinkish.epoch": epoch})
+            except (TableChanged, StaleHead):
+                self._forget_head()  # re-validate against the changed table, then append again
+                continue
+            except StorageUnavailableError:
+                self._forget_head()  # the put may have landed: the next attempt re-reads the log
+                return "RETRY_LATER"
+            if outcome == "COMMITTED":
+                self._after_commit(head.log.version)
+            return outcome
+        return "RETRY_LATER"
+
+    def _after_commit(self, version: int) -> None:
+        """Table maintenance on the versions that are multiples of its interval (O(live files) each)."""
+        from deltalake.transaction import PostCommitHookProperties
+
+        if self.checkpoint_interval and version % self.checkpoint_interval == 0:
+            self.table().create_checkpoint()
+        if self.compact_every and version % self.compact_every == 0:
+            self.table().optimize.compact(post_commithook_properties=PostCommitHookProperties(create_checkpoint=False))
+
+    def _commit_with_delta_rs(self, files: list[DeltaFile], epoch: int) -> CommitOutcome:
+        """The commit for tables whose protocol asks more of a writer than a blind append gives."""
         deltalake = _deltalake()
         from deltalake.transaction import AddAction, CommitProperties, PostCommitHookProperties, Transaction
 
@@ -219,10 +328,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
         if committed_version(table, self.uid) >= epoch:
             return "ALREADY_COMMITTED"
         now = int(time.time() * 1000)
-        actions = [AddAction(f.path, f.size, dict(f.partition_values), now, True, f.stats)
-                   for c in committables for f in c.files]
-        if not actions:
-            return "COMMITTED"  # an empty epoch adds no version
+        actions = [AddAction(f.path, f.size, dict(f.partition_values), now, True, f.stats) for f in files]
         try:
             table.create_write_transaction(
                 actions, "append", self.schema, list(self.partition_by) or None,
@@ -236,22 +342,20 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
         except deltalake.exceptions.CommitFailedError:
             # A commit of ours whose answer was lost, or conflicts beyond the retries:
             # the table's txn says which.
+            self._forget_head()
             if committed_version(self.table(), self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
             return "RETRY_LATER"
         table.update_incremental()
-        version = table.version()
-        if self.checkpoint_interval and version % self.checkpoint_interval == 0:
-            table.create_checkpoint()
-        if self.compact_every and version % self.compact_every == 0:
-            table.optimize.compact(post_commithook_properties=PostCommitHookProperties(create_checkpoint=False))
+        self._forget_head()  # re-read with the table at the next commit
+        self._after_commit(table.version())
         return "COMMITTED"
 
     def abort(self, committables: list[DeltaCommittable], epoch: int) -> None:
         self.io.delete_many([self._url(f.path) for c in committables for f in c.files])
 
     def cleanup(self, epoch: int, keep: list[DeltaCommittable]) -> None:
-        if not keep and committed_version(self.table(), self.uid) >= epoch:
+        if not keep and self._committed(epoch):
             # The table has the epoch but we no longer know its files (decision retained
             # away): deleting by listing could remove committed data. Leave the folder.
             return
@@ -259,6 +363,17 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
         folder = epoch_dir(self.path, DATA_PREFIX, self.uid, epoch)
         self.io.delete_many([self.io.url(p) for p in self.io.find(folder) if p not in wanted])
         self.io.remove_empty_dirs(folder)
+
+    def _committed(self, epoch: int) -> bool:
+        """Whether the table holds ``epoch`` of this uid, read from the log's newest state."""
+        head = self._head()
+        if head is not None and head.blind_append:
+            try:
+                DeltaLog(self.io, self.path).catch_up(head.log, self.uid)
+                return head.log.txn >= epoch
+            except (TableChanged, StaleHead):
+                self._forget_head()
+        return committed_version(self.table(), self.uid) >= epoch
 
     def _url(self, relative: str) -> str:
         return f"{self.path}/{relative}"

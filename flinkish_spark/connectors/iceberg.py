@@ -4,16 +4,19 @@
   field ids) below ``<table location>/data/flinkish/<uid>/e<epoch>/[k=v/]`` and returns
   their Iceberg data-file descriptions (path, size, partition, column statistics from the
   Parquet footer). No manifest names them yet, so no reader sees them.
-* **Commit** (driver, after the decision is recorded): one fast-append snapshot per epoch
+* **Commit** (driver, after the decision is recorded): one append snapshot per epoch
   holding every data file of the epoch, with the snapshot summary properties
   ``flinkish.uid`` and ``flinkish.epoch`` -- what Flink's Iceberg committer does with
-  ``flink.job-id`` and ``flink.max-committed-checkpoint-id``.
+  ``flink.job-id`` and ``flink.max-committed-checkpoint-id``. It is written by
+  :mod:`flinkish_spark.connectors.iceberg_commit` (one catalog commit, merged manifests,
+  old snapshots expired in the same commit), so its cost does not grow with the history.
 * **Idempotence**: before committing, the driver walks the current snapshot's ancestry
   back to the newest snapshot this uid committed; when its ``flinkish.epoch`` is >= the
   epoch, the epoch is in the table and the commit answers ``ALREADY_COMMITTED``. The walk
   stops at that snapshot, so it costs O(snapshots other writers added since), not
-  O(history). A catalog commit conflict (another writer committed first) is retried on
-  the refreshed table, re-checking the ancestry first.
+  O(history). The commit requires ``main`` to still point at the snapshot the check saw
+  (``assert-ref-snapshot-id``): a concurrent writer, or a commit of ours whose answer was
+  lost, makes it fail, and the driver re-reads the table and checks again.
 * **Abort / cleanup**: files of an epoch that no decided data file names (failed task
   attempts, a crashed run's prepare) are deleted by listing the epoch's folder.
 
@@ -25,10 +28,11 @@ checkpoint folder (``<checkpoint>/iceberg/catalog.db``, warehouse
 
 Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
 ``warehouse``, ``partitionBy`` (identity partitions), ``createTable`` (default true),
-``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (0: keep all; N: expire
-all but the newest N snapshots and the newest of each flinkish uid -- pyiceberg's commit
-cost grows with the number of snapshots; the manifest list still grows, see
-docs/benchmarks.md), storage options.
+``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (default 100: each
+commit expires all but the newest N snapshots, never the newest of any flinkish uid -- its
+idempotence record; 0 keeps all, and then the commit cost grows with the snapshot count),
+storage options. Tables the sink creates get ``commit.manifest-merge.enabled`` and
+``write.metadata.delete-after-commit.enabled``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,12 @@ from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
+from flinkish_spark.connectors.iceberg_commit import (
+    DELETE_AFTER_COMMIT,
+    MERGE_ENABLED,
+    append_snapshot,
+    supported,
+)
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.connectors.table_files import (
     DEFAULT_ROWS_PER_FILE,
@@ -65,6 +75,12 @@ EXTRA = "iceberg"
 UID_PROPERTY = "flinkish.uid"
 EPOCH_PROPERTY = "flinkish.epoch"
 PARTITION_FIELD_ID_START = 1000
+# A long streaming job must not make every commit slower: keep the newest 100 snapshots
+# (and each uid's newest, its idempotence record). 0 keeps all.
+DEFAULT_RETAIN_SNAPSHOTS = 100
+# Properties of tables the sink creates: merged manifests and no pile of old metadata
+# files, for every writer of the table (Java Iceberg's defaults for streaming tables).
+CREATED_TABLE_PROPERTIES = {MERGE_ENABLED: "true", DELETE_AFTER_COMMIT: "true"}
 
 
 @dataclass(frozen=True)
@@ -152,15 +168,29 @@ def _committed_epoch(table: Any, uid: str) -> int:
     return max((e for e in map(epoch_of, table.snapshots()) if e is not None), default=-1)
 
 
+def _data_file(f: "IcebergFile", spec_id: int) -> Any:
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    return DataFile.from_args(
+        content=DataFileContent.DATA, file_path=f.path, file_format=FileFormat.PARQUET, partition=Record(*f.partition),
+        file_size_in_bytes=f.size, sort_order_id=None, spec_id=spec_id, equality_ids=None, key_metadata=None,
+        **dict(f.statistics))
+
+
 _CATALOGS: dict[str, Any] = {}
 _CATALOGS_LOCK = threading.Lock()
+# The table as this process last committed or read it, per (catalog, table, uid): a commit
+# starts from it instead of loading the metadata again; when another writer moved the
+# table, the commit's requirement fails and the table is loaded afresh.
+_TABLES: dict[tuple[str, str, str], Any] = {}
 
 
 class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def __init__(self, catalog_properties: dict[str, str], identifier: str, uid: str, schema: StructType,
                  partition_by: tuple[str, ...], io: FileIO, info: TableInfo | None = None,
                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
-                 retain_snapshots: int = 0) -> None:
+                 retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS) -> None:
         self.catalog_properties = catalog_properties
         self.identifier = identifier
         self.uid = uid
@@ -176,7 +206,7 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def at(cls, table: str, uid: str, schema: StructType, checkpoint: str | None = None, catalog: str | None = None,
            catalog_uri: str | None = None, warehouse: str | None = None, partition_by: tuple[str, ...] = (),
            create_table: bool = True, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
-           target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = 0,
+           target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS,
            options: dict[str, str] | None = None) -> "IcebergSink":
         """A sink for :func:`flinkish_spark.transactional` (foreachBatch); checks or creates the table now.
 
@@ -207,6 +237,24 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
                 catalog = _CATALOGS[key] = load_catalog(name, **props)
             return catalog
 
+    def _table_key(self) -> tuple[str, str, str]:
+        return json.dumps(self.catalog_properties, sort_keys=True), self.identifier, self.uid
+
+    def table(self, refresh: bool = True) -> Any:
+        """The table: loaded from the catalog, or (``refresh=False``) as this process last saw it."""
+        key = self._table_key()
+        with _CATALOGS_LOCK:
+            table = None if refresh else _TABLES.get(key)
+        if table is None:
+            table = self.catalog().load_table(self.identifier)
+            with _CATALOGS_LOCK:
+                _TABLES[key] = table
+        return table
+
+    def _forget_table(self) -> None:
+        with _CATALOGS_LOCK:
+            _TABLES.pop(self._table_key(), None)
+
     def ensure_table(self, create: bool, component: str) -> TableInfo:
         """Validate the table against the query -- or create it -- before any task writes."""
         _pyiceberg()
@@ -217,7 +265,7 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
         catalog = self.catalog()
         wanted = iceberg_schema(self.spark_schema)
         try:
-            table = catalog.load_table(self.identifier)
+            table = self.table()
         except NoSuchTableError:
             if not create:
                 raise TableMismatchError(
@@ -234,9 +282,16 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
             except NamespaceAlreadyExistsError:
                 pass
             try:
-                table = catalog.create_table(self.identifier, schema=wanted, partition_spec=spec)
+                catalog.create_table(self.identifier, schema=wanted, partition_spec=spec,
+                                     properties=CREATED_TABLE_PROPERTIES)
             except TableAlreadyExistsError:  # another query created it at the same moment
-                table = catalog.load_table(self.identifier)
+                pass
+            table = self.table()
+        if not supported(table):
+            raise TableMismatchError(
+                f"{component}: the Iceberg table {self.identifier!r} has format version "
+                f"{table.metadata.format_version}; pyiceberg writes manifests for versions 1 and 2 only"
+            )
         have = table.schema()
         if _shape(have) != _shape(wanted):
             raise TableMismatchError(
@@ -300,59 +355,38 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def commit(self, committables: list[IcebergCommittable], epoch: int) -> CommitOutcome:
         _pyiceberg()
         from pyiceberg.exceptions import CommitFailedException
-        from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-        from pyiceberg.typedef import Record
 
         files = [f for c in committables for f in c.files]
-        table = self.catalog().load_table(self.identifier)
+        table = self.table(refresh=False)
         for attempt in range(10):
+            # The check and the commit see the same table state: the commit asserts that
+            # main still points where it pointed here, so a stale cached table can only
+            # make the commit fail (and be re-checked), never append an epoch twice.
             if _committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
             if not files:
                 return "COMMITTED"  # an empty epoch adds no snapshot
             try:
-                with table.transaction() as tx:
-                    properties = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
-                    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
-                        for f in files:
-                            append.append_data_file(DataFile.from_args(
-                                content=DataFileContent.DATA, file_path=f.path, file_format=FileFormat.PARQUET,
-                                partition=Record(*f.partition), file_size_in_bytes=f.size, sort_order_id=None,
-                                spec_id=table.metadata.default_spec_id, equality_ids=None, key_metadata=None,
-                                **dict(f.statistics)))
-                self._expire(table)
+                spec_id = self._spec_id(table)
+                append_snapshot(self.catalog(), table, [_data_file(f, spec_id) for f in files], spec_id,
+                                {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)},
+                                retain=self.retain_snapshots, protect_property=UID_PROPERTY)
                 return "COMMITTED"
             except CommitFailedException:
-                # Another writer committed first: re-read the table and check again.
+                # Another writer committed first (or our own commit landed and its answer
+                # was lost): re-read the table and check again.
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))
-                table = self.catalog().load_table(self.identifier)
+                table = self.table(refresh=True)
+            except BaseException:
+                self._forget_table()
+                raise
         return "RETRY_LATER"
 
-    def _expire(self, table: Any) -> None:
-        """Keep the newest ``retain_snapshots`` snapshots, and the newest one of every flinkish uid.
-
-        pyiceberg deep-copies the table metadata, with every snapshot, several times per
-        commit: without expiry a commit costs O(snapshots). The newest snapshot of each uid
-        is its idempotence record and is never expired. Expiry runs when 10 % more
-        snapshots than retained have piled up, so its cost is spread over many commits.
-        Data files stay: appends never remove them from later snapshots.
-        """
-        keep = self.retain_snapshots
-        snapshots = table.snapshots()
-        if not keep or len(snapshots) <= keep + max(10, keep // 10):
-            return
-        newest = sorted(snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)
-        protected = {s.snapshot_id for s in newest[:keep]}
-        seen: set[str] = set()
-        for s in newest:
-            uid = (s.summary.additional_properties if s.summary is not None else {}).get(UID_PROPERTY)
-            if uid is not None and uid not in seen:
-                seen.add(uid)
-                protected.add(s.snapshot_id)
-        doomed = [s.snapshot_id for s in snapshots if s.snapshot_id not in protected]
-        if doomed:
-            table = self.catalog().load_table(self.identifier)
-            table.maintenance.expire_snapshots().by_ids(doomed).commit()
+    def _spec_id(self, table: Any) -> int:
+        """The partition spec the epoch's files were prepared for."""
+        if self.info is None:
+            return int(table.metadata.default_spec_id)
+        return int(json.loads(self.info.spec_json).get("spec-id", table.metadata.default_spec_id))
 
     def abort(self, committables: list[IcebergCommittable], epoch: int) -> None:
         self.io.delete_many([f.path for c in committables for f in c.files])
@@ -360,7 +394,7 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def cleanup(self, epoch: int, keep: list[IcebergCommittable]) -> None:
         if self.info is None:
             return
-        if not keep and _committed_epoch(self.catalog().load_table(self.identifier), self.uid) >= epoch:
+        if not keep and _committed_epoch(self.table(), self.uid) >= epoch:
             return  # the table has the epoch, its files are no longer known: never delete by listing
         wanted = {self.io.strip(f.path) for c in keep for f in c.files}
         folder = epoch_dir(self.info.location.rstrip("/"), DATA_PREFIX, self.uid, epoch)
@@ -430,7 +464,8 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         self.create_table = opts.boolean("createTable", True)
         self.rows_per_file = opts.integer("rowsPerFile", DEFAULT_ROWS_PER_FILE, minimum=1) or DEFAULT_ROWS_PER_FILE
         self.target_file_size = parse_size(opts, "targetFileSize", DEFAULT_TARGET_FILE_SIZE)
-        self.retain_snapshots = opts.integer("retainSnapshots", 0, minimum=0) or 0
+        retain = opts.integer("retainSnapshots", DEFAULT_RETAIN_SNAPSHOTS, minimum=0)
+        self.retain_snapshots = DEFAULT_RETAIN_SNAPSHOTS if retain is None else retain
         self.catalog_props = catalog_properties(opts.get("catalog"), opts.get("catalogUri"), opts.get("warehouse"),
                                                 self.checkpoint_root, self.raw_options, component)
         warehouse = self.catalog_props.get("warehouse") or self.checkpoint_root

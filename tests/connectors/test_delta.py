@@ -180,3 +180,115 @@ def test_s3_unreachable_is_a_clear_error(spark, tmp_path: Path) -> None:
 
     with pytest.raises(StorageUnavailableError, match="did not answer"):
         DeltaSink.at("s3://test/table", uid="u", schema=schema_of(spark, "x long"), options={"endpointUrl": "http://127.0.0.1:9"})
+
+
+# -- the blind-append commit, in process (no Spark) -----------------------------------------
+
+def _schema():
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    return StructType([StructField("split", IntegerType()), StructField("seq", LongType())])
+
+
+def _epoch(sink, epoch: int, tasks: int = 1, rows: int = 3):
+    """Prepare ``tasks`` files of ``rows`` rows each for ``epoch`` (split = task, seq unique per uid and epoch)."""
+    import pyarrow as pa
+
+    from flinkish_spark.sink.protocol import PrepareContext
+
+    out = []
+    for task in range(tasks):
+        seq = [epoch * 1000 + task * 100 + i for i in range(rows)]
+        batch = pa.RecordBatch.from_pydict({"split": pa.array([task] * rows, pa.int32()), "seq": pa.array(seq, pa.int64())})
+        out.append(sink.prepare(iter([batch]), PrepareContext(sink.uid, epoch, task, 0)))
+    return out
+
+
+def _rows(epochs, tasks: int = 1, rows: int = 3) -> collections.Counter:
+    return collections.Counter((t, e * 1000 + t * 100 + i) for e in epochs for t in range(tasks) for i in range(rows))
+
+
+def test_blind_appends_interleave_recognise_lost_answers_and_revalidate(tmp_path: Path) -> None:
+    """Two uids append through the log in turn (each loses versions to the other and moves on);
+    a commit whose answer was lost is found in the log; a metadata change by another writer is
+    re-validated; a table whose protocol asks more of a writer is committed through delta-rs."""
+    from flinkish_spark.connectors import delta
+
+    path = str(tmp_path / "t")
+    a = delta.DeltaSink.at(path, uid="a", schema=_schema(), checkpoint_interval=4)
+    b = delta.DeltaSink.at(path, uid="b", schema=_schema(), checkpoint_interval=4)
+    for epoch in range(3):
+        assert a.commit(_epoch(a, epoch), epoch) == "COMMITTED"
+        assert b.commit(_epoch(b, epoch), epoch) == "COMMITTED"  # its head is one version behind: it reads a's
+    assert txn_versions(path, "a") == txn_versions(path, "b") == [0, 1, 2]
+    assert read_delta(path) == _rows(range(3)) + _rows(range(3))
+    assert (tmp_path / "t" / "_delta_log" / "00000000000000000004.checkpoint.parquet").exists()
+    log = json.loads((tmp_path / "t" / "_delta_log" / "00000000000000000006.json").read_text().splitlines()[1])
+    assert log == {"txn": {"appId": "b", "version": 2, "lastUpdated": log["txn"]["lastUpdated"]}}
+
+    # a's commit of epoch 3 lands but its answer is lost: the process still thinks it is at epoch 2
+    head = a._head().log
+    assert a.commit(_epoch(a, 3), 3) == "COMMITTED"
+    head.version, head.txn = head.version - 1, 2
+    assert a.commit(_epoch(a, 3), 3) == "ALREADY_COMMITTED"  # the put lost against its own commit
+    assert deltalake.DeltaTable(path).version() == 7 and txn_versions(path, "a") == [0, 1, 2, 3]
+
+    # another writer changes the table's properties (a metaData action): re-validated, still ours
+    deltalake.DeltaTable(path).alter.set_table_properties({"delta.appendOnly": "true"})
+    assert b.commit(_epoch(b, 3), 3) == "COMMITTED" and b._head().blind_append
+    # a check constraint needs writer version 3: such a table is committed through delta-rs
+    deltalake.DeltaTable(path).alter.add_constraint({"seq_positive": "seq >= 0"})
+    assert a.commit(_epoch(a, 4), 4) == "COMMITTED"
+    assert a._head() is None or not a._head().blind_append
+    assert a.commit(_epoch(a, 4), 4) == "ALREADY_COMMITTED"
+    assert txn_versions(path, "a") == [0, 1, 2, 3, 4] and txn_versions(path, "b") == [0, 1, 2, 3]
+    assert read_delta(path) == _rows(range(5)) + _rows(range(4))
+    # another writer changes the schema: the next commit fails clearly instead of appending
+    deltalake.DeltaTable(path).alter.add_columns(deltalake.Field("extra", "string"))
+    with pytest.raises(TableMismatchError, match="has the schema"):
+        b.commit(_epoch(b, 4), 4)
+    assert txn_versions(path, "b") == [0, 1, 2, 3]
+
+
+def test_blind_append_never_writes_behind_a_cleaned_up_log(tmp_path: Path) -> None:
+    """A head older than the newest checkpoint whose next commit is gone (log cleanup) is
+    reloaded; the put-if-absent would otherwise write a version readers never see."""
+    from flinkish_spark.connectors import delta
+
+    path = str(tmp_path / "t")
+    sink = delta.DeltaSink.at(path, uid="u", schema=_schema(), checkpoint_interval=0)
+    for epoch in range(3):
+        assert sink.commit(_epoch(sink, epoch), epoch) == "COMMITTED"
+    other = deltalake.DeltaTable(path)
+    other.create_checkpoint()  # at version 3
+    head = sink._head().log
+    head.version, head.txn = 1, 0  # a head from before versions 2 and 3 ...
+    (tmp_path / "t" / "_delta_log" / "00000000000000000002.json").unlink()  # ... which cleanup removed
+    assert sink.commit(_epoch(sink, 3), 3) == "COMMITTED"
+    assert deltalake.DeltaTable(path).version() == 4 and not (tmp_path / "t" / "_delta_log" / "00000000000000000002.json").exists()
+    assert read_delta(path) == _rows(range(4))
+
+
+def test_compact_every_compacts_files_and_rows_stay_exactly_once(tmp_path: Path) -> None:
+    from flinkish_spark.connectors.delta import DeltaSink
+
+    path = str(tmp_path / "t")
+    sink = DeltaSink.at(path, uid="u", schema=_schema(), compact_every=4, checkpoint_interval=0)
+    prepared = {}
+    for epoch in range(8):  # 2 files per epoch; versions 4 and 8 are followed by a compaction
+        prepared[epoch] = _epoch(sink, epoch, tasks=2)
+        assert sink.commit(prepared[epoch], epoch) == "COMMITTED"
+        sink.cleanup(epoch, prepared[epoch])
+    table = deltalake.DeltaTable(path)
+    operations = [h["operation"] for h in reversed(table.history())]
+    assert operations.count("OPTIMIZE") == 2
+    assert len(table.file_uris()) <= 4  # 16 without compaction
+    assert read_delta(path) == _rows(range(8), tasks=2)
+    assert txn_versions(path, "u") == list(range(8))
+    # a replay after compaction adds nothing, and its cleanup deletes nothing the table names
+    again = _epoch(sink, 7, tasks=2)
+    assert sink.commit(prepared[7], 7) == "ALREADY_COMMITTED"
+    sink.abort(again, 7)
+    sink.cleanup(7, prepared[7])
+    assert read_delta(path) == _rows(range(8), tasks=2)
+    assert deltalake.DeltaTable(path).version() == table.version()

@@ -177,7 +177,10 @@ def test_s3_unreachable_is_a_clear_error(spark, tmp_path: Path) -> None:
     assert not (tmp_path / "c.db").exists()  # failed before the catalog was opened
 
 
-def test_retain_snapshots_bounds_history_and_keeps_every_uids_record(tmp_path: Path) -> None:
+def test_commits_expire_snapshots_merge_manifests_and_keep_every_uids_record(tmp_path: Path) -> None:
+    """What keeps a commit's cost flat (see iceberg_commit): retainSnapshots expires old snapshots
+    (and their manifest lists) in the commit itself, never a uid's newest; manifests are merged
+    at the table's min-count; rows and idempotence stay."""
     import pyarrow as pa
     from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
@@ -188,11 +191,20 @@ def test_retain_snapshots_bounds_history_and_keeps_every_uids_record(tmp_path: P
     batch = pa.RecordBatch.from_pydict({"split": pa.array([0], pa.int32()), "seq": [1]})
     other = IcebergSink.at("db.events", uid="other", schema=schema, checkpoint=str(tmp_path))
     assert other.commit([other.prepare(iter([batch]), PrepareContext("other", 7, 0, 0))], 7) == "COMMITTED"
+    table = other.catalog().load_table("db.events")
+    assert table.properties["commit.manifest-merge.enabled"] == "true"  # set on the tables the sink creates
+    with table.transaction() as tx:
+        tx.set_properties({"commit.manifest.min-count-to-merge": "4"})
     sink = IcebergSink.at("db.events", uid="u", schema=schema, checkpoint=str(tmp_path), retain_snapshots=5)
+    manifests = []
     for epoch in range(30):
         assert sink.commit([sink.prepare(iter([batch]), PrepareContext("u", epoch, 0, 0))], epoch) == "COMMITTED"
-    table = sink.catalog().load_table("db.events")
-    assert len(table.snapshots()) <= 5 + 10 + 1
-    assert snapshot_epochs(table, "other") == [7]  # another uid's only record survives expiry
-    assert table.scan().to_arrow().num_rows == 31  # expiry removes history, never rows
+        table = sink.catalog().load_table("db.events")
+        manifests.append(len(table.current_snapshot().manifests(table.io)))
+    assert len(table.snapshots()) == 5 + 1  # the newest 5, and other's only record
+    assert snapshot_epochs(table, "other") == [7] and snapshot_epochs(table, "u") == list(range(25, 30))
+    lists = list(Path(table.location().removeprefix("file://"), "metadata").glob("snap-*.avro"))
+    assert len(lists) == 6  # the expired snapshots' manifest lists are deleted
+    assert max(manifests) <= 4 and manifests[-1] < manifests[-2]  # merged whenever 4 small ones pile up
+    assert read_iceberg(table) == collections.Counter({(0, 1): 31})  # expiry and merging never touch rows
     assert sink.commit([], 3) == other.commit([], 7) == "ALREADY_COMMITTED"

@@ -1,4 +1,5 @@
-"""flinkish.iceberg under kill -9 at each protocol point, with failing first task attempts, on S3.
+"""flinkish.iceberg under kill -9 at each protocol point and at random moments, with failing
+first task attempts, on S3.
 
 Pipelines run in child driver processes (conftest.run_pipeline); the table is read with
 pyiceberg as a user would, and its snapshots say which epoch each one committed.
@@ -7,18 +8,26 @@ pyiceberg as a user would, and its snapshots say which epoch each one committed.
 from __future__ import annotations
 
 import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.runner import child_spec
 from flinkish_spark.sink.decisions import DecisionLog
 
 pyiceberg = pytest.importorskip("pyiceberg")
 pytestmark = pytest.mark.slow
 
 CHAIN = ["sink.before_decision", "sink.after_decision", "sink.before_done", "sink.after_commit"]
-LENGTHS = [500, 400]
+LENGTHS = [900, 900]  # 12 epochs of 150 rows: 4 for the crash points, the rest for random kills
 
 
 def expected() -> collections.Counter:
@@ -50,9 +59,51 @@ class Table:
         return {p for p in self.io.find("s3://test/wh/db/events/data") if p.endswith(".parquet")} - named
 
 
+def run_with_random_kills(spec: dict, tmp_path: Path, table: "Table", kills: int, seed: int) -> str:
+    """Run the pipeline under a processing-time trigger, kill -9 the whole driver at a random
+    moment after each of the first ``kills`` runs has committed an epoch, restart until the
+    bounded query ends by itself; return the last run's output."""
+    rng = random.Random(seed)
+    path = tmp_path / "random-kill-spec.json"
+    path.write_text(json.dumps(child_spec({**spec, "trigger": "1 second", "end": "finish", "runSeconds": 300})))
+    killed = 0
+    for attempt in range(kills + 3):
+        log = tmp_path / f"random-kill-{attempt}.log"
+        with open(log, "w") as out:  # a file, not a pipe: nobody reads while the driver runs
+            proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=out,
+                                    stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True)
+            try:
+                if killed < kills:
+                    start, deadline = table.last_epoch(), time.time() + 300
+                    while proc.poll() is None and table.last_epoch() <= start and time.time() < deadline:
+                        time.sleep(0.3)
+                    time.sleep(rng.uniform(0, 1.5))  # somewhere in the next epoch (1 s trigger)
+                    if proc.poll() is None:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                        killed += 1
+                        continue
+                proc.wait(timeout=400)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        text = log.read_text()
+        assert proc.returncode == 0, text[-3000:]
+        assert "QUERY_END=finished" in text, text[-3000:]
+        assert killed == kills, f"only {killed} of {kills} kills landed before the query ended"
+        return text
+    raise AssertionError(f"the query did not end after {kills} kills")
+
+
+ENV = {"FLINKISH_FAIL_AT": "sink.write:first"}
+
+
 @pytest.mark.s3
-@pytest.mark.timeout(1800)  # five driver runs; on two cores shared with other Spark jobs one run took 2 minutes
-def test_crash_matrix_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
+@pytest.mark.timeout(2400)  # seven driver runs; on two cores shared with other Spark jobs one run took 2 minutes
+def test_crash_matrix_then_random_kills_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
+    """kill -9 at each protocol point in turn, then at two random moments under a processing-time
+    trigger until the bounded query ends by itself; every task's first attempt fails. Each row
+    once, one snapshot per epoch, no data file outside the table."""
     catalog_uri = f"sqlite:///{tmp_path}/catalog.db"
     s = {
         "source": {"format": "flinkish.sequence", "options": {
@@ -63,11 +114,10 @@ def test_crash_matrix_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: st
             "partitionBy": "split", "rowsPerFile": 60, "endpointUrl": s3_proc}},
         "master": "local[2,4]",
     }
-    env = {"FLINKISH_FAIL_AT": "sink.write:first"}
     log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
     table = Table(catalog_uri, s3_proc)
     for epoch, point in enumerate(CHAIN, start=1):  # run k is killed in epoch k (the point's 2nd pass)
-        run = run_pipeline(s, crash_at=f"{point}:2", env=env)
+        run = run_pipeline(s, crash_at=f"{point}:2", env=ENV)
         assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
         decided, done = log.epochs()
         if point == "sink.before_decision":
@@ -78,11 +128,10 @@ def test_crash_matrix_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: st
             assert epoch not in done and table.last_epoch() == epoch
         else:
             assert epoch in done and table.last_epoch() == epoch and not (tmp_path / "cp" / "commits" / str(epoch)).exists()
-    last = run_pipeline(s, env=env)
-    assert last.returncode == 0, last.output[-3000:]
-    assert "injected failure at sink.write (attempt 0)" in last.output
+    last = run_with_random_kills(s, tmp_path, table, kills=2, seed=12)
+    assert "injected failure at sink.write (attempt 0)" in last
     t = table.load().scan(selected_fields=("split", "seq")).to_arrow()
     assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == expected()
-    assert table.epochs() == list(range(6))  # one snapshot per epoch: a replay added none
-    assert len(table.load().snapshots()) == 6
+    assert table.epochs() == list(range(12))  # one snapshot per epoch: a replay added none
+    assert len(table.load().snapshots()) == 12
     assert table.stray_files() == set()

@@ -1,0 +1,181 @@
+"""Blind appends to a Delta table's log at a cost that does not grow with the table.
+
+Why not delta-rs's commit: delta-rs (1.x) holds every live file of the table in memory
+and rebuilds that list after each commit -- inside ``create_write_transaction`` and
+again in ``update_incremental`` -- so one commit costs O(live files): measured on local
+disk, 5 ms with 10 files, 25 ms with 100, 155 ms with 500 (``without_files`` is
+deprecated and ignored since delta-rs 1.0). A streaming append needs none of it.
+
+What the Delta protocol asks of a *blind append* (a commit that read no data): write
+the next version ``_delta_log/<version, 20 digits>.json`` with put-if-absent, so that of
+two writers of one version exactly one wins; the loser reads the winning commit and
+tries the next version. An append that read nothing conflicts only with a concurrent
+change of the table's metadata or protocol, and -- for idempotence -- with a concurrent
+transaction of the same ``appId`` (what Spark's and delta-rs's conflict checkers do).
+:class:`DeltaLog` does exactly that:
+
+* **O(1) per commit.** It keeps the newest version it has seen (:class:`LogHead`) and
+  writes ``version + 1`` (one PUT); it reads ``_last_checkpoint`` and the commits other
+  writers added since (one GET each). No listing, no file list.
+* **Exactly once.** The commit carries ``txn(appId = uid, version = epoch)``. A commit
+  of another writer that holds a txn of our uid with a version >= the epoch (our own
+  earlier attempt whose answer was lost) makes :meth:`DeltaLog.append` answer
+  ``ALREADY_COMMITTED``; a lost answer of the put itself is recognised by
+  :meth:`FileIO.write_exclusive` (the stored bytes are ours).
+* **Never on top of an unseen change.** A ``metaData`` or ``protocol`` action in a
+  commit read forward raises :class:`TableChanged`: the caller re-reads and
+  re-validates the table (delta-rs) before appending again.
+* **Never into a cleaned-up past.** If ``_last_checkpoint`` is at or beyond the version
+  about to be written, log cleanup may have removed that version, and a put-if-absent
+  would then succeed *behind* the table: the version is read instead, and if it is gone,
+  :class:`StaleHead` makes the caller reload the head.
+
+Only tables whose protocol asks nothing of an appending writer take this path
+(:func:`blind_append_supported`); other tables are committed through delta-rs.
+Checkpoints are written by delta-rs (they list every live file: O(live files) by the
+protocol), every ``checkpointInterval`` versions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from flinkish_spark.errors import AlreadyExistsError
+from flinkish_spark.io.fileio import FileIO
+
+# Writer features that ask nothing of a writer that only adds new data files.
+BLIND_APPEND_WRITER_FEATURES = frozenset({
+    "appendOnly", "changeDataFeed", "deletionVectors", "domainMetadata", "timestampNtz", "vacuumProtocolCheck",
+})
+ENGINE_INFO = "flinkish_spark (blind append)"
+
+
+class TableChanged(Exception):
+    """Another writer changed the table's metadata or protocol since the head was read."""
+
+
+class StaleHead(Exception):
+    """The head is older than the log's newest checkpoint: reload it."""
+
+
+@dataclass
+class LogHead:
+    """What a writer of ``uid`` knows of the log: the newest version seen, and ``uid``'s txn there."""
+
+    version: int
+    txn: int
+
+
+def blind_append_supported(protocol: Any, schema: Any) -> bool:
+    """Whether a table with this protocol (delta-rs ``ProtocolVersions``) and schema takes blind appends.
+
+    Writer version 2 adds column invariants (checked by the writer): such a schema, and
+    every writer feature beyond :data:`BLIND_APPEND_WRITER_FEATURES` (check constraints,
+    generated or identity columns, column mapping, row tracking, in-commit timestamps,
+    ...), goes through delta-rs instead.
+    """
+    version = int(protocol.min_writer_version)
+    if version <= 2:
+        return not any("delta.invariants" in (f.metadata or {}) for f in schema.fields)
+    if version == 7:
+        return set(protocol.writer_features or ()) <= BLIND_APPEND_WRITER_FEATURES
+    return False
+
+
+def add_action(path: str, size: int, partition_values: dict[str, str | None], stats: str, now_ms: int) -> dict[str, Any]:
+    """A Delta ``add`` action; ``path`` (relative to the table root) is percent-encoded as a URI."""
+    return {"add": {"path": urllib.parse.quote(path, safe="/="), "partitionValues": partition_values, "size": size,
+                    "modificationTime": now_ms, "dataChange": True, "stats": stats}}
+
+
+class DeltaLog:
+    """The ``_delta_log`` folder of one table, for blind appends."""
+
+    def __init__(self, io: FileIO, table_path: str) -> None:
+        self.io = io
+        self.root = f"{table_path.rstrip('/')}/_delta_log"
+
+    def commit_url(self, version: int) -> str:
+        return f"{self.root}/{version:020d}.json"
+
+    def read(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions of one commit, None when there is no such version (yet)."""
+        try:
+            data = self.io.read_bytes(self.commit_url(version))
+        except FileNotFoundError:
+            return None
+        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+    def last_checkpoint(self) -> int:
+        """The version ``_last_checkpoint`` names, -1 without one."""
+        try:
+            return int(json.loads(self.io.read_bytes(f"{self.root}/_last_checkpoint"))["version"])
+        except FileNotFoundError:
+            return -1
+
+    def catch_up(self, head: LogHead, uid: str) -> None:
+        """Read the commits after ``head`` (advancing it) up to the newest: one GET each, plus one.
+
+        Raises TableChanged at a metadata or protocol change (the head then stands
+        before that commit, so the caller re-validates). A head behind cleaned-up
+        commits stays where it is; :meth:`append` finds that out before writing.
+        """
+        while True:
+            actions = self.read(head.version + 1)
+            if actions is None:
+                return
+            _apply(head, uid, head.version + 1, actions)
+
+    def append(self, head: LogHead, uid: str, epoch: int, actions: list[dict[str, Any]],
+               info: dict[str, Any]) -> Literal["COMMITTED", "ALREADY_COMMITTED"]:
+        """Commit ``actions`` with ``txn(uid, epoch)`` as the next version after ``head``.
+
+        Advances ``head`` to the version written (or to the newest read). Raises
+        TableChanged as :meth:`catch_up` does, and StaleHead when the version to write
+        is behind the newest checkpoint and gone (log cleanup): the head must be reloaded.
+        """
+        checkpoint = self.last_checkpoint()
+        while True:
+            if head.txn >= epoch:
+                return "ALREADY_COMMITTED"
+            version = head.version + 1
+            if checkpoint >= version:
+                # Behind a checkpoint: log cleanup may have removed this version, and a
+                # put-if-absent would then succeed behind the table. Read it instead.
+                passed = self.read(version)
+                if passed is None:
+                    raise StaleHead(f"{self.root}: version {version} is behind checkpoint {checkpoint} and gone")
+                _apply(head, uid, version, passed)
+                continue
+            now = int(time.time() * 1000)
+            commit_info = {"timestamp": now, "operation": "STREAMING UPDATE",
+                           "operationParameters": {"outputMode": "Append", "queryId": uid, "epochId": str(epoch)},
+                           "readVersion": head.version, "isolationLevel": "Serializable", "isBlindAppend": True,
+                           "engineInfo": ENGINE_INFO, **info}
+            lines = [{"commitInfo": commit_info}, {"txn": {"appId": uid, "version": epoch, "lastUpdated": now}}, *actions]
+            payload = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
+            try:
+                self.io.write_exclusive(self.commit_url(version), payload)
+            except AlreadyExistsError:
+                # Another writer took this version: read it, then try the next one.
+                winner = self.read(version)
+                if winner is None:  # cleaned up already: we are far behind
+                    raise StaleHead(f"{self.root}: version {version} exists but could not be read") from None
+                _apply(head, uid, version, winner)
+                continue
+            head.version, head.txn = version, epoch
+            return "COMMITTED"
+
+
+def _apply(head: LogHead, uid: str, version: int, actions: list[dict[str, Any]]) -> None:
+    for action in actions:
+        if "metaData" in action or "protocol" in action:
+            raise TableChanged(f"version {version} changed the table's {'metadata' if 'metaData' in action else 'protocol'}")
+        txn = action.get("txn")
+        if txn is not None and txn.get("appId") == uid:
+            head.txn = max(head.txn, int(txn["version"]))
+    head.version = version
