@@ -13,7 +13,7 @@ On an embedded PostgreSQL 18 (a fresh data folder), local[2]:
    fixed ``--rate`` rows/s for ``--lag-seconds``, and per row the time from its commit
    (``_commit_ts``) to the end of the batch that wrote it to the target, p50 and p99.
 
-    python benchmarks/postgres_source.py [--rows 10000000] [--repeats 2] [--changes 300000] [--changes-only]
+    python benchmarks/postgres_source.py [--rows 10000000] [--repeats 2] [--changes 300000] [--changes-only | --snapshot-only] [--chunks 16]
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=2000.0)
     ap.add_argument("--lag-seconds", type=float, default=30.0)
     ap.add_argument("--changes-only", action="store_true", help="skip the snapshot comparison")
+    ap.add_argument("--snapshot-only", action="store_true", help="skip the change stream")
+    ap.add_argument("--chunks", type=int, default=16, help="snapshot chunks (splitSize = rows / chunks)")
     args = ap.parse_args()
 
     import psycopg
@@ -86,7 +88,8 @@ def main() -> None:
         spark = flinkish_spark.session(conf={"spark.jars": JDBC_JAR, "spark.driver.memory": "2g"})
         spark.sparkContext.setLogLevel("ERROR")
         results: dict[str, list[float]] = {"flinkish.postgres": [], "spark jdbc": []}
-        split = max(1, args.rows // 16)
+        split = max(1, -(-args.rows // args.chunks))
+        durations: list[dict[str, int]] = []
         for rep in range(0 if args.changes_only else args.repeats):
             for name in ("flinkish.postgres", "spark jdbc"):
                 out = os.path.join(work, f"out-{name.replace(' ', '-')}-{rep}")
@@ -99,6 +102,7 @@ def main() -> None:
                          .option("checkpointLocation", os.path.join(work, f"cp{rep}")).trigger(availableNow=True).start())
                     end = flinkish_spark.await_finished(q)
                     assert end == "finished", end
+                    durations.append(sum_durations(q.recentProgress))
                 else:
                     df = spark.read.jdbc(pg.jdbc_url, "snap", column="id", lowerBound=1, upperBound=args.rows,
                                          numPartitions=2, properties={"driver": "org.postgresql.Driver", "fetchsize": "10000"})
@@ -107,7 +111,8 @@ def main() -> None:
                 n = spark.read.parquet(out).count()
                 assert n == args.rows, (name, n)
                 results[name].append(secs)
-                print(f"{name}: {args.rows / secs:,.0f} rows/s ({secs:.1f}s)", flush=True)
+                extra = f"; progress durationMs {durations[-1]}" if name == "flinkish.postgres" else ""
+                print(f"{name}: {args.rows / secs:,.0f} rows/s ({secs:.1f}s){extra}", flush=True)
                 shutil.rmtree(out, ignore_errors=True)
 
         med = {k: statistics.median(v) for k, v in results.items() if v}
@@ -116,16 +121,26 @@ def main() -> None:
             rows = [[k, f"{args.rows / s:,.0f}", f"{s:.1f}", f"{(args.rows / s) / base:.2f}x"] for k, s in med.items()]
             print_table(["snapshot", "rows/s (median)", "seconds", "vs jdbc"], rows)
 
-        changes = change_stream(spark, url, work, args)
+        changes = {} if args.snapshot_only else change_stream(spark, url, work, args)
         path = write_results("postgres_source", {
-            "rows": args.rows, "repeats": args.repeats, "snapshot_seconds": results,
-            "snapshot_rows_per_s": {k: args.rows / s for k, s in med.items()}, **changes,
+            "rows": args.rows, "repeats": args.repeats, "chunks": args.chunks, "snapshot_seconds": results,
+            "snapshot_rows_per_s": {k: args.rows / s for k, s in med.items()},
+            "flinkish_progress_duration_ms": durations, **changes,
         })
         print(f"results: {path}")
         spark.stop()
     finally:
         pg.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def sum_durations(progress: Any) -> dict[str, int]:
+    """The query's ``durationMs`` entries summed over its batches (where the time went)."""
+    total: dict[str, int] = {}
+    for p in progress:
+        for k, v in (p.durationMs or {}).items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
 
 
 def change_stream(spark: Any, url: str, work: str, args: argparse.Namespace) -> dict[str, Any]:
