@@ -40,6 +40,7 @@ order Spark produced them (as the ``flinkish.postgres`` sink does) applies them 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ from flinkish_spark.errors import ConfigError
 from flinkish_spark.options import Options
 from flinkish_spark.source.datasource import SplitDataSource
 from flinkish_spark.source.enumerator import SplitEnumerator
+from flinkish_spark.source.planning import ReadRange
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
 
@@ -501,43 +503,54 @@ class PostgresReader(SplitReader):
         else:
             yield from self._read_changes(start, end)
 
-    def _chunk_query(self, chunk: Chunk) -> tuple[str, list[str]]:
+    def _chunk_query(self, chunk: Chunk) -> str:
+        """The chunk's SELECT, its bounds as literals.
+
+        Literals, not parameters: ADBC streams a query without parameters through binary
+        ``COPY (query) TO STDOUT`` batch by batch, but runs a query with parameters as a
+        prepared statement whose whole result it buffers before the first batch -- the
+        chunk's every row in memory, and Spark waiting idle until the last one arrived.
+        The bounds are the server's own text output of the split column (psycopg quotes them).
+        """
+        from psycopg import sql
+
         info = self.info
         cols = ", ".join(
             f"{quote_ident(c.name)}::text AS {quote_ident(c.name)}" if c.as_text else quote_ident(c.name)
             for c in info.columns
         )
         k, cast = quote_ident(info.split_column), _cast_type(info, info.split_column)
-        where, params = [], []
+        where = []
         if chunk.lo is not None:
-            params.append(chunk.lo)
-            where.append(f"{k} >= ${len(params)}::{cast}")
+            where.append(f"{k} >= {sql.Literal(chunk.lo).as_string().strip()}::{cast}")
         if chunk.hi is not None:
-            params.append(chunk.hi)
-            where.append(f"{k} < ${len(params)}::{cast}")
+            where.append(f"{k} < {sql.Literal(chunk.hi).as_string().strip()}::{cast}")
         cond = " AND ".join(where) if where else "TRUE"
         if chunk.hi is None:
             cond = f"({cond}) OR {k} IS NULL"
-        return f"SELECT {cols} FROM {info.qualified} WHERE {cond}", params
+        return f"SELECT {cols} FROM {info.qualified} WHERE {cond}"
 
     def _read_chunk(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
-        query, params = self._chunk_query(chunk)
+        src = self.source
+        try:
+            yield from self._chunk_batches(self._chunk_query(chunk))
+        except Exception as e:
+            if isinstance(e, PostgresSourceError):
+                raise
+            raise PostgresSourceError(f"{src.component}: reading {self.info.display} failed: {mask_text(str(e), resolve_url(src.url, src.password_env))}") from None
+
+    def _chunk_batches(self, query: str) -> Iterator[pa.RecordBatch]:
         src = self.source
         conn = connect_adbc(src.url, src.password_env)
         try:
             cur = conn.cursor()
             try:
-                cur.execute(query, params or None)
-                reader = cur.fetch_record_batch()
-                for batch in reader:
+                cur.execute(query)
+                for batch in cur.fetch_record_batch():
                     if batch.num_rows:
                         yield self._with_metadata(batch, "r")
             finally:
                 cur.close()
-        except Exception as e:
-            if isinstance(e, PostgresSourceError):
-                raise
-            raise PostgresSourceError(f"{src.component}: reading {self.info.display} failed: {mask_text(str(e), resolve_url(src.url, src.password_env))}") from None
         finally:
             conn.close()
 
@@ -610,7 +623,7 @@ class PostgresSourceDataSource(SplitDataSource):
     KIND: ClassVar[str] = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
-        "slotName", "publication", "onSlotLost",
+        "slotName", "publication", "onSlotLost", "snapshotPartitions",
     )
 
     def __init__(self, options: Any) -> None:
@@ -628,6 +641,7 @@ class PostgresSourceDataSource(SplitDataSource):
         self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
         self.split_column = (opts.get("splitColumn") or "").strip() or None
         self.max_rows_per_trigger = opts.integer("maxRowsPerTrigger", None, minimum=1)
+        self.snapshot_partitions = opts.integer("snapshotPartitions", None, minimum=1) or os.cpu_count() or 2
         self.on_slot_lost: OnSlotLost = opts.choice("onSlotLost", ("fail", "resnapshot"), "fail")
         default_name = "flinkish_" + re.sub(r"[^a-z0-9_]", "_", self.uid.lower())
         self.slot_name = (opts.get("slotName") or "").strip() or default_name[:63]
@@ -673,6 +687,20 @@ class PostgresSourceDataSource(SplitDataSource):
         if self.max_rows_per_trigger is not None:
             return ReadMaxFiles(max(1, self.max_rows_per_trigger // self.split_size))
         return ReadAllAvailable()
+
+    def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]:
+        """An epoch's chunks in at most ``snapshotPartitions`` tasks (consecutive chunks each), changes alone.
+
+        A task per chunk costs each chunk a Spark task, a Python worker round trip, an ADBC
+        connection and an output file: with the default splitSize, most of the snapshot's
+        time on two cores (see docs/benchmarks.md). The change range stays one partition (WAL order).
+        """
+        chunks = [r for r in ranges if r.split_id.startswith("snapshot-")]
+        groups: list[list[ReadRange]] = [[r] for r in ranges if not r.split_id.startswith("snapshot-")]
+        n = min(self.snapshot_partitions, len(chunks))
+        for i in range(n):
+            groups.append(chunks[len(chunks) * i // n: len(chunks) * (i + 1) // n])
+        return groups
 
     def create_enumerator(self) -> PostgresEnumerator:
         return PostgresEnumerator(self)
