@@ -55,14 +55,7 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import slot as slots
-from flinkish_spark.connectors.postgres._source_conn import (
-    PostgresSourceError,
-    connect,
-    connect_adbc,
-    mask_text,
-    mask_url,
-    resolve_url,
-)
+from flinkish_spark.connectors.postgres.connection import ConnectionInfo, adbc_connect, connect, parse_url
 from flinkish_spark.connectors.postgres.pgoutput import (
     Begin,
     Change,
@@ -72,7 +65,7 @@ from flinkish_spark.connectors.postgres.pgoutput import (
     format_lsn,
     parse_lsn,
 )
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.options import Options
 from flinkish_spark.source.datasource import SplitDataSource
 from flinkish_spark.source.enumerator import SplitEnumerator
@@ -332,7 +325,7 @@ class PostgresEnumerator(SplitEnumerator):
         src = self.source
         info = src.table_info()
         out: list[Split] = []
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             if self.uses_slot:
                 slots.check_logical_replication(conn, src.component)
                 # The slot first: every change after its consistent point is kept for us.
@@ -351,7 +344,7 @@ class PostgresEnumerator(SplitEnumerator):
 
     def _slot_lost(self) -> PostgresSourceError | None:
         src = self.source
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             state, _, _ = slots.slot_info(conn, src.slot_name)
         if state == "ok":
             return None
@@ -388,7 +381,7 @@ class PostgresEnumerator(SplitEnumerator):
         src = self.source
         want = limit or 1
         stale = 0  # messages of transactions before ``position`` that the slot still returns
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             flush = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
             while True:
                 rows = _peek(conn, src.slot_name, src.publication, flush, want + stale)
@@ -430,7 +423,7 @@ class PostgresEnumerator(SplitEnumerator):
         change = next((s for s in checkpoint.splits if s.split_id == changes_id(self.generation)), None)
         src = self.source
         owned = slots.Ownership.read(src.io, src.checkpoint_store().directory)
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             if change is not None and change.position > 0:
                 _with_busy_slot(lambda: slots.advance(conn, src.slot_name, change.position))
             if checkpoint.finished and owned is not None:
@@ -537,11 +530,11 @@ class PostgresReader(SplitReader):
         except Exception as e:
             if isinstance(e, PostgresSourceError):
                 raise
-            raise PostgresSourceError(f"{src.component}: reading {self.info.display} failed: {mask_text(str(e), resolve_url(src.url, src.password_env))}") from None
+            raise PostgresSourceError(f"{src.component}: reading {self.info.display} failed: {src.conn_info.mask(str(e))}") from None
 
     def _chunk_batches(self, query: str) -> Iterator[pa.RecordBatch]:
         src = self.source
-        conn = connect_adbc(src.url, src.password_env)
+        conn = adbc_connect(src.conn_info)
         try:
             cur = conn.cursor()
             try:
@@ -578,7 +571,7 @@ class PostgresReader(SplitReader):
             arrays.append(pa.array([ch.commit_ts_us for _, ch in rows], pa.timestamp("us", tz="UTC")))
             return pa.RecordBatch.from_arrays(arrays, names=[c.name for c in info.columns] + list(METADATA_COLUMNS))
 
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             messages = _peek(conn, src.slot_name, src.publication, end, None)
         for change in decode_changes(messages, start, end):
             if isinstance(change, Truncate):
@@ -634,8 +627,9 @@ class PostgresSourceDataSource(SplitDataSource):
         return f"{self.KIND} source"
 
     def configure(self, opts: Options) -> None:
-        self.url = opts.required("url", "a libpq URI, e.g. postgresql://user@host:5432/db (password via PGPASSWORD or 'passwordEnv')")
+        url = opts.required("url", "a libpq URI, e.g. postgresql://user@host:5432/db (password via PGPASSWORD or 'passwordEnv')")
         self.password_env = (opts.get("passwordEnv") or "").strip() or None
+        self.conn_info: ConnectionInfo = parse_url(url, self.password_env, f"{self.component}: option 'url'")
         self.table = opts.required("table", "the table to read, e.g. public.orders")
         self.startup: Startup = opts.choice("startup", ("snapshot", "snapshotThenChanges", "changes"), "snapshotThenChanges")
         self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
@@ -661,7 +655,7 @@ class PostgresSourceDataSource(SplitDataSource):
 
     def table_info(self) -> TableInfo:
         if self._table_info is None:
-            with connect(self.url, self.password_env) as conn:
+            with connect(self.conn_info, autocommit=True) as conn:
                 info = load_table_info(conn, self.table, self.split_column, self.component)
                 if self.startup != "snapshot":
                     slots.check_logical_replication(conn, self.component)
@@ -715,10 +709,7 @@ class PostgresSourceDataSource(SplitDataSource):
         driver's process: it connects with PGPASSWORD or the variable 'passwordEnv' names.
         """
         options = {k: v for k, v in self.raw_options.items() if k not in ("storageOptions",)}
-        options["url"] = mask_url(self.url)
-        if "***" in options["url"]:
-            options["url"] = options["url"].replace(":***@", "@")
-            options["url"] = re.sub(r"[?&]password=\*\*\*", "", options["url"])
+        options["url"] = self.conn_info.url  # the URI without its password
         cls = type(self)
         descriptor = {"class": f"{cls.__module__}:{cls.__qualname__}", "options": options}
         from flinkish_spark.source.datasource import DESCRIPTOR_FILE
