@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import shutil
 import statistics
@@ -84,14 +85,15 @@ def main() -> None:
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             t0 = time.time()
-            for table, n in (("snap", args.rows), ("warm", 200_000)):
+            for table, n in (() if args.changes_only else (("snap", args.rows), ("warm", 200_000))):
                 conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, k int, v double precision, name text, ts timestamptz)")
                 conn.execute(
                     f"INSERT INTO {table} SELECT g, g % 1000, g * 0.25, 'name ' || g, "
                     f"timestamptz '2024-01-01' + g * interval '1 second' FROM generate_series(1, {n}) g"
                 )
                 conn.execute(f"VACUUM ANALYZE {table}")
-            print(f"table of {args.rows:,} rows loaded in {time.time() - t0:.1f}s", flush=True)
+            if not args.changes_only:
+                print(f"table of {args.rows:,} rows loaded in {time.time() - t0:.1f}s", flush=True)
             conn.execute("CREATE TABLE changes (id bigint PRIMARY KEY, k int, v double precision, name text, ts timestamptz)")
 
         spark = flinkish_spark.session(conf={"spark.jars": JDBC_JAR, "spark.driver.memory": "2g"})
@@ -150,16 +152,31 @@ def main() -> None:
             print_table(["snapshot", "runs (s)", "rows/s (median)", "vs jdbc", "CPU s (median)"], rows)
 
         changes = {} if args.snapshot_only else change_stream(spark, url, work, args)
-        path = write_results("postgres_source", {
+        snapshot_results = {} if args.changes_only else {
             "rows": args.rows, "repeats": args.repeats, "split_size": args.split_size, "snapshot_seconds": results,
             "snapshot_rows_per_s": {k: args.rows / s for k, s in med.items()}, "snapshot_cpu_seconds": cpu,
-            "flinkish_progress_duration_ms": durations, **changes,
-        })
+            "flinkish_progress_duration_ms": durations,
+        }
+        # A run of one part keeps the other part's figures of the previous run (marked with its date).
+        previous = previous_results("postgres_source")
+        kept = {k: v for k, v in previous.items() if k not in snapshot_results and k not in changes and k != "machine"}
+        if kept and "machine" in previous:
+            kept["kept_from_run_of"] = previous.get("kept_from_run_of") or previous["machine"].get("date")
+        path = write_results("postgres_source", {**kept, **snapshot_results, **changes})
         print(f"results: {path}")
         spark.stop()
     finally:
         pg.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def previous_results(name: str) -> dict[str, Any]:
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.json")
+    try:
+        with open(path) as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):
+        return {}
 
 
 def cpu_seconds(driver: int, postmaster: int) -> dict[str, float]:
