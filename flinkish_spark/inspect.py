@@ -151,11 +151,11 @@ def postgres_slots(io: FileIO, root: str) -> list[PostgresSlot]:
         owned = Ownership.read(io, directory)
         assert owned is not None
         try:
-            from flinkish_spark.connectors.postgres._source_conn import connect
+            from flinkish_spark.connectors.postgres.connection import connect, parse_url
             from flinkish_spark.connectors.postgres.slot import wal_held_back
 
             options = json.loads(io.read_bytes(join(directory, "_source.json")))["options"]
-            with connect(options["url"], options.get("passwordEnv")) as conn:
+            with connect(parse_url(options["url"], options.get("passwordEnv")), autocommit=True) as conn:
                 held = wal_held_back(conn, owned.slot)
             if held is None:
                 out.append(PostgresSlot(uid, owned.slot, None, None, "no such slot (dropped: finished, or lost)"))

@@ -110,6 +110,7 @@ def run(spec: dict[str, Any]) -> None:
     trigger = spec.get("trigger", "availableNow")
     writer = writer.trigger(availableNow=True) if trigger == "availableNow" else writer.trigger(processingTime=trigger)
     query = writer.start()
+    print("QUERY_STARTED", flush=True)  # for a caller that kills the run at a moment of its choosing
     end = spec.get("end", "finish" if trigger == "availableNow" else "timeout")
     run_seconds = float(spec["runSeconds"]) if "runSeconds" in spec else (None if trigger == "availableNow" else 10.0)
     if end in ("finish", "external"):

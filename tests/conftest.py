@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +114,13 @@ def pg_url(postgres: PostgresForTests, request: pytest.FixtureRequest) -> str:
     return postgres.create_database(name)
 
 
+def _exit_within(proc: subprocess.Popen, seconds: float) -> int | None:
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 class PipelineRun:
     def __init__(self, returncode: int, output: str) -> None:
         self.returncode = returncode
@@ -127,7 +136,11 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
     """Run a pipeline spec in a child driver process; optionally kill -9 it at a crash point."""
     counter = 0
 
-    def run(spec: dict[str, Any], crash_at: str | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> PipelineRun:
+    def run(spec: dict[str, Any], crash_at: str | None = None, timeout: float = 300, env: dict[str, str] | None = None,
+            kill_after: float | None = None, kill_when: Callable[[], bool] | None = None) -> PipelineRun:
+        """``kill_after``: kill -9 the whole process group that many seconds after the query started
+        (the runner prints ``QUERY_STARTED``) -- or, with ``kill_when``, after that also returned
+        True (polled) -- wherever the run is then: a random moment when the delay is random."""
         nonlocal counter
         counter += 1
         spec_path = tmp_path / f"spec-{counter}.json"
@@ -151,17 +164,40 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
             text=True,
             start_new_session=True,
         )
+        lines: list[str] = []
+        started = threading.Event()
+
+        def collect() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("QUERY_STARTED"):
+                    started.set()
+
+        reader = threading.Thread(target=collect, daemon=True)
+        reader.start()
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            deadline = time.monotonic() + timeout
+            if kill_after is not None:
+                while not started.wait(0.2) and proc.poll() is None and time.monotonic() < deadline:
+                    pass
+                while kill_when is not None and started.is_set() and not kill_when() and proc.poll() is None \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if started.is_set() and _exit_within(proc, kill_after) is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            raise AssertionError(f"pipeline did not finish in {timeout}s:\n{out[-4000:]}")
+            proc.wait()
+            reader.join(timeout=10)
+            raise AssertionError(f"pipeline did not finish in {timeout}s:\n{''.join(lines)[-4000:]}")
+        reader.join(timeout=30)
         # Make sure nothing of the driver (JVM, workers) outlives the run.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        return PipelineRun(proc.returncode, out)
+        return PipelineRun(proc.returncode, "".join(lines))
 
     return run

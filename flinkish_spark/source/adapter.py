@@ -59,7 +59,7 @@ from flinkish_spark.finish.watermark import END_OF_INPUT_TS
 from flinkish_spark.sink.lease import Lease
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.offset import GENESIS, OFFSET_VERSION, EndOfInput, SourceOffset
-from flinkish_spark.source.planning import Budget, plan_epoch, read_ranges
+from flinkish_spark.source.planning import Budget, ReadRange, plan_epoch, read_ranges
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
 from flinkish_spark.faults import crash_point
@@ -84,6 +84,7 @@ class SourceHost(Protocol):
     def create_enumerator(self) -> SplitEnumerator: ...
     def create_reader(self, schema: StructType) -> SplitReader: ...
     def default_read_limit(self) -> ReadLimit: ...
+    def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]: ...
 
 @dataclass
 class SplitPartition(InputPartition):
@@ -101,6 +102,24 @@ class SplitPartition(InputPartition):
         self.payload = payload
         self.start = start
         self.end = end
+        self.ckpt_id = ckpt_id
+
+
+@dataclass
+class SplitsPartition(InputPartition):
+    """One Spark task that reads several ranges one after the other (epoch ``ckpt_id``).
+
+    For a source whose splits are many and small (a table's snapshot chunks): one task per
+    core instead of one per split saves each further split a task, a Python worker round
+    trip and an output file, and changes nothing else -- an epoch is read whole or replayed whole.
+    """
+
+    ranges: tuple[tuple[str, str | None, int, int], ...]  # (split_id, payload, start, end)
+    ckpt_id: int
+
+    def __init__(self, ranges: tuple[tuple[str, str | None, int, int], ...], ckpt_id: int) -> None:
+        super().__init__(tuple((r[0], r[2], r[3]) for r in ranges))
+        self.ranges = ranges
         self.ckpt_id = ckpt_id
 
 
@@ -445,7 +464,14 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"{self.store.directory} does not belong to this checkpointLocation."
             )
         crash_point("source.partitions")
-        return [SplitPartition(r.split_id, r.payload, r.start, r.end, ckpt.ckpt_id) for r in read_ranges(ckpt)]
+        out: list[InputPartition] = []
+        for group in self.source.group_ranges(read_ranges(ckpt)):
+            if len(group) == 1:
+                r = group[0]
+                out.append(SplitPartition(r.split_id, r.payload, r.start, r.end, ckpt.ckpt_id))
+            elif group:
+                out.append(SplitsPartition(tuple((r.split_id, r.payload, r.start, r.end) for r in group), ckpt.ckpt_id))
+        return out
 
     def commit(self, end: dict) -> None:
         self._checkpoint_complete(self._load(self._ckpt_id(end)))
@@ -473,7 +499,11 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(partition, EndOfInputPartition):
             yield self._end_of_input_batch()
             return
-        assert isinstance(partition, SplitPartition)
+        if isinstance(partition, SplitsPartition):
+            ranges = list(partition.ranges)
+        else:
+            assert isinstance(partition, SplitPartition)
+            ranges = [(partition.split_id, partition.payload, partition.start, partition.end)]
         if self._split_reader is None:
             self._split_reader = self.source.create_reader(self.schema)
             from pyspark.sql.pandas.types import to_arrow_schema
@@ -481,10 +511,10 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         target = self._arrow_schema
         assert target is not None
-        split = Split(partition.split_id, partition.payload)
-        for batch in self._split_reader.read(split, partition.start, partition.end):
-            yield conform(batch, target)
-            crash_point("source.read")
+        for split_id, payload, start, end in ranges:
+            for batch in self._split_reader.read(Split(split_id, payload), start, end):
+                yield conform(batch, target)
+                crash_point("source.read")
 
 
 def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:

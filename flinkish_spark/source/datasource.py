@@ -25,6 +25,7 @@ from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.options import STORAGE_OPTIONS, Options
 from flinkish_spark.source.adapter import SplitStreamReader
 from flinkish_spark.source.enumerator import SplitEnumerator
+from flinkish_spark.source.planning import ReadRange
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_RETAIN = 10
@@ -87,6 +88,13 @@ class SplitDataSource(DataSource):
 
     def default_read_limit(self) -> ReadLimit:
         return ReadAllAvailable()
+
+    def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]:
+        """The Spark partitions of an epoch: each a list of ranges read one after the other.
+
+        One partition per range by default; a source of many small splits may pack them.
+        """
+        return [[r] for r in ranges]
 
     # -- wiring ---------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 ``flinkish.testing.pgcounting`` takes the options of the ``flinkish.postgres`` source plus
 ``readLog`` (a local directory): each ``read(split, start, end)`` on an executor creates
 one file there, so a test can prove which chunks were (not) read again after a restart.
+After logging, a read passes the crash point ``pgcounting.read`` (``FLINKISH_CRASH_AT=
+pgcounting.read:4`` kills the run as the fourth split read begins, whichever process runs it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.connectors.postgres.source import PostgresReader, PostgresSourceDataSource
+from flinkish_spark.faults import crash_point
 from flinkish_spark.options import Options
 from flinkish_spark.source.split import Split
 
@@ -27,6 +30,7 @@ class CountingPostgresReader(PostgresReader):
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
         os.makedirs(self.log_dir, exist_ok=True)
         open(os.path.join(self.log_dir, f"{split.split_id}@{start}@{end}@{uuid.uuid4().hex[:8]}"), "w").close()
+        crash_point("pgcounting.read")
         yield from super().read(split, start, end)
 
 

@@ -1,4 +1,5 @@
-"""Connecting to PostgreSQL from options, shared by the flinkish PostgreSQL connectors.
+"""Connecting to PostgreSQL from options: the one connection module of ``flinkish.postgres``,
+for both directions (the sink writing, the source reading snapshot chunks and its slot).
 
 * :func:`parse_url` reads a libpq URI (``postgresql://user[:password]@host[:port]/db[?...]``)
   into a :class:`ConnectionInfo` that never holds the password: it is resolved where a
@@ -125,6 +126,10 @@ def parse_url(url: str, password_env: str | None = None, what: str = "option 'ur
         host = parts.netloc.rsplit("@", 1)[-1]
         user = parts.username or ""
         parts = parts._replace(netloc=f"{user}@{host}" if user else host)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if any(k.lower() == "password" for k, _ in query):  # ?password=... : split off the same way
+        password = next(v for k, v in query if k.lower() == "password")
+        parts = parts._replace(query=urllib.parse.urlencode([(k, v) for k, v in query if k.lower() != "password"]))
     return ConnectionInfo(urllib.parse.urlunsplit(parts), password_env or None, password)
 
 

@@ -19,8 +19,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from flinkish_spark.connectors.postgres._source_conn import PostgresSourceError
 from flinkish_spark.connectors.postgres.pgoutput import format_lsn, parse_lsn
+from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.io.fileio import FileIO
 
 MARKER_FILE = "_postgres.json"

@@ -40,6 +40,7 @@ order Spark produced them (as the ``flinkish.postgres`` sink does) applies them 
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -54,14 +55,7 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import slot as slots
-from flinkish_spark.connectors.postgres._source_conn import (
-    PostgresSourceError,
-    connect,
-    connect_adbc,
-    mask_text,
-    mask_url,
-    resolve_url,
-)
+from flinkish_spark.connectors.postgres.connection import ConnectionInfo, adbc_connect, connect, parse_url
 from flinkish_spark.connectors.postgres.pgoutput import (
     Begin,
     Change,
@@ -71,10 +65,11 @@ from flinkish_spark.connectors.postgres.pgoutput import (
     format_lsn,
     parse_lsn,
 )
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.options import Options
 from flinkish_spark.source.datasource import SplitDataSource
 from flinkish_spark.source.enumerator import SplitEnumerator
+from flinkish_spark.source.planning import ReadRange
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
 
@@ -214,19 +209,60 @@ class Chunk:
 
 
 def chunk_boundaries(conn: Any, info: TableInfo, split_size: int) -> list[Chunk]:
-    """Ranges of the split column holding about ``split_size`` rows each (equal values stay together)."""
-    col = quote_ident(info.split_column)
-    rows = conn.execute(
-        f"SELECT k::text FROM (SELECT {col} AS k, row_number() OVER (ORDER BY {col}) AS rn "
-        f"FROM {info.qualified} WHERE {col} IS NOT NULL) s WHERE rn > 1 AND rn %% %s = 1 ORDER BY rn",
-        (split_size,),
-    ).fetchall()
-    bounds: list[str] = []
-    for (value,) in rows:
-        if not bounds or bounds[-1] != value:  # a run of equal values yields one boundary
-            bounds.append(value)
+    """Ranges of the split column holding about ``split_size`` rows each (equal values stay together).
+
+    A dense integer key (as many rows as values between its minimum and maximum, by the
+    planner's row estimate) is split arithmetically: two index look-ups. Any other column is
+    walked through its index, one ``OFFSET split_size LIMIT 1`` step per chunk (a single pass
+    over the index in all, several times cheaper than numbering every row).
+    """
+    bounds = _dense_integer_bounds(conn, info, split_size)
+    if bounds is None:
+        bounds = _walked_bounds(conn, info, split_size)
     edges: list[str | None] = [None, *bounds, None]
     return [Chunk(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def _dense_integer_bounds(conn: Any, info: TableInfo, split_size: int) -> list[str] | None:
+    if info.column(info.split_column).pg_type not in ("int2", "int4", "int8"):
+        return None
+    col = quote_ident(info.split_column)
+    lo, hi, estimate = conn.execute(
+        f"SELECT min({col}), max({col}), (SELECT reltuples FROM pg_class WHERE oid = %s::regclass) FROM {info.qualified}",
+        (info.qualified,),
+    ).fetchone()
+    if lo is None or estimate is None or estimate <= 0:
+        return None  # empty, or never analysed: walk
+    span = int(hi) - int(lo) + 1
+    if span > 1.1 * float(estimate):
+        return None  # gaps (or a stale estimate): walk, so that chunks stay about split_size rows
+    return [str(v) for v in range(int(lo) + split_size, int(hi) + 1, split_size)]
+
+
+def _walked_bounds(conn: Any, info: TableInfo, split_size: int) -> list[str]:
+    col, cast = quote_ident(info.split_column), _cast_type(info, info.split_column)
+    bounds: list[str] = []
+    # The output is aliased: named like the column, ORDER BY would sort the text, not the values.
+    while True:
+        if not bounds:
+            row = conn.execute(
+                f"SELECT {col}::text AS b FROM {info.qualified} WHERE {col} IS NOT NULL ORDER BY {col} OFFSET %s LIMIT 1",
+                (split_size,),
+            ).fetchone()
+        else:
+            row = conn.execute(
+                f"SELECT {col}::text AS b FROM {info.qualified} WHERE {col} >= %s::{cast} ORDER BY {col} OFFSET %s LIMIT 1",
+                (bounds[-1], split_size),
+            ).fetchone()
+            if row is not None and row[0] == bounds[-1]:
+                # More than split_size rows share this value: they stay in one chunk.
+                row = conn.execute(
+                    f"SELECT min({col})::text FROM {info.qualified} WHERE {col} > %s::{cast}", (bounds[-1],)
+                ).fetchone()
+                row = None if row is None or row[0] is None else row
+        if row is None:
+            return bounds
+        bounds.append(row[0])
 
 
 def _cast_type(info: TableInfo, column: str) -> str:
@@ -289,7 +325,7 @@ class PostgresEnumerator(SplitEnumerator):
         src = self.source
         info = src.table_info()
         out: list[Split] = []
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             if self.uses_slot:
                 slots.check_logical_replication(conn, src.component)
                 # The slot first: every change after its consistent point is kept for us.
@@ -308,7 +344,7 @@ class PostgresEnumerator(SplitEnumerator):
 
     def _slot_lost(self) -> PostgresSourceError | None:
         src = self.source
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             state, _, _ = slots.slot_info(conn, src.slot_name)
         if state == "ok":
             return None
@@ -345,7 +381,7 @@ class PostgresEnumerator(SplitEnumerator):
         src = self.source
         want = limit or 1
         stale = 0  # messages of transactions before ``position`` that the slot still returns
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             flush = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
             while True:
                 rows = _peek(conn, src.slot_name, src.publication, flush, want + stale)
@@ -387,7 +423,7 @@ class PostgresEnumerator(SplitEnumerator):
         change = next((s for s in checkpoint.splits if s.split_id == changes_id(self.generation)), None)
         src = self.source
         owned = slots.Ownership.read(src.io, src.checkpoint_store().directory)
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             if change is not None and change.position > 0:
                 _with_busy_slot(lambda: slots.advance(conn, src.slot_name, change.position))
             if checkpoint.finished and owned is not None:
@@ -460,43 +496,54 @@ class PostgresReader(SplitReader):
         else:
             yield from self._read_changes(start, end)
 
-    def _chunk_query(self, chunk: Chunk) -> tuple[str, list[str]]:
+    def _chunk_query(self, chunk: Chunk) -> str:
+        """The chunk's SELECT, its bounds as literals.
+
+        Literals, not parameters: ADBC streams a query without parameters through binary
+        ``COPY (query) TO STDOUT`` batch by batch, but runs a query with parameters as a
+        prepared statement whose whole result it buffers before the first batch -- the
+        chunk's every row in memory, and Spark waiting idle until the last one arrived.
+        The bounds are the server's own text output of the split column (psycopg quotes them).
+        """
+        from psycopg import sql
+
         info = self.info
         cols = ", ".join(
             f"{quote_ident(c.name)}::text AS {quote_ident(c.name)}" if c.as_text else quote_ident(c.name)
             for c in info.columns
         )
         k, cast = quote_ident(info.split_column), _cast_type(info, info.split_column)
-        where, params = [], []
+        where = []
         if chunk.lo is not None:
-            params.append(chunk.lo)
-            where.append(f"{k} >= ${len(params)}::{cast}")
+            where.append(f"{k} >= {sql.Literal(chunk.lo).as_string().strip()}::{cast}")
         if chunk.hi is not None:
-            params.append(chunk.hi)
-            where.append(f"{k} < ${len(params)}::{cast}")
+            where.append(f"{k} < {sql.Literal(chunk.hi).as_string().strip()}::{cast}")
         cond = " AND ".join(where) if where else "TRUE"
         if chunk.hi is None:
             cond = f"({cond}) OR {k} IS NULL"
-        return f"SELECT {cols} FROM {info.qualified} WHERE {cond}", params
+        return f"SELECT {cols} FROM {info.qualified} WHERE {cond}"
 
     def _read_chunk(self, chunk: Chunk) -> Iterator[pa.RecordBatch]:
-        query, params = self._chunk_query(chunk)
         src = self.source
-        conn = connect_adbc(src.url, src.password_env)
+        try:
+            yield from self._chunk_batches(self._chunk_query(chunk))
+        except Exception as e:
+            if isinstance(e, PostgresSourceError):
+                raise
+            raise PostgresSourceError(f"{src.component}: reading {self.info.display} failed: {src.conn_info.mask(str(e))}") from None
+
+    def _chunk_batches(self, query: str) -> Iterator[pa.RecordBatch]:
+        src = self.source
+        conn = adbc_connect(src.conn_info)
         try:
             cur = conn.cursor()
             try:
-                cur.execute(query, params or None)
-                reader = cur.fetch_record_batch()
-                for batch in reader:
+                cur.execute(query)
+                for batch in cur.fetch_record_batch():
                     if batch.num_rows:
                         yield self._with_metadata(batch, "r")
             finally:
                 cur.close()
-        except Exception as e:
-            if isinstance(e, PostgresSourceError):
-                raise
-            raise PostgresSourceError(f"{src.component}: reading {self.info.display} failed: {mask_text(str(e), resolve_url(src.url, src.password_env))}") from None
         finally:
             conn.close()
 
@@ -524,7 +571,7 @@ class PostgresReader(SplitReader):
             arrays.append(pa.array([ch.commit_ts_us for _, ch in rows], pa.timestamp("us", tz="UTC")))
             return pa.RecordBatch.from_arrays(arrays, names=[c.name for c in info.columns] + list(METADATA_COLUMNS))
 
-        with connect(src.url, src.password_env) as conn:
+        with connect(src.conn_info, autocommit=True) as conn:
             messages = _peek(conn, src.slot_name, src.publication, end, None)
         for change in decode_changes(messages, start, end):
             if isinstance(change, Truncate):
@@ -569,7 +616,7 @@ class PostgresSourceDataSource(SplitDataSource):
     KIND: ClassVar[str] = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
-        "slotName", "publication", "onSlotLost",
+        "slotName", "publication", "onSlotLost", "snapshotPartitions",
     )
 
     def __init__(self, options: Any) -> None:
@@ -580,13 +627,15 @@ class PostgresSourceDataSource(SplitDataSource):
         return f"{self.KIND} source"
 
     def configure(self, opts: Options) -> None:
-        self.url = opts.required("url", "a libpq URI, e.g. postgresql://user@host:5432/db (password via PGPASSWORD or 'passwordEnv')")
+        url = opts.required("url", "a libpq URI, e.g. postgresql://user@host:5432/db (password via PGPASSWORD or 'passwordEnv')")
         self.password_env = (opts.get("passwordEnv") or "").strip() or None
+        self.conn_info: ConnectionInfo = parse_url(url, self.password_env, f"{self.component}: option 'url'")
         self.table = opts.required("table", "the table to read, e.g. public.orders")
         self.startup: Startup = opts.choice("startup", ("snapshot", "snapshotThenChanges", "changes"), "snapshotThenChanges")
         self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
         self.split_column = (opts.get("splitColumn") or "").strip() or None
         self.max_rows_per_trigger = opts.integer("maxRowsPerTrigger", None, minimum=1)
+        self.snapshot_partitions = opts.integer("snapshotPartitions", None, minimum=1) or os.cpu_count() or 2
         self.on_slot_lost: OnSlotLost = opts.choice("onSlotLost", ("fail", "resnapshot"), "fail")
         default_name = "flinkish_" + re.sub(r"[^a-z0-9_]", "_", self.uid.lower())
         self.slot_name = (opts.get("slotName") or "").strip() or default_name[:63]
@@ -606,7 +655,7 @@ class PostgresSourceDataSource(SplitDataSource):
 
     def table_info(self) -> TableInfo:
         if self._table_info is None:
-            with connect(self.url, self.password_env) as conn:
+            with connect(self.conn_info, autocommit=True) as conn:
                 info = load_table_info(conn, self.table, self.split_column, self.component)
                 if self.startup != "snapshot":
                     slots.check_logical_replication(conn, self.component)
@@ -633,6 +682,20 @@ class PostgresSourceDataSource(SplitDataSource):
             return ReadMaxFiles(max(1, self.max_rows_per_trigger // self.split_size))
         return ReadAllAvailable()
 
+    def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]:
+        """An epoch's chunks in at most ``snapshotPartitions`` tasks (consecutive chunks each), changes alone.
+
+        A task per chunk costs each chunk a Spark task, a Python worker round trip, an ADBC
+        connection and an output file: with the default splitSize, most of the snapshot's
+        time on two cores (see docs/benchmarks.md). The change range stays one partition (WAL order).
+        """
+        chunks = [r for r in ranges if r.split_id.startswith("snapshot-")]
+        groups: list[list[ReadRange]] = [[r] for r in ranges if not r.split_id.startswith("snapshot-")]
+        n = min(self.snapshot_partitions, len(chunks))
+        for i in range(n):
+            groups.append(chunks[len(chunks) * i // n: len(chunks) * (i + 1) // n])
+        return groups
+
     def create_enumerator(self) -> PostgresEnumerator:
         return PostgresEnumerator(self)
 
@@ -646,10 +709,7 @@ class PostgresSourceDataSource(SplitDataSource):
         driver's process: it connects with PGPASSWORD or the variable 'passwordEnv' names.
         """
         options = {k: v for k, v in self.raw_options.items() if k not in ("storageOptions",)}
-        options["url"] = mask_url(self.url)
-        if "***" in options["url"]:
-            options["url"] = options["url"].replace(":***@", "@")
-            options["url"] = re.sub(r"[?&]password=\*\*\*", "", options["url"])
+        options["url"] = self.conn_info.url  # the URI without its password
         cls = type(self)
         descriptor = {"class": f"{cls.__module__}:{cls.__qualname__}", "options": options}
         from flinkish_spark.source.datasource import DESCRIPTOR_FILE

@@ -66,3 +66,32 @@ def test_ranges_are_whole_transactions_replays_read_the_same_and_the_slot_moves_
 
         assert parse_lsn(confirmed(conn)) == e1  # advanced to the end of the completed epoch, not beyond
         conn.execute("SELECT pg_drop_replication_slot('flinkish_enum')")
+
+
+def test_chunk_boundaries_cover_every_row_once_in_chunks_of_about_split_size(pg_url) -> None:
+    from flinkish_spark.connectors.postgres.source import chunk_boundaries, load_table_info
+
+    def sizes(conn: psycopg.Connection, table: str, column: str | None, split: int) -> list[int]:
+        info = load_table_info(conn, table, column, "test")
+        counts = []
+        for c in chunk_boundaries(conn, info, split):
+            col, t = info.split_column, info.column(info.split_column).pg_type
+            cond = " AND ".join([f"{col} >= %(lo)s::{t}"] * (c.lo is not None) + [f"{col} < %(hi)s::{t}"] * (c.hi is not None)) or "TRUE"
+            cond = f"({cond}) OR {col} IS NULL" if c.hi is None else cond
+            counts.append(conn.execute(f"SELECT count(*) FROM {table} WHERE {cond}", {"lo": c.lo, "hi": c.hi}).fetchone()[0])
+        return counts
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE dense (id bigint PRIMARY KEY)")
+        conn.execute("INSERT INTO dense SELECT g FROM generate_series(1, 1000) g")
+        conn.execute("ANALYZE dense")  # a row estimate: split arithmetically
+        assert sizes(conn, "dense", None, 300) == [300, 300, 300, 100]
+        conn.execute("CREATE TABLE sparse (id int PRIMARY KEY, grp text)")
+        conn.execute("INSERT INTO sparse SELECT g * g, CASE WHEN g <= 50 THEN 'a' ELSE 'b' || g / 10 END FROM generate_series(1, 100) g")
+        conn.execute("ANALYZE sparse")
+        assert sizes(conn, "sparse", None, 30) == [30, 30, 30, 10]  # gaps: walked through the index
+        # A non-unique column: equal values stay in one chunk (50 'a' rows, more than a chunk).
+        grp = sizes(conn, "sparse", "grp", 20)
+        assert sum(grp) == 100 and 50 in grp and all(n <= 30 for n in grp if n != 50)
+        conn.execute("CREATE TABLE empty (id int PRIMARY KEY)")
+        assert sizes(conn, "empty", None, 10) == [0]

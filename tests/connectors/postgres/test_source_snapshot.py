@@ -1,8 +1,10 @@
 """``flinkish.postgres`` with startup=snapshot: a bounded table read in chunks that finish.
 
 Under a processing-time trigger the query ends by itself once the epoch with the last
-chunk is committed; every row arrives exactly once; after a kill -9 midway, the chunks of
-committed epochs are never read again (the counting reader logs every read).
+chunk is committed; every row arrives exactly once; after a kill -9 midway (as the second of
+four epochs reads its chunks), the chunks of committed epochs are never read again (the
+counting reader logs every read). The issue's size: 1M rows in 8 chunks, bulk-loaded with
+``generate_series``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import collections
 import os
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -18,9 +21,9 @@ from flinkish_spark.testing.postgres import committed_checkpoint, pg_read_log
 
 pytestmark = pytest.mark.slow
 
-ROWS = 100_000
-SPLIT = 10_000  # 10 chunks
-PER_EPOCH = 2 * SPLIT  # maxRowsPerTrigger: 2 chunks per epoch, 5 epochs
+ROWS = 1_000_000
+SPLIT = 125_000  # 8 chunks
+PER_EPOCH = 2 * SPLIT  # maxRowsPerTrigger: 2 chunks per epoch, 4 epochs
 
 
 def make_table(url: str) -> None:
@@ -56,7 +59,7 @@ def spec(tmp_path: Path, url: str) -> dict:
 def test_bounded_snapshot_killed_midway_ends_by_itself_with_every_row_once(pg_url, run_pipeline, tmp_path: Path) -> None:
     make_table(pg_url)
     s = spec(tmp_path, pg_url)
-    killed = run_pipeline(s, crash_at="source.read:3")  # the first chunk of the second epoch
+    killed = run_pipeline(s, crash_at="pgcounting.read:4")  # as the second epoch's second chunk read begins
     assert killed.killed, killed.output[-3000:]
     done = committed_checkpoint(str(tmp_path / "cp"), str(tmp_path / "meta"), "items")
     assert done is not None, "the first epoch should be committed before the kill"
@@ -68,15 +71,17 @@ def test_bounded_snapshot_killed_midway_ends_by_itself_with_every_row_once(pg_ur
     assert last.returncode == 0 and "QUERY_END=finished" in last.output, last.output[-3000:]
 
     table = pq.read_table(str(tmp_path / "out"), columns=["id", "name", "price", "_op", "_lsn"])
-    ids = collections.Counter(table.column("id").to_pylist())
-    assert len(ids) == ROWS and set(ids.values()) == {1} and min(ids) == 1 and max(ids) == ROWS
-    assert set(table.column("_op").to_pylist()) == {"r"} and table.column("_lsn").null_count == table.num_rows
-    row = next(r for r in table.to_pylist() if r["id"] == 12345)
+    ids = table.column("id")
+    assert table.num_rows == ROWS and pc.count_distinct(ids).as_py() == ROWS  # every row, once
+    assert pc.min(ids).as_py() == 1 and pc.max(ids).as_py() == ROWS
+    assert pc.unique(table.column("_op")).to_pylist() == ["r"] and table.column("_lsn").null_count == table.num_rows
+    (row,) = table.filter(pc.equal(ids, 12345)).to_pylist()
     assert row["name"] == "item 12345" and str(row["price"]) == "123.45"
 
     reads = pg_read_log(str(tmp_path / "reads"))
     chunks = {r[0] for r in reads}
     assert len(chunks) >= 8  # the issue's ">= 8 chunks"
+    assert len(reads_before) >= 3  # the kill came while the second epoch was reading
     per_chunk = collections.Counter(r[0] for r in reads)
     # Chunks of committed epochs: read once, before the kill, never again.
     assert {c: per_chunk[c] for c in committed_chunks} == {c: 1 for c in committed_chunks}
