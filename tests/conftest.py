@@ -100,11 +100,19 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresForTe
         return
     from flinkish_spark.embedded.postgres import start_postgres
 
-    server = start_postgres(tmp_path_factory.mktemp("postgres") / "data")
+    # Not under pytest's basetemp: the server runs as its own user and needs to traverse the
+    # folders above its data, and every pytest session that starts on the machine resets
+    # /tmp/pytest-of-<user> to mode 0700 (a second suite beside this one made the server PANIC).
+    import shutil
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="flinkish-test-postgres-")
+    server = start_postgres(os.path.join(home, "data"))
     try:
         yield PostgresForTests(server.uri, server)
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture
