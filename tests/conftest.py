@@ -209,3 +209,55 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
         return PipelineRun(proc.returncode, "".join(lines))
 
     return run
+
+
+@pytest.fixture
+def run_with_random_kills(tmp_path: Path) -> Callable[..., str]:
+    """Run a pipeline spec under a processing-time trigger in child drivers; kill -9 the whole
+    driver at a random moment after each of the first ``kills`` runs has made progress; restart
+    until the bounded query ends by itself. Returns the last run's output.
+
+    ``progress()`` is read from the target (e.g. the last committed epoch): a kill waits until
+    it has grown in the run, then lands 0-1.5 s later -- somewhere in the next epoch, never in
+    the driver's start-up (a kill at a fixed wall time lands there on a slow machine).
+    """
+    import random
+    import time
+
+    def run(spec: dict[str, Any], progress: Callable[[], int], kills: int, seed: int,
+            env: dict[str, str] | None = None, trigger: str = "1 second") -> str:
+        rng = random.Random(seed)
+        path = tmp_path / "random-kill-spec.json"
+        path.write_text(json.dumps(child_spec({**spec, "trigger": trigger, "end": "finish", "runSeconds": 300})))
+        child_env = {k: v for k, v in os.environ.items() if k != ENV_POINT}
+        child_env.update(env or {})
+        killed = 0
+        for attempt in range(kills + 3):
+            log = tmp_path / f"random-kill-{attempt}.log"
+            with open(log, "w") as out:  # a file, not a pipe: nobody reads while the driver runs
+                proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=out,
+                                        stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+                try:
+                    if killed < kills:
+                        start, deadline = progress(), time.time() + 300
+                        while proc.poll() is None and progress() <= start and time.time() < deadline:
+                            time.sleep(0.3)
+                        time.sleep(rng.uniform(0, 1.5))
+                        if proc.poll() is None:
+                            os.killpg(proc.pid, signal.SIGKILL)
+                            proc.wait()
+                            killed += 1
+                            continue
+                    proc.wait(timeout=400)
+                finally:
+                    if proc.poll() is None:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+            text = log.read_text()
+            assert proc.returncode == 0, text[-3000:]
+            assert "QUERY_END=finished" in text, text[-3000:]
+            assert killed == kills, f"only {killed} of {kills} kills landed before the query ended"
+            return text
+        raise AssertionError(f"the query did not end after {kills} kills")
+
+    return run

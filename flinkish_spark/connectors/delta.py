@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import math
 import threading
 import time
@@ -73,6 +74,8 @@ from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
+
+log = logging.getLogger(__name__)
 
 DATA_PREFIX = "flinkish"
 DEFAULT_CHECKPOINT_INTERVAL = 10
@@ -311,13 +314,20 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
         return "RETRY_LATER"
 
     def _after_commit(self, version: int) -> None:
-        """Table maintenance on the versions that are multiples of its interval (O(live files) each)."""
+        """Table maintenance on the versions that are multiples of its interval (O(live files) each).
+
+        The epoch is committed already: a failure here is logged, not raised (the next
+        interval tries again; readers only replay more commits meanwhile).
+        """
         from deltalake.transaction import PostCommitHookProperties
 
-        if self.checkpoint_interval and version % self.checkpoint_interval == 0:
-            self.table().create_checkpoint()
-        if self.compact_every and version % self.compact_every == 0:
-            self.table().optimize.compact(post_commithook_properties=PostCommitHookProperties(create_checkpoint=False))
+        try:
+            if self.checkpoint_interval and version % self.checkpoint_interval == 0:
+                self.table().create_checkpoint()
+            if self.compact_every and version % self.compact_every == 0:
+                self.table().optimize.compact(post_commithook_properties=PostCommitHookProperties(create_checkpoint=False))
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("flinkish.delta: table maintenance after version %d of %s failed: %s", version, self.path, exc)
 
     def _commit_with_delta_rs(self, files: list[DeltaFile], epoch: int) -> CommitOutcome:
         """The commit for tables whose protocol asks more of a writer than a blind append gives."""

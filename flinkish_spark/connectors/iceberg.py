@@ -38,6 +38,7 @@ storage options. Tables the sink creates get ``commit.manifest-merge.enabled`` a
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -69,6 +70,8 @@ from flinkish_spark.io.fileio import FileIO, protocol_of, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
+
+log = logging.getLogger(__name__)
 
 DATA_PREFIX = "data/flinkish"
 EXTRA = "iceberg"
@@ -370,7 +373,8 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
                 spec_id = self._spec_id(table)
                 append_snapshot(self.catalog(), table, [_data_file(f, spec_id) for f in files], spec_id,
                                 {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)},
-                                retain=self.retain_snapshots, protect_property=UID_PROPERTY)
+                                retain=self.retain_snapshots, protect_property=UID_PROPERTY,
+                                delete_files=self._delete_quietly)
                 return "COMMITTED"
             except CommitFailedException:
                 # Another writer committed first (or our own commit landed and its answer
@@ -381,6 +385,14 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
                 self._forget_table()
                 raise
         return "RETRY_LATER"
+
+    def _delete_quietly(self, paths: list[str]) -> None:
+        """Delete metadata files no snapshot needs any more, in one bulk request on S3 (pyarrow's
+        file system lists the parent folder after each delete); a leftover file is harmless."""
+        try:
+            self.io.delete_many(paths)
+        except Exception as exc:  # noqa: BLE001 - orphan cleanup (table maintenance) removes it
+            log.warning("flinkish.iceberg: could not delete %d unused metadata files: %s", len(paths), exc)
 
     def _spec_id(self, table: Any) -> int:
         """The partition spec the epoch's files were prepared for."""

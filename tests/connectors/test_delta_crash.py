@@ -11,11 +11,9 @@ from __future__ import annotations
 import collections
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -146,30 +144,18 @@ def test_two_queries_with_different_uids_append_concurrently(tmp_path: Path) -> 
 
 
 @pytest.mark.s3
-def test_random_kill_until_done_on_s3_under_processing_time_trigger(s3_proc: str, tmp_path: Path) -> None:
+def test_random_kill_until_done_on_s3_under_processing_time_trigger(run_with_random_kills, s3_proc: str, tmp_path: Path) -> None:
     """kill -9 of the whole driver at random moments, restarted until the bounded query ends by itself."""
     s = spec(tmp_path / "cp", "s3://test/table", "s3://test/meta", lengths=[600, 600], per_trigger=200, endpointUrl=s3_proc)
-    s.update(trigger="1 second", end="finish", runSeconds=300)
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(child_spec(s)))
-    rng = random.Random(12)
-    kills, finished = 0, False
-    for attempt in range(8):
-        proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        kill_at = rng.uniform(15, 35) if attempt < 3 else None
-        try:
-            out, _ = proc.communicate(timeout=kill_at if kill_at is not None else 400)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            kills += 1
-            continue
-        assert proc.returncode == 0, out[-3000:]
-        finished = "QUERY_END=finished" in out
-        break
-    assert finished and kills >= 1
     table = Table("s3://test/table", s3_proc)
+
+    def committed() -> int:
+        try:
+            return table.txn()
+        except deltalake.exceptions.TableNotFoundError:  # the first run has not created it yet
+            return -1
+
+    run_with_random_kills(s, committed, kills=2, seed=12)
     assert table.rows() == expected([600, 600])
     assert table.epochs() == list(range(6))
     assert table.stray_files() == set()

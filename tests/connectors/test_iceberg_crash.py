@@ -8,19 +8,11 @@ pyiceberg as a user would, and its snapshots say which epoch each one committed.
 from __future__ import annotations
 
 import collections
-import json
-import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from flinkish_spark.io.fileio import FileIO
-from flinkish_spark.runner import child_spec
 from flinkish_spark.sink.decisions import DecisionLog
 
 pyiceberg = pytest.importorskip("pyiceberg")
@@ -59,48 +51,13 @@ class Table:
         return {p for p in self.io.find("s3://test/wh/db/events/data") if p.endswith(".parquet")} - named
 
 
-def run_with_random_kills(spec: dict, tmp_path: Path, table: "Table", kills: int, seed: int) -> str:
-    """Run the pipeline under a processing-time trigger, kill -9 the whole driver at a random
-    moment after each of the first ``kills`` runs has committed an epoch, restart until the
-    bounded query ends by itself; return the last run's output."""
-    rng = random.Random(seed)
-    path = tmp_path / "random-kill-spec.json"
-    path.write_text(json.dumps(child_spec({**spec, "trigger": "1 second", "end": "finish", "runSeconds": 300})))
-    killed = 0
-    for attempt in range(kills + 3):
-        log = tmp_path / f"random-kill-{attempt}.log"
-        with open(log, "w") as out:  # a file, not a pipe: nobody reads while the driver runs
-            proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=out,
-                                    stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True)
-            try:
-                if killed < kills:
-                    start, deadline = table.last_epoch(), time.time() + 300
-                    while proc.poll() is None and table.last_epoch() <= start and time.time() < deadline:
-                        time.sleep(0.3)
-                    time.sleep(rng.uniform(0, 1.5))  # somewhere in the next epoch (1 s trigger)
-                    if proc.poll() is None:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
-                        killed += 1
-                        continue
-                proc.wait(timeout=400)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-        text = log.read_text()
-        assert proc.returncode == 0, text[-3000:]
-        assert "QUERY_END=finished" in text, text[-3000:]
-        assert killed == kills, f"only {killed} of {kills} kills landed before the query ended"
-        return text
-    raise AssertionError(f"the query did not end after {kills} kills")
-
-
 ENV = {"FLINKISH_FAIL_AT": "sink.write:first"}
 
 
 @pytest.mark.s3
 @pytest.mark.timeout(2400)  # seven driver runs; on two cores shared with other Spark jobs one run took 2 minutes
-def test_crash_matrix_then_random_kills_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
+def test_crash_matrix_then_random_kills_on_s3_with_failed_first_attempts(run_pipeline, run_with_random_kills, s3_proc: str,
+                                                                          tmp_path: Path) -> None:
     """kill -9 at each protocol point in turn, then at two random moments under a processing-time
     trigger until the bounded query ends by itself; every task's first attempt fails. Each row
     once, one snapshot per epoch, no data file outside the table."""
@@ -128,7 +85,7 @@ def test_crash_matrix_then_random_kills_on_s3_with_failed_first_attempts(run_pip
             assert epoch not in done and table.last_epoch() == epoch
         else:
             assert epoch in done and table.last_epoch() == epoch and not (tmp_path / "cp" / "commits" / str(epoch)).exists()
-    last = run_with_random_kills(s, tmp_path, table, kills=2, seed=12)
+    last = run_with_random_kills(s, table.last_epoch, kills=2, seed=12, env=ENV)
     assert "injected failure at sink.write (attempt 0)" in last
     t = table.load().scan(selected_fields=("split", "seq")).to_arrow()
     assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == expected()
