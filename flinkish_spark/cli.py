@@ -156,6 +156,19 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.workdir)
 
 
+def _jvm_archive(args: argparse.Namespace) -> int:
+    from flinkish_spark.jvm_archive import build
+    from flinkish_spark.session import java_executable
+
+    path = build(java_executable())
+    if path is None:
+        print("flinkish: no JVM class archive was built (see the warning above); Spark starts without one",
+              file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flinkish", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,6 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = sub.add_parser("demo", help="run a real pipeline on local Spark and a local S3 server")
     d.add_argument("--workdir", default="demo-output", help="where the demo writes (default ./demo-output)")
     d.set_defaults(func=_demo)
+
+    j = sub.add_parser("jvm-archive", help="build the class archive that makes local Spark drivers of this interpreter start faster (once per Java and Spark; ~1 min)")
+    j.set_defaults(func=_jvm_archive)
 
     args = parser.parse_args(argv)
     try:

@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING, Mapping
 
 from flinkish_spark.errors import EnvironmentSetupError
+from flinkish_spark.jvm_archive import driver_java_options
 from flinkish_spark.worker_home import fast_worker_spark_home
 
 if TYPE_CHECKING:
@@ -98,6 +99,19 @@ def check_session_workers(spark: "SparkSession") -> None:
         check_worker_python(str(sc.pythonExec), label)
 
 
+def with_class_archive(master: str, conf: Mapping[str, str] | None) -> dict[str, str]:
+    """``conf`` with the driver JVM option that maps the class archive, for local masters that have one.
+
+    The user's own ``spark.driver.extraJavaOptions`` come after ours, so that theirs win.
+    """
+    out = dict(conf or {})
+    if master.startswith("local") and not master.startswith("local-cluster"):
+        archive = driver_java_options(java_executable(), os.environ.get("SPARK_HOME"))
+        if archive:
+            out["spark.driver.extraJavaOptions"] = f"{archive} {out.get('spark.driver.extraJavaOptions', '')}".strip()
+    return out
+
+
 def session(
     master: str = "local[2]",
     app_name: str = "flinkish",
@@ -109,6 +123,9 @@ def session(
     executor JVMs). When ``SPARK_HOME`` is unset, it is set to a folder linking to the
     installed pyspark, without its ``pyspark.zip``, so that Python workers start from compiled
     code (see :mod:`flinkish_spark.worker_home`; set ``SPARK_HOME`` yourself to opt out).
+    A local driver JVM maps Spark's classes from the archive that
+    ``flinkish jvm-archive`` built, when there is one for this Java and
+    Spark (see :mod:`flinkish_spark.jvm_archive`; ``FLINKISH_JVM_ARCHIVE=0`` to opt out).
     """
     check_java()
     python = os.environ.get("PYSPARK_PYTHON") or sys.executable
@@ -129,6 +146,7 @@ def session(
 
     from pyspark.sql import SparkSession
 
+    conf = with_class_archive(master, conf)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -138,7 +156,7 @@ def session(
         .config("spark.sql.streaming.stopTimeout", "30s")
         .config("spark.executorEnv.PYSPARK_PYTHON", python)
     )
-    for key, value in (conf or {}).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     from flinkish_spark import register
