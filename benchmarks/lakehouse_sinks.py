@@ -109,73 +109,57 @@ def commit_cost(epochs: int, only: set[str] | None = None) -> list[list[Any]]:
 
     from flinkish_spark.connectors.delta import DeltaSink
     from flinkish_spark.connectors.iceberg import IcebergSink
-    from flinkish_spark.embedded.s3 import make_bucket, reset, set_dummy_credentials
+    from flinkish_spark.embedded.s3 import local_s3_process, make_bucket, reset
     from flinkish_spark.sink.protocol import PrepareContext
 
     schema = StructType([StructField("split", IntegerType()), StructField("seq", LongType())])
     batch = pa.RecordBatch.from_pydict({"split": pa.array([0] * 100, pa.int32()), "seq": list(range(100))})
     marks = commit_marks(epochs)
     rows = []
-    set_dummy_credentials()
     work = tempfile.mkdtemp(prefix="bench-lh-commit-")
-    # moto in a child process: delta-rs holds the GIL while it waits for S3.
-    import subprocess
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        reset(endpoint)
-        make_bucket(endpoint, "bench")
-        opts = {"endpointUrl": endpoint}
-        catalog = f"sqlite:///{work}/c.db"
-        sinks: dict[str, Callable[[], Any]] = {
-            "flinkish.delta": lambda: DeltaSink.at("s3://bench/delta", uid="u", schema=schema, options=opts),
-            "flinkish.delta compactEvery=100": lambda: DeltaSink.at("s3://bench/delta-c", uid="u", schema=schema,
-                                                                    compact_every=100, options=opts),
-            "flinkish.iceberg": lambda: IcebergSink.at("db.t", uid="u", schema=schema, catalog_uri=catalog,
-                                                       warehouse="s3://bench/wh", options=opts),
-            "flinkish.iceberg retainSnapshots=0": lambda: IcebergSink.at(
-                "db.r", uid="u", schema=schema, catalog_uri=catalog, warehouse="s3://bench/wh", retain_snapshots=0,
-                options=opts),
-        }
-        for name, make in sinks.items():
-            if only and name not in only:
-                continue
-            sink = make()
-            commit_ms: list[float] = []
-            ensure_ms: list[float] = []
-            for epoch in range(epochs):
-                t0 = time.perf_counter()
-                sink.ensure_table(False, "bench")  # what the driver does before each batch
-                ensure_ms.append((time.perf_counter() - t0) * 1000)
-                c = sink.prepare(iter([batch]), PrepareContext("u", epoch, 0, 0))
-                t1 = time.perf_counter()
-                assert sink.commit([c], epoch) == "COMMITTED"
-                commit_ms.append((time.perf_counter() - t1) * 1000)
-            row: list[Any] = [name]
-            for m in marks:
-                # median of the (up to) 50 commits before the mark: the steady per-epoch cost (10
-                # was too few: one slow moto request moved it); mean and max of the 100 (or all)
-                # before it: with the periodic work (Delta checkpoints every 10 versions,
-                # compaction, Iceberg manifest merges every ~100 commits) amortised.
-                last50, last100 = commit_ms[max(0, m - 50):m], commit_ms[max(0, m - 100):m]
-                row.append(f"{statistics.median(last50):.0f} / {statistics.mean(last100):.0f} / {max(last100):.0f}")
-            rows.append(row)
-            ensure = [f"{statistics.median(ensure_ms[max(0, m - 50):m]):.0f}" for m in marks]
-            print(row, "ensure_table median ms at the marks:", ensure, flush=True)
+        # moto in a child process: delta-rs holds the GIL while it waits for S3.
+        with local_s3_process() as endpoint:
+            reset(endpoint)
+            make_bucket(endpoint, "bench")
+            opts = {"endpointUrl": endpoint}
+            catalog = f"sqlite:///{work}/c.db"
+            sinks: dict[str, Callable[[], Any]] = {
+                "flinkish.delta": lambda: DeltaSink.at("s3://bench/delta", uid="u", schema=schema, options=opts),
+                "flinkish.delta compactEvery=100": lambda: DeltaSink.at("s3://bench/delta-c", uid="u", schema=schema,
+                                                                        compact_every=100, options=opts),
+                "flinkish.iceberg": lambda: IcebergSink.at("db.t", uid="u", schema=schema, catalog_uri=catalog,
+                                                           warehouse="s3://bench/wh", options=opts),
+                "flinkish.iceberg retainSnapshots=0": lambda: IcebergSink.at(
+                    "db.r", uid="u", schema=schema, catalog_uri=catalog, warehouse="s3://bench/wh", retain_snapshots=0,
+                    options=opts),
+            }
+            for name, make in sinks.items():
+                if only and name not in only:
+                    continue
+                sink = make()
+                commit_ms: list[float] = []
+                ensure_ms: list[float] = []
+                for epoch in range(epochs):
+                    t0 = time.perf_counter()
+                    sink.ensure_table(False, "bench")  # what the driver does before each batch
+                    ensure_ms.append((time.perf_counter() - t0) * 1000)
+                    c = sink.prepare(iter([batch]), PrepareContext("u", epoch, 0, 0))
+                    t1 = time.perf_counter()
+                    assert sink.commit([c], epoch) == "COMMITTED"
+                    commit_ms.append((time.perf_counter() - t1) * 1000)
+                row: list[Any] = [name]
+                for m in marks:
+                    # median of the (up to) 50 commits before the mark: the steady per-epoch cost (10
+                    # was too few: one slow moto request moved it); mean and max of the 100 (or all)
+                    # before it: with the periodic work (Delta checkpoints every 10 versions,
+                    # compaction, Iceberg manifest merges every ~100 commits) amortised.
+                    last50, last100 = commit_ms[max(0, m - 50):m], commit_ms[max(0, m - 100):m]
+                    row.append(f"{statistics.median(last50):.0f} / {statistics.mean(last100):.0f} / {max(last100):.0f}")
+                rows.append(row)
+                ensure = [f"{statistics.median(ensure_ms[max(0, m - 50):m]):.0f}" for m in marks]
+                print(row, "ensure_table median ms at the marks:", ensure, flush=True)
     finally:
-        server.terminate()
         shutil.rmtree(work, ignore_errors=True)
     return rows
 

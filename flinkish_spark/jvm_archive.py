@@ -34,6 +34,8 @@ import sys
 import tempfile
 from typing import Iterator
 
+from flinkish_spark.worker_home import cache_root, fast_worker_spark_home
+
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "FLINKISH_JVM_ARCHIVE"  # "0": never use or build an archive
@@ -41,11 +43,6 @@ ENV_SWITCH = "FLINKISH_JVM_ARCHIVE"  # "0": never use or build an archive
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-def _cache_root() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "flinkish_spark")
 
 
 def _key(java: str, spark_home: str) -> str:
@@ -62,7 +59,7 @@ def _key(java: str, spark_home: str) -> str:
 def _paths(java: str, spark_home: str) -> tuple[str, str]:
     import pyspark
 
-    stem = os.path.join(_cache_root(), f"jvm-{pyspark.__version__}-{_key(java, spark_home)}")
+    stem = os.path.join(cache_root(), f"jvm-{pyspark.__version__}-{_key(java, spark_home)}")
     return stem + ".jsa", stem + ".json"
 
 
@@ -107,8 +104,6 @@ def build(java: str, timeout: float = 600.0) -> str | None:
     """
     if not enabled():
         return None
-    from flinkish_spark.worker_home import fast_worker_spark_home
-
     # The SPARK_HOME that flinkish_spark.session() gives local sessions of this interpreter.
     spark_home = os.environ.get("SPARK_HOME") or fast_worker_spark_home(os.environ.get("PYSPARK_PYTHON") or sys.executable)
     if not spark_home:

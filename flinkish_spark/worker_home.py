@@ -32,7 +32,8 @@ import tempfile
 log = logging.getLogger(__name__)
 
 
-def _cache_root() -> str:
+def cache_root() -> str:
+    """The folder flinkish keeps its per-machine caches in (``$XDG_CACHE_HOME/flinkish_spark``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "flinkish_spark")
 
@@ -49,7 +50,7 @@ def fast_worker_spark_home(worker_python: str) -> str | None:
     if not (os.path.isdir(os.path.join(pyspark_dir, "jars")) and os.path.isfile(os.path.join(pyspark_dir, "bin", "spark-submit"))):
         return None  # not the pip layout (a source checkout, a distribution's python/ folder)
     tag = hashlib.sha256(pyspark_dir.encode()).hexdigest()[:12]
-    home = os.path.join(_cache_root(), f"spark-home-{pyspark.__version__}-{tag}")
+    home = os.path.join(cache_root(), f"spark-home-{pyspark.__version__}-{tag}")
     try:
         if not os.path.isfile(os.path.join(home, "bin", "spark-submit")):
             _build(home, pyspark_dir)
