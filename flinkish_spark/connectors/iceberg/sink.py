@@ -8,7 +8,7 @@
   holding every data file of the epoch, with the snapshot summary properties
   ``flinkish.uid`` and ``flinkish.epoch`` -- what Flink's Iceberg committer does with
   ``flink.job-id`` and ``flink.max-committed-checkpoint-id``. It is written by
-  :mod:`flinkish_spark.connectors.iceberg_commit` (one catalog commit, merged manifests,
+  :mod:`flinkish_spark.connectors.iceberg.commit` (one catalog commit, merged manifests,
   old snapshots expired in the same commit), so its cost does not grow with the history.
 * **Idempotence**: before committing, the driver walks the current snapshot's ancestry
   back to the newest snapshot this uid committed; when its ``flinkish.epoch`` is >= the
@@ -50,14 +50,14 @@ from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
-from flinkish_spark.connectors.iceberg_commit import (
+from flinkish_spark.connectors.iceberg.commit import (
     DELETE_AFTER_COMMIT,
     MERGE_ENABLED,
     append_snapshot,
     supported,
 )
 from flinkish_spark.connectors.parquet_sink import parse_size
-from flinkish_spark.connectors.table_files import (
+from flinkish_spark.connectors.lakehouse.files import (
     DEFAULT_ROWS_PER_FILE,
     DEFAULT_TARGET_FILE_SIZE,
     epoch_dir,

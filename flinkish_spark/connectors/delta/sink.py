@@ -7,7 +7,7 @@
 * **Commit** (driver, after the decision is recorded): one Delta transaction per epoch
   with every add action of the epoch and the application transaction
   ``txn(appId = sink uid, version = epoch)`` -- what Spark's own Delta streaming sink
-  writes. It is a *blind append* written by :mod:`flinkish_spark.connectors.delta_log`:
+  writes. It is a *blind append* written by :mod:`flinkish_spark.connectors.delta.log`:
   put-if-absent of the next log version, O(1) per commit whatever the table's history
   (delta-rs's own commit rebuilds its list of every live file each time). Appends of
   other writers do not conflict with it; the commit reads theirs and takes the next
@@ -51,7 +51,7 @@ from typing import Any, ClassVar, Iterator
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from flinkish_spark.connectors.delta_log import (
+from flinkish_spark.connectors.delta.log import (
     DeltaLog,
     LogHead,
     StaleHead,
@@ -60,7 +60,7 @@ from flinkish_spark.connectors.delta_log import (
     blind_append_supported,
 )
 from flinkish_spark.connectors.parquet_sink import parse_size
-from flinkish_spark.connectors.table_files import (
+from flinkish_spark.connectors.lakehouse.files import (
     DEFAULT_ROWS_PER_FILE,
     DEFAULT_TARGET_FILE_SIZE,
     WrittenFile,

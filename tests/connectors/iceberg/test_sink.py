@@ -178,7 +178,7 @@ def test_s3_unreachable_is_a_clear_error(spark, tmp_path: Path) -> None:
 
 
 def test_commits_expire_snapshots_merge_manifests_and_keep_every_uids_record(tmp_path: Path) -> None:
-    """What keeps a commit's cost flat (see iceberg_commit): retainSnapshots expires old snapshots
+    """What keeps a commit's cost flat (see connectors/iceberg/commit.py): retainSnapshots expires old snapshots
     (and their manifest lists) in the commit itself, never a uid's newest; manifests are merged
     at the table's min-count; rows and idempotence stay."""
     import pyarrow as pa
