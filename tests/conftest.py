@@ -1,4 +1,19 @@
-"""Shared fixtures: one local[2] Spark per session, moto's S3 server, one PostgreSQL server, a child-process pipeline runner."""
+"""Shared fixtures: one local[2] Spark per session, moto's S3 server, one PostgreSQL server, a child-process pipeline runner.
+
+The suite runs in parallel (pytest-xdist, ``-n`` in setup.cfg; see docs/testing.md). Every
+fixture here is safe for that *by construction*, so a new test inherits it without care:
+
+* a session fixture is one per worker process: each worker has its own Spark session, its own
+  moto servers and its own PostgreSQL server, each on a free port and in a folder of its own;
+* what a test writes lives under its own ``tmp_path``, in a database named after the test
+  (``pg_url``) or in a bucket of its worker's S3 server (``s3`` / ``s3_proc`` empty it first);
+  a second PostgreSQL server (other settings) starts on a free port in a ``tempfile.mkdtemp``
+  folder, not under pytest's basetemp;
+* child drivers (``run_pipeline``) run in a process group of their own and count crash-point
+  hits in a folder of their own: a kill -9 never reaches another test's processes.
+
+Never use a fixed port, a fixed path outside ``tmp_path`` or a name shared between tests.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +46,12 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Before any JVM: the class archive that starts each driver JVM (the session's, every child
-    pipeline's) ~4 s faster; built once per machine (~1 min), kept in ~/.cache/flinkish_spark."""
+    pipeline's) ~4 s faster; built once per machine (~1 min), kept in ~/.cache/flinkish_spark.
+
+    Under xdist this runs in the controller before it starts the workers, so the workers find
+    the archive built; ``build`` also holds a file lock, so concurrent suites build it once."""
+    if _is_xdist_worker(session.config):
+        return
     from flinkish_spark.errors import EnvironmentSetupError
     from flinkish_spark.jvm_archive import build
     from flinkish_spark.session import java_executable
@@ -40,6 +60,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         build(java_executable())
     except EnvironmentSetupError:
         pass  # no Java: the Spark tests fail with the session's own clear error
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the slow tests first: a worker takes the next test whenever it is free, so
+    longest-first leaves no long test to start last on one worker while the other idles."""
+    if _is_xdist_worker(config):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order otherwise
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (setup.cfg): one worker per CPU, at least 2 -- a Spark test spends much of its
+    time waiting (for a trigger, a child driver, a server), so even one CPU keeps two busy.
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it (xdist reads it first)."""
+    return max(2, os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="session")
