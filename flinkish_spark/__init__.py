@@ -41,14 +41,37 @@ from flinkish_spark.errors import (
     TerminalError,
     UnsupportedFormatVersionError,
 )
-from flinkish_spark.connectors.spark_files import files_sink
-from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
+from flinkish_spark.lazy_exports import lazy_exports
+
+# Not lazy: the submodule flinkish_spark.session would shadow the function once imported.
 from flinkish_spark.session import session
-from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
-from flinkish_spark.source import Split, SplitDataSource, SplitEnumerator, SplitExtent, SplitReader
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from flinkish_spark.connectors.spark_files import files_sink
+    from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
+    from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
+    from flinkish_spark.source import Split, SplitDataSource, SplitEnumerator, SplitExtent, SplitReader
+else:
+    # Imported on first access: every Spark worker imports this package first, and most need
+    # none of these (see flinkish_spark.lazy_exports).
+    __getattr__, __dir__ = lazy_exports(__name__, {
+        "files_sink": "flinkish_spark.connectors.spark_files",
+        "QueryEnd": "flinkish_spark.finish",
+        "await_finished": "flinkish_spark.finish",
+        "stop": "flinkish_spark.finish",
+        "with_watermark": "flinkish_spark.finish",
+        "CommitOutcome": "flinkish_spark.sink",
+        "PrepareContext": "flinkish_spark.sink",
+        "TwoPhaseCommitSink": "flinkish_spark.sink",
+        "transactional": "flinkish_spark.sink",
+        "Split": "flinkish_spark.source",
+        "SplitDataSource": "flinkish_spark.source",
+        "SplitEnumerator": "flinkish_spark.source",
+        "SplitExtent": "flinkish_spark.source",
+        "SplitReader": "flinkish_spark.source",
+    })
 
 __version__ = "0.1.0"
 
@@ -59,7 +82,7 @@ def register(spark: "SparkSession", check_workers: bool = True) -> None:
     On a local master it first checks that Spark's Python workers can import this
     package (:class:`EnvironmentSetupError` naming the interpreter and the fix).
     """
-    from flinkish_spark.connectors import BUILTIN_SINKS, BUILTIN_SOURCES
+    from flinkish_spark.connectors.builtin import BUILTIN_SINKS, BUILTIN_SOURCES
     from flinkish_spark.session import check_session_workers
 
     if check_workers:
@@ -68,7 +91,7 @@ def register(spark: "SparkSession", check_workers: bool = True) -> None:
     for cls in (*BUILTIN_SOURCES, *BUILTIN_SINKS):
         spark.dataSource.register(cls)
     # Ends queries whose flinkish inputs have all ended, and carries out stop requests.
-    from flinkish_spark.finish import FinishController
+    from flinkish_spark.finish.controller import FinishController
 
     FinishController.install(spark)
 
