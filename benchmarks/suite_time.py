@@ -28,6 +28,8 @@ import tempfile
 import time
 from typing import Any
 
+from _common import print_table  # no pyspark import: this script runs under any python3
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Test files moved after e086214 (one folder per table format); same tests, new paths.
@@ -82,14 +84,6 @@ def parse_summary(text: str) -> dict[str, Any]:
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", last)}
     m = re.search(r" in ([\d.]+)s", last)
     return {"pytest_s": float(m.group(1)) if m else None, **counts}
-
-
-def print_table(headers: list[str], rows: list[list[Any]]) -> None:
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
-    print(" | ".join(str(h).ljust(w) for h, w in zip(headers, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for r in rows:
-        print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)))
 
 
 def write_results(name: str, payload: dict[str, Any]) -> str:
