@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pyspark.sql.streaming import StreamingQueryListener
 
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.finish.listener_events import java_listener
 from flinkish_spark.finish.stop_request import lease_run_id, mark_done, read_request, release_lease, request_stop
 from flinkish_spark.finish.watermark import MARKER_THRESHOLD
 from flinkish_spark.io.fileio import FileIO, storage_options_from
@@ -183,6 +184,15 @@ class FinishController(StreamingQueryListener):
         self._terminated: set[str] = set()
         self._seen_live: set[str] = set()  # runs this listener got events of: their end event will come
         self._terminated_cv = threading.Condition()
+
+    @property
+    def _jlistener(self) -> Any:
+        """What PySpark's ``streams.addListener`` registers: events built from JSON (see
+        :mod:`flinkish_spark.finish.listener_events`), not copied field by field."""
+        jlistener = getattr(self, "_flinkish_jlistener", None)
+        if jlistener is None:
+            jlistener = self._flinkish_jlistener = java_listener(self)
+        return jlistener
 
     @classmethod
     def install(cls, spark: "SparkSession") -> "FinishController":
