@@ -5,9 +5,10 @@
 Default tests: six crash tests of different connectors (child drivers, kills, restarts). Runs
 ``python -m pytest -p no:cacheprovider -n 0 TESTS`` and ``... -n WORKERS --dist load TESTS``
 alternately, ``--runs`` times each, and prints pytest's own time ("... in 123.4s"), the wall
-time, the CPU seconds of everything the run started (the children's rusage; CPU hardly depends
-on what else the machine runs, wall time does) and the pass counts, with medians and the
-parallel/serial ratio; writes ``benchmarks/results/parallel_subset.json``.
+time, the children's rusage CPU seconds (only processes that were waited for: pytest, its
+workers and what they reaped -- not the JVMs of drivers killed by process group, so an
+undercount; benchmarks/suite_profile.py samples every process) and the pass counts, with
+medians and the parallel/serial ratio; writes ``benchmarks/results/parallel_subset.json``.
 
 The machine is shared and timing is noisy: only a ratio of alternating runs means anything.
 """
