@@ -171,6 +171,29 @@ class DeltaLog:
             return "COMMITTED"
 
 
+    def added_by(self, uid: str, epoch: int, newest: int, limit: int = 1000) -> set[str] | None:
+        """The data files (paths relative to the table) that the commit holding ``txn(uid, epoch)``
+        added, searched back from version ``newest`` (one GET per version passed).
+
+        An empty set when the log shows that no commit holds the epoch (an older txn of
+        ``uid`` comes first); None when it cannot tell (a version on the way is gone, or more
+        than ``limit`` versions were read): then nothing of the epoch may be deleted.
+        """
+        for version in range(newest, max(-1, newest - limit), -1):
+            actions = self.read(version)
+            if actions is None:
+                return None
+            for action in actions:
+                txn = action.get("txn")
+                if txn is None or txn.get("appId") != uid:
+                    continue
+                if int(txn["version"]) == epoch:
+                    return {urllib.parse.unquote(a["add"]["path"]) for a in actions if "add" in a}
+                if int(txn["version"]) < epoch:
+                    return set()
+        return set() if newest - limit < 0 else None
+
+
 def _apply(head: LogHead, uid: str, version: int, actions: list[dict[str, Any]]) -> None:
     for action in actions:
         if "metaData" in action or "protocol" in action:

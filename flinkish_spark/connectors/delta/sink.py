@@ -21,7 +21,13 @@
   Spark's commit log) never appends an epoch twice; a commit of ours whose answer was
   lost is found in the log when the put-if-absent loses against it.
 * **Abort / cleanup**: files of an epoch that no decided add action names (failed task
-  attempts, a crashed run's prepare) are deleted by listing the epoch's folder.
+  attempts, a crashed run's prepare) are deleted by listing the epoch's folder -- never a
+  file that the table's commit of the epoch added, whatever the decision says: when the
+  table holds the epoch, that commit is read from the log (or known, when this object
+  wrote it), and when it cannot be found nothing of the epoch is deleted.
+* **The target's record** (:meth:`DeltaSink.last_committed_epoch`): the uid's txn version,
+  which the framework asks when the sink's metadata is missing or belongs to another
+  Spark query (see :mod:`flinkish_spark.sink.incarnation`).
 
 Every ``checkpointInterval`` table versions (default 10) the driver writes a Delta
 checkpoint, so a reader (or a restart) replays at most that many commits. A checkpoint
@@ -144,6 +150,8 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.storage_options = delta_storage_options(io.storage_options) if io.protocol == "s3" else {}
+        # The epoch this object last made visible, with the files its commit added (cleanup spares them).
+        self._committed_here: dict[int, frozenset[str]] = {}
 
     @classmethod
     def at(cls, path: str, uid: str, schema: StructType, partition_by: tuple[str, ...] = (), create_table: bool = True,
@@ -294,6 +302,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
             if head.log.txn >= epoch:
                 return "ALREADY_COMMITTED"
             if not files:
+                self._committed_here = {epoch: frozenset()}
                 return "COMMITTED"  # an empty epoch adds no version
             if not head.blind_append:
                 return self._commit_with_delta_rs(files, epoch)
@@ -309,6 +318,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
                 self._forget_head()  # the put may have landed: the next attempt re-reads the log
                 return "RETRY_LATER"
             if outcome == "COMMITTED":
+                self._committed_here = {epoch: frozenset(f.path for f in files)}
                 self._after_commit(head.log.version)
             return outcome
         return "RETRY_LATER"
@@ -356,6 +366,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
             if committed_version(self.table(), self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
             return "RETRY_LATER"
+        self._committed_here = {epoch: frozenset(f.path for f in files)}
         table.update_incremental()
         self._forget_head()  # re-read with the table at the next commit
         self._after_commit(table.version())
@@ -365,25 +376,41 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
         self.io.delete_many([self._url(f.path) for c in committables for f in c.files])
 
     def cleanup(self, epoch: int, keep: list[DeltaCommittable]) -> None:
-        if not keep and self._committed(epoch):
-            # The table has the epoch but we no longer know its files (decision retained
-            # away): deleting by listing could remove committed data. Leave the folder.
+        named = self._added_by_table(epoch)
+        if named is None:
+            # The table holds the epoch but its commit cannot be read (log cleanup): deleting
+            # by listing could remove committed data. Leave the folder.
             return
-        wanted = {self.io.strip(self._url(f.path)) for c in keep for f in c.files}
+        wanted = {self.io.strip(self._url(p)) for p in named} | {self.io.strip(self._url(f.path)) for c in keep for f in c.files}
         folder = epoch_dir(self.path, DATA_PREFIX, self.uid, epoch)
         self.io.delete_many([self.io.url(p) for p in self.io.find(folder) if p not in wanted])
         self.io.remove_empty_dirs(folder)
 
-    def _committed(self, epoch: int) -> bool:
-        """Whether the table holds ``epoch`` of this uid, read from the log's newest state."""
+    def _added_by_table(self, epoch: int) -> set[str] | None:
+        """The files (relative paths) the table's commit of ``epoch`` added: none when the table
+        does not hold the epoch, None when it does but its commit cannot be read."""
+        if epoch in self._committed_here:
+            return set(self._committed_here[epoch])
+        if self.last_committed_epoch() < epoch:
+            return set()
+        head = self._head()
+        newest = head.log.version if head is not None else int(self.table().version())
+        return DeltaLog(self.io, self.path).added_by(self.uid, epoch, newest)
+
+    def last_committed_epoch(self) -> int:
+        """The table's txn version of this uid, read from the log's newest state (-1: none, or no table)."""
         head = self._head()
         if head is not None and head.blind_append:
             try:
                 DeltaLog(self.io, self.path).catch_up(head.log, self.uid)
-                return head.log.txn >= epoch
+                return head.log.txn
             except (TableChanged, StaleHead):
                 self._forget_head()
-        return committed_version(self.table(), self.uid) >= epoch
+        deltalake = _deltalake()
+        try:
+            return committed_version(self.table(), self.uid)
+        except deltalake.exceptions.TableNotFoundError:
+            return -1
 
     def _url(self, relative: str) -> str:
         return f"{self.path}/{relative}"

@@ -18,7 +18,13 @@
   (``assert-ref-snapshot-id``): a concurrent writer, or a commit of ours whose answer was
   lost, makes it fail, and the driver re-reads the table and checks again.
 * **Abort / cleanup**: files of an epoch that no decided data file names (failed task
-  attempts, a crashed run's prepare) are deleted by listing the epoch's folder.
+  attempts, a crashed run's prepare) are deleted by listing the epoch's folder -- never a
+  file that the table's snapshot of the epoch added, whatever the decision says (read from
+  its manifests, or known when this object committed it); when the table holds the epoch
+  and its snapshot is gone (expired), nothing of the epoch is deleted.
+* **The target's record** (:meth:`IcebergSink.last_committed_epoch`): the ancestry walk
+  above, which the framework asks when the sink's metadata is missing or belongs to another
+  Spark query (see :mod:`flinkish_spark.sink.incarnation`).
 
 Catalog: ``catalog`` names a pyiceberg catalog (``.pyiceberg.yaml`` or
 ``PYICEBERG_CATALOG__<NAME>__*`` variables); or ``catalogUri`` (+ ``warehouse``) makes a
@@ -204,6 +210,8 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.retain_snapshots = retain_snapshots
+        # The epoch this object last made visible, with its data files (cleanup spares them).
+        self._committed_here: dict[int, frozenset[str]] = {}
 
     @classmethod
     def at(cls, table: str, uid: str, schema: StructType, checkpoint: str | None = None, catalog: str | None = None,
@@ -368,6 +376,7 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
             if _committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
             if not files:
+                self._committed_here = {epoch: frozenset()}
                 return "COMMITTED"  # an empty epoch adds no snapshot
             try:
                 spec_id = self._spec_id(table)
@@ -375,6 +384,7 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
                                 {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)},
                                 retain=self.retain_snapshots, protect_property=UID_PROPERTY,
                                 delete_files=self._delete_quietly)
+                self._committed_here = {epoch: frozenset(f.path for f in files)}
                 return "COMMITTED"
             except CommitFailedException:
                 # Another writer committed first (or our own commit landed and its answer
@@ -406,12 +416,52 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def cleanup(self, epoch: int, keep: list[IcebergCommittable]) -> None:
         if self.info is None:
             return
-        if not keep and _committed_epoch(self.table(), self.uid) >= epoch:
+        named = self._added_by_table(epoch)
+        if named is None:
             return  # the table has the epoch, its files are no longer known: never delete by listing
-        wanted = {self.io.strip(f.path) for c in keep for f in c.files}
+        wanted = {self.io.strip(p) for p in named} | {self.io.strip(f.path) for c in keep for f in c.files}
         folder = epoch_dir(self.info.location.rstrip("/"), DATA_PREFIX, self.uid, epoch)
         self.io.delete_many([self.io.url(p) for p in self.io.find(folder) if p not in wanted])
         self.io.remove_empty_dirs(folder)
+
+
+    def _added_by_table(self, epoch: int) -> set[str] | None:
+        """The data files the table's snapshot of ``epoch`` added: none when the table does not
+        hold the epoch, None when it does but the snapshot is gone (expired by another tool)."""
+        if epoch in self._committed_here:
+            return set(self._committed_here[epoch])
+        table = self.table()
+        if _committed_epoch(table, self.uid) < epoch:
+            return set()
+        return _added_files(table, self.uid, epoch)
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in the table's snapshots (-1: none, or no table yet)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return _committed_epoch(self.table(), self.uid)
+        except NoSuchTableError:
+            return -1
+
+
+def _added_files(table: Any, uid: str, epoch: int) -> set[str] | None:
+    """The data files that the snapshot of (``uid``, ``epoch``) added, from its own manifests."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    snapshot = next((s for s in table.snapshots() if s.summary is not None
+                     and s.summary.additional_properties.get(UID_PROPERTY) == uid
+                     and s.summary.additional_properties.get(EPOCH_PROPERTY) == str(epoch)), None)
+    if snapshot is None:
+        return None
+    added: set[str] = set()
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id:
+                added.add(entry.data_file.file_path)
+    return added
 
 
 def _identifier(table: str | None, component: str) -> str:

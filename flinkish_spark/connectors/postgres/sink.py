@@ -471,6 +471,14 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 if gid_epoch == epoch or gid_epoch in committed:
                     c.execute(f"ROLLBACK PREPARED '{gid}'")
 
+    def last_committed_epoch(self) -> int:
+        """The newest epoch ``flinkish_commits`` records for this uid and target (-1: none): what a
+        reset checkpointLocation is checked against (see :mod:`flinkish_spark.sink.incarnation`)."""
+        with connect(self.plan.conn, autocommit=True) as c:
+            row = c.execute(f"SELECT max(epoch) FROM {self.plan.commits} WHERE sink_uid = %s AND target = %s",
+                            (self.uid, f"{self.plan.schema}.{self.plan.table}")).fetchone()
+        return -1 if row is None or row[0] is None else int(row[0])
+
     @staticmethod
     def _prepared_gids(c: Any, prefix: str) -> set[str]:
         rows = c.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)",
