@@ -25,6 +25,10 @@ transaction of the same ``appId`` (what Spark's and delta-rs's conflict checkers
 * **Never on top of an unseen change.** A ``metaData`` or ``protocol`` action in a
   commit read forward raises :class:`TableChanged`: the caller re-reads and
   re-validates the table (delta-rs) before appending again.
+* **Never into another table.** The head keeps a digest of the commit it stands on; a table
+  folder deleted and created anew at the same path (a notebook) no longer has that commit
+  (:meth:`DeltaLog.same_table`), and the caller reloads instead of appending after the old
+  table's last version or taking the new table's epochs for committed ones.
 * **Never into a cleaned-up past.** If ``_last_checkpoint`` is at or beyond the version
   about to be written, log cleanup may have removed that version, and a put-if-absent
   would then succeed *behind* the table: the version is read instead, and if it is gone,
@@ -38,6 +42,7 @@ protocol), every ``checkpointInterval`` versions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.parse
@@ -64,10 +69,16 @@ class StaleHead(Exception):
 
 @dataclass
 class LogHead:
-    """What a writer of ``uid`` knows of the log: the newest version seen, and ``uid``'s txn there."""
+    """What a writer of ``uid`` knows of the log: the newest version seen, ``uid``'s txn there,
+    and a digest of that version's commit file (None until read) that tells the table apart."""
 
     version: int
     txn: int
+    digest: str | None = None
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def blind_append_supported(protocol: Any, schema: Any) -> bool:
@@ -104,11 +115,26 @@ class DeltaLog:
 
     def read(self, version: int) -> list[dict[str, Any]] | None:
         """The actions of one commit, None when there is no such version (yet)."""
+        data = self._read_bytes(version)
+        return None if data is None else _actions(data)
+
+    def _read_bytes(self, version: int) -> bytes | None:
         try:
-            data = self.io.read_bytes(self.commit_url(version))
+            return self.io.read_bytes(self.commit_url(version))
         except FileNotFoundError:
             return None
-        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+    def same_table(self, head: LogHead) -> bool:
+        """Whether the log still holds the commit ``head`` stands on, byte for byte (one GET).
+
+        False for a table deleted and created again at the path (its versions are other
+        commits, or fewer). A head without a digest learns it here.
+        """
+        data = self._read_bytes(head.version)
+        if head.digest is None:
+            head.digest = None if data is None else _digest(data)
+            return True
+        return data is not None and _digest(data) == head.digest
 
     def last_checkpoint(self) -> int:
         """The version ``_last_checkpoint`` names, -1 without one."""
@@ -125,10 +151,10 @@ class DeltaLog:
         commits stays where it is; :meth:`append` finds that out before writing.
         """
         while True:
-            actions = self.read(head.version + 1)
-            if actions is None:
+            data = self._read_bytes(head.version + 1)
+            if data is None:
                 return
-            _apply(head, uid, head.version + 1, actions)
+            _apply(head, uid, head.version + 1, _actions(data), data)
 
     def append(self, head: LogHead, uid: str, epoch: int, actions: list[dict[str, Any]],
                info: dict[str, Any]) -> Literal["COMMITTED", "ALREADY_COMMITTED"]:
@@ -146,10 +172,10 @@ class DeltaLog:
             if checkpoint >= version:
                 # Behind a checkpoint: log cleanup may have removed this version, and a
                 # put-if-absent would then succeed behind the table. Read it instead.
-                passed = self.read(version)
+                passed = self._read_bytes(version)
                 if passed is None:
                     raise StaleHead(f"{self.root}: version {version} is behind checkpoint {checkpoint} and gone")
-                _apply(head, uid, version, passed)
+                _apply(head, uid, version, _actions(passed), passed)
                 continue
             now = int(time.time() * 1000)
             commit_info = {"timestamp": now, "operation": "STREAMING UPDATE",
@@ -162,12 +188,12 @@ class DeltaLog:
                 self.io.write_exclusive(self.commit_url(version), payload)
             except AlreadyExistsError:
                 # Another writer took this version: read it, then try the next one.
-                winner = self.read(version)
+                winner = self._read_bytes(version)
                 if winner is None:  # cleaned up already: we are far behind
                     raise StaleHead(f"{self.root}: version {version} exists but could not be read") from None
-                _apply(head, uid, version, winner)
+                _apply(head, uid, version, _actions(winner), winner)
                 continue
-            head.version, head.txn = version, epoch
+            head.version, head.txn, head.digest = version, epoch, _digest(payload)
             return "COMMITTED"
 
 
@@ -194,11 +220,15 @@ class DeltaLog:
         return set() if newest - limit < 0 else None
 
 
-def _apply(head: LogHead, uid: str, version: int, actions: list[dict[str, Any]]) -> None:
+def _actions(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def _apply(head: LogHead, uid: str, version: int, actions: list[dict[str, Any]], data: bytes) -> None:
     for action in actions:
         if "metaData" in action or "protocol" in action:
             raise TableChanged(f"version {version} changed the table's {'metadata' if 'metaData' in action else 'protocol'}")
         txn = action.get("txn")
         if txn is not None and txn.get("appId") == uid:
             head.txn = max(head.txn, int(txn["version"]))
-    head.version = version
+    head.version, head.digest = version, _digest(data)

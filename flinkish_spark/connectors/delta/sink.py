@@ -200,20 +200,30 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
         with _TABLES_LOCK:
             return _HEADS.get(self._head_key())
 
-    def _forget_head(self) -> None:
+    def _forget_head(self, table_too: bool = False) -> None:
+        """Drop the uid's head; ``table_too``: and the delta-rs table (another table at this path)."""
         with _TABLES_LOCK:
             _HEADS.pop(self._head_key(), None)
+            if table_too:
+                _TABLES.pop(self._key(), None)
+                for key in [k for k in _HEADS if k[:2] == self._key()]:
+                    _HEADS.pop(key)
 
     def ensure_table(self, create: bool, component: str) -> None:
         """Validate the table against the query -- or create it -- before any task writes.
 
         Raises TableMismatchError for a folder that is not a Delta table, another schema or
         other partition columns; nothing is written then. Once validated in this process,
-        a later call only reads the commits other writers added since (O(their number)),
-        and validates again only if one of them changed the metadata or protocol.
+        a later call only checks that the head's commit is still there (one GET: a table
+        deleted and created again is reloaded) and reads the commits other writers added
+        since (O(their number)), and validates again only if one of them changed the
+        metadata or protocol.
         """
         wanted_shape = (self.schema.to_string(), self.partition_by)
         head = self._head()
+        if head is not None and not DeltaLog(self.io, self.path).same_table(head.log):
+            self._forget_head(table_too=True)  # deleted and created again: another table
+            head = None
         if head is not None and head.validated == wanted_shape:
             try:
                 if head.blind_append:
@@ -400,6 +410,9 @@ class DeltaSink(TwoPhaseCommitSink[DeltaCommittable]):
     def last_committed_epoch(self) -> int:
         """The table's txn version of this uid, read from the log's newest state (-1: none, or no table)."""
         head = self._head()
+        if head is not None and not DeltaLog(self.io, self.path).same_table(head.log):
+            self._forget_head(table_too=True)
+            head = None
         if head is not None and head.blind_append:
             try:
                 DeltaLog(self.io, self.path).catch_up(head.log, self.uid)
