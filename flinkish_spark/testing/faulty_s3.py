@@ -69,8 +69,8 @@ class FaultyS3Proxy:
 
     @property
     def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
 
     def arm(self, fault: Fault) -> Fault:
         with self._lock:
