@@ -39,7 +39,7 @@ from flinkish_spark.sink import incarnation
 from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.incarnation import QUERY_FILE, Incarnation
-from flinkish_spark.sink.lease import Lease
+from flinkish_spark.sink.lease import Lease, driver_jvm
 from flinkish_spark.sink.protocol import PrepareContext, TwoPhaseCommitSink
 from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.faults import crash_point
@@ -135,8 +135,21 @@ class TwoPhaseCommitDataSource(DataSource):
     def decision_log(self) -> DecisionLog:
         return DecisionLog(self.io, self.checkpoint_root, self.uid)
 
-    def lease(self) -> Lease:
-        return Lease(self.io, join(self.decision_log().directory, "_lease.json"), self.run_id, f"sink uid {self.uid!r}", self.lease_timeout)
+    def lease(self) -> Lease | None:
+        """The sink's lease, held by the driver JVM (the run: see :func:`~flinkish_spark.sink.lease.driver_jvm`);
+        None where that JVM cannot be found -- then :meth:`commit_lease` alone fences."""
+        jvm = driver_jvm()
+        if jvm is None:
+            return None
+        return Lease(self.io, self.lease_path(), jvm.run_id, f"sink uid {self.uid!r}", self.lease_timeout, live_pid=jvm.pid)
+
+    def commit_lease(self) -> Lease:
+        """The lease as the commit renews it: the driver JVM's, else this DataSource's run id (the
+        commit side keeps the one DataSource ``start()`` made; the planning side gets a new one per batch)."""
+        return self.lease() or Lease(self.io, self.lease_path(), self.run_id, f"sink uid {self.uid!r}", self.lease_timeout)
+
+    def lease_path(self) -> str:
+        return join(self.decision_log().directory, "_lease.json")
 
     def check_schema(self, schema: StructType) -> None:
         """Refuse to write a schema other than the one this sink uid started with."""
@@ -199,7 +212,8 @@ class TwoPhaseCommitDataSource(DataSource):
         # refuse bad state, and a second live run, before anything is written.
         self.check_schema(schema)
         lease = self.lease()
-        lease.renew()
+        if lease is not None:
+            lease.renew()
         current = self.incarnation(schema)
         self.decision_log().check_pending()
         return TwoPhaseCommitStreamWriter(self, schema, current.epoch_offset, lease)
@@ -226,7 +240,7 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         src = self.source
         epoch = batchId + self.epoch_offset
-        (self._lease or src.lease()).renew()
+        (self._lease or src.commit_lease()).renew()
         src.record_schema(self.schema)
         prepared = [m.committable for m in messages if isinstance(m, PreparedMessage)]
         commit_epoch(src.sink(self.schema), src.decision_log(), epoch, prepared, src.run_id, retain=src.retain)

@@ -90,7 +90,9 @@ def transactional_with(
     io.check_writable_root(root, "checkpoint")
     log = DecisionLog(io, root, uid)
     run_id = uuid.uuid4().hex
-    lease = Lease(io, join(log.directory, "_lease.json"), run_id, f"foreachBatch sink uid {uid!r}", lease_timeout)
+    # Renewed from the driver's Python process (the run's own): its pid tells a dead run on this host.
+    lease = Lease(io, join(log.directory, "_lease.json"), run_id, f"foreachBatch sink uid {uid!r}", lease_timeout,
+                  pid_is_liveness=True)
     resolved: list[Incarnation] = []  # this run's, resolved at its first batch
 
     def apply(df: Any, batch_id: int) -> None:
