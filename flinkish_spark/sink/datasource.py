@@ -39,7 +39,7 @@ from flinkish_spark.sink import incarnation
 from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.incarnation import QUERY_FILE, Incarnation
-from flinkish_spark.sink.lease import Lease, driver_jvm
+from flinkish_spark.sink.lease import HEARTBEATS_PER_TIMEOUT, Lease, driver_jvm
 from flinkish_spark.sink.protocol import PrepareContext, TwoPhaseCommitSink
 from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.faults import crash_point
@@ -240,7 +240,8 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         src = self.source
         epoch = batchId + self.epoch_offset
-        (self._lease or src.commit_lease()).renew()
+        # The commit worker's streamWriter renewed the lease a moment ago: that renewal stands.
+        (self._lease or src.commit_lease()).renew(unless_renewed_within_s=src.lease_timeout / HEARTBEATS_PER_TIMEOUT)
         src.record_schema(self.schema)
         prepared = [m.committable for m in messages if isinstance(m, PreparedMessage)]
         commit_epoch(src.sink(self.schema), src.decision_log(), epoch, prepared, src.run_id, retain=src.retain)

@@ -145,6 +145,7 @@ class Lease:
         self.what = what
         self.timeout_s = timeout_s
         self.held = False
+        self._written_at = float("-inf")
         self.lost_to: LeaseRecord | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -174,6 +175,7 @@ class Lease:
                   "pid": self.live_pid or os.getpid(), "pidns": _pid_namespace(), "live": self.pid_is_liveness,
                   "gaps_ms": list(gaps), "superseded": list(superseded)}
         self.io.write_bytes(self.path, json.dumps(record).encode())
+        self._written_at = time.monotonic()
 
     def _fence(self, holder: LeaseRecord) -> FencedError:
         return FencedError(
@@ -218,8 +220,13 @@ class Lease:
             raise self._fence(now)
         self.held = True
 
-    def renew(self) -> None:
-        """Renew a held lease, or acquire it; raise FencedError if another run took it."""
+    def renew(self, unless_renewed_within_s: float = 0.0) -> None:
+        """Renew a held lease, or acquire it; raise FencedError if another run took it.
+
+        ``unless_renewed_within_s``: a lease this object renewed that recently is left as it
+        is (no other run can have taken it over since: a taker waits at least a timeout)."""
+        if self.held and time.monotonic() - self._written_at < unless_renewed_within_s:
+            return
         if not self.held:
             self.acquire()
             return
