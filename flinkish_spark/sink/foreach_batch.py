@@ -93,15 +93,19 @@ def transactional_with(
     # Renewed from the driver's Python process (the run's own): its pid tells a dead run on this host.
     lease = Lease(io, join(log.directory, "_lease.json"), run_id, f"foreachBatch sink uid {uid!r}", lease_timeout,
                   pid_is_liveness=True)
-    resolved: list[Incarnation] = []  # this run's, resolved at its first batch
+    # Resolved at a run's first batch, per Spark query id: the function may serve several runs
+    # (a notebook starting it again after deleting the checkpointLocation).
+    resolved: dict[str | None, Incarnation] = {}
 
     def apply(df: Any, batch_id: int) -> None:
         lease.renew()
-        if not resolved:
-            resolved.append(incarnation.resolve(
-                io, log, committer.last_committed_epoch, _query_id(df), None, continue_after_epoch,
-                "continue_after_epoch", first_batch=batch_id))
-        epoch = resolved[0].epoch(batch_id)
+        query_id = _query_id(df)
+        current = resolved.get(query_id)
+        if current is None:
+            current = resolved[query_id] = incarnation.resolve(
+                io, log, committer.last_committed_epoch, query_id, None, continue_after_epoch,
+                "continue_after_epoch", first_batch=batch_id)
+        epoch = current.epoch(batch_id)
         prepared: list[Any] = []
         decided, done = log.epochs()
         if epoch not in decided:

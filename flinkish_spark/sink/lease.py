@@ -177,11 +177,17 @@ class Lease:
         self.io.write_bytes(self.path, json.dumps(record).encode())
         self._written_at = time.monotonic()
 
-    def _fence(self, holder: LeaseRecord) -> FencedError:
+    def _fence(self, holder: LeaseRecord, taken_from_us: bool = False) -> FencedError:
+        if taken_from_us:
+            return FencedError(
+                f"{self.what} is in use by another live run of this query ({holder.describe()}), which took the "
+                "lease over while this run did not renew it (a batch far longer than the ones before, or no batch "
+                "for a long time). This run stops here; the other one goes on."
+            )
         return FencedError(
             f"{self.what} is in use by another live run of this query ({holder.describe()}). "
             "Stop that run first; a run that died releases the lease after "
-            f"{self.timeout_s:g}s (option 'leaseTimeout')."
+            f"{holder.patience_s(self.timeout_s):.3g}s (option 'leaseTimeout', or 1.5 times its usual gap between batches)."
         )
 
     def acquire(self) -> None:
@@ -195,7 +201,7 @@ class Lease:
         if current is not None and self.run_id in current.superseded:
             # Another run took this run's lease over: this run is the one to stop.
             self.lost_to = current
-            raise self._fence(current)
+            raise self._fence(current, taken_from_us=True)
         if current is not None:  # another run's
             age_s = time.time() - current.renewed_ms / 1000
             patience = current.patience_s(self.timeout_s)
