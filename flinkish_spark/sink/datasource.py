@@ -211,10 +211,10 @@ class TwoPhaseCommitDataSource(DataSource):
         # Runs on the driver before any task of the batch (and again before its commit):
         # refuse bad state, and a second live run, before anything is written.
         self.check_schema(schema)
+        current = self.incarnation(schema)  # a refusal writes nothing, not even the lease
         lease = self.lease()
         if lease is not None:
             lease.renew()
-        current = self.incarnation(schema)
         self.decision_log().check_pending()
         return TwoPhaseCommitStreamWriter(self, schema, current.epoch_offset, lease)
 

@@ -124,8 +124,9 @@ def resolve(
                 why = (f"Spark now runs batch {first_batch}, below the epochs its decision log decided: the query's "
                        "checkpointLocation was deleted or replaced")
             else:
-                why = (f"its epochs were written by the streaming query {record.query_id}, but this is the query "
-                       f"{query_id}: the checkpointLocation was deleted or replaced")
+                where = f"the checkpointLocation {checkpoint_location}" if checkpoint_location else "the checkpointLocation"
+                why = (f"its epochs were written by the streaming query {record.query_id}, but {where} now belongs "
+                       f"to the query {query_id}: it was deleted or replaced")
             raise _mismatch(log.uid, why, target, decided_last, continue_after, option)
         else:
             chosen = Incarnation(query_id, checkpoint_location, continue_after + 1)
