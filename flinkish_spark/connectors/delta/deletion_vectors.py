@@ -39,6 +39,7 @@ import numpy as np
 from flinkish_spark.errors import CorruptMetadataError
 
 MAGIC = 1681511377
+NATIVE_MAGIC = 1681511376
 FILE_FORMAT_VERSION = 1
 INLINE_MAX_BYTES = 64
 Z85_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
@@ -96,11 +97,27 @@ def encode_bitmap(positions: np.ndarray) -> bytes:
 
 
 def decode_bitmap(data: bytes) -> np.ndarray:
-    """Row positions (sorted int64) of RoaringBitmapArray bytes."""
-    if len(data) < 4 or struct.unpack_from("<I", data)[0] != MAGIC:
-        raise CorruptMetadataError("a deletion vector does not start with the RoaringBitmapArray magic number")
-    bitmap = _roaring().BitMap64.deserialize(data[4:])
-    return np.frombuffer(bitmap.to_array(), dtype=np.uint64).astype(np.int64)
+    """Row positions (sorted int64) of RoaringBitmapArray bytes.
+
+    Reads the portable format (magic 1681511377, what Delta writers write) and the older
+    "native" one (magic 1681511376, big-endian: bitmap count, then per bitmap its size
+    and a 32-bit roaring bitmap whose index is its high 32 bits), in which PROTOCOL.md's
+    inline example is written.
+    """
+    roaring = _roaring()
+    if len(data) >= 4 and struct.unpack_from("<I", data)[0] == MAGIC:
+        bitmap = roaring.BitMap64.deserialize(data[4:])
+        return np.frombuffer(bitmap.to_array(), dtype=np.uint64).astype(np.int64)
+    if len(data) >= 8 and struct.unpack_from(">I", data)[0] == NATIVE_MAGIC:
+        (count,) = struct.unpack_from(">i", data, 4)
+        offset, parts = 8, []
+        for high in range(count):
+            (size,) = struct.unpack_from(">i", data, offset)
+            lows = np.frombuffer(roaring.BitMap.deserialize(data[offset + 4:offset + 4 + size]).to_array(), dtype=np.uint32)
+            parts.append(lows.astype(np.int64) + (high << 32))
+            offset += 4 + size
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    raise CorruptMetadataError("a deletion vector does not start with a RoaringBitmapArray magic number")
 
 
 @dataclass(frozen=True)
