@@ -242,18 +242,21 @@ class EpochChanges:
         losers = np.setdiff1d(np.arange(len(self.group)), winners)
         losers = losers[self.kind[losers] == KIND_VERSION]
         soft_copy = np.zeros(len(self.starts), dtype=np.bool_)  # key -> its soft row is copied from elsewhere
+        needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)
         if self.plan.deletes == "soft":
             from_delete = np.asarray(self.entries.column(E_FROM_DELETE).to_numpy(zero_copy_only=False), dtype=np.bool_)
-            # A soft delete whose task knew no earlier version: an earlier version of another task wins.
+            # A soft delete whose task knew no earlier version keeps the values of the epoch's last
+            # version before it (another task's; a soft row of another task holds such values too) ...
             soft = winners[from_delete[winners]]
-            earlier = soft - 1
+            last_real = np.maximum.accumulate(np.where(~from_delete, np.arange(len(self.group)), -1))
+            earlier = np.where(soft > 0, last_real[np.maximum(soft - 1, 0)], -1)
             has_earlier = (earlier >= self.starts[self.group[soft]]) if len(soft) else np.zeros(0, dtype=np.bool_)
             if has_earlier.any():
                 sources = earlier[has_earlier]
                 self._copy_entries(out, sources, {DELETED: pa.array(np.ones(len(sources), dtype=np.bool_))})
                 self._drop(out, soft[has_earlier])
                 soft_copy[self.group[soft[has_earlier]]] = True
-            needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)
+            # ... else the table's row of the key (found below), else its own (the delete's) values.
             needs_table_row[self.group[soft[~has_earlier]]] = True
         self._drop(out, losers)
         for path, (positions, key_index) in matches.by_file.items():
