@@ -133,7 +133,7 @@ def random_epochs(seed: int, epochs: int, keys: int, per_epoch: int, tasks: int)
     lsn = 100
     for e in range(1, epochs):
         changes = []
-        rows = collections.Counter()
+        rows: collections.Counter[int] = collections.Counter()
         for _ in range(per_epoch):
             if rng.random() < 0.7:
                 lsn += rng.randint(1, 3)  # else: the same transaction as the previous change

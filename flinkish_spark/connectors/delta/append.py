@@ -16,61 +16,30 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Iterator
 
 import pyarrow as pa
 
+from flinkish_spark.connectors.delta.committables import DeltaCommittable, DeltaFile, delta_files
 from flinkish_spark.connectors.delta.log import StaleHead, TableChanged, add_action
-from flinkish_spark.connectors.delta.table import DATA_PREFIX, committed_version, deltalake
-from flinkish_spark.connectors.lakehouse.files import WrittenFile, epoch_dir, write_files
-from flinkish_spark.connectors.lakehouse.stats import column_stats
+from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget, committed_version, deltalake
+from flinkish_spark.connectors.lakehouse.files import epoch_dir, write_files
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext
-
-if TYPE_CHECKING:
-    from flinkish_spark.connectors.delta.sink import DeltaSink
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class DeltaFile:
-    """One prepared data file, as its Delta add action will name it."""
-
-    path: str  # relative to the table root
-    size: int
-    rows: int
-    partition_values: tuple[tuple[str, str | None], ...]
-    stats: str
-
-
-@dataclass(frozen=True)
-class DeltaCommittable:
-    files: tuple[DeltaFile, ...]
-
-
-def delta_files(sink: "DeltaSink", written: list[WrittenFile]) -> tuple[DeltaFile, ...]:
-    root = sink.io.strip(sink.path).rstrip("/") + "/"
-    return tuple(
-        DeltaFile(sink.io.strip(f.url)[len(root):], f.size, f.rows,
-                  tuple((c, partition_value(v)) for c, v in f.partition), delta_stats(f))
-        for f in written
-    )
-
-
-def prepare_append(sink: "DeltaSink", batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> DeltaCommittable | None:
+def prepare_append(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> DeltaCommittable | None:
     folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, ctx.epoch)
     written = write_files(sink.io, folder, batches, ctx, sink.partition_by, drop_partition_columns=True,
                           rows_per_file=sink.rows_per_file, target_file_size=sink.target_file_size)
-    return DeltaCommittable(delta_files(sink, written)) if written else None
+    return DeltaCommittable(delta_files(sink.io, sink.path, written)) if written else None
 
 
-def commit_append(sink: "DeltaSink", files: list[DeltaFile], epoch: int) -> CommitOutcome:
+def commit_append(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> CommitOutcome:
     for _ in range(3):
         head = sink._head()
         if head is None:
@@ -98,7 +67,7 @@ def commit_append(sink: "DeltaSink", files: list[DeltaFile], epoch: int) -> Comm
     return "RETRY_LATER"
 
 
-def after_append(sink: "DeltaSink", version: int) -> None:
+def after_append(sink: DeltaTarget, version: int) -> None:
     """Table maintenance on the versions that are multiples of its interval (O(live files) each).
 
     The epoch is committed already: a failure here is logged, not raised (the next
@@ -115,7 +84,7 @@ def after_append(sink: "DeltaSink", version: int) -> None:
         log.warning("flinkish.delta: table maintenance after version %d of %s failed: %s", version, sink.path, exc)
 
 
-def _commit_with_delta_rs(sink: "DeltaSink", files: list[DeltaFile], epoch: int) -> CommitOutcome:
+def _commit_with_delta_rs(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> CommitOutcome:
     """The commit for tables whose protocol asks more of a writer than a blind append gives."""
     dl = deltalake()
     from deltalake.transaction import AddAction, CommitProperties, PostCommitHookProperties, Transaction
@@ -148,30 +117,3 @@ def _commit_with_delta_rs(sink: "DeltaSink", files: list[DeltaFile], epoch: int)
     return "COMMITTED"
 
 
-def encode_files(files: tuple[DeltaFile, ...]) -> list[Any]:
-    return [[f.path, f.size, f.rows, [list(p) for p in f.partition_values], f.stats] for f in files]
-
-
-def decode_files(data: list[Any]) -> tuple[DeltaFile, ...]:
-    return tuple(DeltaFile(p, s, r, tuple((c, v) for c, v in pv), st) for p, s, r, pv, st in data)
-
-
-def partition_value(value: Any) -> str | None:
-    """Delta's partition value serialisation (protocol: "Partition Value Serialization")."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    return str(value)
-
-
-def delta_stats(f: WrittenFile) -> str:
-    """numRecords, nullCount and (where exact) minValues/maxValues from the Parquet footer."""
-    mins, maxs, nulls = column_stats(f.metadata)
-    return json.dumps({"numRecords": f.rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})

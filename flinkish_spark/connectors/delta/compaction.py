@@ -27,21 +27,18 @@ import json
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
-from flinkish_spark.connectors.delta.append import delta_files
+from flinkish_spark.connectors.delta.committables import delta_files
+from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.log import VersionTaken, add_action, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
-from flinkish_spark.connectors.delta.table import DATA_PREFIX
+from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.faults import crash_point
-
-if TYPE_CHECKING:
-    from flinkish_spark.connectors.delta.sink import DeltaSink
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +46,7 @@ DELETED_FRACTION = 0.1
 MAX_ATTEMPTS = 10
 
 
-def choose(sink: "DeltaSink", state: DeltaState) -> list[LiveFile]:
+def choose(sink: DeltaTarget, state: DeltaState) -> list[LiveFile]:
     small = max(1, sink.rows_per_file // 4)
     heavy = []
     tiny = []
@@ -66,10 +63,8 @@ def choose(sink: "DeltaSink", state: DeltaState) -> list[LiveFile]:
     return heavy + (tiny if len(tiny) >= 2 else [])
 
 
-def compact(sink: "DeltaSink", state: DeltaState, epoch: int) -> int | None:
+def compact(sink: DeltaTarget, state: DeltaState, epoch: int) -> int | None:
     """Compact now; the version written, or None when there was nothing to do or it was abandoned."""
-    from flinkish_spark.connectors.delta.keyed import deleted_positions
-
     plan = sink.plan
     assert plan is not None
     chosen = choose(sink, state)
@@ -88,7 +83,7 @@ def compact(sink: "DeltaSink", state: DeltaState, epoch: int) -> int | None:
     folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, epoch)
     written = write_table(sink.io, folder, table, lambda i: f"compact-{token}-{i:04d}.parquet",
                           sink.rows_per_file, sink.target_file_size)
-    new_files = delta_files(sink, [w for w, _ in written])
+    new_files = delta_files(sink.io, sink.path, [w for w, _ in written])
     now = int(time.time() * 1000)
     actions = [f.remove_action(now, data_change=False) for f in chosen]
     actions += [add_action(nf.path, nf.size, dict(nf.partition_values), nf.stats, now, data_change=False)

@@ -35,14 +35,13 @@ from typing import Any, ClassVar, Iterator, Union
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from flinkish_spark.connectors.delta.append import (
-    DeltaCommittable, DeltaFile, commit_append, decode_files, encode_files, prepare_append,
+from flinkish_spark.connectors.delta.append import commit_append, prepare_append
+from flinkish_spark.connectors.delta.committables import (
+    KEYED_MAGIC, DeltaCommittable, DeltaFile, KeyedCommittable, decode_files, decode_keyed, encode_files, encode_keyed,
 )
-from flinkish_spark.connectors.delta.keyed import (
-    KEYED_MAGIC, KeyedCommittable, commit_keyed, decode_keyed, encode_keyed, is_driver_file, live_references,
-    prepare_keyed,
-)
-from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTableAccess, Head, deltalake
+from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
+from flinkish_spark.connectors.delta.live import live_references, table_state
+from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget, Head, deltalake
 from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, ChangePlan, KeyedOptions, parse_keyed_options, plan_changes,
 )
@@ -53,8 +52,6 @@ from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
-
-DEFAULT_CHECKPOINT_INTERVAL = 10
 
 Committable = Union[DeltaCommittable, KeyedCommittable]
 __all__ = ["DeltaSink", "DeltaSinkDataSource", "DeltaCommittable", "DeltaFile", "Head", "arrow_schema"]
@@ -76,16 +73,13 @@ def keyed_plan(keyed: KeyedOptions, schema: StructType, partition_by: tuple[str,
     return plan_changes(keyed, schema, arrow_schema(schema), component)
 
 
-class DeltaSink(DeltaTableAccess, TwoPhaseCommitSink[Committable]):
+class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
     def __init__(self, io: FileIO, path: str, uid: str, schema: pa.Schema, partition_by: tuple[str, ...],
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, compact_every: int = 0,
                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
                  plan: ChangePlan | None = None) -> None:
-        super().__init__(io, path, uid, plan.table_schema if plan is not None else schema, partition_by, plan)
-        self.checkpoint_interval = checkpoint_interval
-        self.compact_every = compact_every
-        self.rows_per_file = rows_per_file
-        self.target_file_size = target_file_size
+        super().__init__(io, path, uid, plan.table_schema if plan is not None else schema, partition_by, plan,
+                         checkpoint_interval, compact_every, rows_per_file, target_file_size)
 
     @classmethod
     def at(cls, path: str, uid: str, schema: StructType, partition_by: tuple[str, ...] = (), create_table: bool = True,
@@ -149,8 +143,6 @@ class DeltaSink(DeltaTableAccess, TwoPhaseCommitSink[Committable]):
 
     def committed(self, epoch: int) -> bool:
         if self.plan is not None:
-            from flinkish_spark.connectors.delta.keyed import table_state
-
             return table_state(self).txn(self.uid) >= epoch
         return super().committed(epoch)
 

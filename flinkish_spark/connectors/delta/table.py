@@ -22,11 +22,14 @@ import pyarrow as pa
 
 from flinkish_spark.connectors.delta.log import DeltaLog, LogHead, StaleHead, TableChanged, blind_append_supported
 from flinkish_spark.connectors.lakehouse.changes import ChangePlan, key_type_changes
-from flinkish_spark.connectors.lakehouse.files import delta_storage_options, require
+from flinkish_spark.connectors.lakehouse.files import (
+    DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, delta_storage_options, require,
+)
 from flinkish_spark.errors import StorageUnavailableError, TableMismatchError
 from flinkish_spark.io.fileio import FileIO
 
 DATA_PREFIX = "flinkish"
+DEFAULT_CHECKPOINT_INTERVAL = 10
 EXTRA = "delta"
 DV_PROPERTY = "delta.enableDeletionVectors"
 # What a keyed writer honours: features that constrain nothing it writes, or that it writes itself.
@@ -65,17 +68,24 @@ def _type_names(schema: Any) -> list[tuple[str, str]]:
     return [(f.name, str(f.type)) for f in schema.fields]
 
 
-class DeltaTableAccess:
-    """Where a sink's table is and what it must look like; the table and head caches of this process."""
+class DeltaTarget:
+    """Where a sink's table is, what it must look like and how it is written; the table and head
+    caches of this process. The sink, and every module that commits for it, work on this."""
 
     def __init__(self, io: FileIO, path: str, uid: str, schema: pa.Schema, partition_by: tuple[str, ...],
-                 plan: ChangePlan | None = None) -> None:
+                 plan: ChangePlan | None = None, checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
+                 compact_every: int = 0, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+                 target_file_size: int = DEFAULT_TARGET_FILE_SIZE) -> None:
         self.io = io
         self.path = path.rstrip("/")
         self.uid = uid
         self.schema = schema  # the table's columns (for keyed modes: the plan's table schema)
         self.partition_by = partition_by
         self.plan = plan
+        self.checkpoint_interval = checkpoint_interval
+        self.compact_every = compact_every
+        self.rows_per_file = rows_per_file
+        self.target_file_size = target_file_size
         self.storage_options = delta_storage_options(io.storage_options) if io.protocol == "s3" else {}
 
     @property

@@ -13,7 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.testing.changes import SCHEMA, Change, Model, normalized, random_epochs, run_epoch
+from flinkish_spark.testing.delta_log import unreferenced
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -34,30 +36,9 @@ def dv_files(path: Path) -> int:
     return len(pa.table(deltalake.DeltaTable(str(path)).deletion_vectors()))
 
 
-def referenced(path: Path) -> set[str]:
-    """Every data file and deletion vector file any version of the log names."""
-    import json
-    import urllib.parse
-
-    from flinkish_spark.connectors.delta.deletion_vectors import Descriptor
-
-    out = set()
-    for commit in sorted((path / "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            for kind in ("add", "remove"):
-                if kind in action:
-                    out.add(urllib.parse.unquote(action[kind]["path"]))
-                    dv = action[kind].get("deletionVector")
-                    if dv and dv["storageType"] == "u":
-                        out.add(Descriptor.from_json(dv).relative_file())
-    return out
-
-
 def stray_files(path: Path) -> set[str]:
     """Files below the table folder that no version of the log names."""
-    on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and "_delta_log" not in p.parts}
-    return on_disk - referenced(path)
+    return unreferenced(FileIO.for_url(str(path)), str(path))
 
 
 @pytest.mark.parametrize("deletes", ["true", "soft", "false"])

@@ -10,16 +10,14 @@ unreferenced by the log.
 
 from __future__ import annotations
 
-import json
-import urllib.parse
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from flinkish_spark.connectors.delta.deletion_vectors import Descriptor
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.decisions import DecisionLog
+from flinkish_spark.testing.delta_log import log_mentions, unreferenced
 
 deltalake = pytest.importorskip("deltalake")
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -57,23 +55,6 @@ def spec(tmp_path: Path, endpoint: str) -> dict:
     }
 
 
-def referenced(io: FileIO, root: str) -> set[str]:
-    """Every data file and deletion vector file that any version of the log names."""
-    out = set()
-    for path in io.find(f"{root}/_delta_log"):
-        if not path.endswith(".json"):
-            continue
-        for line in io.read_bytes(io.url(path)).decode().splitlines():
-            action = json.loads(line)
-            for kind in ("add", "remove"):
-                if kind in action:
-                    out.add(urllib.parse.unquote(action[kind]["path"]))
-                    dv = action[kind].get("deletionVector")
-                    if dv and dv["storageType"] == "u":
-                        out.add(Descriptor.from_json(dv).relative_file())
-    return out
-
-
 def test_crash_matrix_in_upsert_mode_on_s3(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
     options = {"AWS_ENDPOINT_URL": s3_proc, "AWS_ALLOW_HTTP": "true"}
     io = FileIO.for_url("s3://test", {"endpoint_url": s3_proc})
@@ -106,7 +87,5 @@ def test_crash_matrix_in_upsert_mode_on_s3(run_pipeline, s3_proc: str, tmp_path:
     assert rows == expected()
     epochs = sorted(int(h["flinkish.epoch"]) for h in table.history() if h.get("flinkish.uid") == "out" and "flinkish.epoch" in h)
     assert epochs == list(range(7))  # 1,050 changes at 150 per epoch, each epoch exactly once
-    assert any('"deletionVector"' in io.read_bytes(io.url(p)).decode()
-               for p in io.find("s3://test/table/_delta_log") if p.endswith(".json"))  # replaced rows were marked
-    on_storage = {p[len("test/table/"):] for p in io.find("s3://test/table") if "/_delta_log/" not in p}
-    assert on_storage - referenced(io, "s3://test/table") == set()
+    assert log_mentions(io, "s3://test/table", '"deletionVector"')  # replaced rows were marked, not rewritten
+    assert unreferenced(io, "s3://test/table") == set()
