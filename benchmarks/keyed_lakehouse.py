@@ -279,7 +279,7 @@ def lag(rate: float, seconds: float, rows: int, work: str) -> dict[str, Any]:
                 version += 1
                 for line in open(path).read().splitlines():
                     add = json.loads(line).get("add")
-                    if add and "deletionVector" not in add and "/driver-" not in add["path"]:
+                    if add and add.get("dataChange") and "deletionVector" not in add and "/driver-" not in add["path"]:
                         stamps = pq.read_table(os.path.join(table, add["path"]), columns=["t"]).column("t").to_pylist()
                         lags.extend(seen - s for s in stamps if s and s > 1)
 

@@ -70,7 +70,7 @@ def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:
 
     def read_range(where: str, start: int, end: int) -> bytes:
         location = where if f.dv is not None and f.dv.storage_type == "p" else target.url(where)
-        return bytes(target.io.fs.cat_file(target.io.strip(location), start, end))
+        return bytes(target.io.fs.cat_file(target.io.strip(location), start=start, end=end))
 
     positions = read_vector(f.dv, read_range)
     _remember_dv(key, positions)
