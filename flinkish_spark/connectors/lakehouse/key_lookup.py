@@ -126,6 +126,11 @@ class KeyIndexCache:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
     @property
     def nbytes(self) -> int:
         return self._bytes
