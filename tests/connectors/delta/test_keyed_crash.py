@@ -1,7 +1,9 @@
 """flinkish.delta mode=upsert under kill -9 at every protocol point, on S3 (moto in its own process).
 
-A bounded change stream -- two sequence splits made into changes of 40 keys each (every
-epoch updates each key several times, one change in nine deletes its key) -- runs in child
+A bounded change stream -- two sequence splits made into changes: every other change hits one of
+20 hot keys (each changed several times per epoch), the others sweep 200 cold keys (so an
+epoch replaces only some rows of earlier files: deletion vectors); one change in nine is a
+delete -- runs in child
 drivers killed at each point of the keyed commit in turn, every task's first attempt
 failing; then a last run finishes. The table read by delta-rs must hold each key's last
 change, every epoch must be committed exactly once, and nothing on storage may be
@@ -23,11 +25,12 @@ deltalake = pytest.importorskip("deltalake")
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 LENGTHS = [600, 450]
-KEYS = 40
+HOT, COLD = 20, 200
 # Run k is killed at its point's 2nd hit: in epoch 1 (the first epoch's files replace nothing).
 CHAIN = ["sink.before_decision", "delta.keyed.before_version", "sink.before_done", "sink.after_commit"]
-CHANGES = [  # split s, sequence number seq -> a change of key (seq % 40) * 2 + s
-    f"CAST((seq % {KEYS}) * 2 + split AS BIGINT) AS id", "concat('v', seq) AS v", "CAST(seq AS INT) AS n",
+CHANGES = [  # split s, sequence number seq -> a change of key(seq) * 2 + s
+    f"CAST((CASE WHEN seq % 2 = 0 THEN seq % {HOT} ELSE 1000 + seq % {COLD} END) * 2 + split AS BIGINT) AS id",
+    "concat('v', seq) AS v", "CAST(seq AS INT) AS n",
     "CASE WHEN seq % 9 = 4 THEN 'd' ELSE 'u' END AS _op", "CAST(seq AS BIGINT) AS _lsn",
     "CAST(NULL AS TIMESTAMP) AS _commit_ts",
 ]
@@ -37,7 +40,7 @@ def expected() -> list[tuple]:
     last: dict[int, tuple | None] = {}
     for split, length in enumerate(LENGTHS):
         for seq in range(length):
-            key = (seq % KEYS) * 2 + split
+            key = (seq % HOT if seq % 2 == 0 else 1000 + seq % COLD) * 2 + split
             last[key] = None if seq % 9 == 4 else (key, f"v{seq}", seq)
     return sorted(v for v in last.values() if v is not None)
 

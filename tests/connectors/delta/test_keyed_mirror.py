@@ -1,7 +1,8 @@
 """flinkish.postgres (snapshotThenChanges) -> flinkish.delta on S3, mode=upsert, deletes=true: a mirror.
 
-A writer process inserts, updates (a few hot keys many times per epoch, and random ones),
-changes keys and deletes rows of the source table the whole time. The pipeline (no option
+A writer process (:mod:`flinkish_spark.testing.pg_writer`) inserts, updates (a few hot keys
+many times per epoch, and random ones), changes keys and deletes rows of the source table
+the whole time. The pipeline (no option
 'key': the source carries the table's primary key in the stream's schema) is killed with
 kill -9 of its whole process group at seeded random moments after it committed an epoch,
 and restarted, until at least ``KILLS`` kills happened and a change epoch is committed.
@@ -34,32 +35,6 @@ MAX_KILLS = 4
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "17"))
 SLOT = "flinkish_mirror"
 
-WRITER = r'''
-import os, random, sys, time, psycopg
-url, stop_file = sys.argv[1], sys.argv[2]
-rnd = random.Random(5)
-next_id = 10_000_000
-with psycopg.connect(url, autocommit=True) as conn:
-    while not os.path.exists(stop_file):
-        op = rnd.random()
-        k = rnd.randint(1, 60_000)
-        with conn.transaction():
-            if op < 0.25:
-                conn.execute("INSERT INTO src VALUES (%s, %s, %s)", (next_id, "new", next_id % 97))
-                next_id += 1
-            elif op < 0.55:
-                hot = rnd.randint(1, 20)  # the same keys, many times per epoch
-                for _ in range(3):
-                    conn.execute("UPDATE src SET v = v || '+', n = n + 1 WHERE id = %s", (hot,))
-            elif op < 0.75:
-                conn.execute("UPDATE src SET v = v || '*', n = n * 2 WHERE id = %s", (k,))
-            elif op < 0.93:
-                conn.execute("DELETE FROM src WHERE id = %s", (k,))
-            else:
-                conn.execute("UPDATE src SET id = %s WHERE id = %s", (next_id, k))  # a key change
-                next_id += 1
-        time.sleep(0.004)
-'''
 
 
 def commits(tmp_path: Path) -> int:
@@ -89,7 +64,8 @@ def test_postgres_mirror_into_delta_through_kills_and_drain(pg_url, run_pipeline
         conn.execute("CREATE TABLE src (id bigint PRIMARY KEY, v text, n int)")
         conn.execute(f"INSERT INTO src SELECT g, 'v' || g, g % 1000 FROM generate_series(1, {ROWS}) g")
     stop_file = tmp_path / "stop-writer"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_file)])
+    writer = subprocess.Popen([sys.executable, "-m", "flinkish_spark.testing.pg_writer", pg_url, str(stop_file),
+                               "--keys", str(ROWS)])
     try:
         rng = random.Random(SEED)
         kills = 0
