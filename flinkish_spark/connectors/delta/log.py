@@ -1,4 +1,10 @@
-"""Blind appends to a Delta table's log at a cost that does not grow with the table.
+"""Writing a Delta table's log: blind appends at a cost that does not grow with the table, and single versions.
+
+:meth:`DeltaLog.append` is the blind append of ``mode=append`` (below). The keyed commit
+(:mod:`flinkish_spark.connectors.delta.keyed`) writes one version at a time with
+:meth:`DeltaLog.write_version` (put-if-absent; :class:`VersionTaken` when another writer has
+it) and :func:`commit_payload`, and on :class:`VersionTaken` reads the winner and computes
+its version again: a read-modify-write conflicts with any concurrent commit.
 
 Why not delta-rs's commit: delta-rs (1.x) holds every live file of the table in memory
 and rebuilds that list after each commit -- inside ``create_write_transaction`` and

@@ -15,7 +15,8 @@ candidate file in each epoch would make the epoch's cost grow with the table. So
   and ``live_column`` where there is one), sorted into a compact index -- int64 codes
   for one integer/date/timestamp key, a 64-bit hash of the key otherwise (a hash match
   is then verified against the key values) -- and kept in an LRU cache bounded in bytes
-  (:data:`DEFAULT_CACHE_BYTES`, ~16 bytes per integer-key row);
+  (:data:`DEFAULT_CACHE_BYTES`; an integer key costs 8 bytes per row of a key-sorted
+  file -- what the sinks write -- and 16 of an unsorted one);
 * a lookup is a binary search of the epoch's sorted keys in each candidate's index:
   O(changes x log rows) per file, no I/O once the index is warm;
 * rows already deleted (``CandidateFile.deleted``: the current deletion vector, the
