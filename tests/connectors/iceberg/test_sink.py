@@ -208,3 +208,30 @@ def test_commits_expire_snapshots_merge_manifests_and_keep_every_uids_record(tmp
     assert max(manifests) <= 4 and manifests[-1] < manifests[-2]  # merged whenever 4 small ones pile up
     assert read_iceberg(table) == collections.Counter({(0, 1): 31})  # expiry and merging never touch rows
     assert sink.commit([], 3) == other.commit([], 7) == "ALREADY_COMMITTED"
+
+
+def test_catalog_name_is_the_name_readers_load_the_catalog_with(tmp_path: Path) -> None:
+    """A SQL catalog files tables under its name: 'catalogName' picks it; a table filed under another
+    name in the same database is named in the error instead of being created a second time."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from flinkish_spark.connectors.iceberg import IcebergSink
+    from flinkish_spark.sink.protocol import PrepareContext
+
+    schema = StructType([StructField("split", IntegerType()), StructField("seq", LongType())])
+    uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", f"file://{tmp_path}/wh"
+    sink = IcebergSink.at("db.events", uid="u", schema=schema, catalog_uri=uri, warehouse=warehouse, catalog_name="lake")
+    batch = pa.RecordBatch.from_pydict({"split": pa.array([0], pa.int32()), "seq": [5]})
+    assert sink.commit([sink.prepare(iter([batch]), PrepareContext("u", 0, 0, 0))], 0) == "COMMITTED"
+    assert SqlCatalog("lake", uri=uri, warehouse=warehouse).load_table("db.events").scan().to_arrow()["seq"].to_pylist() == [5]
+    assert not SqlCatalog("flinkish", uri=uri, warehouse=warehouse).table_exists("db.events")
+    with pytest.raises(TableMismatchError, match=r"not filed under the catalog name 'flinkish', but this catalog's "
+                                                 r"database has it under \['lake'\].*Set the option 'catalogName' to 'lake'"):
+        IcebergSink.at("db.events", uid="u", schema=schema, catalog_uri=uri, warehouse=warehouse)
+    assert not SqlCatalog("flinkish", uri=uri, warehouse=warehouse).table_exists("db.events")  # nothing created
+    with pytest.raises(ConfigError, match="'catalogName' must not be empty"):
+        IcebergSink.at("db.events", uid="u", schema=schema, catalog_uri=uri, warehouse=warehouse, catalog_name=" ")
+    with pytest.raises(ConfigError, match="the configured catalog 'prod' files its tables under its own name"):
+        IcebergSink.at("db.events", uid="u", schema=schema, catalog="prod", catalog_name="lake")
