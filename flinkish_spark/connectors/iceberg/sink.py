@@ -44,7 +44,9 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.connectors.iceberg.catalog import catalog_properties, identifier, load, pyiceberg
-from flinkish_spark.connectors.iceberg.commit import append_snapshot
+from flinkish_spark.connectors.iceberg.changes import Keyed
+from flinkish_spark.connectors.iceberg.commit import append_snapshot, commit_snapshot
+from flinkish_spark.connectors.iceberg.keyed import KeyedCommittable, Target, plan_epoch, stage
 from flinkish_spark.connectors.iceberg.datafiles import IcebergFile, epoch_folder, to_data_file, write_data_files
 from flinkish_spark.connectors.iceberg.schema import iceberg_schema
 from flinkish_spark.connectors.iceberg.table import (
@@ -54,11 +56,13 @@ from flinkish_spark.connectors.iceberg.table import (
     TableInfo,
     committed_epoch,
     ensure_table,
+    files_added_by,
     info_of,
+    keyed_properties,
 )
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
@@ -76,11 +80,14 @@ class IcebergCommittable:
     files: tuple[IcebergFile, ...]
 
 
-class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
+Committable = IcebergCommittable | KeyedCommittable
+
+
+class IcebergSink(TwoPhaseCommitSink[Committable]):
     def __init__(self, catalog_properties: dict[str, str], identifier: str, uid: str, schema: StructType,
                  partition_by: tuple[str, ...], io: FileIO, info: TableInfo | None = None,
                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
-                 retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS) -> None:
+                 retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS, keyed: Keyed = Keyed()) -> None:
         self.catalog_properties = catalog_properties
         self.identifier = identifier
         self.uid = uid
@@ -91,22 +98,32 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.retain_snapshots = retain_snapshots
+        self.keyed = keyed
 
     @classmethod
     def at(cls, table: str, uid: str, schema: StructType, checkpoint: str | None = None, catalog: str | None = None,
            catalog_uri: str | None = None, warehouse: str | None = None, partition_by: tuple[str, ...] = (),
            create_table: bool = True, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
            target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS,
-           options: dict[str, str] | None = None, catalog_name: str | None = None) -> "IcebergSink":
+           options: dict[str, str] | None = None, catalog_name: str | None = None, mode: str = "append",
+           key: tuple[str, ...] | str = (), deletes: str = "true", merge_mode: str = "mergeOnRead",
+           compact_every: int = 0) -> "IcebergSink":
         """A sink for :func:`flinkish_spark.transactional` (foreachBatch); checks or creates the table now.
 
         Without ``catalog``/``catalog_uri`` the embedded SQLite catalog lives in ``checkpoint``.
+        ``mode``, ``key``, ``deletes``, ``merge_mode``, ``compact_every``: as the options of the same names.
         """
+        keys = ",".join(key) if not isinstance(key, str) else key
+        keyed = Keyed.from_options(Options({"mode": mode, "key": keys, "deletes": deletes, "mergeMode": merge_mode,
+                                            "compactEvery": str(compact_every)}, "IcebergSink.at()",
+                                           ("mode", "key", "deletes", "mergeMode", "compactEvery")))
+        keyed = keyed.resolved(schema, "IcebergSink.at()")
         opts = dict(options or {})
         props = catalog_properties(catalog, catalog_uri, warehouse, checkpoint, opts, "IcebergSink.at()", catalog_name)
         io = FileIO.for_url(props.get("warehouse") or ".", storage_options_from(opts, props.get("warehouse") or "."))
         sink = cls(props, identifier(table, "IcebergSink.at()"), uid, schema, tuple(partition_by), io,
-                   rows_per_file=rows_per_file, target_file_size=target_file_size, retain_snapshots=retain_snapshots)
+                   rows_per_file=rows_per_file, target_file_size=target_file_size, retain_snapshots=retain_snapshots,
+                   keyed=keyed)
         sink.info = sink.ensure_table(create_table, "IcebergSink.at()")
         sink.io = FileIO.for_url(sink.info.location, storage_options_from(opts, sink.info.location), what="table location")
         return sink
@@ -133,52 +150,80 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     def ensure_table(self, create: bool, component: str) -> TableInfo:
         """Validate the table against the query -- or create it -- before any task writes."""
         pyiceberg()
+        keyed = self.keyed
         table = ensure_table(self.catalog(), self.catalog_properties["name"], self.identifier,
-                             iceberg_schema(self.spark_schema), self.partition_by, create, component)
+                             iceberg_schema(keyed.table_schema(self.spark_schema)), self.partition_by, create, component,
+                             keyed_properties(keyed.merge_mode) if keyed.keyed else None)
+        if keyed.keyed and keyed.merge_mode == "mergeOnRead" and table.metadata.format_version < 2:
+            raise TableMismatchError(
+                f"{component}: mode '{keyed.mode}' with mergeMode 'mergeOnRead' writes position delete files, which "
+                f"need an Iceberg table of format version 2, but {self.identifier!r} has version "
+                f"{table.metadata.format_version}. Upgrade it (pyiceberg: `with table.transaction() as tx: "
+                "tx.upgrade_table_version(format_version=2)`; Spark: ALTER TABLE ... SET TBLPROPERTIES "
+                "('format-version'='2')), or set mergeMode to copyOnWrite.")
         TableCache.put(self._table_key(), table)
         return info_of(table)
 
     # -- prepare (executors) -----------------------------------------------------------------
 
-    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> IcebergCommittable | None:
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> Committable | None:
         if self.info is None:
             raise RuntimeError("IcebergSink.prepare() before the table was resolved on the driver")
+        if self.keyed.keyed:
+            return stage(self.io, self.info, self.uid, self.keyed, batches, ctx, f"flinkish.iceberg sink uid {self.uid!r}")
         files = write_data_files(self.io, self.info, self.uid, batches, ctx, self.partition_by,
                                  self.rows_per_file, self.target_file_size)
         return IcebergCommittable(tuple(files)) if files else None
 
     # -- commit / abort / cleanup (driver) ------------------------------------------------------
 
-    def commit(self, committables: list[IcebergCommittable], epoch: int) -> CommitOutcome:
+    def commit(self, committables: list[Committable], epoch: int) -> CommitOutcome:
         pyiceberg()
         from pyiceberg.exceptions import CommitFailedException
 
-        files = [f for c in committables for f in c.files]
+        keyed = [c for c in committables if isinstance(c, KeyedCommittable)]
+        files = [f for c in committables if isinstance(c, IcebergCommittable) for f in c.files]
         table = self.table(refresh=False)
+        marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         for attempt in range(10):
             # The check and the commit see the same table state: the commit asserts that
             # main still points where it pointed here, so a stale cached table can only
-            # make the commit fail (and be re-checked), never append an epoch twice.
+            # make the commit fail (and be re-checked), never apply an epoch twice.
             if committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
-            if not files:
-                return "COMMITTED"  # an empty epoch adds no snapshot
+            if not self.keyed.keyed and not files:
+                return "COMMITTED"  # an empty append epoch adds no snapshot
+            written: list[str] = []
             try:
                 spec_id = self._spec_id(table)
-                append_snapshot(self.catalog(), table, [to_data_file(f, spec_id) for f in files], spec_id,
-                                {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)},
-                                retain=self.retain_snapshots, protect_property=UID_PROPERTY,
-                                delete_files=self._delete_quietly)
+                if self.keyed.keyed:
+                    # The lookup reads the snapshot the commit asserts: positions are never stale.
+                    plan = plan_epoch(self._target(), table, keyed, epoch)
+                    written = plan.written
+                    commit_snapshot(self.catalog(), table, plan.changes, spec_id, marker,
+                                    retain=self.retain_snapshots, protect_property=UID_PROPERTY,
+                                    delete_files=self._delete_quietly)
+                else:
+                    append_snapshot(self.catalog(), table, [to_data_file(f, spec_id) for f in files], spec_id, marker,
+                                    retain=self.retain_snapshots, protect_property=UID_PROPERTY,
+                                    delete_files=self._delete_quietly)
                 return "COMMITTED"
             except CommitFailedException:
                 # Another writer committed first (or our own commit landed and its answer
-                # was lost): re-read the table and check again.
+                # was lost): re-read the table and check again -- and look the keys up again.
+                self._delete_quietly(written)
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))
                 table = self.table(refresh=True)
             except BaseException:
                 self._forget_table()
                 raise
         return "RETRY_LATER"
+
+    def _target(self) -> Target:
+        if self.info is None:
+            raise RuntimeError("IcebergSink.commit() before the table was resolved on the driver")
+        return Target(self.io, self.info, self.uid, self.keyed, self.partition_by, self.rows_per_file,
+                      self.target_file_size)
 
     def _delete_quietly(self, paths: list[str]) -> None:
         """Delete metadata files no snapshot needs any more, in one bulk request on S3 (pyarrow's
@@ -194,18 +239,29 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
             return int(table.metadata.default_spec_id)
         return int(json.loads(self.info.spec_json).get("spec-id", table.metadata.default_spec_id))
 
-    def abort(self, committables: list[IcebergCommittable], epoch: int) -> None:
-        self.io.delete_many([f.path for c in committables for f in c.files])
+    def abort(self, committables: list[Committable], epoch: int) -> None:
+        self.io.delete_many([p for c in committables for p in _paths(c)])
 
-    def cleanup(self, epoch: int, keep: list[IcebergCommittable]) -> None:
+    def cleanup(self, epoch: int, keep: list[Committable]) -> None:
+        """Delete what the epoch's folder holds beyond what the table (once it has the epoch) or the
+        decided committables (before) name: failed task attempts, a crashed run's files, staged changes."""
         if self.info is None:
             return
-        if not keep and committed_epoch(self.table(), self.uid) >= epoch:
-            return  # the table has the epoch, its files are no longer known: never delete by listing
-        wanted = {self.io.strip(f.path) for c in keep for f in c.files}
+        table = self.table()
+        added = files_added_by(table, self.uid, epoch)
+        if added is not None:
+            wanted = {self.io.strip(p) for p in added}
+        elif committed_epoch(table, self.uid) >= epoch:
+            return  # the table has the epoch in an expired snapshot: its files are unknown, never delete by listing
+        else:
+            wanted = {self.io.strip(p) for c in keep for p in _paths(c)}
         folder = epoch_folder(self.info, self.uid, epoch)
         self.io.delete_many([self.io.url(p) for p in self.io.find(folder) if p not in wanted])
         self.io.remove_empty_dirs(folder)
+
+
+def _paths(c: Committable) -> list[str]:
+    return list(c.staged) if isinstance(c, KeyedCommittable) else [f.path for f in c.files]
 
 
 class IcebergSinkDataSource(TwoPhaseCommitDataSource):
@@ -213,7 +269,8 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
-                                                "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots")
+                                                "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
+                                                "mode", "key", "deletes", "mergeMode", "compactEvery")
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
@@ -231,14 +288,16 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         warehouse = self.catalog_props.get("warehouse") or self.checkpoint_root
         self.data_io = FileIO.for_url(warehouse, storage_options_from(self.raw_options, warehouse), what="option 'warehouse'")
         self.data_io.check_writable_root(warehouse, "option 'warehouse'")
+        self.keyed = Keyed.from_options(opts)
         self.info: TableInfo | None = None
 
     def sink(self, schema: StructType) -> IcebergSink:
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
+        keyed = self.keyed.resolved(schema, f"{self.name()} sink")
         return IcebergSink(self.catalog_props, self.identifier, self.uid, schema, self.partition_by, self.data_io,
-                           self.info, self.rows_per_file, self.target_file_size, self.retain_snapshots)
+                           self.info, self.rows_per_file, self.target_file_size, self.retain_snapshots, keyed)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # On the driver before any task: resolve (or create) the table; executors get its

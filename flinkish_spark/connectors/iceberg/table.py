@@ -26,6 +26,13 @@ PARTITION_FIELD_ID_START = 1000
 CREATED_TABLE_PROPERTIES = {MERGE_ENABLED: "true", DELETE_AFTER_COMMIT: "true"}
 
 
+def keyed_properties(merge_mode: str) -> dict[str, str]:
+    """Properties of tables the sink creates for a keyed mode: format version 2 (position deletes), and
+    the same merge mode for other writers (Spark's MERGE/UPDATE/DELETE read these)."""
+    how = "merge-on-read" if merge_mode == "mergeOnRead" else "copy-on-write"
+    return {"format-version": "2", "write.delete.mode": how, "write.update.mode": how, "write.merge.mode": how}
+
+
 @dataclass(frozen=True)
 class TableInfo:
     """What executors need to write files for a table, without a catalog."""
@@ -119,6 +126,25 @@ def committed_epoch(table: Any, uid: str) -> int:
     # The chain can end early where expiry removed other writers' snapshots (retainSnapshots
     # keeps each uid's newest one, but not the links to it): look at every snapshot.
     return max((e for e in map(epoch_of, table.snapshots()) if e is not None), default=-1)
+
+
+def files_added_by(table: Any, uid: str, epoch: int) -> list[str] | None:
+    """Paths of the files that the retained snapshots of (``uid``, ``epoch``) added; None when there are none."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    snapshots = [s for s in table.snapshots() if s.summary is not None
+                 and s.summary.additional_properties.get(UID_PROPERTY) == uid
+                 and s.summary.additional_properties.get(EPOCH_PROPERTY) == str(epoch)]
+    if not snapshots:
+        return None
+    out = []
+    for snap in snapshots:
+        for m in snap.manifests(table.io):
+            if m.added_snapshot_id != snap.snapshot_id:
+                continue
+            out += [e.data_file.file_path for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+                    if e.status == ManifestEntryStatus.ADDED and e.snapshot_id == snap.snapshot_id]
+    return out
 
 
 class TableCache:
