@@ -46,6 +46,7 @@ from pyspark.sql.types import StructType
 from flinkish_spark.connectors.iceberg.catalog import catalog_properties, identifier, load, pyiceberg
 from flinkish_spark.connectors.iceberg.changes import Keyed
 from flinkish_spark.connectors.iceberg.commit import append_snapshot, commit_snapshot
+from flinkish_spark.connectors.iceberg.compact import compact
 from flinkish_spark.connectors.iceberg.keyed import KeyedCommittable, Target, plan_epoch, stage
 from flinkish_spark.connectors.iceberg.datafiles import IcebergFile, epoch_folder, to_data_file, write_data_files
 from flinkish_spark.connectors.iceberg.schema import iceberg_schema
@@ -203,6 +204,12 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
                     commit_snapshot(self.catalog(), table, plan.changes, spec_id, marker,
                                     retain=self.retain_snapshots, protect_property=UID_PROPERTY,
                                     delete_files=self._delete_quietly)
+                    every = self.keyed.compact_every
+                    if every and self.keyed.merge_mode == "mergeOnRead" and (epoch + 1) % every == 0:
+                        try:
+                            self.compact(table, epoch)
+                        except Exception as exc:  # noqa: BLE001 - the epoch is in the table; the next one retries
+                            log.warning("flinkish.iceberg: compaction after epoch %d failed: %s", epoch, exc)
                 else:
                     append_snapshot(self.catalog(), table, [to_data_file(f, spec_id) for f in files], spec_id, marker,
                                     retain=self.retain_snapshots, protect_property=UID_PROPERTY,
@@ -218,6 +225,12 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
                 self._forget_table()
                 raise
         return "RETRY_LATER"
+
+    def compact(self, table: Any, epoch: int) -> bool:
+        """Rewrite the data files that have deletes (see :mod:`.compact`); the epoch is committed already."""
+        return compact(self._target(), self.catalog(), table, lambda: self.table(refresh=True), epoch,
+                       {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}, self.retain_snapshots, UID_PROPERTY,
+                       self._delete_quietly)
 
     def _target(self) -> Target:
         if self.info is None:

@@ -179,3 +179,87 @@ def test_errors_are_clear_and_write_nothing(tmp_path: Path, spark) -> None:
         IcebergSink.at("db.v1", uid="u", schema=schema(), checkpoint=str(tmp_path), key="id", mode="upsert")
     IcebergSink.at("db.v1", uid="u", schema=schema(), checkpoint=str(tmp_path), key="id", mode="upsert",
                    merge_mode="copyOnWrite")  # copy-on-write needs no delete files
+
+
+def live_files(sink) -> tuple[int, int]:
+    from flinkish_spark.connectors.iceberg.lookup import LiveFiles
+
+    live = LiveFiles(sink.catalog().load_table("db.t"))
+    return len(live.data), len(live.deletes)
+
+
+def test_compact_every_rewrites_files_with_deletes_and_replays_still_change_nothing(tmp_path: Path) -> None:
+    sink = sink_at(tmp_path, compact_every=2)
+    assert epoch(sink, 0, [(i, "a", "r", None) for i in range(6)]) == "COMMITTED"
+    assert live_files(sink)[1] == 0
+    assert epoch(sink, 1, [(1, "b", "u", 1), (2, None, "d", 2)]) == "COMMITTED"  # then compaction
+    expected = [(0, "a"), (1, "b"), (3, "a"), (4, "a"), (5, "a")]
+    assert rows(sink) == expected and live_files(sink)[1] == 0
+    table = sink.catalog().load_table("db.t")
+    snap = table.current_snapshot()
+    assert snap.summary.operation.value == "replace" and snap.summary["flinkish.compaction"] == "true"
+    assert snap.summary["flinkish.epoch"] == "1" and snap.summary["removed-delete-files"] == "1"
+    assert epoch(sink, 1, [(1, "again", "u", 9)]) == "ALREADY_COMMITTED"
+    sink.cleanup(1, [])  # the compaction's files belong to the epoch: cleanup keeps them
+    assert rows(sink) == expected
+    assert epoch(sink, 2, [(3, "c", "u", 3)]) == "COMMITTED" and live_files(sink)[1] == 1  # not a compaction epoch
+
+
+def test_a_compaction_racing_commits_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
+    """A compaction that planned before an epoch's commit landed is refused and plans again; and
+    compactions in another thread racing ten epochs of commits leave exactly the expected rows."""
+    import random
+    import threading
+
+    from flinkish_spark.connectors.iceberg import compact as compact_module
+
+    sink = sink_at(tmp_path)
+    assert epoch(sink, 0, [(i, "a0", "r", None) for i in range(50)]) == "COMMITTED"
+    assert epoch(sink, 1, [(1, "a1", "u", 1)]) == "COMMITTED"
+    stale = sink.catalog().load_table("db.t")
+    assert epoch(sink, 2, [(2, "a2", "u", 2), (3, None, "d", 3)]) == "COMMITTED"  # lands first
+    planned = []
+    plan = compact_module.plan
+    compact_module.plan = lambda t, table, e: planned.append(table.current_snapshot().snapshot_id) or plan(t, table, e)
+    try:
+        assert sink.compact(stale, 2)
+    finally:
+        compact_module.plan = plan
+    assert len(planned) == 2 and planned[0] == stale.current_snapshot().snapshot_id
+    state = {i: "a0" for i in range(50)}
+    state.update({1: "a1", 2: "a2"})
+    del state[3]
+    assert rows(sink) == sorted(state.items(), key=repr) and live_files(sink)[1] == 0
+
+    rng = random.Random(7)
+    done = threading.Event()
+    compactions = []
+
+    def compactor() -> None:
+        from flinkish_spark.connectors.iceberg import IcebergSink
+
+        other = IcebergSink.at("db.t", uid="compactor", schema=schema(), checkpoint=str(tmp_path), key="id", mode="upsert")
+        while not done.is_set():
+            compactions.append(other.compact(other.table(refresh=True), 0))
+            time.sleep(0.01)
+
+    import time
+    thread = threading.Thread(target=compactor)
+    thread.start()
+    try:
+        for n in range(3, 13):
+            changes = []
+            for lsn in range(10):
+                k = rng.randrange(60)
+                if rng.random() < 0.2:
+                    changes.append((k, None, "d", n * 100 + lsn))
+                    state.pop(k, None)
+                else:
+                    changes.append((k, f"e{n}-{lsn}", "u", n * 100 + lsn))
+                    state[k] = f"e{n}-{lsn}"
+            assert epoch(sink, n, changes[:5], changes[5:]) == "COMMITTED"
+    finally:
+        done.set()
+        thread.join()
+    assert rows(sink) == sorted(state.items(), key=repr)
+    assert compactions and any(compactions)
