@@ -65,6 +65,10 @@ def spark_query_id(location: str) -> str | None:
     return str(value) if value else None
 
 
+def _without_metadata(schema: StructType) -> list[tuple[str, str, bool]]:
+    return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
+
+
 def task_context(uid: str, epoch: int | None = None) -> PrepareContext:
     from pyspark import TaskContext
 
@@ -127,7 +131,8 @@ class TwoPhaseCommitDataSource(DataSource):
             recorded = StructType.fromJson(json.loads(self.io.read_bytes(path)))
         except FileNotFoundError:
             return
-        if recorded != schema:
+        # Column metadata (e.g. the primary key a source marks) is no part of what is written.
+        if _without_metadata(recorded) != _without_metadata(schema):
             raise CheckpointMismatchError(
                 f"sink uid {self.uid!r} was started with the schema {recorded.simpleString()}, but the "
                 f"query now writes {schema.simpleString()}. Write to a new path with a new uid, or "
