@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from flinkish_spark.connectors.iceberg.table import TableInfo
-from flinkish_spark.connectors.lakehouse.files import epoch_dir, write_files
+from flinkish_spark.connectors.lakehouse.files import WrittenFile, epoch_dir, write_files
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.protocol import PrepareContext
 
@@ -42,6 +42,39 @@ def write_data_files(io: FileIO, info: TableInfo, uid: str, batches: Iterator[pa
                      partition_by: tuple[str, ...], rows_per_file: int, target_file_size: int,
                      prepare_table: Callable[[pa.Table], pa.Table] | None = None) -> list[IcebergFile]:
     """Write ``batches`` as Parquet data files of the table described by ``info``; describe them."""
+    return [f for f, _ in _write(io, info, uid, batches, ctx, partition_by, rows_per_file, target_file_size,
+                                 prepare_table)]
+
+
+def write_located(io: FileIO, info: TableInfo, uid: str, rows: pa.Table, ctx: PrepareContext,
+                  partition_by: tuple[str, ...], rows_per_file: int, target_file_size: int) -> list[tuple[IcebergFile, int]]:
+    """Write ``rows`` -- grouped by partition already, i.e. each partition's rows contiguous -- as data files,
+    each with the index of its first row in ``rows``: row ``r`` is at position ``r - first`` of its file.
+
+    The file writer keeps each partition's rows in order and fills its files one after the
+    other, so the files of a partition cover consecutive ranges of that partition's rows.
+    """
+    if not rows.num_rows:
+        return []
+    starts: dict[tuple[Any, ...], int] = {}
+    if partition_by:
+        for i, values in enumerate(zip(*[rows[c].to_pylist() for c in partition_by])):
+            starts.setdefault(tuple(values), i)
+    else:
+        starts[()] = 0
+    written = _write(io, info, uid, iter(rows.to_batches(max_chunksize=64 * 1024)), ctx, partition_by, rows_per_file,
+                     target_file_size, None)
+    out = []
+    for f, w in written:
+        key = tuple(v for _, v in w.partition)
+        out.append((f, starts[key]))
+        starts[key] += w.rows
+    return out
+
+
+def _write(io: FileIO, info: TableInfo, uid: str, batches: Iterator[pa.RecordBatch], ctx: PrepareContext,
+           partition_by: tuple[str, ...], rows_per_file: int, target_file_size: int,
+           prepare_table: Callable[[pa.Table], pa.Table] | None) -> list[tuple[IcebergFile, WrittenFile]]:
     from pyiceberg.io.pyarrow import (
         compute_statistics_plan,
         data_file_statistics_from_parquet_metadata,
@@ -71,7 +104,7 @@ def write_data_files(io: FileIO, info: TableInfo, uid: str, batches: Iterator[pa
             parquet_column_mapping=parquet_path_to_id_mapping(schema))
         record = stats.partition(spec, schema)
         partition = tuple(record[i] for i in range(len(record))) if spec.fields else ()
-        files.append(IcebergFile(f.url, f.size, partition, tuple(stats.to_serialized_dict().items())))
+        files.append((IcebergFile(f.url, f.size, partition, tuple(stats.to_serialized_dict().items())), f))
     return files
 
 

@@ -1,32 +1,34 @@
-"""Keyed change application into an Iceberg table: upsert, deletes, history -- one snapshot per epoch.
+"""Keyed change application into an Iceberg table (upsert, deletes, history): one snapshot per epoch.
 
-* **Prepare** (executors): a task checks its change rows (no null key, ``_op`` in
-  r/c/u/d: else :class:`~flinkish_spark.errors.ChangeDataError`), keeps the last change
-  per key of the task in upsert mode (all of them in history mode), and stages them as
-  one Parquet file below the epoch's folder (``e<epoch>/_changes/``). No manifest names it.
-* **Commit** (driver, after the decision): the staged changes of all tasks are resolved
-  together (:mod:`.changes`: last change of a key wins by ``_lsn``, then input order),
-  the live rows of the changed keys are looked up in the current snapshot
-  (:mod:`.lookup`), and one snapshot is committed with
+Built on the shared core (:mod:`flinkish_spark.connectors.lakehouse.changes`, ``resolve``,
+``key_lookup``); this module carries out its decisions in Iceberg's terms.
 
-  - the new row versions as data files, and
-  - ``mergeOnRead``: a position delete file per partition for the rows they replace or
-    delete (format version 2); ``copyOnWrite``: the data files holding those rows
-    rewritten without them (the old files removed in the same snapshot).
-
+* **Prepare** (executors): a task checks its rows (:func:`~.changes.check_rows`: no null
+  key, ``_op`` in r/c/u/d, else :class:`~flinkish_spark.errors.ChangeDataError`), resolves
+  them (:func:`~.resolve.resolve_task`), and writes the rows the table will hold as data
+  files below ``e<epoch>/`` -- grouped by partition, sorted by key, so the files' key
+  bounds prune later lookups. The committable carries the files, the index of each
+  file's first row, and the task's *entries* (which key each row is, in which order).
+  No manifest names a file yet.
+* **Commit** (driver, after the decision): all tasks' entries are resolved together
+  (:func:`~.resolve.resolve_epoch`: the last change of a key wins by ``_lsn``, then input
+  order), the changed keys are looked up in the snapshot the commit will assert
+  (:class:`~.key_lookup.KeyLookup` over :meth:`.lookup.LiveFiles.candidates`), and one
+  snapshot adds the tasks' data files, a data file of copied rows (soft deletes, closed
+  history versions), and -- ``mergeOnRead`` -- a position delete file per data file for
+  the rows replaced in table files and the losing rows of this epoch's own files (a key
+  two tasks wrote), or -- ``copyOnWrite`` -- those files rewritten without the rows.
   An epoch that changes nothing still commits a snapshot (no files): the marker
-  ``flinkish.uid``/``flinkish.epoch`` that makes a replay a no-op.
-* **Conflicts**: the snapshot is committed with ``assert-ref-snapshot-id`` on the
-  snapshot the lookup read. When another writer (or a compaction) committed first, the
-  files this attempt wrote are deleted, the table is re-read, and the lookup runs again
-  against the new snapshot: stale positions are never committed.
-
-Per-epoch cost: reading the staged changes, the lookup (candidate files pruned by key
-bounds, key columns cached per data file), and writing O(changes) rows.
+  ``flinkish.uid``/``flinkish.epoch`` that makes its replay a no-op.
+* **Conflicts**: the commit asserts ``main`` still points at the snapshot the lookup read;
+  when another writer (or a compaction) committed first, this attempt's own files are
+  deleted, the table is re-read, and the lookup runs again: stale positions are never
+  committed. The tasks' data files stay valid (they hold no positions).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -36,23 +38,33 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flinkish_spark.connectors.iceberg import changes as ch
 from flinkish_spark.connectors.iceberg.commit import Changes
-from flinkish_spark.connectors.iceberg.datafiles import IcebergFile, epoch_folder, to_data_file, write_data_files
+from flinkish_spark.connectors.iceberg.datafiles import (
+    IcebergFile,
+    epoch_folder,
+    to_data_file,
+    write_data_files,
+    write_located,
+)
 from flinkish_spark.connectors.iceberg.deletes import write_position_deletes
-from flinkish_spark.connectors.iceberg.lookup import LiveFile, LiveFiles, find
+from flinkish_spark.connectors.iceberg.lookup import LiveFiles
 from flinkish_spark.connectors.iceberg.table import TableInfo
+from flinkish_spark.connectors.lakehouse.changes import ChangePlan, check_rows
+from flinkish_spark.connectors.lakehouse.key_lookup import KeyLookup
+from flinkish_spark.connectors.lakehouse.resolve import E_POS, Apply, RowCopy, resolve_epoch, resolve_task
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.protocol import PrepareContext
 
-STAGED = "_changes"
 DELETES = "deletes"
+DRIVER_PARTITION = 99999  # file names of rows the driver writes (copies, copy-on-write rewrites)
 
 
 @dataclass(frozen=True)
 class KeyedCommittable:
-    staged: tuple[str, ...]  # Parquet files of one task's checked (and, in upsert mode, resolved) changes
-    rows: int
+    files: tuple[IcebergFile, ...]  # the task's rows
+    first_rows: tuple[int, ...]  # per file: the index of its first row among the task's rows
+    entries: bytes  # the task's resolve entries, Arrow IPC
+    partition: int  # the Spark partition (input order across tasks)
 
 
 @dataclass(frozen=True)
@@ -62,176 +74,177 @@ class Target:
     io: FileIO
     info: TableInfo
     uid: str
-    spec: ch.Keyed
+    plan: ChangePlan
     partition_by: tuple[str, ...]
     rows_per_file: int
     target_file_size: int
 
+    @property
+    def spec_id(self) -> int:
+        return int(json.loads(self.info.spec_json).get("spec-id", 0))
 
-def stage(io: FileIO, info: TableInfo, uid: str, spec: ch.Keyed, batches: Iterator[pa.RecordBatch],
-          ctx: PrepareContext, component: str) -> KeyedCommittable | None:
-    """Executor side: check and stage one task's changes."""
+
+def prepare(target: Target, batches: Iterator[pa.RecordBatch], ctx: PrepareContext,
+            component: str) -> KeyedCommittable | None:
+    """Executor side: check, resolve and write one task's changes."""
     rows = [b for b in batches if b.num_rows]
     if not rows:
         return None
-    table = ch.checked(pa.Table.from_batches(rows), spec, ctx.partition_id, component)
-    if spec.mode == "upsert":
-        table = ch.last_per_key(table, spec)
-    if not table.num_rows:
-        return None
-    url = f"{epoch_folder(info, uid, ctx.epoch)}/{STAGED}/{ctx.partition_id:05d}-{ctx.attempt}-{uuid.uuid4().hex[:8]}.parquet"
-    io.makedirs(io.strip(url).rsplit("/", 1)[0])
-    with io.fs.open(io.strip(url), "wb") as handle:
-        pq.write_table(table, handle, compression="zstd")
-    return KeyedCommittable((url,), table.num_rows)
+    table = pa.Table.from_batches(rows)
+    check_rows(target.plan, table, component)
+    task = resolve_task(target.plan, table)
+    out, entries = _grouped(task.rows, task.entries, target.partition_by)
+    located = write_located(target.io, target.info, target.uid, out, ctx, target.partition_by, target.rows_per_file,
+                            target.target_file_size)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, entries.schema) as writer:
+        writer.write_table(entries)
+    return KeyedCommittable(tuple(f for f, _ in located), tuple(s for _, s in located), sink.getvalue().to_pybytes(),
+                            ctx.partition_id)
+
+
+def _grouped(rows: pa.Table, entries: pa.Table, partition_by: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
+    """Rows grouped by partition (key order kept within each), the entries' row positions moved along."""
+    if not partition_by or not rows.num_rows:
+        return rows, entries
+    order = pc.sort_indices(rows, sort_keys=[(c, "ascending", "at_start") for c in partition_by]).to_numpy()
+    moved = np.empty(len(order), dtype=np.int64)
+    moved[order] = np.arange(len(order))
+    pos = entries[E_POS].to_numpy()
+    new_pos = np.where(pos >= 0, moved[np.maximum(pos, 0)], -1)
+    return rows.take(pa.array(order)), entries.set_column(entries.schema.get_field_index(E_POS), E_POS,
+                                                          pa.array(new_pos, pa.int64()))
+
+
+def _entries(c: KeyedCommittable) -> pa.Table:
+    with pa.ipc.open_stream(c.entries) as reader:
+        return reader.read_all()
 
 
 @dataclass
 class EpochPlan:
     changes: Changes
-    written: list[str]  # what this attempt wrote: deleted when its commit is refused
+    written: list[str]  # what this attempt wrote on the driver: deleted when its commit is refused
+    matched: int = 0  # live table rows the epoch replaced or deleted
 
 
 def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable], epoch: int) -> EpochPlan:
-    """Driver side: the snapshot contents that apply the epoch's staged changes to ``table``'s current snapshot."""
-    staged = _read_staged(target.io, [p for c in committables for p in c.staged])
-    if staged is None:
-        return EpochPlan(Changes(), [])
-    spec = target.spec
-    schema = table.schema()
-    key_fields = [schema.find_field(k) for k in spec.key]
+    """Driver side: the snapshot that applies the epoch's changes to ``table``'s current snapshot."""
+    plan = target.plan
+    epoch_changes = resolve_epoch(plan, [(c.partition, _entries(c)) for c in committables])
     live = LiveFiles(table)
-    if spec.mode == "upsert":
-        winners = ch.last_per_key(staged, spec)
-        keys = winners.select(list(spec.key))
-        if spec.deletes == "soft":
-            out = winners.append_column(ch.DELETED, pc.fill_null(pc.equal(winners["_op"], "d"), False))
-        elif "_op" in winners.column_names:
-            out = winners.filter(pc.fill_null(pc.not_equal(winners["_op"], "d"), True))
-        else:
-            out = winners
-        replaced = find(target.io, live, key_fields, keys)
-    else:
-        versions, first = ch.history_versions(staged, spec)
-        found = find(target.io, live, key_fields, first.select(list(spec.key)))
-        replaced, closed = _close_current(target.io, found, first, spec)
-        out = versions if closed is None else pa.concat_tables([closed, versions.select(closed.column_names)],
-                                                               promote_options="permissive")
+    key_field = table.schema().find_field(plan.key[0])
+    matches = KeyLookup(target.io, plan.key, plan.live_column).find(epoch_changes.keys(),
+                                                                  live.candidates(target.io, key_field))
+    applied = epoch_changes.apply(matches)
+    new = [(f, start, i) for i, c in enumerate(committables) for f, start in zip(c.files, c.first_rows)]
+    data_files = [to_data_file(f, target.spec_id) for f, _, _ in new]
     written: list[str] = []
     try:
-        new = _write_rows(target, out, epoch)
-        written += [f.path for f in new]
-        data_files = [to_data_file(f, _spec_id(target)) for f in new]
-        if spec.merge_mode == "mergeOnRead":
-            deletes = _position_deletes(target, live, replaced, epoch)
+        copies = _copies(target, committables, applied.copies)
+        if copies.num_rows:
+            extra = write_data_files(target.io, target.info, target.uid, iter(copies.to_batches()),
+                                     PrepareContext(target.uid, epoch, DRIVER_PARTITION, 0), target.partition_by,
+                                     target.rows_per_file, target.target_file_size)
+            written += [f.path for f in extra]
+            data_files += [to_data_file(f, target.spec_id) for f in extra]
+        # positions to delete: per data file path, with its (spec, partition)
+        doomed: dict[str, tuple[np.ndarray, int, tuple[Any, ...]]] = {}
+        for path, positions in applied.table_deletes.items():
+            f = live.by_path[path]
+            doomed[path] = (positions, f.spec_id, f.partition)
+        for task, positions in applied.new_deletes.items():
+            c = committables[task]
+            which = np.searchsorted(np.asarray(c.first_rows), positions, side="right") - 1
+            for k in np.unique(which):
+                own = c.files[int(k)]
+                doomed[own.path] = (positions[which == k] - c.first_rows[int(k)], target.spec_id, own.partition)
+        if plan.merge_mode == "mergeOnRead":
+            deletes = _position_deletes(target, doomed, epoch)
             written += [d.file_path for d in deletes]
-            return EpochPlan(Changes(data_files=data_files, delete_files=deletes), written)
-        rewritten, removed = rewrite_without(target, live, replaced, epoch)
-        written += [f.file_path for f in rewritten]
-        return EpochPlan(Changes(data_files=data_files + rewritten, removed=removed), written)
+            changes = Changes(data_files=data_files, delete_files=deletes)
+        else:
+            rewritten, removed, replaced = _rewrite(target, live, doomed, epoch)
+            written += [f.file_path for f in rewritten]
+            data_files = [d for d in data_files if d.file_path not in replaced] + rewritten
+            changes = Changes(data_files=data_files, removed=removed)
+        return EpochPlan(changes, written, sum(len(p) for p in applied.table_deletes.values()))
     except BaseException:
         target.io.delete_many(written)
         raise
 
 
-def _read_staged(io: FileIO, paths: list[str]) -> pa.Table | None:
-    tables = []
-    for path in paths:
-        with io.fs.open(io.strip(path), "rb") as handle:
-            tables.append(pq.read_table(handle))
-    tables = [t for t in tables if t.num_rows]
-    return pa.concat_tables(tables, promote_options="permissive") if tables else None
+def _copies(target: Target, committables: list[KeyedCommittable], copies: list[RowCopy]) -> pa.Table:
+    """The rows the resolution copies (from table files or this epoch's files), with their overrides."""
+    parts = []
+    for copy in copies:
+        if not len(copy.positions):
+            continue
+        if copy.file is not None:
+            rows = _read_at(target.io, copy.file, copy.positions)
+        else:
+            c = committables[copy.task]
+            which = np.searchsorted(np.asarray(c.first_rows), copy.positions, side="right") - 1
+            pieces = []
+            for k in np.unique(which):
+                sel = np.flatnonzero(which == k)
+                pieces.append((sel, _read_at(target.io, c.files[int(k)].path,
+                                             copy.positions[sel] - c.first_rows[int(k)])))
+            rows = pa.concat_tables([p for _, p in pieces])
+            order = np.concatenate([sel for sel, _ in pieces])
+            rows = rows.take(pa.array(np.argsort(order, kind="stable")))
+        for column, values in copy.overrides.items():
+            i = rows.schema.get_field_index(column)
+            rows = rows.set_column(i, rows.schema.field(i), values.cast(rows.schema.field(i).type))
+        parts.append(rows)
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="permissive")
 
 
-def _spec_id(target: Target) -> int:
-    import json
-
-    return int(json.loads(target.info.spec_json).get("spec-id", 0))
-
-
-def _write_rows(target: Target, rows: pa.Table, epoch: int) -> list[IcebergFile]:
-    """The epoch's new row versions as data files, sorted by key (so key bounds prune lookups)."""
-    if not rows.num_rows:
-        return []
-    rows = rows.sort_by([(k, "ascending") for k in target.spec.key])
-    ctx = PrepareContext(target.uid, epoch, 99999, 0)
-    return write_data_files(target.io, target.info, target.uid, iter(rows.to_batches(max_chunksize=64 * 1024)), ctx,
-                            target.partition_by, target.rows_per_file, target.target_file_size)
+def _read_at(io: FileIO, path: str, positions: np.ndarray) -> pa.Table:
+    with io.fs.open(io.strip(path), "rb") as handle:
+        return pq.read_table(handle).take(pa.array(np.asarray(positions, dtype=np.int64)))
 
 
-def _by_file(live: LiveFiles, rows: pa.Table) -> dict[str, tuple[LiveFile, np.ndarray]]:
-    files = {f.path: f for f in live.data}
-    out: dict[str, tuple[LiveFile, np.ndarray]] = {}
-    if not rows.num_rows:
-        return out
-    for part in rows.group_by("file_path").aggregate([("pos", "list")]).to_pylist():
-        out[part["file_path"]] = (files[part["file_path"]], np.unique(np.asarray(part["pos_list"], dtype=np.int64)))
-    return out
-
-
-def _position_deletes(target: Target, live: LiveFiles, rows: pa.Table, epoch: int) -> list[Any]:
-    """One position delete file per (spec, partition) of the data files that hold ``rows``."""
-    groups: dict[tuple[int, tuple[Any, ...]], list[tuple[str, np.ndarray]]] = {}
-    for path, (f, pos) in _by_file(live, rows).items():
-        record = f.entry.data_file.partition
-        partition = tuple(record[i] for i in range(len(record))) if record is not None else ()
-        groups.setdefault((f.entry.data_file.spec_id or 0, partition), []).append((path, pos))
+def _position_deletes(target: Target, doomed: dict[str, tuple[np.ndarray, int, tuple[Any, ...]]],
+                      epoch: int) -> list[Any]:
+    """One position delete file per data file named (file-scoped, as Java Iceberg writes them by default
+    since 1.8, ``write.delete.granularity=file``): a reader matches it to its data file by its exact
+    ``file_path`` bounds, and readers that insist on one data file per delete file (polars) read it."""
     folder = f"{epoch_folder(target.info, target.uid, epoch)}/{DELETES}"
     out = []
-    for (spec_id, partition), parts in groups.items():
-        positions = pa.table({"file_path": pa.array([p for p, pos in parts for _ in range(len(pos))], pa.string()),
-                              "pos": pa.array(np.concatenate([pos for _, pos in parts]), pa.int64())})
-        out.append(to_data_file(write_position_deletes(target.io, folder, positions, partition), spec_id))
+    for path, (positions, spec_id, partition) in doomed.items():
+        if len(positions):
+            rows = pa.table({"file_path": pa.array([path] * len(positions), pa.string()),
+                             "pos": pa.array(positions, pa.int64())})
+            f = write_position_deletes(target.io, folder, rows, partition, name=uuid.uuid4().hex)
+            out.append(to_data_file(f, spec_id))
     return out
 
 
-def rewrite_without(target: Target, live: LiveFiles, rows: pa.Table, epoch: int,
-                    ) -> tuple[list[Any], dict[str, frozenset[str]]]:
-    """Copy-on-write: the data files that hold ``rows`` written again without them (and without the rows
-    their delete files already remove); returns the new files and the removals by manifest."""
-    from flinkish_spark.connectors.iceberg.deletes import read_positions
-
+def _rewrite(target: Target, live: LiveFiles, doomed: dict[str, tuple[np.ndarray, int, tuple[Any, ...]]],
+             epoch: int) -> tuple[list[Any], dict[str, frozenset[str]], set[str]]:
+    """Copy-on-write: each named file written again without its doomed rows (and the rows its delete files
+    already remove). Table files are removed in the snapshot; this epoch's own files are just replaced."""
     removed: dict[str, set[str]] = {}
+    replaced: set[str] = set()
     new: list[Any] = []
-    for path, (f, pos) in _by_file(live, rows).items():
-        gone = read_positions(target.io, live.deletes_for(f))
-        gone = gone.filter(pc.equal(gone["file_path"], path))["pos"].to_numpy()
+    for path, (positions, spec_id, _) in doomed.items():
+        f = live.by_path.get(path)
+        gone = np.concatenate([positions, live.deleted(target.io, f)]) if f is not None else positions
         with target.io.fs.open(target.io.strip(path), "rb") as handle:
             data = pq.read_table(handle)
         keep = np.ones(data.num_rows, dtype=bool)
-        keep[np.concatenate([pos, gone]).astype(np.int64)] = False
-        removed.setdefault(f.manifest, set()).add(path)
+        keep[gone.astype(np.int64)] = False
+        if f is not None:
+            removed.setdefault(f.manifest, set()).add(path)
+        else:
+            replaced.add(path)
         rest = data.filter(pa.array(keep))
         if rest.num_rows:
-            ctx = PrepareContext(target.uid, epoch, 99998, 0)
-            files = write_data_files(target.io, target.info, target.uid, iter(rest.to_batches()), ctx,
-                                     target.partition_by, target.rows_per_file, target.target_file_size)
-            new += [to_data_file(x, f.entry.data_file.spec_id or 0) for x in files]
-    return new, {m: frozenset(p) for m, p in removed.items()}
-
-
-def _close_current(io: FileIO, found: pa.Table, first: pa.Table, spec: ch.Keyed) -> tuple[pa.Table, pa.Table | None]:
-    """History: of the live rows of the changed keys, the current versions -- to delete -- and their
-    closed copies (``_valid_to`` = the key's first change in the epoch, ``_current`` false)."""
-    if not found.num_rows:
-        return found, None
-    parts, where = [], []
-    for part in found.group_by("file_path").aggregate([("pos", "list")]).to_pylist():
-        with io.fs.open(io.strip(part["file_path"]), "rb") as handle:
-            data = pq.read_table(handle)
-        pos = np.asarray(part["pos_list"], dtype=np.int64)
-        rows = data.take(pa.array(pos))
-        current = pc.fill_null(rows[ch.CURRENT], False)
-        parts.append(rows.filter(current))
-        where.append(pa.table({"file_path": pa.array([part["file_path"]] * int(pc.sum(current).as_py() or 0), pa.string()),
-                               "pos": pa.array(pos[current.to_numpy(zero_copy_only=False)], pa.int64())}))
-    rows = pa.concat_tables(parts)
-    if not rows.num_rows:
-        return pa.concat_tables(where), None
-    closes = first.select([*spec.key, "_commit_ts"])
-    closes = pa.table({**{k: closes[k].cast(rows.schema.field(k).type) for k in spec.key},
-                       "__to": closes["_commit_ts"].cast(rows.schema.field(ch.VALID_TO).type)})
-    joined = rows.join(closes, keys=list(spec.key), join_type="inner")
-    closed = joined.set_column(joined.schema.get_field_index(ch.VALID_TO), ch.VALID_TO, joined["__to"]) \
-        .set_column(joined.schema.get_field_index(ch.CURRENT), ch.CURRENT, pa.array([False] * joined.num_rows))
-    return pa.concat_tables(where), closed.drop_columns(["__to"])
+            files = write_data_files(target.io, target.info, target.uid, iter(rest.to_batches()),
+                                     PrepareContext(target.uid, epoch, DRIVER_PARTITION, 0), target.partition_by,
+                                     target.rows_per_file, target.target_file_size)
+            new += [to_data_file(x, spec_id) for x in files]
+    return new, {m: frozenset(p) for m, p in removed.items()}, replaced

@@ -1,43 +1,33 @@
-"""Key lookup: where the live rows of an epoch's changed keys are (data file, row position).
+"""What the shared key lookup (:mod:`flinkish_spark.connectors.lakehouse.key_lookup`) needs to know
+of an Iceberg snapshot: its live data files as candidates, and which of their rows are deleted.
 
-This is the cost that decides a keyed commit, so it is kept to what the changes need:
+* **Live files** -- the data and position delete files of the snapshot, from its manifests
+  (a manifest is immutable: its entries are cached per path, so an epoch reads only the
+  manifests it has not seen).
+* **Candidates** -- each live data file with the lower/upper bounds of the first key
+  column from its manifest entry: the lookup skips files whose range misses every key.
+* **Deleted positions** -- the position delete files that apply to a data file, by
+  pyiceberg's own reader rule (:class:`pyiceberg.table.delete_file_index.DeleteFileIndex`:
+  same partition, sequence number >= the data file's, ``file_path`` bounds), read only
+  for files that hold a changed key, and cached per delete file (immutable too).
 
-1. **Candidates** -- the live data files of the snapshot (from its manifests; a manifest is
-   immutable, so its entries are cached per path and each one is read once per process)
-   whose lower/upper bounds of the key column(s) can hold one of the changed keys.
-2. **Only the key columns** of a candidate are read, and kept per file path (data files
-   are immutable too) in a process-wide cache with a byte budget: a single numeric key as
-   a sorted array with its row order, so that finding k keys in an n-row file costs
-   O(k log n), not O(n); other keys as an Arrow table (a hash join, O(n)).
-3. **Rows already deleted** are left out: the position delete files that apply to a
-   candidate (pyiceberg's own rule, :class:`pyiceberg.table.delete_file_index.DeleteFileIndex`:
-   same partition, sequence number >= the data file's, file_path bounds) are read --
-   cached per delete file -- only for candidates that hold a changed key.
-
-Reads of uncached candidates run on a thread pool (pyarrow releases the GIL). A table
-with equality delete files cannot be looked up (pyiceberg does not read them either):
-:class:`~flinkish_spark.errors.TableMismatchError`.
+A table with equality delete files cannot be looked up (pyiceberg does not read them
+either): :class:`~flinkish_spark.errors.TableMismatchError`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.iceberg.deletes import read_positions
+from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile
 from flinkish_spark.errors import TableMismatchError
 from flinkish_spark.io.fileio import FileIO
-
-DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
-THREADS = 8
 
 
 class _Lru:
@@ -66,12 +56,7 @@ class _Lru:
         return value
 
 
-def _loader(read: Callable[[Any, Any], tuple[Any, int]], io: Any, what: Any) -> Callable[[], tuple[Any, int]]:
-    return lambda: read(io, what)
-
-
 _ENTRIES = _Lru(64 * 1024 * 1024)
-_KEYS = _Lru(DEFAULT_CACHE_BYTES)
 _DELETED = _Lru(128 * 1024 * 1024)
 
 
@@ -83,6 +68,15 @@ class LiveFile:
     @property
     def path(self) -> str:
         return str(self.entry.data_file.file_path)
+
+    @property
+    def partition(self) -> tuple[Any, ...]:
+        record = self.entry.data_file.partition
+        return tuple(record[i] for i in range(len(record))) if record is not None else ()
+
+    @property
+    def spec_id(self) -> int:
+        return int(self.entry.data_file.spec_id or 0)
 
 
 class LiveFiles:
@@ -110,6 +104,7 @@ class LiveFiles:
                 target.append(LiveFile(entry, m.manifest_path))
                 if target is self.deletes:
                     self._index.add_delete_file(entry, partition_key=entry.data_file.partition)
+        self.by_path = {f.path: f for f in self.data}
 
     def deletes_for(self, f: LiveFile) -> list[str]:
         """Paths of the position delete files that apply to the data file ``f``."""
@@ -117,119 +112,38 @@ class LiveFiles:
                                           partition_key=f.entry.data_file.partition)
         return sorted(d.file_path for d in found)
 
+    def deleted(self, io: FileIO, f: LiveFile) -> np.ndarray:
+        """The sorted positions of ``f`` that its delete files remove."""
+        parts = [_DELETED.get(d, _loader(_read_deleted, io, d)).get(f.path) for d in self.deletes_for(f)]
+        found = [p for p in parts if p is not None and len(p)]
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+    def candidates(self, io: FileIO, key_field: Any) -> list[CandidateFile]:
+        """The live data files for the shared lookup, with the bounds of the first key column."""
+        from pyiceberg.conversions import from_bytes
+
+        out = []
+        for f in self.data:
+            d = f.entry.data_file
+            lo, hi = (d.lower_bounds or {}).get(key_field.field_id), (d.upper_bounds or {}).get(key_field.field_id)
+            lower = from_bytes(key_field.field_type, lo) if lo is not None else None
+            upper = from_bytes(key_field.field_type, hi) if hi is not None else None
+            out.append(CandidateFile(f.path, f.path, int(d.file_size_in_bytes), lower, upper,
+                                     _deleted_of(self, io, f)))
+        return out
+
+
+def _deleted_of(live: LiveFiles, io: FileIO, f: LiveFile) -> Callable[[], np.ndarray]:
+    return lambda: live.deleted(io, f)
+
+
+def _loader(read: Callable[[Any, Any], tuple[Any, int]], io: Any, what: Any) -> Callable[[], tuple[Any, int]]:
+    return lambda: read(io, what)
+
 
 def _entries(io: Any, manifest: Any) -> tuple[list[Any], int]:
     entries = manifest.fetch_manifest_entry(io, discard_deleted=True)
     return entries, 1024 + 512 * len(entries)
-
-
-def candidates(live: LiveFiles, key_fields: list[Any], keys: pa.Table) -> list[LiveFile]:
-    """The live data files whose key bounds can hold one of ``keys`` (files without bounds always can)."""
-    from pyiceberg.conversions import from_bytes
-
-    ranges = []
-    for field in key_fields:
-        column = _internal(keys[field.name])
-        low, high = pc.min_max(column).values()
-        ranges.append((field, low.as_py(), high.as_py()))
-    single = _sorted_numeric(keys[key_fields[0].name]) if len(key_fields) == 1 else None
-    out = []
-    for f in live.data:
-        lower, upper = f.entry.data_file.lower_bounds or {}, f.entry.data_file.upper_bounds or {}
-        keep = True
-        for field, low, high in ranges:
-            lo, hi = lower.get(field.field_id), upper.get(field.field_id)
-            if lo is None or hi is None or low is None:
-                continue
-            lo_v, hi_v = from_bytes(field.field_type, lo), from_bytes(field.field_type, hi)
-            if hi_v < low or lo_v > high:
-                keep = False
-                break
-            if single is not None:  # any changed key within [lo, hi]?
-                i = np.searchsorted(single, lo_v, side="left")
-                keep = bool(i < len(single) and single[i] <= hi_v)
-        if keep:
-            out.append(f)
-    return out
-
-
-def _internal(column: Any) -> Any:
-    """Values as Iceberg's bounds decode them: days for dates, microseconds for timestamps."""
-    if pa.types.is_date(column.type):
-        return column.cast(pa.int32())
-    if pa.types.is_timestamp(column.type):
-        return column.cast(pa.timestamp("us")).cast(pa.int64())
-    return column
-
-
-def _sorted_numeric(column: Any) -> np.ndarray | None:
-    t = column.type
-    if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-        return None
-    values = pc.drop_null(column)
-    return np.sort(np.asarray(values.to_numpy(zero_copy_only=False)))
-
-
-def find(io: FileIO, live: LiveFiles, key_fields: list[Any], keys: pa.Table, threads: int = THREADS) -> pa.Table:
-    """The live rows holding one of ``keys``: a table of ``file_path``, ``pos`` and the key columns."""
-    names = [f.name for f in key_fields]
-    keys = keys.select(names)
-    files = candidates(live, key_fields, keys) if keys.num_rows else []
-    if len(files) > 1 and threads > 1:
-        with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
-            parts = list(pool.map(lambda f: _find_in(io, live, f, names, keys), files))
-    else:
-        parts = [_find_in(io, live, f, names, keys) for f in files]
-    parts = [p for p in parts if p.num_rows]
-    if not parts:
-        return pa.table({"file_path": pa.array([], pa.string()), "pos": pa.array([], pa.int64()),
-                         **{n: pa.array([], keys.schema.field(n).type) for n in names}})
-    return pa.concat_tables(parts)
-
-
-def _find_in(io: FileIO, live: LiveFiles, f: LiveFile, names: list[str], keys: pa.Table) -> pa.Table:
-    index = _KEYS.get((f.path, tuple(names)), lambda: _read_keys(io, f.path, names))
-    if isinstance(index, tuple):  # one numeric key: sorted values and their row positions
-        values, order = index
-        wanted = np.unique(np.asarray(pc.drop_null(keys[names[0]]).to_numpy(zero_copy_only=False)))
-        lo = np.searchsorted(values, wanted, side="left")
-        hi = np.searchsorted(values, wanted, side="right")
-        hits = np.nonzero(hi > lo)[0]
-        if not len(hits):
-            return _empty(names, keys)
-        pos = np.concatenate([order[lo[i]:hi[i]] for i in hits])
-        key_values = np.concatenate([np.repeat(wanted[i], hi[i] - lo[i]) for i in hits])
-        found = pa.table({"pos": pa.array(pos, pa.int64()),
-                          names[0]: pa.array(key_values).cast(keys.schema.field(names[0]).type)})
-    else:
-        wanted_keys = pa.table({n: keys[n].cast(index.schema.field(n).type) for n in names})
-        joined = index.join(wanted_keys.group_by(names).aggregate([]), keys=names, join_type="inner")
-        if not joined.num_rows:
-            return _empty(names, keys)
-        found = pa.table({"pos": joined["pos"], **{n: joined[n].cast(keys.schema.field(n).type) for n in names}})
-    deleted = [_DELETED.get(d, _loader(_read_deleted, io, d)).get(f.path) for d in live.deletes_for(f)]
-    gone = [d for d in deleted if d is not None and len(d)]
-    if gone:
-        found = found.filter(pc.invert(pc.is_in(found["pos"], pa.array(np.concatenate(gone)))))
-    return found.add_column(0, "file_path", pa.array([f.path] * found.num_rows, pa.string()))
-
-
-def _empty(names: list[str], keys: pa.Table) -> pa.Table:
-    return pa.table({"file_path": pa.array([], pa.string()), "pos": pa.array([], pa.int64()),
-                     **{n: pa.array([], keys.schema.field(n).type) for n in names}})
-
-
-def _read_keys(io: FileIO, path: str, names: list[str]) -> tuple[Any, int]:
-    with io.fs.open(io.strip(path), "rb") as handle:
-        table = pq.read_table(handle, columns=names)
-    if len(names) == 1:
-        values = _sorted_numeric(table[names[0]]) is not None
-        if values and table[names[0]].null_count == 0:
-            array = np.asarray(table[names[0]].to_numpy())
-            order = np.argsort(array, kind="stable")
-            return (array[order], order), array.nbytes + order.nbytes
-    table = table.append_column("pos", pa.array(np.arange(table.num_rows), pa.int64()))
-    return table, table.nbytes
 
 
 def _read_deleted(io: FileIO, path: str) -> tuple[dict[str, np.ndarray], int]:

@@ -49,3 +49,12 @@ def iceberg_schema(schema: StructType) -> Any:
 def shape(schema: Any) -> list[tuple[str, str]]:
     """(name, type) per top-level column: what two schemas must share to be written alike."""
     return [(f.name, str(f.field_type)) for f in schema.fields]
+
+
+def keyed_table_schema(schema: StructType, table_columns: list[str]) -> StructType:
+    """The Spark schema of a keyed table: the query's columns that the table holds (not the change
+    columns), then the columns the keyed mode adds (``_deleted``; ``_valid_from``, ``_valid_to``, ``_current``)."""
+    added = {"_deleted": T.BooleanType(), "_valid_from": T.TimestampType(), "_valid_to": T.TimestampType(),
+             "_current": T.BooleanType()}
+    have = {f.name: f for f in schema.fields}
+    return T.StructType([have[n] if n in have else T.StructField(n, added[n]) for n in table_columns])

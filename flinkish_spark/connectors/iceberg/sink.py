@@ -44,12 +44,11 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.connectors.iceberg.catalog import catalog_properties, identifier, load, pyiceberg
-from flinkish_spark.connectors.iceberg.changes import Keyed
 from flinkish_spark.connectors.iceberg.commit import append_snapshot, commit_snapshot
 from flinkish_spark.connectors.iceberg.compact import compact
-from flinkish_spark.connectors.iceberg.keyed import KeyedCommittable, Target, plan_epoch, stage
+from flinkish_spark.connectors.iceberg.keyed import KeyedCommittable, Target, plan_epoch, prepare
 from flinkish_spark.connectors.iceberg.datafiles import IcebergFile, epoch_folder, to_data_file, write_data_files
-from flinkish_spark.connectors.iceberg.schema import iceberg_schema
+from flinkish_spark.connectors.iceberg.schema import iceberg_schema, keyed_table_schema, shape
 from flinkish_spark.connectors.iceberg.table import (
     EPOCH_PROPERTY,
     UID_PROPERTY,
@@ -60,6 +59,13 @@ from flinkish_spark.connectors.iceberg.table import (
     files_added_by,
     info_of,
     keyed_properties,
+)
+from flinkish_spark.connectors.lakehouse.changes import (
+    KEYED_SINK_OPTIONS,
+    ChangePlan,
+    KeyedOptions,
+    parse_keyed_options,
+    plan_changes,
 )
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
@@ -88,7 +94,8 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
     def __init__(self, catalog_properties: dict[str, str], identifier: str, uid: str, schema: StructType,
                  partition_by: tuple[str, ...], io: FileIO, info: TableInfo | None = None,
                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
-                 retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS, keyed: Keyed = Keyed()) -> None:
+                 retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS, plan: ChangePlan | None = None,
+                 compact_every: int = 0) -> None:
         self.catalog_properties = catalog_properties
         self.identifier = identifier
         self.uid = uid
@@ -99,7 +106,8 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.retain_snapshots = retain_snapshots
-        self.keyed = keyed
+        self.plan = plan  # None: append mode
+        self.compact_every = compact_every
 
     @classmethod
     def at(cls, table: str, uid: str, schema: StructType, checkpoint: str | None = None, catalog: str | None = None,
@@ -107,7 +115,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
            create_table: bool = True, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
            target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS,
            options: dict[str, str] | None = None, catalog_name: str | None = None, mode: str = "append",
-           key: tuple[str, ...] | str = (), deletes: str = "true", merge_mode: str = "mergeOnRead",
+           key: tuple[str, ...] | str = (), deletes: str | None = None, merge_mode: str | None = None,
            compact_every: int = 0) -> "IcebergSink":
         """A sink for :func:`flinkish_spark.transactional` (foreachBatch); checks or creates the table now.
 
@@ -115,16 +123,15 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
         ``mode``, ``key``, ``deletes``, ``merge_mode``, ``compact_every``: as the options of the same names.
         """
         keys = ",".join(key) if not isinstance(key, str) else key
-        keyed = Keyed.from_options(Options({"mode": mode, "key": keys, "deletes": deletes, "mergeMode": merge_mode,
-                                            "compactEvery": str(compact_every)}, "IcebergSink.at()",
-                                           ("mode", "key", "deletes", "mergeMode", "compactEvery")))
-        keyed = keyed.resolved(schema, "IcebergSink.at()")
+        given = {k: v for k, v in {"mode": mode, "key": keys, "deletes": deletes, "mergeMode": merge_mode}.items() if v}
+        keyed = parse_keyed_options(Options(given, "IcebergSink.at()", KEYED_SINK_OPTIONS))
+        plan = keyed_plan(keyed, schema, "IcebergSink.at()")
         opts = dict(options or {})
         props = catalog_properties(catalog, catalog_uri, warehouse, checkpoint, opts, "IcebergSink.at()", catalog_name)
         io = FileIO.for_url(props.get("warehouse") or ".", storage_options_from(opts, props.get("warehouse") or "."))
         sink = cls(props, identifier(table, "IcebergSink.at()"), uid, schema, tuple(partition_by), io,
                    rows_per_file=rows_per_file, target_file_size=target_file_size, retain_snapshots=retain_snapshots,
-                   keyed=keyed)
+                   plan=plan, compact_every=compact_every)
         sink.info = sink.ensure_table(create_table, "IcebergSink.at()")
         sink.io = FileIO.for_url(sink.info.location, storage_options_from(opts, sink.info.location), what="table location")
         return sink
@@ -151,13 +158,16 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
     def ensure_table(self, create: bool, component: str) -> TableInfo:
         """Validate the table against the query -- or create it -- before any task writes."""
         pyiceberg()
-        keyed = self.keyed
-        table = ensure_table(self.catalog(), self.catalog_properties["name"], self.identifier,
-                             iceberg_schema(keyed.table_schema(self.spark_schema)), self.partition_by, create, component,
-                             keyed_properties(keyed.merge_mode) if keyed.keyed else None)
-        if keyed.keyed and keyed.merge_mode == "mergeOnRead" and table.metadata.format_version < 2:
+        plan = self.plan
+        wanted = self.spark_schema if plan is None else keyed_table_schema(self.spark_schema, plan.table_schema.names)
+        if plan is not None:
+            self._check_key_types(iceberg_schema(wanted), component)
+        table = ensure_table(self.catalog(), self.catalog_properties["name"], self.identifier, iceberg_schema(wanted),
+                             self.partition_by, create, component,
+                             keyed_properties(plan.merge_mode) if plan is not None else None)
+        if plan is not None and plan.merge_mode == "mergeOnRead" and table.metadata.format_version < 2:
             raise TableMismatchError(
-                f"{component}: mode '{keyed.mode}' with mergeMode 'mergeOnRead' writes position delete files, which "
+                f"{component}: mode '{plan.mode}' with mergeMode 'mergeOnRead' writes position delete files, which "
                 f"need an Iceberg table of format version 2, but {self.identifier!r} has version "
                 f"{table.metadata.format_version}. Upgrade it (pyiceberg: `with table.transaction() as tx: "
                 "tx.upgrade_table_version(format_version=2)`; Spark: ALTER TABLE ... SET TBLPROPERTIES "
@@ -165,13 +175,30 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
         TableCache.put(self._table_key(), table)
         return info_of(table)
 
+    def _check_key_types(self, wanted: Any, component: str) -> None:
+        """A key column whose type changed gets its own error (the schema check would name every column)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        assert self.plan is not None
+        try:
+            have = dict(shape(self.catalog().load_table(self.identifier).schema()))
+        except NoSuchTableError:
+            return
+        want = dict(shape(wanted))
+        changed = [f"{k!r} is {have[k]} in the table but {want[k]} in the query" for k in self.plan.key
+                   if k in have and have[k] != want[k]]
+        if changed:
+            raise TableMismatchError(
+                f"{component}: the key of the Iceberg table {self.identifier!r} changed type: {'; '.join(changed)}. "
+                "A key's type cannot change in place: cast the column back in the query, or write to a new table.")
+
     # -- prepare (executors) -----------------------------------------------------------------
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> Committable | None:
         if self.info is None:
             raise RuntimeError("IcebergSink.prepare() before the table was resolved on the driver")
-        if self.keyed.keyed:
-            return stage(self.io, self.info, self.uid, self.keyed, batches, ctx, f"flinkish.iceberg sink uid {self.uid!r}")
+        if self.plan is not None:
+            return prepare(self._target(), batches, ctx, f"flinkish.iceberg sink uid {self.uid!r}")
         files = write_data_files(self.io, self.info, self.uid, batches, ctx, self.partition_by,
                                  self.rows_per_file, self.target_file_size)
         return IcebergCommittable(tuple(files)) if files else None
@@ -192,20 +219,20 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
             # make the commit fail (and be re-checked), never apply an epoch twice.
             if committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
-            if not self.keyed.keyed and not files:
+            if self.plan is None and not files:
                 return "COMMITTED"  # an empty append epoch adds no snapshot
             written: list[str] = []
             try:
                 spec_id = self._spec_id(table)
-                if self.keyed.keyed:
+                if self.plan is not None:
                     # The lookup reads the snapshot the commit asserts: positions are never stale.
                     plan = plan_epoch(self._target(), table, keyed, epoch)
                     written = plan.written
                     commit_snapshot(self.catalog(), table, plan.changes, spec_id, marker,
                                     retain=self.retain_snapshots, protect_property=UID_PROPERTY,
                                     delete_files=self._delete_quietly)
-                    every = self.keyed.compact_every
-                    if every and self.keyed.merge_mode == "mergeOnRead" and (epoch + 1) % every == 0:
+                    every = self.compact_every
+                    if every and self.plan.merge_mode == "mergeOnRead" and (epoch + 1) % every == 0:
                         try:
                             self.compact(table, epoch)
                         except Exception as exc:  # noqa: BLE001 - the epoch is in the table; the next one retries
@@ -235,7 +262,8 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
     def _target(self) -> Target:
         if self.info is None:
             raise RuntimeError("IcebergSink.commit() before the table was resolved on the driver")
-        return Target(self.io, self.info, self.uid, self.keyed, self.partition_by, self.rows_per_file,
+        assert self.plan is not None
+        return Target(self.io, self.info, self.uid, self.plan, self.partition_by, self.rows_per_file,
                       self.target_file_size)
 
     def _delete_quietly(self, paths: list[str]) -> None:
@@ -257,7 +285,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
 
     def cleanup(self, epoch: int, keep: list[Committable]) -> None:
         """Delete what the epoch's folder holds beyond what the table (once it has the epoch) or the
-        decided committables (before) name: failed task attempts, a crashed run's files, staged changes."""
+        decided committables (before) name: failed task attempts, a crashed run's or refused attempt's files."""
         if self.info is None:
             return
         table = self.table()
@@ -274,7 +302,16 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
 
 
 def _paths(c: Committable) -> list[str]:
-    return list(c.staged) if isinstance(c, KeyedCommittable) else [f.path for f in c.files]
+    return [f.path for f in c.files]
+
+
+def keyed_plan(options: KeyedOptions, schema: StructType, component: str) -> ChangePlan | None:
+    """The keyed plan for the query's schema (None in append mode)."""
+    if not options.keyed:
+        return None
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return plan_changes(options, schema, to_arrow_schema(schema, timezone="UTC"), component)
 
 
 class IcebergSinkDataSource(TwoPhaseCommitDataSource):
@@ -283,7 +320,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
                                                 "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
-                                                "mode", "key", "deletes", "mergeMode", "compactEvery")
+                                                *KEYED_SINK_OPTIONS, "compactEvery")
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
@@ -301,16 +338,18 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         warehouse = self.catalog_props.get("warehouse") or self.checkpoint_root
         self.data_io = FileIO.for_url(warehouse, storage_options_from(self.raw_options, warehouse), what="option 'warehouse'")
         self.data_io.check_writable_root(warehouse, "option 'warehouse'")
-        self.keyed = Keyed.from_options(opts)
+        self.keyed = parse_keyed_options(opts)
+        self.compact_every = opts.integer("compactEvery", 0, minimum=0) or 0
         self.info: TableInfo | None = None
 
     def sink(self, schema: StructType) -> IcebergSink:
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
-        keyed = self.keyed.resolved(schema, f"{self.name()} sink")
+        plan = keyed_plan(self.keyed, schema, f"{self.name()} sink")
         return IcebergSink(self.catalog_props, self.identifier, self.uid, schema, self.partition_by, self.data_io,
-                           self.info, self.rows_per_file, self.target_file_size, self.retain_snapshots, keyed)
+                           self.info, self.rows_per_file, self.target_file_size, self.retain_snapshots, plan,
+                           self.compact_every)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # On the driver before any task: resolve (or create) the table; executors get its

@@ -26,6 +26,7 @@ def schema(extra: str = ""):
 
 def sink_at(tmp_path: Path, **kw):
     kw.setdefault("mode", "upsert")
+    kw.setdefault("deletes", "true")
     from flinkish_spark.connectors.iceberg import IcebergSink
 
     return IcebergSink.at("db.t", uid="u", schema=schema(), checkpoint=str(tmp_path), key="id", **kw)
@@ -69,7 +70,8 @@ def test_upsert_last_change_wins_across_tasks_deletes_and_replays_change_nothing
     assert [f.name for f in table.schema().fields] == ["id", "v"]  # change columns are not written
     assert table.metadata.format_version == 2 and table.properties["write.delete.mode"] == "merge-on-read"
     snap = table.current_snapshot()
-    assert snap.summary.operation.value == "overwrite" and snap.summary["added-position-deletes"] == "3"  # 2, 3, 4
+    # the table's rows of 2, 3, 4, and the losing rows the tasks wrote themselves (2 "b2-early", 7 "x")
+    assert snap.summary.operation.value == "overwrite" and snap.summary["added-position-deletes"] == "5"
     # a replay of epoch 1 (same or other committables) changes nothing
     assert epoch(sink, 1, [(2, "again", "u", 99)]) == "ALREADY_COMMITTED"
     # an epoch that changes nothing still commits its marker; its replay is recognised
@@ -88,7 +90,8 @@ def test_soft_deletes_and_ignored_deletes(tmp_path: Path) -> None:
     soft = sink_at(tmp_path / "soft", deletes="soft")
     assert epoch(soft, 0, [(1, "a", "c", 1), (2, "b", "c", 2)]) == "COMMITTED"
     assert epoch(soft, 1, [(1, None, "d", 3), (3, "c", "c", 4)]) == "COMMITTED"
-    assert rows(soft, ("id", "v", "_deleted")) == [(1, None, True), (2, "b", False), (3, "c", False)]
+    # the deleted key keeps its last known row (the table's, copied), marked deleted
+    assert rows(soft, ("id", "v", "_deleted")) == [(1, "a", True), (2, "b", False), (3, "c", False)]
     assert epoch(soft, 2, [(1, "back", "c", 5)]) == "COMMITTED"
     assert rows(soft, ("id", "v", "_deleted")) == [(1, "back", False), (2, "b", False), (3, "c", False)]
     ignore = sink_at(tmp_path / "ignore", deletes="false")
@@ -153,22 +156,29 @@ def test_a_concurrent_commit_makes_the_sink_look_up_again(tmp_path: Path, monkey
 def test_errors_are_clear_and_write_nothing(tmp_path: Path, spark) -> None:
     from flinkish_spark.connectors.iceberg import IcebergSink
 
-    with pytest.raises(ConfigError, match="mode 'upsert' needs option 'key'.*carry no primary key"):
+    with pytest.raises(ConfigError, match="mode 'upsert' needs a key, and the query's columns carry no primary key"):
         IcebergSink.at("db.t", uid="u", schema=schema(), checkpoint=str(tmp_path), mode="upsert")
-    with pytest.raises(ConfigError, match=r"option 'key' names \['nope'\], which the query does not write"):
+    with pytest.raises(ConfigError, match=r"option 'key' names \['nope'\], which the query does not have"):
         IcebergSink.at("db.t", uid="u", schema=schema(), checkpoint=str(tmp_path), mode="upsert", key="nope")
     no_op = spark.createDataFrame([], "id long, v string").schema
-    with pytest.raises(ConfigError, match="deletes 'true' needs a column '_op'"):
-        IcebergSink.at("db.t", uid="u", schema=no_op, checkpoint=str(tmp_path), mode="upsert", key="id")
+    with pytest.raises(ConfigError, match="option deletes='true' needs a column '_op'"):
+        IcebergSink.at("db.t", uid="u", schema=no_op, checkpoint=str(tmp_path), mode="upsert", key="id", deletes="true")
     with pytest.raises(ConfigError, match="option 'mergeMode' .*'mergeOnRead', 'copyOnWrite'|mergeMode"):
         IcebergSink.at("db.t", uid="u", schema=schema(), checkpoint=str(tmp_path), mode="upsert", key="id", merge_mode="x")
     sink = sink_at(tmp_path, mode="upsert")
-    with pytest.raises(ChangeDataError, match=r"column '_op' holds \['x'\]; the change operations are r, c, u, d"):
+    with pytest.raises(ChangeDataError, match=r"the column '_op' holds x; a change is one of r \(snapshot read\)"):
         sink.prepare(iter([batch([(1, "a", "x", 1)])]), PrepareContext("u", 0, 0, 0))
     with pytest.raises(ChangeDataError, match="1 row\\(s\\) have a null in the key column 'id'"):
         sink.prepare(iter([batch([(None, "a", "c", 1)])]), PrepareContext("u", 0, 0, 0))
     table = sink.catalog().load_table("db.t")
     assert table.snapshots() == [] and not Path(table.location().removeprefix("file://"), "data").exists()
+    # the key's type cannot change under an existing table
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    other_key = StructType([StructField("id", StringType()) if f.name == "id" else f for f in schema().fields])
+    with pytest.raises(TableMismatchError, match="the key of the Iceberg table 'db.t' changed type: 'id' is long in "
+                                                 "the table but string in the query"):
+        IcebergSink.at("db.t", uid="u", schema=other_key, checkpoint=str(tmp_path), key="id", mode="upsert")
     # a version 1 table cannot take position deletes: one error that says how to upgrade
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField, StringType
@@ -238,7 +248,8 @@ def test_a_compaction_racing_commits_loses_nothing_and_duplicates_nothing(tmp_pa
     def compactor() -> None:
         from flinkish_spark.connectors.iceberg import IcebergSink
 
-        other = IcebergSink.at("db.t", uid="compactor", schema=schema(), checkpoint=str(tmp_path), key="id", mode="upsert")
+        other = IcebergSink.at("db.t", uid="compactor", schema=schema(), checkpoint=str(tmp_path), key="id", mode="upsert",
+                               deletes="true")
         while not done.is_set():
             compactions.append(other.compact(other.table(refresh=True), 0))
             time.sleep(0.01)
