@@ -63,7 +63,10 @@ def snapshot_epochs(table, uid: str = "out") -> list[int]:
 
 def stray_files(table) -> set[str]:
     location = table.location().removeprefix("file://")
-    named = {f.file.file_path.removeprefix("file://") for f in table.scan().plan_files()}
+    named = set()
+    for task in table.scan().plan_files():
+        named.add(task.file.file_path.removeprefix("file://"))
+        named.update(d.file_path.removeprefix("file://") for d in task.delete_files)
     return {str(p) for p in Path(location, "data").rglob("*.parquet")} - named
 
 
@@ -235,3 +238,24 @@ def test_catalog_name_is_the_name_readers_load_the_catalog_with(tmp_path: Path) 
         IcebergSink.at("db.events", uid="u", schema=schema, catalog_uri=uri, warehouse=warehouse, catalog_name=" ")
     with pytest.raises(ConfigError, match="the configured catalog 'prod' files its tables under its own name"):
         IcebergSink.at("db.events", uid="u", schema=schema, catalog="prod", catalog_name="lake")
+
+
+def test_upsert_through_write_stream(spark, tmp_path: Path) -> None:
+    """mode=upsert through writeStream: keys rewritten many times across epochs and tasks, deletes."""
+    # keys of one split are its own (split * 100 + seq % 40); a split's rows come in seq order
+    df = sequence(spark, str(tmp_path / "meta")).selectExpr(
+        "split * 100 + seq % 40 AS id", "split", "concat('v', split, '-', seq) AS v",
+        "CASE WHEN seq % 9 = 0 THEN 'd' ELSE 'u' END AS _op", "seq AS _lsn")
+    run(df, tmp_path / "cp", mode="upsert", key="id", deletes="true")
+    state: dict[int, tuple] = {}
+    for split, seq in sorted(expected()):
+        if seq % 9 == 0:
+            state.pop(split * 100 + seq % 40, None)
+        else:
+            state[split * 100 + seq % 40] = (split, f"v{split}-{seq}")
+    table = embedded(tmp_path / "cp")
+    t = table.scan().to_arrow()
+    assert sorted(zip(t["id"].to_pylist(), t["split"].to_pylist(), t["v"].to_pylist())) == \
+        sorted((k, *v) for k, v in state.items())
+    assert [f.name for f in table.schema().fields] == ["id", "split", "v"]
+    assert snapshot_epochs(table) == [0, 1, 2] and stray_files(table) == set()
