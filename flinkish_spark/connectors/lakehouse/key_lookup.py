@@ -126,6 +126,11 @@ class KeyIndexCache:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
     @property
     def nbytes(self) -> int:
         return self._bytes
@@ -165,7 +170,7 @@ class KeyLookup:
             live = flag if live is None else pc.and_(live, flag)
         exact = exact_codes([c.type for c in keys.columns])
         if live is not None:
-            where = np.flatnonzero(np.asarray(live.to_numpy(zero_copy_only=False), dtype=bool))
+            where = np.flatnonzero(np.asarray(live.to_numpy(zero_copy_only=False), dtype=np.bool_))
             codes = key_codes([c.take(pa.array(where)) for c in keys.columns])
         else:
             where = None
@@ -270,7 +275,7 @@ def _verify(index: FileKeys, keys: pa.Table, positions: np.ndarray, key_index: n
     for name in keys.column_names:
         have = index.keys.column(name).take(pa.array(positions))
         want = keys.column(name).take(pa.array(key_index))
-        eq = np.asarray(pc.fill_null(pc.equal(have, want), False).to_numpy(zero_copy_only=False), dtype=bool)
+        eq = np.asarray(pc.fill_null(pc.equal(have, want), False).to_numpy(zero_copy_only=False), dtype=np.bool_)
         same = eq if same is None else same & eq
     assert same is not None
     return positions[same], key_index[same]

@@ -60,10 +60,10 @@ def _differs(columns: list[pa.ChunkedArray | pa.Array]) -> np.ndarray:
     """``d[i]`` = row i+1 has another key than row i (columns sorted, without nulls)."""
     n = len(columns[0])
     if n <= 1:
-        return np.zeros(max(n - 1, 0), dtype=bool)
+        return np.zeros(max(n - 1, 0), dtype=np.bool_)
     out: np.ndarray | None = None
     for col in columns:
-        ne = np.asarray(pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False), dtype=bool)
+        ne = np.asarray(pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False), dtype=np.bool_)
         out = ne if out is None else (out | ne)
     assert out is not None
     return out
@@ -81,7 +81,7 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
     lsn = (pc.fill_null(table.column(LSN).cast(pa.int64()), NO_LSN) if plan.has_lsn
            else pa.array(np.full(n, NO_LSN, dtype=np.int64)))
     is_delete = (pc.fill_null(pc.equal(table.column(OP), "d"), False) if plan.has_op
-                 else pa.array(np.zeros(n, dtype=bool)))
+                 else pa.array(np.zeros(n, dtype=np.bool_)))
     work = pa.table({**{k: table.column(k) for k in plan.key}, E_LSN: lsn,
                      E_ROW: pa.array(np.arange(n, dtype=np.int64)), "_del": is_delete})
     if plan.deletes == "false" and plan.has_op:
@@ -91,8 +91,8 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
     table, work = table.take(order), work.take(order)
     n = table.num_rows
     diff = _differs([work.column(k) for k in plan.key])
-    last = np.append(diff, True) if n else np.zeros(0, dtype=bool)
-    dele = np.asarray(work.column("_del").to_numpy(zero_copy_only=False), dtype=bool)
+    last = np.append(diff, True) if n else np.zeros(0, dtype=np.bool_)
+    dele = np.asarray(work.column("_del").to_numpy(zero_copy_only=False), dtype=np.bool_)
     data = table.select(list(plan.data_columns))
     keys = {k: work.column(k) for k in plan.key}
     if plan.mode == "history":
@@ -101,7 +101,7 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
     win_delete = dele[win]
     if plan.deletes == "soft":
         # A deleted key keeps its last version of the epoch (before the delete), else the delete's values.
-        first = np.insert(diff, 0, True) if n else np.zeros(0, dtype=bool)
+        first = np.insert(diff, 0, True) if n else np.zeros(0, dtype=np.bool_)
         group_start = np.flatnonzero(first)[np.cumsum(first) - 1]
         last_version = np.maximum.accumulate(np.where(~dele, np.arange(n), -1)) if n else np.zeros(0, dtype=np.int64)
         source = np.where(win_delete & (last_version[win] >= group_start[win]), last_version[win], win)
@@ -237,22 +237,26 @@ class EpochChanges:
                                       {c: v.take(pa.array(sel)) for c, v in overrides.items()}))
 
     def _upsert(self, matches: Matches, out: Apply) -> None:
+        assert self.entries is not None
         winners = self.ends - 1
         losers = np.setdiff1d(np.arange(len(self.group)), winners)
         losers = losers[self.kind[losers] == KIND_VERSION]
-        soft_copy = np.zeros(len(self.starts), dtype=bool)  # key -> its soft row is copied from elsewhere
+        soft_copy = np.zeros(len(self.starts), dtype=np.bool_)  # key -> its soft row is copied from elsewhere
+        needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)
         if self.plan.deletes == "soft":
-            from_delete = np.asarray(self.entries.column(E_FROM_DELETE).to_numpy(zero_copy_only=False), dtype=bool)
-            # A soft delete whose task knew no earlier version: an earlier version of another task wins.
+            from_delete = np.asarray(self.entries.column(E_FROM_DELETE).to_numpy(zero_copy_only=False), dtype=np.bool_)
+            # A soft delete whose task knew no earlier version keeps the values of the epoch's last
+            # version before it (another task's; a soft row of another task holds such values too) ...
             soft = winners[from_delete[winners]]
-            earlier = soft - 1
-            has_earlier = (earlier >= self.starts[self.group[soft]]) if len(soft) else np.zeros(0, dtype=bool)
+            last_real = np.maximum.accumulate(np.where(~from_delete, np.arange(len(self.group)), -1))
+            earlier = np.where(soft > 0, last_real[np.maximum(soft - 1, 0)], -1)
+            has_earlier = (earlier >= self.starts[self.group[soft]]) if len(soft) else np.zeros(0, dtype=np.bool_)
             if has_earlier.any():
                 sources = earlier[has_earlier]
-                self._copy_entries(out, sources, {DELETED: pa.array(np.ones(len(sources), dtype=bool))})
+                self._copy_entries(out, sources, {DELETED: pa.array(np.ones(len(sources), dtype=np.bool_))})
                 self._drop(out, soft[has_earlier])
                 soft_copy[self.group[soft[has_earlier]]] = True
-            needs_table_row = np.zeros(len(self.starts), dtype=bool)
+            # ... else the table's row of the key (found below), else its own (the delete's) values.
             needs_table_row[self.group[soft[~has_earlier]]] = True
         self._drop(out, losers)
         for path, (positions, key_index) in matches.by_file.items():
@@ -262,23 +266,23 @@ class EpochChanges:
                 if take.any():
                     soft_copy[key_index[take]] = True
                     out.copies.append(RowCopy(path, -1, positions[take],
-                                              {DELETED: pa.array(np.ones(int(take.sum()), dtype=bool))}))
+                                              {DELETED: pa.array(np.ones(int(take.sum()), dtype=np.bool_))}))
                     self._drop(out, winners[key_index[take]])
 
     def _history(self, matches: Matches, out: Apply) -> None:
         assert self.entries is not None
         ts = self.entries.column(E_TS).combine_chunks()
         n = len(self.group)
-        is_last = np.zeros(n, dtype=bool)
+        is_last = np.zeros(n, dtype=np.bool_)
         is_last[self.ends - 1] = True
         next_ts = pa.concat_arrays([ts.slice(1), pa.nulls(1, TIMESTAMP)])
         want_to = pc.if_else(pa.array(is_last), pa.nulls(n, TIMESTAMP), next_ts)
         want_current = is_last & (self.kind == KIND_VERSION)
         have_to = self.entries.column(E_VALID_TO).combine_chunks()
-        have_current = np.asarray(self.entries.column(E_CURRENT).to_numpy(zero_copy_only=False), dtype=bool)
+        have_current = np.asarray(self.entries.column(E_CURRENT).to_numpy(zero_copy_only=False), dtype=np.bool_)
         same_to = pc.fill_null(pc.equal(want_to, have_to), False)
         same_to = pc.or_(same_to, pc.and_(pc.is_null(want_to), pc.is_null(have_to)))
-        wrong = (self.kind == KIND_VERSION) & ~(np.asarray(same_to.to_numpy(zero_copy_only=False), dtype=bool)
+        wrong = (self.kind == KIND_VERSION) & ~(np.asarray(same_to.to_numpy(zero_copy_only=False), dtype=np.bool_)
                                                 & (want_current == have_current))
         fix = np.flatnonzero(wrong)  # versions whose chain continues in another task's rows
         if len(fix):
@@ -290,7 +294,7 @@ class EpochChanges:
             out.table_deletes[path] = positions
             out.copies.append(RowCopy(path, -1, positions, {
                 VALID_TO: first_ts.take(pa.array(key_index)),
-                CURRENT: pa.array(np.zeros(len(positions), dtype=bool)),
+                CURRENT: pa.array(np.zeros(len(positions), dtype=np.bool_)),
             }))
 
 
