@@ -78,3 +78,20 @@ def test_copy_on_write_and_compaction_equal_the_model(tmp_path: Path) -> None:
         assert read_table(cow) == read_table(compacted) == model.table(), f"epoch {epoch}"
     assert all(not t.delete_files for t in cow.catalog().load_table("db.t").scan().plan_files())
     assert stray_files(cow) == stray_files(compacted) == set()
+
+
+def test_partitioned_table_keys_moving_between_partitions(tmp_path: Path) -> None:
+    """partitionBy n (the value's length): a key's new version can land in another partition than the
+    row it replaces; each position delete file lives in its data file's partition."""
+    sink = sink_at(tmp_path, partition_by=("n",), deletes="soft")
+    model = Model("upsert", "soft")
+    for epoch, changes in enumerate(random_epochs(seed=11, epochs=6, keys=40, per_epoch=60, tasks=3)):
+        assert run_epoch(sink, epoch, changes) == "COMMITTED"
+        model.apply(changes)
+        assert read_table(sink) == model.table(), f"epoch {epoch}"
+    table = sink.catalog().load_table("db.t")
+    tasks = list(table.scan().plan_files())
+    assert len({t.file.partition[0] for t in tasks}) > 1 and any(t.delete_files for t in tasks)
+    for t in tasks:
+        assert all(d.partition == t.file.partition for d in t.delete_files)
+    assert stray_files(sink) == set()
