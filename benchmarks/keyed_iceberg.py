@@ -12,6 +12,9 @@ and commit are called as Spark calls them, so what is measured is the sink, not 
   ``commit`` (resolve the epoch, key lookup, position delete files, one snapshot). The first
   epoch after the start builds the key indexes (a cold driver process: O(table)); it is
   reported apart, the median is over the following ``--epochs``;
+* **flinkish, no key index**: ``--noindex-epochs`` more epochs with the key index cache
+  dropped before each (every epoch reads the key column of every candidate file again):
+  what the index saves;
 * **pyiceberg**: what a user writes by hand, the same changes: ``upsert`` of the updates
   and inserts (join on ``id``), then ``delete`` of the deleted keys (``In('id', ...)``) --
   both copy-on-write: every data file holding a changed key is rewritten.
@@ -22,6 +25,9 @@ snappy Parquet file. Targets (issue 17): per-epoch time grows <= 1.5x from 1 M t
 rows; >= 10x faster than pyiceberg at 10 M; bytes within 3x of the changed rows.
 
     python benchmarks/keyed_iceberg.py [--sizes 1000000,10000000] [--epochs 10] [--pyiceberg-epochs 2] [--changes 10000]
+        [--noindex-epochs 3]
+
+The Delta rows of the same measurement are benchmarks/keyed_lakehouse.py.
 """
 
 from __future__ import annotations
@@ -93,7 +99,7 @@ def changed_rows_bytes(t: Any) -> int:
     return buf.tell()
 
 
-def run_size(rows: int, epochs: int, py_epochs: int, count: int, root: str) -> dict[str, Any]:
+def run_size(rows: int, epochs: int, py_epochs: int, count: int, root: str, noindex_epochs: int) -> dict[str, Any]:
     import numpy as np
     import pyarrow as pa
     from pyiceberg.expressions import In
@@ -120,8 +126,13 @@ def run_size(rows: int, epochs: int, py_epochs: int, count: int, root: str) -> d
     live = np.arange(rows, dtype=np.int64)
     next_id = rows
     flinkish: list[dict[str, Any]] = []
+    noindex: list[dict[str, Any]] = []
     pyice: list[dict[str, Any]] = []
-    for e in range(1 + epochs):
+    from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
+
+    for e in range(1 + epochs + noindex_epochs):
+        if e > epochs:
+            CACHE.clear()
         t, next_id = changes(rng, live, next_id, count, e)
         before = folder_bytes(location)
         t0 = time.perf_counter()
@@ -131,8 +142,9 @@ def run_size(rows: int, epochs: int, py_epochs: int, count: int, root: str) -> d
         t2 = time.perf_counter()
         after = folder_bytes(location)
         written = sum(size for p, size in after.items() if p not in before)
-        flinkish.append({"epoch": e, "prepare_s": t1 - t0, "commit_s": t2 - t1, "total_s": t2 - t0,
-                         "bytes": written, "changed_bytes": changed_rows_bytes(t)})
+        (flinkish if e <= epochs else noindex).append({
+            "epoch": e, "prepare_s": t1 - t0, "commit_s": t2 - t1, "total_s": t2 - t0, "bytes": written,
+            "changed_bytes": changed_rows_bytes(t)})
         # the table's live keys after the epoch (for the next epoch's draws and pyiceberg's same changes)
         if e <= py_epochs - 1:
             ups = t.filter(pa.compute.not_equal(t["_op"], "d")).select(["id", "v", "n"])
@@ -154,7 +166,7 @@ def run_size(rows: int, epochs: int, py_epochs: int, count: int, root: str) -> d
     count_ours = ours.catalog().load_table("db.ours").scan(selected_fields=("id",)).count()
     assert count_ours == len(live), (count_ours, len(live))
     shutil.rmtree(cp, ignore_errors=True)
-    return {"rows": rows, "load_s": load_s, "flinkish": flinkish, "pyiceberg": pyice}
+    return {"rows": rows, "load_s": load_s, "flinkish": flinkish, "noindex": noindex, "pyiceberg": pyice}
 
 
 def summary(result: dict[str, Any]) -> dict[str, float]:
@@ -167,6 +179,8 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
         "median_bytes": statistics.median(r["bytes"] for r in warm),
         "changed_bytes": statistics.median(r["changed_bytes"] for r in warm),
     }
+    if result["noindex"]:
+        out["noindex_median_s"] = statistics.median(r["total_s"] for r in result["noindex"])
     if result["pyiceberg"]:
         out["pyiceberg_median_s"] = statistics.median(r["total_s"] for r in result["pyiceberg"])
         out["pyiceberg_median_bytes"] = statistics.median(r["bytes"] for r in result["pyiceberg"])
@@ -179,13 +193,14 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--pyiceberg-epochs", type=int, default=2)
     ap.add_argument("--changes", type=int, default=10_000)
+    ap.add_argument("--noindex-epochs", type=int, default=3)
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="flinkish-keyed-iceberg-")
     results = []
     try:
         for rows in [int(s) for s in args.sizes.split(",")]:
             print(f"-- {rows:,} rows", flush=True)
-            results.append(run_size(rows, args.epochs, args.pyiceberg_epochs, args.changes, root))
+            results.append(run_size(rows, args.epochs, args.pyiceberg_epochs, args.changes, root, args.noindex_epochs))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     table = []
@@ -194,12 +209,13 @@ def main() -> None:
         table.append([f"{r['rows']:,}", f"{s['cold_first_epoch_s'] * 1000:.0f}", f"{s['median_prepare_s'] * 1000:.0f}",
                       f"{s['median_commit_s'] * 1000:.0f}", f"{s['median_total_s'] * 1000:.0f}",
                       f"{s['median_bytes'] / 1e6:.2f}", f"{s['median_bytes'] / s['changed_bytes']:.2f}x",
+                      f"{s.get('noindex_median_s', float('nan')) * 1000:.0f}",
                       f"{s.get('pyiceberg_median_s', float('nan')) * 1000:.0f}",
                       f"{s.get('pyiceberg_median_bytes', float('nan')) / 1e6:.1f}",
                       f"{s.get('pyiceberg_median_s', float('nan')) / s['median_total_s']:.0f}x"])
     print()
     print_table(["rows", "cold 1st epoch ms", "prepare ms", "commit ms", "epoch ms", "MB written", "vs changed rows",
-                 "pyiceberg ms", "pyiceberg MB", "speed-up"], table)
+                 "no-index epoch ms", "pyiceberg ms", "pyiceberg MB", "speed-up"], table)
     if len(sums) >= 2:
         print(f"\nper-epoch growth {results[0]['rows']:,} -> {results[-1]['rows']:,} rows: "
               f"{sums[-1]['median_total_s'] / sums[0]['median_total_s']:.2f}x (target <= 1.5x)")
