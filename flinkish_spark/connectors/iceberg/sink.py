@@ -1,4 +1,5 @@
-"""``flinkish.iceberg``: exactly-once appends to an Apache Iceberg table with pyiceberg (no JVM jar).
+"""``flinkish.iceberg``: exactly-once appends -- or keyed changes (:mod:`.keyed`) -- to an Apache
+Iceberg table with pyiceberg (no JVM jar).
 
 * **Prepare** (executors): each task writes its rows as Parquet data files (with Iceberg
   field ids) below ``<table location>/data/flinkish/<uid>/e<epoch>/[k=v/]`` and returns
@@ -17,8 +18,12 @@
   O(history). The commit requires ``main`` to still point at the snapshot the check saw
   (``assert-ref-snapshot-id``): a concurrent writer, or a commit of ours whose answer was
   lost, makes it fail, and the driver re-reads the table and checks again.
-* **Abort / cleanup**: files of an epoch that no decided data file names (failed task
-  attempts, a crashed run's prepare) are deleted by listing the epoch's folder.
+* **Keyed modes** (``mode=upsert|history``): see :mod:`.keyed` -- one snapshot per epoch with
+  the new rows and position delete files, a marker snapshot for an epoch that changed
+  nothing, the lookup redone when another commit came first; ``compactEvery``: :mod:`.compact`.
+* **Abort / cleanup**: files of an epoch's folder that the table does not name once it has
+  the epoch -- or, before, that no decided committable names (failed task attempts, a
+  crashed run's prepare, a refused attempt's delete files) -- are deleted by listing it.
 
 Catalog: see :mod:`.catalog` (``catalog`` / ``catalogUri`` + ``warehouse`` / embedded,
 ``catalogName``).
@@ -28,6 +33,7 @@ Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
 ``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (default 100: each
 commit expires all but the newest N snapshots, never the newest of any flinkish uid -- its
 idempotence record; 0 keeps all, and then the commit cost grows with the snapshot count),
+``mode`` / ``key`` / ``deletes`` / ``mergeMode`` (the shared keyed options), ``compactEvery``,
 storage options. Tables the sink creates get ``commit.manifest-merge.enabled`` and
 ``write.metadata.delete-after-commit.enabled``.
 """
