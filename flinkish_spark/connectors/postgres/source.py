@@ -27,7 +27,8 @@ S was the same at S and at T. So after the change stream has passed the time the
 was read, the target equals the table; in between it may briefly show older values of keys
 that changed during the snapshot (re-applied changes). Not covered: a ``TRUNCATE`` (the source
 stops with an error), an update that leaves a TOASTed value (> ~2 kB) unchanged (the source
-stops with an error naming the column; use ``REPLICA IDENTITY FULL``), changes of the table's
+stops with an error naming the column, unless the table has ``REPLICA IDENTITY FULL``: then the
+value comes from the old row), changes of the table's
 columns while running, and an append-only sink (it would see the overlap as duplicates).
 
 Output: the table's columns, plus ``_op`` (``r`` snapshot read, ``c`` insert, ``u`` update,
@@ -588,7 +589,10 @@ class PostgresReader(SplitReader):
                     raise PostgresSourceError(
                         f"{src.component}: an update of {info.display} at LSN {format_lsn(change.commit_lsn)} left the "
                         f"TOASTed value of column {name!r} unchanged, and the server did not send it; the change "
-                        f"cannot be a full row. Set ALTER TABLE {info.display} REPLICA IDENTITY FULL and restart with a new snapshot"
+                        f"cannot be a full row. Run ALTER TABLE {info.display} REPLICA IDENTITY FULL (the server then sends "
+                        "the old row, which holds the value) and start over with a new snapshot, since this change is already "
+                        f"in the WAL without it: SELECT pg_drop_replication_slot('{src.slot_name}') and restart with "
+                        "onSlotLost=resnapshot, or use a new uid"
                     )
             if change.op == "d" and info.key:
                 # With the default replica identity only the key is sent; the rest is null.
