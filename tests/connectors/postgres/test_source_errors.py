@@ -116,6 +116,7 @@ def test_slot_or_publication_of_that_name_owned_by_something_else(spark, pg_url,
         assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'flinkish_pubtaken'").fetchone()[0] == 0
 
 
+@pytest.mark.both_postgres
 def test_slot_lost_while_stopped_is_refused_then_resnapshot_starts_over(spark, pg_url, tmp_path: Path) -> None:
     execute(pg_url, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 100) g")
     q = start(load(spark, pg_url, tmp_path, "lost", table="t"), tmp_path, trigger="1 second")
