@@ -123,21 +123,12 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresForTe
     if external:
         yield PostgresForTests(external, None)
         return
-    from flinkish_spark.embedded.postgres import start_postgres
+    from flinkish_spark.embedded.postgres import temporary_postgres
 
-    # Not under pytest's basetemp: the server runs as its own user and needs to traverse the
-    # folders above its data, and every pytest session that starts on the machine resets
-    # /tmp/pytest-of-<user> to mode 0700 (a second suite beside this one made the server PANIC).
-    import shutil
-    import tempfile
-
-    home = tempfile.mkdtemp(prefix="flinkish-test-postgres-")
-    server = start_postgres(os.path.join(home, "data"))
-    try:
+    # Not under pytest's basetemp (see temporary_postgres): a second suite beside this one reset
+    # /tmp/pytest-of-<user> to 0700 and made the server PANIC.
+    with temporary_postgres("flinkish-test-postgres-") as server:
         yield PostgresForTests(server.uri, server)
-    finally:
-        server.stop()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -145,18 +136,10 @@ def postgres15() -> Iterator[PostgresForTests]:
     """Debian's PostgreSQL 15 of this machine image, started from the project's own code like the 18."""
     if not os.path.isfile(os.path.join(POSTGRES_15_BIN, "postgres")):
         pytest.skip(f"no PostgreSQL 15 installed in {POSTGRES_15_BIN} (apt-get install postgresql-15)")
-    import shutil
-    import tempfile
+    from flinkish_spark.embedded.postgres import temporary_postgres
 
-    from flinkish_spark.embedded.postgres import start_postgres
-
-    home = tempfile.mkdtemp(prefix="flinkish-test-postgres15-")
-    server = start_postgres(os.path.join(home, "data"), bin_dir=POSTGRES_15_BIN)
-    try:
+    with temporary_postgres("flinkish-test-postgres15-", bin_dir=POSTGRES_15_BIN) as server:
         yield PostgresForTests(server.uri, server)
-    finally:
-        server.stop()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture

@@ -27,15 +27,17 @@ Nothing here is needed to use the connectors: they work against any reachable se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import shutil
 import socket
 import subprocess
 import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from flinkish_spark.errors import EnvironmentSetupError
 
@@ -155,6 +157,26 @@ def start_postgres(data_dir: str | os.PathLike[str], port: int | None = None,
     pg.psql("".join(f"ALTER SYSTEM SET {k} = '{v}';\n" for k, v in wanted.items()))
     pg.restart()
     return pg
+
+
+@contextlib.contextmanager
+def temporary_postgres(prefix: str = "flinkish-postgres-", settings: dict[str, str] | None = None,
+                       bin_dir: str | os.PathLike[str] | None = None) -> Iterator[EmbeddedPostgres]:
+    """A server in a fresh temporary folder, stopped and removed on exit (tests, benchmarks).
+
+    The folder is made with :func:`tempfile.mkdtemp`, not below pytest's ``basetemp``: the server
+    runs as its own user and must traverse the folders above its data, and each pytest session
+    that starts on the machine resets ``/tmp/pytest-of-<user>`` to mode 0700.
+    """
+    home = tempfile.mkdtemp(prefix=prefix)
+    server = start_postgres(os.path.join(home, "data"), settings=settings, bin_dir=bin_dir)
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _start_wheel_server(data: Path, port: int) -> EmbeddedPostgres:

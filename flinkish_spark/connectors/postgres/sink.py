@@ -42,7 +42,7 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
 from flinkish_spark.connectors.postgres.connection import (
-    ConnectionInfo, adbc_connect, arrow_type_for, compatible, connect, parse_url, pg_type_for, qualified,
+    ConnectionInfo, adbc_connect, arrow_type_for, check_server_version, compatible, connect, parse_url, pg_type_for, qualified,
     quote_ident, require_psycopg, split_table,
 )
 from flinkish_spark.errors import (
@@ -150,6 +150,7 @@ def resolve_plan(
     if missing_key:
         raise ConfigError(f"{component}: option 'key' names {missing_key}, which the query does not write ({schema.simpleString()})")
     with connect(conn, autocommit=True) as c:
+        check_server_version(c, conn, component)
         exists = c.execute("SELECT to_regclass(%s)", (qualified(pg_schema, pg_table),)).fetchone()[0]
         if exists is None:
             if not create_table:

@@ -79,18 +79,22 @@ def database_name(conn: Any) -> str:
 
 
 def slot_info(conn: Any, slot: str) -> tuple[SlotState, int | None, str | None]:
-    """(state, confirmed_flush_lsn, database) of ``slot``; ``lost`` = invalidated by the server."""
-    row = conn.execute(
-        "SELECT confirmed_flush_lsn::text, database, plugin, wal_status, invalidation_reason "
-        "FROM pg_replication_slots WHERE slot_name = %s",
-        (slot,),
-    ).fetchone()
+    """(state, confirmed_flush_lsn, database) of ``slot``; ``lost`` = invalidated by the server.
+
+    The view's columns differ by version, so the row is read as JSON and each sign of an
+    invalidated slot is taken where the server has it: ``wal_status = 'lost'`` (13+: WAL
+    removed, e.g. ``max_slot_wal_keep_size``), ``conflicting`` (16: a recovery conflict on a
+    standby), ``invalidation_reason`` (17+: any invalidation, also an idle timeout).
+    """
+    row = conn.execute("SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = %s", (slot,)).fetchone()
     if row is None:
         return "missing", None, None
-    confirmed, database, _plugin, wal_status, reason = row
-    if wal_status == "lost" or reason is not None:
-        return "lost", None if confirmed is None else parse_lsn(confirmed), database
-    return "ok", None if confirmed is None else parse_lsn(confirmed), database
+    info = row[0]
+    confirmed = info.get("confirmed_flush_lsn")
+    lsn = None if confirmed is None else parse_lsn(str(confirmed))
+    database = info.get("database")
+    lost = info.get("wal_status") == "lost" or info.get("conflicting") is True or info.get("invalidation_reason") is not None
+    return ("lost" if lost else "ok"), lsn, None if database is None else str(database)
 
 
 def publication_tables(conn: Any, publication: str) -> list[tuple[str, str]] | None:

@@ -56,7 +56,9 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import slot as slots
-from flinkish_spark.connectors.postgres.connection import ConnectionInfo, adbc_connect, connect, parse_url
+from flinkish_spark.connectors.postgres.connection import (
+    ConnectionInfo, adbc_connect, check_server_version, connect, parse_url,
+)
 from flinkish_spark.connectors.postgres.pgoutput import (
     Begin,
     Change,
@@ -660,6 +662,7 @@ class PostgresSourceDataSource(SplitDataSource):
     def table_info(self) -> TableInfo:
         if self._table_info is None:
             with connect(self.conn_info, autocommit=True) as conn:
+                check_server_version(conn, self.conn_info, self.component)
                 info = load_table_info(conn, self.table, self.split_column, self.component)
                 if self.startup != "snapshot":
                     slots.check_logical_replication(conn, self.component)

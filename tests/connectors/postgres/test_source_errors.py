@@ -51,16 +51,15 @@ def failure(query: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def replica_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def replica_server() -> Any:
     import os
 
     if os.environ.get("FLINKISH_TEST_POSTGRES_URL"):
         pytest.skip("needs a second embedded server")
-    from flinkish_spark.embedded.postgres import start_postgres
+    from flinkish_spark.embedded.postgres import temporary_postgres
 
-    server = start_postgres(tmp_path_factory.mktemp("pg-replica") / "data", settings={"wal_level": "replica"})
-    yield server
-    server.stop()
+    with temporary_postgres("flinkish-test-pg-replica-", settings={"wal_level": "replica"}) as server:
+        yield server
 
 
 def test_wal_level_not_logical_says_how_to_set_it(spark, replica_server, tmp_path: Path) -> None:
