@@ -150,10 +150,19 @@ def pg_server(request: pytest.FixtureRequest) -> PostgresForTests:
 
 
 @pytest.fixture
-def pg_url(pg_server: PostgresForTests, request: pytest.FixtureRequest) -> str:
-    """A libpq URI of a fresh, empty database for this test."""
+def pg_url(pg_server: PostgresForTests, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A libpq URI of a fresh, empty database for this test. Replication slots the test left in
+    it are dropped afterwards: they would hold WAL on the shared server for the rest of the session."""
+    import psycopg
+
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:50]
-    return pg_server.create_database(name)
+    yield pg_server.create_database(name)
+    try:
+        with psycopg.connect(pg_server.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE database = %s AND NOT active", (name,))
+    except psycopg.Error:
+        pass  # best effort: a slot still in use by a query the test left running
 
 
 def _exit_within(proc: subprocess.Popen, seconds: float) -> int | None:

@@ -88,7 +88,28 @@ def test_a_publication_that_would_miss_changes_is_refused_at_load(spark, pg_url:
                                         r"the names of its partitions.*ALTER PUBLICATION leaves SET \(publish_via_partition_root = true\)"):
         load(spark, pg_url, tmp_path / "leaves", "o", table="orders", publication="leaves")
     with psycopg.connect(pg_url) as conn:  # nothing created on the server, nothing in the checkpoints
-        assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").fetchone()[0] == 0
     assert not list(tmp_path.glob("*/meta/sources/*/*.parquet"))
     # A publication that sends everything is used as it is (and never dropped).
     load(spark, pg_url, tmp_path / "good", "o", table="orders", publication="other_table")
+
+
+def test_a_truncate_of_another_table_in_a_given_publication_does_not_stop_the_source(spark, pg_url: str, tmp_path: Path) -> None:
+    from pyspark.sql.types import StructType
+
+    from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
+
+    execute(pg_url, "CREATE TABLE t (id int PRIMARY KEY, v text)", "CREATE TABLE other (id int PRIMARY KEY)",
+            "INSERT INTO other VALUES (1)", "CREATE PUBLICATION both_tables FOR TABLE t, other")
+    src = PostgresSourceDataSource({"uid": "tr", "checkpoint": str(tmp_path / "meta"), "url": pg_url, "table": "t",
+                                    "startup": "changes", "publication": "both_tables"})
+    src.setup_source()
+    enum = src.create_enumerator()
+    (changes,) = enum.discover(set())
+    execute(pg_url, "TRUNCATE other", "INSERT INTO t VALUES (1, 'a')")
+    reader = src.create_reader(StructType.fromDDL(src.table_info().spark_ddl()))
+    rows = [r for b in reader.read(changes, 0, enum.extent(changes, 0).available) for r in b.to_pylist()]
+    assert [(r["_op"], r["id"], r["v"]) for r in rows] == [("c", 1, "a")]
+    execute(pg_url, "TRUNCATE t")  # the source's own table: an error, as before
+    with pytest.raises(Exception, match=r"public.t was truncated"):
+        list(reader.read(changes, 0, enum.extent(changes, 0).available))
