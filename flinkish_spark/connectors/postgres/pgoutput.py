@@ -79,6 +79,8 @@ class RowMessage:
 @dataclass(frozen=True)
 class Truncate:
     relids: tuple[int, ...]
+    #: (schema, table) of each relid whose Relation message came first (decode_changes fills it)
+    tables: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,8 @@ def decode_changes(
             if txn.final_lsn < start_lsn or (end_lsn is not None and txn.final_lsn >= end_lsn):
                 continue
             if isinstance(msg, Truncate):
-                yield msg
+                # The server sends the Relation of each truncated table before the message.
+                yield Truncate(msg.relids, tuple((relations[r].namespace, relations[r].name) for r in msg.relids if r in relations))
                 continue
             rel = relations.get(msg.relid)
             if rel is None:

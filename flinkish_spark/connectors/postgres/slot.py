@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
+from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres.pgoutput import format_lsn, parse_lsn
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.io.fileio import FileIO
@@ -97,16 +98,6 @@ def slot_info(conn: Any, slot: str) -> tuple[SlotState, int | None, str | None]:
     return ("lost" if lost else "ok"), lsn, None if database is None else str(database)
 
 
-def publication_tables(conn: Any, publication: str) -> list[tuple[str, str]] | None:
-    """The tables of ``publication`` as (schema, table), or None when it does not exist."""
-    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
-        return None
-    rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
-    ).fetchall()
-    return [(str(s), str(t)) for s, t in rows]
-
-
 def ensure_slot_and_publication(
     conn: Any,
     io: FileIO,
@@ -114,6 +105,7 @@ def ensure_slot_and_publication(
     slot: str,
     publication: str,
     table: tuple[str, str],
+    columns: Sequence[str],
     publication_given: bool,
     what: str,
 ) -> Ownership:
@@ -121,25 +113,20 @@ def ensure_slot_and_publication(
 
     Order matters: the publication first, then the slot, then (by the caller) the snapshot.
     """
-    psycopg = __import__("psycopg")
-    sql = psycopg.sql
     db = database_name(conn)
     claimed = Ownership.read(io, directory)
-    tables = publication_tables(conn, publication)
+    pub_exists = publications.exists(conn, publication)
     state, _confirmed, slot_db = slot_info(conn, slot)
     ours_pub = claimed is not None and claimed.publication == publication and claimed.publication_created
     ours_slot = claimed is not None and claimed.slot == slot and claimed.slot_created and claimed.database == db
-    if tables is not None and not ours_pub and not publication_given:
+    if pub_exists and not ours_pub and not publication_given:
         raise PostgresSourceError(
             f"{what}: a publication named {publication!r} already exists and was not created by this source "
             f"(its checkpoint folder {directory} does not claim it). Name another one with the option "
             "'publication', drop the old one (DROP PUBLICATION ...), or pass it explicitly if it is meant to be used"
         )
-    if tables is not None and table not in tables:
-        raise PostgresSourceError(
-            f"{what}: the publication {publication!r} does not publish {table[0]}.{table[1]}; "
-            f"ALTER PUBLICATION {publication} ADD TABLE {table[0]}.{table[1]}, or name another publication"
-        )
+    if pub_exists:
+        publications.check(conn, publication, table, columns, what)
     if state != "missing" and not ours_slot:
         where = f" (in database {slot_db!r})" if slot_db and slot_db != db else ""
         raise PostgresSourceError(
@@ -147,16 +134,12 @@ def ensure_slot_and_publication(
             f"source (its checkpoint folder {directory} does not claim it). Name another one with the option "
             f"'slotName', or drop the old one: SELECT pg_drop_replication_slot('{slot}')"
         )
-    owned = Ownership(db, slot, publication, slot_created=True, publication_created=tables is None or ours_pub)
+    owned = Ownership(db, slot, publication, slot_created=True, publication_created=not pub_exists or ours_pub)
     # Recorded before creating: a crash in between leaves a claim on something that may not
     # exist (harmless), never something created and unclaimed (which would block the restart).
     owned.write(io, directory)
-    if tables is None:
-        conn.execute(
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert, update, delete, truncate')").format(
-                sql.Identifier(publication), sql.Identifier(table[0]), sql.Identifier(table[1])
-            )
-        )
+    if not pub_exists:
+        publications.create(conn, publication, table)
     if state == "missing":
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     elif state == "lost":

@@ -55,6 +55,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import (
     ConnectionInfo, adbc_connect, check_server_version, connect, parse_url,
@@ -334,7 +335,7 @@ class PostgresEnumerator(SplitEnumerator):
                 # The slot first: every change after its consistent point is kept for us.
                 slots.ensure_slot_and_publication(
                     conn, src.io, src.checkpoint_store().directory, src.slot_name, src.publication,
-                    (info.schema, info.name), src.publication_given, src.component,
+                    (info.schema, info.name), [c.name for c in info.columns], src.publication_given, src.component,
                 )
             if src.startup != "changes":
                 chunks = chunk_boundaries(conn, info, src.split_size)
@@ -578,6 +579,8 @@ class PostgresReader(SplitReader):
             messages = _peek(conn, src.slot_name, src.publication, end, None)
         for change in decode_changes(messages, start, end):
             if isinstance(change, Truncate):
+                if len(change.tables) == len(change.relids) and (info.schema, info.name) not in change.tables:
+                    continue  # another table of a publication the user gave
                 raise PostgresSourceError(
                     f"{src.component}: {info.display} was truncated (in the WAL range {format_lsn(start)}..{format_lsn(end)}); "
                     "a TRUNCATE cannot be expressed as row changes. Restart with a new snapshot (a new uid, or drop "
@@ -666,6 +669,12 @@ class PostgresSourceDataSource(SplitDataSource):
                 info = load_table_info(conn, self.table, self.split_column, self.component)
                 if self.startup != "snapshot":
                     slots.check_logical_replication(conn, self.component)
+                    # At every start, not only the first: a publication can be altered while stopped.
+                    # (One of this name that is neither given nor ours is refused when the slot is made.)
+                    owned = slots.Ownership.read(self.io, self.checkpoint_store().directory)
+                    if self.publication_given or (owned is not None and owned.publication_created):
+                        publications.check(conn, self.publication, (info.schema, info.name),
+                                           [c.name for c in info.columns], self.component)
                     if not info.key:
                         raise PostgresSourceError(
                             f"{self.component}: table {info.display} has no primary key, so its changes carry no key "
