@@ -34,7 +34,8 @@ SCHEMA = StructType([StructField("id", LongType(), False), StructField("v", Stri
 
 def q(url: str, sql: str, *params: Any) -> list[tuple]:
     with psycopg.connect(url, autocommit=True) as c:
-        return c.execute(sql, params or None).fetchall()
+        cur = c.execute(sql, params or None)
+        return cur.fetchall() if cur.description else []
 
 
 def rows(ids: range) -> list[pa.RecordBatch]:
