@@ -298,6 +298,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                     parameters=(self.uid, ctx.epoch, gid, f"{plan.schema}.{plan.table}", "prepared", rows),
                 )
                 cur.execute(f"PREPARE TRANSACTION '{gid}'")  # uid and run are [A-Za-z0-9_.-]: no quoting needed
+            fail_point("sink.after_prepare", attempt=ctx.attempt)  # prepared; Spark never gets the message
             return PreparedXact(gid, rows)
         except Exception as e:
             raise self._write_error(e, ctx) from None
