@@ -45,6 +45,7 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
+from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.connectors.postgres.prepared import (
     GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
 )
@@ -413,6 +414,9 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 psycopg = require_psycopg()
                 try:
                     c.execute(self._move_sql(), (epoch, ids))
+                    if plan.deletes:  # a re-snapshot of the source after a lost slot: its deletes
+                        apply_markers(c, plan.schema, plan.target, plan.staging, plan.staging_table, plan.key,
+                                      f"{S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s)", (epoch, ids))
                 except psycopg.errors.IntegrityError as e:
                     raise TargetWriteError(
                         f"flinkish.postgres sink uid {self.uid!r}: epoch {epoch} violates a constraint of "
@@ -452,7 +456,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
         # ON CONFLICT cannot touch a row twice in one statement: keep the last row per key
         # (highest partition, then highest row number -- the order Spark produced them in).
         op = ", _op" if plan.deletes else ""
-        last = (f"SELECT DISTINCT ON ({keys}) {cols}{op} FROM {plan.staging} WHERE {where} "
+        data = f" AND {NOT_A_MARKER}" if plan.deletes else ""
+        last = (f"SELECT DISTINCT ON ({keys}) {cols}{op} FROM {plan.staging} WHERE {where}{data} "
                 f"ORDER BY {keys}, {S_PART} DESC, {S_ROW} DESC")
         others = [c for c in plan.columns if c not in plan.key]
         update = ("DO UPDATE SET " + ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in others)) if others else "DO NOTHING"

@@ -140,10 +140,13 @@ def ensure_slot_and_publication(
     owned.write(io, directory)
     if not pub_exists:
         publications.create(conn, publication, table)
-    if state == "missing":
+    if state == "lost":
+        # Ours, and invalidated by the server (max_slot_wal_keep_size, ...): it can never send a
+        # change again. We start a snapshot now (a new source, or a re-snapshot), so a new slot
+        # -- created before the chunk boundaries -- is all that is needed.
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    if state != "ok":
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-    elif state == "lost":
-        raise PostgresSourceError(f"{what}: the replication slot {slot!r} was invalidated by the server before the first epoch")
     return owned
 
 

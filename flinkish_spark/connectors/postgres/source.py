@@ -85,6 +85,11 @@ BATCH_ROWS = 65_536
 #: How long a reader waits for a slot that a killed run's backend still holds.
 SLOT_BUSY_WAIT_S = 60.0
 METADATA_COLUMNS = ("_op", "_lsn", "_commit_ts")
+#: ``_op`` of the marker rows around a re-snapshot (``onSlotLost=resnapshot``): every other column
+#: is null. The slot was lost, so the deletes of the gap are too; a keyed target applies 'E' by
+#: deleting each key that the snapshot rows since 'B' did not hold (the flinkish.postgres sink
+#: with deletes=true does: :mod:`flinkish_spark.connectors.postgres.resnapshot`).
+RESNAPSHOT_BEGIN, RESNAPSHOT_END = "B", "E"
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -320,7 +325,7 @@ class PostgresEnumerator(SplitEnumerator):
                 self.generation += 1  # a new slot and a new snapshot; the old splits end where they are
                 self.snapshot_done = self.changes_discovered = False
                 return self._start(known)
-        if src.startup == "snapshotThenChanges" and self.snapshot_done and not self.changes_discovered:
+        if src.startup != "snapshot" and self.snapshot_done and not self.changes_discovered:
             self.changes_discovered = True
             return [Split(changes_id(self.generation))]
         return []
@@ -337,10 +342,13 @@ class PostgresEnumerator(SplitEnumerator):
                     conn, src.io, src.checkpoint_store().directory, src.slot_name, src.publication,
                     (info.schema, info.name), [c.name for c in info.columns], src.publication_given, src.component,
                 )
-            if src.startup != "changes":
+            # A re-snapshot (generation > 0) reads the table whatever the startup: the changes
+            # in the gap are gone, and only the table itself can say what they did.
+            resnapshot = self.generation > 0
+            if src.startup != "changes" or resnapshot:
                 chunks = chunk_boundaries(conn, info, src.split_size)
                 out = [Split(chunk_id(self.generation, i), c.to_payload()) for i, c in enumerate(chunks)]
-        if src.startup == "changes":
+        if src.startup == "changes" and not resnapshot:
             self.snapshot_done = self.changes_discovered = True
             out.append(Split(changes_id(self.generation)))
         self.started = True
@@ -357,7 +365,10 @@ class PostgresEnumerator(SplitEnumerator):
             f"({'dropped' if state == 'missing' else 'invalidated by the server, e.g. max_slot_wal_keep_size'}) "
             "while this source still needs it: the changes since the last committed epoch are gone from the WAL "
             "and the target would silently miss them. Start again with a new snapshot: set the option "
-            "onSlotLost=resnapshot (the source creates a new slot and reads the table again), or use a new uid"
+            "onSlotLost=resnapshot -- the source makes a new slot and reads the table again between two marker rows "
+            "(_op 'B' and 'E'), at which the flinkish.postgres sink (mode=upsert, deletes=true) also deletes the "
+            "target's keys that the table no longer holds; any other target must drop those keys itself "
+            "(docs/postgres-source.md, 'A lost slot')"
         )
 
     def extent(self, split: Split, position: int) -> SplitExtent:
@@ -496,7 +507,16 @@ class PostgresReader(SplitReader):
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):
-            yield from self._read_chunk(Chunk.from_payload(split.payload))
+            chunk = Chunk.from_payload(split.payload)
+            # A re-snapshot after a lost slot is bracketed by markers (see RESNAPSHOT_BEGIN): the
+            # first chunk (no lower bound) opens it, the last (no upper bound) closes it. Chunks are
+            # planned in order, so the two land in its first and last epoch.
+            resnapshot = split_generation(split.split_id) > 0
+            if resnapshot and chunk.lo is None:
+                yield self._marker(RESNAPSHOT_BEGIN)
+            yield from self._read_chunk(chunk)
+            if resnapshot and chunk.hi is None:
+                yield self._marker(RESNAPSHOT_END)
         else:
             yield from self._read_changes(start, end)
 
@@ -550,6 +570,11 @@ class PostgresReader(SplitReader):
                 cur.close()
         finally:
             conn.close()
+
+    def _marker(self, op: str) -> pa.RecordBatch:
+        """A row with ``_op`` = ``op`` and every other column null."""
+        return pa.RecordBatch.from_arrays(
+            [pa.array([op], f.type) if f.name == "_op" else pa.nulls(1, f.type) for f in self.target], schema=self.target)
 
     def _with_metadata(self, batch: pa.RecordBatch, op: str) -> pa.RecordBatch:
         n = batch.num_rows
