@@ -158,21 +158,32 @@ def start_lsn(conn: Any, slot: str) -> int:
 
 
 def advance(conn: Any, slot: str, lsn: int) -> bool:
-    """Move the slot's confirmed position up to ``lsn`` (never back); False when the slot is gone."""
+    """Move the slot's confirmed position up to ``lsn`` (never back); False when the slot is gone.
+
+    The end of a drain is delivered by two parties at once (the finish controller's final
+    notification and Spark's next ``latestOffset``), and the other may drop the slot between this
+    look and this act: gone then is gone, not an error.
+    """
     state, confirmed, _ = slot_info(conn, slot)
     if state != "ok":
         return False
     if confirmed is not None and confirmed >= lsn:
         return True
-    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+    try:
+        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+    except __import__("psycopg").errors.UndefinedObject:
+        return False
     return True
 
 
 def drop(conn: Any, owned: Ownership) -> None:
-    """Drop what this source created; idempotent."""
+    """Drop what this source created; idempotent, also when another party drops it at the same time."""
     psycopg = __import__("psycopg")
     if owned.slot_created and slot_info(conn, owned.slot)[0] != "missing":
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (owned.slot,))
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (owned.slot,))
+        except psycopg.errors.UndefinedObject:
+            pass  # dropped by the other party between our look and our act: done
     if owned.publication_created:
         conn.execute(psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(psycopg.sql.Identifier(owned.publication)))
 
