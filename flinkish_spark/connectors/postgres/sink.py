@@ -45,14 +45,14 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
-from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
-from flinkish_spark.connectors.postgres.prepared import (
-    GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
-)
 from flinkish_spark.connectors.postgres.connection import (
     ConnectionInfo, adbc_connect, arrow_type_for, check_server_version, compatible, connect, parse_url, pg_type_for, qualified,
     quote_ident, require_psycopg, split_table,
 )
+from flinkish_spark.connectors.postgres.prepared import (
+    GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
+)
+from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.errors import (
     CommitFailedError, ConfigError, DatabaseUnavailableError, TargetSchemaError, TargetWriteError,
 )
