@@ -206,17 +206,26 @@ class TwoPhaseCommitDataSource(DataSource):
         # Runs on the driver before any task of the batch: refuse bad state before writing.
         self.check_schema(schema)
         self.check_same_query()
-        self.decision_log().check_pending()
-        return TwoPhaseCommitStreamWriter(self, schema)
+        decided = self.decision_log().check_pending()
+        return TwoPhaseCommitStreamWriter(self, schema, frozenset(decided))
 
 
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType) -> None:
+    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType, decided: frozenset[int] = frozenset()) -> None:
         self.source = source
         self.schema = schema
+        # Epochs with a recorded decision (a replay after a crash past the decision): their commit
+        # uses the recorded committables, so tasks prepare nothing -- as transactional() does.
+        # Writing them again would waste the work, and into a keyed PostgreSQL table it would
+        # wait on (or collide with) the decided rows.
+        self.decided = decided
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedMessage:
         ctx = task_context(self.source.uid)
+        if ctx.epoch in self.decided:
+            for _ in iterator:  # Spark's input is consumed, not written
+                pass
+            return PreparedMessage(None, ctx.partition_id, ctx.attempt)
         committable = self.source.sink(self.schema).prepare(iterator, ctx)
         return PreparedMessage(committable, ctx.partition_id, ctx.attempt)
 
