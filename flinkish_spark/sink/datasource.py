@@ -81,6 +81,10 @@ def spark_query_id(location: str, options: dict[str, str] | None = None) -> str 
     return str(value) if value else None
 
 
+def _without_metadata(schema: StructType) -> list[tuple[str, str, bool]]:
+    return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
+
+
 def task_context(uid: str, epoch: int | None = None, offset: int = 0) -> PrepareContext:
     """Where a task runs; ``epoch`` defaults to Spark's batch id plus the incarnation's ``offset``."""
     from pyspark import TaskContext
@@ -158,7 +162,8 @@ class TwoPhaseCommitDataSource(DataSource):
             recorded = StructType.fromJson(json.loads(self.io.read_bytes(path)))
         except FileNotFoundError:
             return
-        if recorded != schema:
+        # Column metadata (e.g. the primary key a source marks) is no part of what is written.
+        if _without_metadata(recorded) != _without_metadata(schema):
             raise CheckpointMismatchError(
                 f"sink uid {self.uid!r} was started with the schema {recorded.simpleString()}, but the "
                 f"query now writes {schema.simpleString()}. Write to a new path with a new uid, or "
@@ -215,17 +220,22 @@ class TwoPhaseCommitDataSource(DataSource):
         lease = self.lease()
         if lease is not None:
             lease.renew()
-        self.decision_log().check_pending()
-        return TwoPhaseCommitStreamWriter(self, schema, current.epoch_offset, lease)
+        decided = self.decision_log().check_pending()
+        return TwoPhaseCommitStreamWriter(self, schema, frozenset(decided), current.epoch_offset, lease)
 
 
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
     """Tasks and the driver's commit of one batch; every epoch here is the target's (batch id + offset)."""
 
-    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType, epoch_offset: int = 0,
-                 lease: Lease | None = None) -> None:
+    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType, decided: frozenset[int] = frozenset(),
+                 epoch_offset: int = 0, lease: Lease | None = None) -> None:
         self.source = source
         self.schema = schema
+        # Epochs with a recorded decision (a replay after a crash past the decision): their commit
+        # uses the recorded committables, so tasks prepare nothing -- as transactional() does.
+        # Writing them again would waste the work, and into a keyed PostgreSQL table it would
+        # wait on (or collide with) the decided rows. Target epochs, as the decision log keeps them.
+        self.decided = decided
         self.epoch_offset = epoch_offset
         self._lease = lease  # the driver's: the commit renews the one streamWriter held
 
@@ -233,7 +243,11 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         return {**self.__dict__, "_lease": None}  # executors need no lease
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedMessage:
-        ctx = task_context(self.source.uid, offset=self.epoch_offset)
+        ctx = task_context(self.source.uid, offset=self.epoch_offset)  # the target epoch, as in ``decided``
+        if ctx.epoch in self.decided:
+            for _ in iterator:  # Spark's input is consumed, not written
+                pass
+            return PreparedMessage(None, ctx.partition_id, ctx.attempt)
         committable = self.source.sink(self.schema).prepare(iterator, ctx)
         return PreparedMessage(committable, ctx.partition_id, ctx.attempt)
 
