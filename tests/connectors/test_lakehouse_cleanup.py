@@ -1,10 +1,14 @@
 """A lakehouse sink's cleanup never deletes a file that a committed table version names,
-whatever decision it is handed.
+whatever decision it is handed -- in append and keyed modes alike.
 
 The framework hands ``cleanup(epoch, keep)`` the decided committables. When the table holds
 the epoch from *another* decision (the sink's metadata was reset, a second writer used the
 uid), deleting every file of the epoch's folder that ``keep`` does not name would delete
-committed data and leave the table unreadable. Read back with delta-rs and pyiceberg.
+committed data and leave the table unreadable. In the keyed modes the epoch's commit also
+names files the driver wrote (deletion vectors, position deletes, copies), and a compaction
+right after it may remove the epoch's files from the newest version -- a reader of the
+epoch's version (time travel, a reader that loaded it) still reads them. Read back with
+delta-rs and pyiceberg, every version and snapshot.
 """
 
 from __future__ import annotations
@@ -92,3 +96,74 @@ def test_cleanup_of_an_epoch_the_table_does_not_hold_removes_its_files(tmp_path:
     orphan_path = orphan.files[0].path
     assert not (local(orphan_path) if orphan_path.startswith(("/", "file:")) else tmp_path / "t" / orphan_path).exists()
     assert table()[0] == [1]
+
+
+def keyed_delta(tmp_path: Path) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """A keyed Delta sink compacting after every epoch; the check reads every version of the log."""
+    deltalake = pytest.importorskip("deltalake")
+    from flinkish_spark.connectors.delta import DeltaSink
+    from flinkish_spark.io.fileio import FileIO
+    from flinkish_spark.testing.changes import SCHEMA
+    from flinkish_spark.testing.delta_log import referenced
+
+    path = tmp_path / "t"
+
+    def every_version_reads() -> None:
+        named = referenced(FileIO.for_url(str(path)), str(path))
+        assert sorted(n for n in named if not (path / n).exists()) == []
+        for version in range(deltalake.DeltaTable(str(path)).version() + 1):
+            pa.table(deltalake.DeltaTable(str(path), version=version).scan())
+
+    return (lambda: DeltaSink.at(str(path), uid="u", schema=SCHEMA, mode="upsert", key="id", deletes="true",
+                                 compact_every=1)), every_version_reads
+
+
+def keyed_iceberg(tmp_path: Path) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """A keyed Iceberg sink compacting after every epoch; the check reads every snapshot."""
+    pytest.importorskip("pyiceberg")
+    from flinkish_spark.connectors.iceberg import IcebergSink
+    from flinkish_spark.testing.changes import SCHEMA
+
+    def sink() -> Any:
+        return IcebergSink.at("db.events", uid="u", schema=SCHEMA, checkpoint=str(tmp_path), mode="upsert", key="id",
+                              deletes="true", compact_every=1)
+
+    def every_snapshot_reads() -> None:
+        t = sink().catalog().load_table("db.events")
+        for snapshot in t.snapshots():
+            for task in t.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+                for f in [task.file, *task.delete_files]:
+                    assert local(f.file_path).exists(), f.file_path
+            t.scan(snapshot_id=snapshot.snapshot_id).to_arrow()
+
+    return sink, every_snapshot_reads
+
+
+@pytest.mark.parametrize("fmt", [keyed_delta, keyed_iceberg], ids=["delta", "iceberg"])
+def test_keyed_cleanup_spares_every_file_a_committed_version_names(tmp_path: Path, fmt: Any) -> None:
+    """Two tasks per epoch replace the keys of the epoch before (vectors or position deletes), a
+    compaction follows every epoch; then another object is handed another decision for the epoch,
+    and the abort path none: every version/snapshot stays readable, only the latest rows are seen."""
+    from flinkish_spark.testing.changes import Change, prepare as prepare_changes, run_epoch
+
+    make, every_version_reads = fmt(tmp_path)
+    sink = make()
+    for epoch in range(4):
+        changes = [Change(k, "u", f"e{epoch}", epoch * 100 + k, part=k % 2) for k in range(6)]
+        assert run_epoch(sink, epoch, changes) == "COMMITTED"
+        other = make()  # another process, another decision for the same epoch
+        stray = [c for c in prepare_changes(other, epoch, [Change(99, "c", "stray", 1)]) if c is not None]
+        assert other.commit(stray, epoch) == "ALREADY_COMMITTED"
+        other.cleanup(epoch, stray)
+        other.cleanup(epoch, [])
+        assert all(not local(p).exists() for c in stray for p in stray_paths(c, tmp_path / "t"))
+        every_version_reads()
+    assert sink.commit([], 4) == "COMMITTED"  # an epoch that changed nothing still marks the table
+    sink.cleanup(4, [])
+    every_version_reads()
+    assert make().last_committed_epoch() == 4  # what a reset checkpointLocation is checked against
+
+
+def stray_paths(committable: Any, table_root: Path) -> list[str]:
+    paths = [f.path for f in committable.files]
+    return [p if p.startswith(("/", "file:")) else str(table_root / p) for p in paths]

@@ -48,6 +48,7 @@ def commit_append(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> Comm
         if head.log.txn >= epoch:
             return "ALREADY_COMMITTED"
         if not files:
+            sink._committed_here = {epoch: frozenset()}
             return "COMMITTED"  # an empty epoch adds no version
         if not head.blind_append:
             return _commit_with_delta_rs(sink, files, epoch)
@@ -62,6 +63,7 @@ def commit_append(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> Comm
             sink._forget_head()  # the put may have landed: the next attempt re-reads the log
             return "RETRY_LATER"
         if outcome == "COMMITTED":
+            sink._committed_here = {epoch: frozenset(f.path for f in files)}
             after_append(sink, head.log.version)
         return outcome
     return "RETRY_LATER"
@@ -111,6 +113,7 @@ def _commit_with_delta_rs(sink: DeltaTarget, files: list[DeltaFile], epoch: int)
         if committed_version(sink.table(), sink.uid) >= epoch:
             return "ALREADY_COMMITTED"
         return "RETRY_LATER"
+    sink._committed_here = {epoch: frozenset(f.path for f in files)}
     table.update_incremental()
     sink._forget_head()  # re-read with the table at the next commit
     after_append(sink, table.version())

@@ -5,7 +5,10 @@ query in the same long-lived Python process): the state is brought up to date by
 only the commits written since (O(new commits) per epoch), a vector is read once per
 (file, vector) and the target remembers the vectors it writes itself. A metadata or
 protocol change of the table drops the state: the table is validated again and the
-state reloaded from its newest checkpoint.
+state reloaded from its newest checkpoint. A table deleted and created again at the path
+(found by :meth:`DeltaTarget.check_same_table` before each batch) drops every cache of it:
+the states of all uids, the vectors, and the key indexes of its files -- the new table's
+files may reuse names the sink writes deterministically (an epoch's DV file, ``driver-copy-0000``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from flinkish_spark.connectors.delta.deletion_vectors import read_vector
 from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
 from flinkish_spark.connectors.delta.table import DeltaTarget
+from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
 from flinkish_spark.errors import CorruptMetadataError
 
 DV_CACHE_BYTES = 256 << 20
@@ -51,10 +55,19 @@ def table_state(target: DeltaTarget) -> DeltaState:
     return state
 
 
-def forget_state(target: DeltaTarget) -> None:
+def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
+    """Drop the uid's state; ``table_too``: another table is at the path now -- drop every cache of the old one."""
     with _STATES_LOCK:
         _STATES.pop(target._head_key(), None)
-    target._forget_head()
+        if table_too:
+            for state_key in [k for k in _STATES if k[:2] == target._key()]:
+                _STATES.pop(state_key)
+    target._forget_head(table_too)
+    if table_too:
+        CACHE.forget(target.url(""))
+        with _DV_LOCK:
+            for dv_key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
+                del _DV_CACHE[dv_key]
 
 
 def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:

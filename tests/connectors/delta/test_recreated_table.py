@@ -58,3 +58,32 @@ def test_a_recreated_table_is_a_new_table(tmp_path: Path, others: int) -> None:
     assert sorted(table.to_pyarrow_table()["seq"].to_pylist()) == [10, 11] + [100 + i for i in range(others)]
     assert log_versions(path) == list(range(others + 3))  # no gap: every version a reader needs is there
     assert table.transaction_version("u") == 1
+
+
+@pytest.mark.parametrize("others", [0, 5])
+def test_a_recreated_keyed_table_is_a_new_table(tmp_path: Path, others: int) -> None:
+    """The keyed modes keep more per process than the head: the table's live files and txns, the
+    deletion vectors and the files' key indexes. A table created again is another table for all of them."""
+    from flinkish_spark.connectors.delta import DeltaSink
+    from flinkish_spark.testing.changes import SCHEMA, Change, run_epoch
+
+    path = tmp_path / "t"
+
+    def sink():
+        return DeltaSink.at(str(path), uid="u", schema=SCHEMA, mode="upsert", key="id", deletes="true")
+
+    old = sink()
+    for epoch in range(3):  # key 1 replaced in every epoch: deletion vectors in epochs 1 and 2
+        assert run_epoch(old, epoch, [Change(1, "u", f"old{epoch}", epoch), Change(2 + epoch, "c", "x", epoch)]) == "COMMITTED"
+    shutil.rmtree(path)  # the notebook deletes the table and starts over
+    new = sink()
+    for i in range(others):
+        deltalake.write_deltalake(str(path), pa.table({"id": pa.array([100 + i], pa.int64()), "v": ["o"],
+                                                       "n": pa.array([1], pa.int32())}), mode="append")
+    assert run_epoch(new, 0, [Change(1, "c", "new0", 10)]) == "COMMITTED"
+    assert run_epoch(new, 1, [Change(1, "u", "new1", 11), Change(2, "c", "y", 12)]) == "COMMITTED"
+    table = deltalake.DeltaTable(str(path))
+    got = sorted((r["id"], r["v"]) for r in pa.table(table.scan()).to_pylist())
+    assert got == [(1, "new1"), (2, "y")] + [(100 + i, "o") for i in range(others)]
+    assert log_versions(path) == list(range(others + 3))
+    assert table.transaction_version("u") == 1
