@@ -48,13 +48,17 @@ def table_state(target: DeltaTarget) -> DeltaState:
         except TableChanged:
             forget_state(target)
             return table_state(target)
+        if not target.still_there(state.version):
+            forget_state(target, table_too=True)  # deleted (and created again?) since: read it afresh
+            return table_state(target)
+        state.fresh = False
     return state
 
 
-def forget_state(target: DeltaTarget) -> None:
+def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
     with _STATES_LOCK:
         _STATES.pop(target._head_key(), None)
-    target._forget_head()
+    target._forget_head(table_too)
 
 
 def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:

@@ -114,6 +114,7 @@ class DeltaState:
     version: int
     files: dict[str, LiveFile]
     txns: dict[str, int]
+    fresh: bool = True  # loaded from storage by this call, not taken from the process's cache
 
     def txn(self, uid: str) -> int:
         return self.txns.get(uid, -1)

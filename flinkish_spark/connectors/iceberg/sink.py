@@ -217,6 +217,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
 
         keyed = [c for c in committables if isinstance(c, KeyedCommittable)]
         files = [f for c in committables if isinstance(c, IcebergCommittable) for f in c.files]
+        cached = TableCache.get(self._table_key()) is not None
         table = self.table(refresh=False)
         marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         for attempt in range(10):
@@ -224,6 +225,12 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
             # main still points where it pointed here, so a stale cached table can only
             # make the commit fail (and be re-checked), never apply an epoch twice.
             if committed_epoch(table, self.uid) >= epoch:
+                if cached:
+                    # ... but "already committed" from the cache is confirmed in the catalog: Spark reuses
+                    # the commit worker across queries, and the table may have been dropped and created again.
+                    cached = False
+                    table = self.table(refresh=True)
+                    continue
                 return "ALREADY_COMMITTED"
             if self.plan is None and not files:
                 return "COMMITTED"  # an empty append epoch adds no snapshot
