@@ -64,3 +64,22 @@ def test_a_table_recreated_by_another_writer_is_not_written_with_stale_state(tmp
     table = deltalake.DeltaTable(str(path))
     assert table.version() == 1  # the other writer's create, then our epoch: no gap
     assert ids(path) == [(100, "theirs"), (101, "mine")]
+
+
+def test_files_a_committed_version_names_stay_after_the_compaction_that_follows_it(tmp_path: Path) -> None:
+    """compactEvery rewrites the epoch's own small files right after the epoch's version: a reader
+    that loaded that version (a concurrent scan, time travel) must still find its files -- the
+    epoch's cleanup deletes only what no version named, as VACUUM's retention would (and as the
+    Iceberg sink keeps every file its epoch's snapshots added)."""
+    path = tmp_path / "t"
+    sink = sink_at(path, compact_every=2, rows_per_file=400)
+    assert run_epoch(sink, 0, [Change(k, "r", f"s{k}", None, part=k % 2, row=k) for k in range(50)]) == "COMMITTED"
+    assert run_epoch(sink, 1, [Change(k, "u", f"e1-{k}", 100 + k, part=k % 2, row=k) for k in range(0, 50, 3)]) \
+        == "COMMITTED"
+    table = deltalake.DeltaTable(str(path))
+    operations = [h["operation"] for h in reversed(table.history())]
+    assert operations[-1] == "OPTIMIZE", operations  # the compaction after epoch 1 removed epoch 1's files
+    epoch_1 = table.version() - 1
+    old = deltalake.DeltaTable(str(path), version=epoch_1)
+    got = sorted((r["id"], r["v"]) for r in pa.table(old.scan()).to_pylist())
+    assert got == sorted((k, f"e1-{k}" if k % 3 == 0 else f"s{k}") for k in range(50))
