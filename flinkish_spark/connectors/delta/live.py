@@ -95,10 +95,15 @@ def _remember_dv(key: str, positions: np.ndarray) -> None:
             total -= old.nbytes
 
 
-def live_references(target: DeltaTarget) -> set[str]:
-    """Paths (relative, decoded) of live data files and of the DV files live files use."""
+def live_references(target: DeltaTarget, epoch: int | None = None) -> set[str]:
+    """Paths (relative, decoded) of live data files and of the DV files live files use; with ``epoch``
+    also those the sink's commit of that epoch named (a later version -- its compaction -- may have
+    removed them, but a reader of the epoch's version still reads them: VACUUM's job, not cleanup's)."""
     state = table_state(target)
     out = {f.relative_path for f in state.files.values()}
+    named = state.epoch_files.get(target.uid)
+    if epoch is not None and named is not None and named[0] == epoch:
+        out |= named[1]
     for f in state.files.values():
         if f.dv is not None and f.dv.storage_type == "u":
             try:

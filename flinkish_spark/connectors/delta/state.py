@@ -115,6 +115,10 @@ class DeltaState:
     files: dict[str, LiveFile]
     txns: dict[str, int]
     fresh: bool = True  # loaded from storage by this call, not taken from the process's cache
+    # Per app id, its newest txn version and the files (relative, decoded: data and DV files) that
+    # commit named -- what the epoch's cleanup must keep even after a later version removed them.
+    # Known for commits applied to this state (not for those only in the checkpoint it was loaded from).
+    epoch_files: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
 
     def txn(self, uid: str) -> int:
         return self.txns.get(uid, -1)
@@ -137,6 +141,7 @@ class DeltaState:
             elif "txn" in action:
                 txn = action["txn"]
                 self.txns[str(txn["appId"])] = max(self.txns.get(str(txn["appId"]), -1), int(txn["version"]))
+                self.epoch_files[str(txn["appId"])] = (int(txn["version"]), _named(actions))
         self.version = version
 
     def catch_up(self, log: DeltaLog, validated: int = -1) -> int:
@@ -148,6 +153,23 @@ class DeltaState:
                 return applied
             self.apply(self.version + 1, actions, validated)
             applied += 1
+
+
+def _named(actions: list[dict[str, Any]]) -> frozenset[str]:
+    """The files a commit's ``add`` actions name: data files and their DV files (relative, decoded)."""
+    out = set()
+    for action in actions:
+        if "add" in action:
+            f = LiveFile.from_add(action["add"])
+            out.add(f.relative_path)
+            if f.dv is not None and f.dv.storage_type == "u":
+                try:
+                    rel = f.dv.relative_file()
+                except CorruptMetadataError:
+                    continue
+                if rel:
+                    out.add(rel)
+    return frozenset(out)
 
 
 def load_state(log: DeltaLog, validated: int) -> DeltaState:
