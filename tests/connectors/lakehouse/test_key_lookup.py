@@ -95,3 +95,21 @@ def test_keys_stored_in_another_physical_type_are_found(tmp_path: Path) -> None:
     query = pa.table({"name": pa.array(["k2"], pa.string()), "ts": pa.array([stamps[2]], pa.timestamp("us", tz="UTC"))})
     found = KeyLookup(io, ("name", "ts"), cache=KeyIndexCache()).find(query, files)
     assert {f: p.tolist() for f, (p, _) in found.by_file.items()} == {"f": [2]}
+
+
+def test_a_cache_smaller_than_the_candidates_indexes_reads_each_file_once_per_lookup(tmp_path: Path, monkeypatch) -> None:
+    """When the indexes of one lookup's candidates do not fit the cache (a large table, or the cache
+    off), each candidate file is still read once -- not again for the search and again for the
+    hash verification after the cache evicted what the reader threads built."""
+    io = FileIO.for_url(str(tmp_path))
+    files = []
+    for i in range(4):
+        names = [f"k{j:05d}" for j in range(i * 100, (i + 1) * 100)]
+        files.append(CandidateFile(f"f{i}", write(tmp_path, f"f{i}.parquet", pa.table({"name": names})), 0))
+    reads: list[str] = []
+    build = KeyLookup._build
+    monkeypatch.setattr(KeyLookup, "_build", lambda self, f: reads.append(f.path) or build(self, f))
+    lookup = KeyLookup(io, ("name",), cache=KeyIndexCache(max_bytes=0))
+    found = lookup.find(pa.table({"name": ["k00007", "k00150", "k00399"]}), files)
+    assert {f: p.tolist() for f, (p, _) in found.by_file.items()} == {"f0": [7], "f1": [50], "f3": [99]}
+    assert sorted(reads) == ["f0", "f1", "f2", "f3"]
