@@ -204,17 +204,21 @@ class KeyLookup:
         query = key_codes(keys.columns)
         order = np.argsort(query, kind="stable")
         query, query_index = query[order], order.astype(np.int64)
-        cold = [f for f in candidates if self.cache.get((f.url, f.size, self.key, self.live_column, self.types)) is None]
+        # The indexes built here are held for this lookup: the cache may be smaller than they are.
+        built: dict[int, FileKeys] = {}
+        cold = [i for i, f in enumerate(candidates)
+                if self.cache.get((f.url, f.size, self.key, self.live_column, self.types)) is None]
         self.files_read = len(cold)
         if len(cold) > 1:
             with ThreadPoolExecutor(min(READ_THREADS, len(cold))) as pool:
-                list(pool.map(self.index, cold))
+                built.update(zip(cold, pool.map(lambda i: self.index(candidates[i]), cold)))
         exact = exact_codes([c.type for c in keys.columns])
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for f in candidates:
-            positions, key_index = _search(self.index(f), query, query_index)
+        for i, f in enumerate(candidates):
+            index = built.pop(i, None) or self.index(f)
+            positions, key_index = _search(index, query, query_index)
             if len(positions) and not exact:
-                positions, key_index = _verify(self.index(f), keys, positions, key_index)
+                positions, key_index = _verify(index, keys, positions, key_index)
             if len(positions) and f.deleted is not None:
                 deleted = f.deleted()
                 if len(deleted):
