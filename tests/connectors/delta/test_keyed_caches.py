@@ -83,3 +83,22 @@ def test_files_a_committed_version_names_stay_after_the_compaction_that_follows_
     old = deltalake.DeltaTable(str(path), version=epoch_1)
     got = sorted((r["id"], r["v"]) for r in pa.table(old.scan()).to_pylist())
     assert got == sorted((k, f"e1-{k}" if k % 3 == 0 else f"s{k}") for k in range(50))
+
+
+def test_a_recreated_table_whose_files_reuse_a_name_is_not_looked_up_in_the_old_files_index(tmp_path: Path) -> None:
+    """Files the commit writes itself have names fixed per (uid, epoch) (``driver-copy-0000`` below the
+    epoch's folder): the same query run again on a recreated table writes a file of the same name --
+    and here of the same size -- holding another key. The key index of the old file must not answer."""
+    path = tmp_path / "t"
+
+    def run(values: dict[int, str], deleted: int) -> None:
+        sink = sink_at(path, deletes="soft")
+        run_epoch(sink, 0, [Change(k, "r", v, None, row=k) for k, v in values.items()])
+        run_epoch(sink, 1, [Change(deleted, "d", None, 10)])  # soft: a driver-copy file with its row
+        run_epoch(sink, 2, [Change(deleted, "u", "zz", 20)])  # looks the key up in that file
+
+    run({5: "aaaa", 6: "bbbb"}, deleted=5)
+    shutil.rmtree(path)
+    run({5: "xxxx", 6: "aaaa"}, deleted=6)
+    rows = sorted((r["id"], r["v"], r["_deleted"]) for r in pa.table(deltalake.DeltaTable(str(path)).scan()).to_pylist())
+    assert rows == [(5, "xxxx", False), (6, "zz", False)]
