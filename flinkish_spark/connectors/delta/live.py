@@ -56,9 +56,20 @@ def table_state(target: DeltaTarget) -> DeltaState:
 
 
 def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
+    """Drop the uid's state; ``table_too``: the table itself may be another one now (deleted, created
+    again), whose files can reuse names the sink writes deterministically (``driver-copy-0000``
+    below an epoch's folder, a vector at the same offset of the epoch's DV file): drop every cache
+    of its files too."""
     with _STATES_LOCK:
         _STATES.pop(target._head_key(), None)
     target._forget_head(table_too)
+    if table_too:
+        from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
+
+        CACHE.forget(target.url(""))
+        with _DV_LOCK:
+            for key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
+                del _DV_CACHE[key]
 
 
 def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:

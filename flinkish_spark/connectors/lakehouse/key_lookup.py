@@ -132,6 +132,12 @@ class KeyIndexCache:
             self._entries.clear()
             self._bytes = 0
 
+    def forget(self, url_prefix: str) -> None:
+        """Drop the indexes of files below ``url_prefix`` (a table deleted: new files may reuse names)."""
+        with self._lock:
+            for key in [k for k in self._entries if str(k[0]).startswith(url_prefix)]:
+                self._bytes -= self._entries.pop(key).nbytes
+
     @property
     def nbytes(self) -> int:
         return self._bytes
