@@ -76,6 +76,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
+from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
@@ -241,6 +242,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
                     # The lookup reads the snapshot the commit asserts: positions are never stale.
                     plan = plan_epoch(self._target(), table, keyed, epoch)
                     written = plan.written
+                    crash_point("iceberg.keyed.before_snapshot")  # delete files and copies written, no snapshot
                     commit_snapshot(self.catalog(), table, plan.changes, spec_id, marker,
                                     retain=self.retain_snapshots, protect_property=UID_PROPERTY,
                                     delete_files=self._delete_quietly)
