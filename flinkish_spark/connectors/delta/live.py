@@ -19,7 +19,6 @@ from flinkish_spark.connectors.delta.deletion_vectors import read_vector
 from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
 from flinkish_spark.connectors.delta.table import DeltaTarget
-from flinkish_spark.errors import CorruptMetadataError
 
 DV_CACHE_BYTES = 256 << 20
 
@@ -111,18 +110,10 @@ def live_references(target: DeltaTarget, epoch: int | None = None) -> set[str]:
     also those the sink's commit of that epoch named (a later version -- its compaction -- may have
     removed them, but a reader of the epoch's version still reads them: VACUUM's job, not cleanup's)."""
     state = table_state(target)
-    out = {f.relative_path for f in state.files.values()}
+    out = {name for f in state.files.values() for name in f.stored_files()}
     named = state.epoch_files.get(target.uid)
     if epoch is not None and named is not None and named[0] == epoch:
         out |= named[1]
-    for f in state.files.values():
-        if f.dv is not None and f.dv.storage_type == "u":
-            try:
-                rel = f.dv.relative_file()
-            except CorruptMetadataError:
-                continue
-            if rel:
-                out.add(rel)
     return out
 
 

@@ -69,6 +69,19 @@ class LiveFile:
                 self._parsed = {}
         return self._parsed
 
+    def stored_files(self) -> list[str]:
+        """The files (relative, decoded) this logical file is stored in: the data file, and its DV file
+        when the vector is in one below the table (``u``; a malformed descriptor names none)."""
+        out = [self.relative_path]
+        if self.dv is not None and self.dv.storage_type == "u":
+            try:
+                rel = self.dv.relative_file()
+            except CorruptMetadataError:
+                rel = None
+            if rel:
+                out.append(rel)
+        return out
+
     @property
     def num_records(self) -> int | None:
         value = self.parsed_stats().get("numRecords")
@@ -157,19 +170,8 @@ class DeltaState:
 
 def _named(actions: list[dict[str, Any]]) -> frozenset[str]:
     """The files a commit's ``add`` actions name: data files and their DV files (relative, decoded)."""
-    out = set()
-    for action in actions:
-        if "add" in action:
-            f = LiveFile.from_add(action["add"])
-            out.add(f.relative_path)
-            if f.dv is not None and f.dv.storage_type == "u":
-                try:
-                    rel = f.dv.relative_file()
-                except CorruptMetadataError:
-                    continue
-                if rel:
-                    out.add(rel)
-    return frozenset(out)
+    return frozenset(name for action in actions if "add" in action
+                     for name in LiveFile.from_add(action["add"]).stored_files())
 
 
 def load_state(log: DeltaLog, validated: int) -> DeltaState:
