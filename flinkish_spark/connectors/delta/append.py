@@ -42,10 +42,17 @@ def prepare_append(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pr
 def commit_append(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> CommitOutcome:
     for _ in range(3):
         head = sink._head()
+        fresh = head is None
         if head is None:
             # First commit in this process, or the table changed: read the table once.
             head = sink.set_head(sink.validate(False, "flinkish.delta commit"))
+        elif not sink.still_there(head.log.version):
+            sink._forget_head(table_too=True)  # the table was deleted (and created again?) since
+            continue
         if head.log.txn >= epoch:
+            if not fresh:
+                sink._forget_head(table_too=True)  # a cached answer: confirm it on storage first
+                continue
             return "ALREADY_COMMITTED"
         if not files:
             return "COMMITTED"  # an empty epoch adds no version

@@ -86,6 +86,11 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
         except StorageUnavailableError:
             return "RETRY_LATER"
         if state.txn(sink.uid) >= epoch:
+            if not state.fresh:
+                # Answered from this process's cache: confirm on storage before skipping the epoch
+                # (the cache may describe a table deleted since). Replays are rare; the reload is cheap.
+                forget_state(sink, table_too=True)
+                continue
             return "ALREADY_COMMITTED"
         built = EpochCommit(sink, state, changes, committables, epoch).build()
         version = state.version + 1

@@ -19,7 +19,6 @@ from flinkish_spark.connectors.delta.deletion_vectors import read_vector
 from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
 from flinkish_spark.connectors.delta.table import DeltaTarget
-from flinkish_spark.errors import CorruptMetadataError
 
 DV_CACHE_BYTES = 256 << 20
 
@@ -48,13 +47,28 @@ def table_state(target: DeltaTarget) -> DeltaState:
         except TableChanged:
             forget_state(target)
             return table_state(target)
+        if not target.still_there(state.version):
+            forget_state(target, table_too=True)  # deleted (and created again?) since: read it afresh
+            return table_state(target)
+        state.fresh = False
     return state
 
 
-def forget_state(target: DeltaTarget) -> None:
+def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
+    """Drop the uid's state; ``table_too``: the table itself may be another one now (deleted, created
+    again), whose files can reuse names the sink writes deterministically (``driver-copy-0000``
+    below an epoch's folder, a vector at the same offset of the epoch's DV file): drop every cache
+    of its files too."""
     with _STATES_LOCK:
         _STATES.pop(target._head_key(), None)
-    target._forget_head()
+    target._forget_head(table_too)
+    if table_too:
+        from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
+
+        CACHE.forget(target.url(""))
+        with _DV_LOCK:
+            for key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
+                del _DV_CACHE[key]
 
 
 def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:
@@ -91,18 +105,15 @@ def _remember_dv(key: str, positions: np.ndarray) -> None:
             total -= old.nbytes
 
 
-def live_references(target: DeltaTarget) -> set[str]:
-    """Paths (relative, decoded) of live data files and of the DV files live files use."""
+def live_references(target: DeltaTarget, epoch: int | None = None) -> set[str]:
+    """Paths (relative, decoded) of live data files and of the DV files live files use; with ``epoch``
+    also those the sink's commit of that epoch named (a later version -- its compaction -- may have
+    removed them, but a reader of the epoch's version still reads them: VACUUM's job, not cleanup's)."""
     state = table_state(target)
-    out = {f.relative_path for f in state.files.values()}
-    for f in state.files.values():
-        if f.dv is not None and f.dv.storage_type == "u":
-            try:
-                rel = f.dv.relative_file()
-            except CorruptMetadataError:
-                continue
-            if rel:
-                out.add(rel)
+    out = {name for f in state.files.values() for name in f.stored_files()}
+    named = state.epoch_files.get(target.uid)
+    if epoch is not None and named is not None and named[0] == epoch:
+        out |= named[1]
     return out
 
 

@@ -131,9 +131,9 @@ class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
             return
         if self.plan is not None and keep and self.committed(epoch):
             # Keyed: the commit left out files whose rows all lost, and wrote files of its own
-            # (vectors, copies, compactions): what the table names stays, nothing else.
+            # (vectors, copies, compactions): what the table names, or the epoch's version named, stays.
             root = self.io.strip(self.path).rstrip("/") + "/"
-            live = live_references(self)
+            live = live_references(self, epoch)
             doomed = [p for p in on_storage if p[len(root):] not in live]
         else:
             wanted = {self.io.strip(self.url(f.path)) for c in keep for f in c.files}

@@ -125,9 +125,23 @@ class DeltaTarget:
         with _TABLES_LOCK:
             return _HEADS.get(self._head_key())
 
-    def _forget_head(self) -> None:
+    def _forget_head(self, table_too: bool = False) -> None:
+        """Drop this uid's head; ``table_too``: also the delta-rs table (the folder may hold another table now)."""
         with _TABLES_LOCK:
             _HEADS.pop(self._head_key(), None)
+            if table_too:
+                _TABLES.pop(self._key(), None)
+
+    def still_there(self, version: int) -> bool:
+        """Whether the log still has ``version``, the newest a cache of this process has seen (one HEAD).
+
+        Spark reuses the driver's Python workers across queries: a table deleted (and perhaps
+        created again by another writer) since the cache was filled no longer has that version,
+        and the cache must not answer for it -- its txn would call new epochs committed, and the
+        next version written would leave a gap in the new table's log. Also false when log
+        cleanup removed the version (the cache is far behind): reloading is right then too.
+        """
+        return self.io.exists(self.log().commit_url(version))
 
     def shape(self) -> tuple[str, tuple[str, ...]]:
         return self.schema.to_string(), self.partition_by
@@ -145,9 +159,11 @@ class DeltaTarget:
             try:
                 if head.blind_append:
                     self.log().catch_up(head.log, self.uid)
+                if not self.still_there(head.log.version):
+                    raise StaleHead(f"{self.path}: version {head.log.version} is gone")
                 return
             except (TableChanged, StaleHead):
-                self._forget_head()
+                self._forget_head(table_too=True)
         table = self.validate(create, component)
         self.set_head(table)
 
