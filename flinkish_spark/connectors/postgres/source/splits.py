@@ -1,0 +1,18 @@
+"""Split ids of the ``flinkish.postgres`` source: ``snapshot-<g>-<n>`` chunks and the ``changes-<g>`` split.
+
+``g`` is the generation: a new slot and a new snapshot after a lost slot start the next one.
+"""
+
+from __future__ import annotations
+
+
+def chunk_id(generation: int, n: int) -> str:
+    return f"snapshot-{generation}-{n:05d}"
+
+
+def changes_id(generation: int) -> str:
+    return f"changes-{generation}"
+
+
+def split_generation(split_id: str) -> int:
+    return int(split_id.split("-")[1])
