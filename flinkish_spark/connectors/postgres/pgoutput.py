@@ -39,6 +39,7 @@ class Column:
     name: str
     type_oid: int
     is_key: bool
+    type_mod: int = -1
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class RowMessage:
 @dataclass(frozen=True)
 class Truncate:
     relids: tuple[int, ...]
+    commit_lsn: int = 0  # set by decode_changes: its transaction's commit LSN and time
+    commit_ts_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,8 +184,8 @@ def decode_message(data: bytes) -> Message:
             flags = r.int8()
             col_name = r.cstring()
             type_oid = r.uint32()
-            r.int32()  # type modifier
-            cols.append(Column(col_name, type_oid, bool(flags & 1)))
+            type_mod = r.int32()
+            cols.append(Column(col_name, type_oid, bool(flags & 1), type_mod))
         return Relation(relid, namespace, name, identity, tuple(cols))
     if kind == "I":
         relid = r.uint32()
@@ -244,7 +247,7 @@ def decode_changes(
             if txn.final_lsn < start_lsn or (end_lsn is not None and txn.final_lsn >= end_lsn):
                 continue
             if isinstance(msg, Truncate):
-                yield msg
+                yield Truncate(msg.relids, txn.final_lsn, txn.commit_ts_us)
                 continue
             rel = relations.get(msg.relid)
             if rel is None:
