@@ -13,14 +13,21 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
+from flinkish_spark.connectors.postgres.rows import STREAM_DDL
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
+from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, followable_tables
 from flinkish_spark.connectors.postgres.source.reader import PostgresReader
 from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_table_info
+from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
+from flinkish_spark.connectors.postgres.source.tables_reader import TablesReader
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.options import Options
 from flinkish_spark.source.datasource import SplitDataSource
 from flinkish_spark.source.planning import ReadRange
+from flinkish_spark.source.reader import SplitReader
+
+DEFAULT_DISCOVERY_INTERVAL_S = 10.0
 
 
 class PostgresSourceDataSource(SplitDataSource):
@@ -33,8 +40,8 @@ class PostgresSourceDataSource(SplitDataSource):
 
     KIND: ClassVar[str] = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
-        "url", "passwordEnv", "table", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
-        "slotName", "publication", "onSlotLost", "snapshotPartitions",
+        "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
+        "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
     )
 
     def __init__(self, options: Any) -> None:
@@ -48,7 +55,19 @@ class PostgresSourceDataSource(SplitDataSource):
         url = opts.required("url", "a libpq URI, e.g. postgresql://user@host:5432/db (password via PGPASSWORD or 'passwordEnv')")
         self.password_env = (opts.get("passwordEnv") or "").strip() or None
         self.conn_info: ConnectionInfo = parse_url(url, self.password_env, f"{self.component}: option 'url'")
-        self.table = opts.required("table", "the table to read, e.g. public.orders")
+        if opts.has("table") == opts.has("tables"):
+            raise ConfigError(
+                f"{self.component}: give either 'table' (one table: its own columns) or 'tables' (names and patterns, "
+                "e.g. 'public.*, sales.order_*': one stream of rows of every table, see docs/postgres-source.md)"
+                + (", not both" if opts.has("table") else "")
+            )
+        self.table = (opts.get("table") or "").strip()
+        tables = opts.get("tables")
+        self.patterns: TablePatterns | None = (
+            None if tables is None else TablePatterns.parse(tables, f"{self.component}: option 'tables'"))
+        self.discovery_interval = opts.number("discoveryInterval", DEFAULT_DISCOVERY_INTERVAL_S) or DEFAULT_DISCOVERY_INTERVAL_S
+        if self.patterns is None and opts.has("discoveryInterval"):
+            raise ConfigError(f"{self.component}: option 'discoveryInterval' applies to 'tables' only")
         self.startup: Startup = opts.choice("startup", ("snapshot", "snapshotThenChanges", "changes"), "snapshotThenChanges")
         self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
         self.split_column = (opts.get("splitColumn") or "").strip() or None
@@ -62,12 +81,18 @@ class PostgresSourceDataSource(SplitDataSource):
         given = (opts.get("publication") or "").strip()
         self.publication_given = bool(given)
         self.publication = given or default_name[:63]
+        if self.patterns is not None and self.split_column is not None:
+            raise ConfigError(f"{self.component}: option 'splitColumn' applies to 'table' only; with 'tables' every "
+                              "table is split by its primary key")
         if self.startup == "snapshot" and (opts.has("slotName") or opts.has("publication") or opts.has("onSlotLost")):
             raise ConfigError(f"{self.component}: startup=snapshot uses no replication slot; drop the options slotName, publication and onSlotLost")
         self._table_info: TableInfo | None = None
 
     def config(self) -> dict[str, Any]:
         # What defines the data: never the URL (it may hold a password).
+        if self.patterns is not None:
+            return {"tables": self.patterns.text, "startup": self.startup, "splitSize": self.split_size,
+                    "slotName": self.slot_name if self.startup != "snapshot" else None}
         return {"table": self.table, "startup": self.startup, "splitSize": self.split_size,
                 "splitColumn": self.split_column, "slotName": self.slot_name if self.startup != "snapshot" else None}
 
@@ -86,13 +111,31 @@ class PostgresSourceDataSource(SplitDataSource):
             self._table_info = info
         return self._table_info
 
+    def check_tables(self) -> None:
+        """With 'tables': the server can stream changes and every matching table can be followed (else one clear error)."""
+        if getattr(self, "_tables_checked", False):
+            return
+        assert self.patterns is not None
+        with connect(self.conn_info, autocommit=True) as conn:
+            if self.startup != "snapshot":
+                slots.check_logical_replication(conn, self.component)
+            followable_tables(conn, self.patterns, self.component, self.startup != "snapshot")
+        self._tables_checked = True
+
     def schema(self) -> str:
         self.setup_source()
+        if self.patterns is not None:
+            self.check_tables()
+            return STREAM_DDL
         return self.table_info().spark_ddl()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self.setup_source()
-        self.table_info()  # on the driver, before anything is written; pickled to the executors with the reader
+        # On the driver, before anything is written; the table info is pickled to the executors with the reader.
+        if self.patterns is not None:
+            self.check_tables()
+        else:
+            self.table_info()
         return super().streamReader(schema)
 
     def default_read_limit(self) -> ReadLimit:
@@ -115,10 +158,10 @@ class PostgresSourceDataSource(SplitDataSource):
         return groups
 
     def create_enumerator(self) -> PostgresEnumerator:
-        return PostgresEnumerator(self)
+        return PostgresEnumerator(self) if self.patterns is None else TablesEnumerator(self)
 
-    def create_reader(self, schema: StructType) -> PostgresReader:
-        return PostgresReader(self, schema)
+    def create_reader(self, schema: StructType) -> SplitReader:
+        return PostgresReader(self, schema) if self.patterns is None else TablesReader(self)
 
     def write_descriptor(self) -> None:
         """As the base class, but with the password masked out of the URL and 'passwordEnv' kept.

@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo
+from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
 from flinkish_spark.connectors.postgres.source.tables import TableInfo
 from flinkish_spark.io.fileio import FileIO
 
@@ -28,6 +29,9 @@ class PostgresSourceHost(Protocol):
     slot_name: str
     publication: str
     publication_given: bool
+    patterns: TablePatterns | None  # the option 'tables' (None: the single-table option 'table')
+    discovery_interval: float
+    retain: int
 
     @property
     def component(self) -> str: ...
