@@ -513,10 +513,13 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         target = self._arrow_schema
         assert target is not None
-        for split_id, payload, start, end in ranges:
-            for batch in self._split_reader.read(Split(split_id, payload), start, end):
-                yield conform(batch, target)
-                crash_point("source.read")
+        try:
+            for split_id, payload, start, end in ranges:
+                for batch in self._split_reader.read(Split(split_id, payload), start, end):
+                    yield conform(batch, target)
+                    crash_point("source.read")
+        finally:
+            self._split_reader.close()
 
 
 def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:

@@ -24,6 +24,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flinkish_spark.inspect import postgres_tables
+from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.testing.mirror import differences, replay, table_states
 
 pytestmark = pytest.mark.slow
@@ -159,3 +161,23 @@ def test_pattern_mirror_through_kills_schema_changes_new_and_dropped_tables(pg_u
     assert max(snapshots.values()) == 1  # no chunk was read twice through the kills
     assert any(r.get("extra") is not None for r in replayed["public.m_a"].values())  # the new column arrived
     assert slots_and_publications(pg_url) == (0, [])  # the drain dropped what the source created
+    meta = str(tmp_path / "meta")
+    assert postgres_tables(FileIO.for_url(meta), meta) == {UID: {"streaming": 4}}  # what `flinkish inspect` shows
+
+
+def test_bounded_snapshot_of_many_tables_through_random_kills_has_every_row_once(pg_url, run_with_random_kills,
+                                                                                 tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    snapshot_spec = spec(tmp_path, pg_url)
+    snapshot_spec["source"]["options"].update({"startup": "snapshot", "maxRowsPerTrigger": 1000})
+    del snapshot_spec["source"]["options"]["discoveryInterval"]  # a bounded snapshot follows no joins
+    output = run_with_random_kills(snapshot_spec, progress=lambda: commits(tmp_path), kills=2, seed=SEED)
+    assert "QUERY_END=finished" in output  # ends by itself once every chunk's epoch is committed
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        tables = ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"]
+        source, schemas = table_states(conn, tables)
+    replayed, snapshots = replay(str(tmp_path / "out"))
+    assert differences(replayed, source, schemas) == {}
+    assert sum(snapshots.values()) == sum(len(rows) for rows in source.values()) == 3000 + 1500 + 1000 + 100  # once each
+    assert slots_and_publications(pg_url) == (0, [])  # a bounded snapshot creates nothing on the server

@@ -41,6 +41,8 @@ from the server, e.g. for ``from_json(row, schema.spark_ddl())`` in Spark SQL).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flinkish_spark.connectors.postgres.rows.decode import (
     META_COLUMNS,
     TableRows,
@@ -51,10 +53,25 @@ from flinkish_spark.connectors.postgres.rows.decode import (
 from flinkish_spark.connectors.postgres.rows.encode import RowEncoder, row_sql
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type, make_column
 
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
 STREAM_DDL = (
     "`_table` string, `_op` string, `_lsn` bigint, `_seq` int, `_commit_ts` timestamp, `_schema_id` string, "
     "`row` string"
 )
+
+
+def stream_schema() -> "StructType":
+    """:data:`STREAM_DDL` as a Spark ``StructType`` (built without a Spark session)."""
+    from pyspark.sql import types as T
+
+    return T.StructType([
+        T.StructField("_table", T.StringType()), T.StructField("_op", T.StringType()),
+        T.StructField("_lsn", T.LongType()), T.StructField("_seq", T.IntegerType()),
+        T.StructField("_commit_ts", T.TimestampType()), T.StructField("_schema_id", T.StringType()),
+        T.StructField("row", T.StringType()),
+    ])
 
 
 def table_schema(url: str, table: str, password_env: str | None = None) -> TableSchema:
@@ -74,5 +91,5 @@ def table_schema(url: str, table: str, password_env: str | None = None) -> Table
 
 __all__ = [
     "Column", "META_COLUMNS", "RowEncoder", "STREAM_DDL", "TableRows", "TableSchema", "arrow_type", "decode_rows",
-    "make_column", "mirror_rows", "row_sql", "split_tables", "table_schema",
+    "make_column", "mirror_rows", "row_sql", "split_tables", "stream_schema", "table_schema",
 ]

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -131,7 +132,7 @@ class TableSchema:
     columns: tuple[Column, ...]
     key: tuple[str, ...]
 
-    @property
+    @cached_property
     def schema_id(self) -> str:
         """A content hash: the same columns and key always give the same id."""
         body = json.dumps(self._body(), sort_keys=True, separators=(",", ":"))

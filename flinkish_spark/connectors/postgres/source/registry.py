@@ -87,3 +87,12 @@ def retain(io: FileIO, directory: str, keep_from_version: int) -> None:
     folder = f"{directory}/{FOLDER}"
     doomed = [n for n in io.list_names(folder) if n.startswith("v") and int(n[1:9]) < keep_from_version]
     io.delete_many([f"{folder}/{n}" for n in doomed])
+
+
+def of_state(io: FileIO, directory: str, enumerator_state: bytes) -> Registry | None:
+    """The registry a checkpoint's enumerator state names (None: not a multi-table source, or not started)."""
+    try:
+        name = json.loads(enumerator_state or b"{}").get("registry")
+    except ValueError:
+        return None
+    return None if not name else read(io, directory, name)

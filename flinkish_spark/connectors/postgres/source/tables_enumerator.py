@@ -72,9 +72,8 @@ class TablesEnumerator(PostgresEnumerator):
 
     def restore(self, state: bytes) -> None:
         super().restore(state)
-        name = json.loads(state).get("registry") if state else None
-        self.registry_name = name
-        self.registry = Registry() if name is None else registry.read(self.source.io, self.directory, name)
+        self.registry_name = json.loads(state).get("registry") if state else None
+        self.registry = registry.of_state(self.source.io, self.directory, state) or Registry()
 
     def _save(self, new: Registry) -> None:
         self.registry = new

@@ -57,16 +57,31 @@ def _settings_sql() -> list[str]:
 
 
 class TablesReader(SplitReader):
+    """Reads a task's ranges; the chunks of one task share one ADBC connection (a table of a few
+    rows costs a connection otherwise: most of a snapshot of 1,000 small tables)."""
+
     def __init__(self, source: PostgresSourceHost) -> None:
         self.source = source
+        self._conn: Any = None
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):
-            yield from read_chunk(self.source, json.loads(split.payload or "{}"))
+            if self._conn is None:
+                self._conn = _chunk_connection(self.source)
+            try:
+                yield from read_chunk(self.source, json.loads(split.payload or "{}"), self._conn)
+            except BaseException:
+                self.close()  # the connection may be mid-transaction: the next chunk opens a new one
+                raise
         else:
             yield from read_changes(self.source, start, end)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
 
 
 # -- chunks -------------------------------------------------------------------------------------------
@@ -77,13 +92,20 @@ def _schema_row(schema: TableSchema, lsn: int | None, seq: int | None, ts_us: in
             "_schema_id": schema.schema_id, "row": schema.to_json()}
 
 
-def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+def _chunk_connection(src: PostgresSourceHost) -> Any:
     conn = adbc_connect(src.conn_info)
+    cur = conn.cursor()
+    for statement in _settings_sql():
+        cur.execute(statement)
+    cur.close()
+    conn.commit()  # session settings, outside any chunk's transaction (a chunk's retry rolls that back)
+    return conn
+
+
+def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
+    """One chunk's stream rows, in a transaction of its own on ``conn`` (see the module docstring)."""
+    cur = conn.cursor()
     try:
-        cur = conn.cursor()
-        for statement in _settings_sql():
-            cur.execute(statement)
-        conn.commit()  # session settings, outside the chunk's transaction (a retry rolls that back)
         found = _snapshot(src, cur, conn, chunk)
         if found is None:
             conn.rollback()
@@ -106,7 +128,7 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any]) -> Iterator[pa.Re
         raise PostgresSourceError(f"{src.component}: reading a chunk of {chunk.get('table')} failed: "
                                   f"{src.conn_info.mask(str(e))}") from None
     finally:
-        conn.close()
+        cur.close()
 
 
 def _snapshot(src: PostgresSourceHost, cur: Any, conn: Any, chunk: dict[str, Any]) -> TableSchema | None:
@@ -196,7 +218,10 @@ class _Rows:
         return len(self.cols["_op"])
 
     def flush(self) -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_arrays([pa.array(self.cols[f.name], f.type) for f in STREAM_ARROW], schema=STREAM_ARROW)
+        # Timestamps from int64 microseconds (pa.array of ints as a zoned timestamp would import pandas).
+        arrays = [pa.array(self.cols[f.name], pa.int64()).cast(f.type) if pa.types.is_timestamp(f.type)
+                  else pa.array(self.cols[f.name], f.type) for f in STREAM_ARROW]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=STREAM_ARROW)
         self.cols = {f.name: [] for f in STREAM_ARROW}
         return batch
 
@@ -218,7 +243,9 @@ def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.R
         schemas.prepare(r for r in relations.values() if patterns.matches(f"{r.namespace}.{r.name}"))
         rows = _Rows()
         emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
-        encoders: dict[str, RowEncoder] = {}
+        # relid -> (the Relation it was resolved for, its schema or None when not followed, its encoder);
+        # compared by identity: decode_changes hands out the same Relation object until the next Relation message.
+        resolved: dict[int, tuple[Relation, TableSchema | None, RowEncoder | None]] = {}
         txn, seq = -1, 0
         for change in decode_changes(messages, start, end):
             lsn = change.commit_lsn
@@ -226,9 +253,15 @@ def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.R
                 txn, seq = lsn, 0
             rels = [relations[r] for r in change.relids] if isinstance(change, Truncate) else [change.relation]
             for rel in rels:
-                if not patterns.matches(f"{rel.namespace}.{rel.name}"):
+                entry = resolved.get(rel.relid)
+                if entry is None or entry[0] is not rel:
+                    follow = patterns.matches(f"{rel.namespace}.{rel.name}")
+                    schema = schemas.schema(rel) if follow else None
+                    entry = (rel, schema, None if schema is None else RowEncoder(schema))
+                    resolved[rel.relid] = entry
+                _, schema, encoder = entry
+                if schema is None or encoder is None:
                     continue
-                schema = schemas.schema(rel)
                 if emitted.get(rel.relid) != schema.schema_id:
                     emitted[rel.relid] = schema.schema_id
                     rows.add(schema.table, "s", lsn, seq, change.commit_ts_us, schema.schema_id, schema.to_json())
@@ -236,7 +269,6 @@ def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.R
                 if isinstance(change, Truncate):
                     rows.add(schema.table, "t", lsn, seq, change.commit_ts_us, schema.schema_id, None)
                 else:
-                    encoder = encoders.get(schema.schema_id) or encoders.setdefault(schema.schema_id, RowEncoder(schema))
                     rows.add(schema.table, change.op, lsn, seq, change.commit_ts_us, schema.schema_id,
                              _encode(src, encoder, change))
                 seq += 1
