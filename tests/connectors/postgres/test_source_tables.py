@@ -250,3 +250,23 @@ def test_state_stays_small_and_the_registry_is_rewritten_only_when_tables_change
         files = list((tmp_path / "meta" / "sources" / "multi" / "tables").iterdir())
         assert len(files) == 2  # written at the start, then once when the snapshot of all 200 was complete
         drop_slot(conn)
+
+
+def test_a_joining_table_dropped_before_its_snapshot_just_leaves(pg_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn, psycopg.connect(pg_url) as open_txn:
+        conn.execute("CREATE TABLE m_a (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        src = source(pg_url, tmp_path, discoveryInterval="3600")  # no poll between the drop and the planning
+        enum, changes = start_streaming(src)
+        open_txn.execute("INSERT INTO other VALUES (1)")
+        conn.execute("CREATE TABLE m_new (id int PRIMARY KEY)")
+        enum._discovered_at = 0.0  # poll now
+        assert enum.discover({changes.split_id}) == []
+        assert [e.state for e in enum.registry.entries if e.name == "public.m_new"] == ["joining"]
+        conn.execute("DROP TABLE m_new")
+        open_txn.commit()
+        assert enum.discover({changes.split_id}) == []  # nothing to plan, no error
+        enum._discovered_at = 0.0
+        enum.discover({changes.split_id})
+        assert [e.name for e in enum.registry.entries] == ["public.m_a"]
+        drop_slot(conn)

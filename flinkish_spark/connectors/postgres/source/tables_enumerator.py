@@ -99,7 +99,10 @@ class TablesEnumerator(PostgresEnumerator):
             for table in found:
                 entries.append(TableEntry(tid, table.oid, table.name, "snapshot" if src.startup != "changes" else "streaming"))
                 tid += 1
-            out = [] if src.startup == "changes" else self._chunks(conn, entries)
+            out: list[Split] = []
+            if src.startup != "changes":
+                out, planned = self._chunks(conn, entries)
+                entries = [e for e in entries if e.tid in planned]  # gone since they were found
         self._save(self.registry.with_entries(entries, tid))
         self._discovered_at = time.monotonic()
         if src.startup == "changes":
@@ -146,11 +149,10 @@ class TablesEnumerator(PostgresEnumerator):
                 xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()[0])
                 ready = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid]
                 if ready:
-                    out = self._chunks(conn, ready)
-                    ids = {e.tid for e in ready}
-                    entries = [TableEntry(e.tid, e.oid, e.name, "snapshot", e.after_xid) if e.tid in ids else e
+                    out, planned = self._chunks(conn, ready)
+                    entries = [TableEntry(e.tid, e.oid, e.name, "snapshot", e.after_xid) if e.tid in planned else e
                                for e in entries]
-                    changed = True
+                    changed = changed or bool(planned)
         if changed:
             self._save(self.registry.with_entries(entries, next_tid))
         return out
@@ -180,17 +182,25 @@ class TablesEnumerator(PostgresEnumerator):
         after = int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])
         return [TableEntry(first_tid + i, t.oid, t.name, "joining", after) for i, t in enumerate(tables)]
 
-    def _chunks(self, conn: Any, entries: list[TableEntry]) -> list[Split]:
+    def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
+        """The chunk splits of ``entries``, and the tids that got them (a table dropped or renamed since it
+        was found gets none: the next poll ends its entry)."""
         src = self.source
-        out = []
+        out: list[Split] = []
+        planned: set[int] = set()
         for e in entries:
+            row = conn.execute("SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
+                               "ON n.oid = c.relnamespace WHERE c.oid = %s", (e.oid,)).fetchone()
+            if row is None or row[0] != e.name:
+                continue
             info = load_table_info(conn, membership.qualified(e.name), None, src.component)
             cast = info.column(info.split_column).pg_type
             for n, chunk in enumerate(chunk_boundaries(conn, info, src.split_size)):
                 payload = {"tid": e.tid, "oid": e.oid, "table": e.name, "lo": chunk.lo, "hi": chunk.hi,
                            "column": info.split_column, "type": cast, "after_xid": e.after_xid}
                 out.append(Split(table_chunk_id(self.generation, e.tid, n), json.dumps(payload)))
-        return out
+            planned.add(e.tid)
+        return out, planned
 
     # notifications ------------------------------------------------------------------------------
 
