@@ -29,7 +29,6 @@ bytea, arrays, json text, interval, uuid): each decode path against psycopg's ty
 from __future__ import annotations
 
 import argparse
-import base64
 import os
 import shutil
 import statistics
@@ -112,15 +111,21 @@ def _v_binary(b: bytes) -> bytes:
     return struct.pack("<BI", 15 << 2, len(b)) + b
 
 
-def _v_array(items: list[bytes]) -> bytes:
-    data = b"".join(items)
+def _v_packed(parts: list[bytes]) -> tuple[int, bytes, bytes]:
+    """(offset size, offset list, data) of an array's elements or an object's fields."""
+    data = b"".join(parts)
     size = 1 if len(data) <= 0xFF else 2 if len(data) <= 0xFFFF else 3
     offsets, off = [], 0
-    for it in items:
+    for p in parts:
         offsets.append(off.to_bytes(size, "little"))
-        off += len(it)
+        off += len(p)
     offsets.append(off.to_bytes(size, "little"))
-    return bytes([((size - 1) << 2) | 3, len(items)]) + b"".join(offsets) + data
+    return size, b"".join(offsets), data
+
+
+def _v_array(items: list[bytes]) -> bytes:
+    size, offsets, data = _v_packed(items)
+    return bytes([((size - 1) << 2) | 3, len(items)]) + offsets + data
 
 
 _NULL = bytes([0])
@@ -142,14 +147,8 @@ class VariantTable:
 
     def encode(self, values: list[bytes]) -> bytes:
         parts = [values[i] for i in self.order]
-        data = b"".join(parts)
-        size = 1 if len(data) <= 0xFF else 2 if len(data) <= 0xFFFF else 3
-        offsets, off = [], 0
-        for p in parts:
-            offsets.append(off.to_bytes(size, "little"))
-            off += len(p)
-        offsets.append(off.to_bytes(size, "little"))
-        return bytes([(size - 1) << 2 | 2, len(parts)]) + self.ids + b"".join(offsets) + data
+        size, offsets, data = _v_packed(parts)
+        return bytes([(size - 1) << 2 | 2, len(parts)]) + self.ids + offsets + data
 
     def decode_fields(self, value: bytes) -> dict[str, Any]:
         """One object's fields as Python values (the own fast decoder)."""

@@ -270,3 +270,19 @@ def test_a_joining_table_dropped_before_its_snapshot_just_leaves(pg_url: str, tm
         enum.discover({changes.split_id})
         assert [e.name for e in enum.registry.entries] == ["public.m_a"]
         drop_slot(conn)
+
+
+def test_a_given_publication_must_publish_every_matching_table(pg_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_a (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE m_b (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION mine FOR TABLE m_a")
+        src = source(pg_url, tmp_path, publication="mine")
+        with pytest.raises(PostgresSourceError, match=r"public.m_b matches 'tables' but the publication 'mine' .* "
+                                                      r"ALTER PUBLICATION mine ADD TABLE public.m_b"):
+            src.create_enumerator().discover(set())
+        assert server_objects(conn)[0] == 0  # refused before the slot was created
+        conn.execute("ALTER PUBLICATION mine ADD TABLE m_b")
+        src.create_enumerator().discover(set())
+        assert server_objects(conn) == (1, [("mine", {"public.m_a", "public.m_b"})])
+        drop_slot(conn)

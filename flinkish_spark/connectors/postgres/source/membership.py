@@ -51,13 +51,7 @@ def ensure(conn: Any, io: FileIO, directory: str, slot: str, publication: str, t
             "'publication', drop the old one (DROP PUBLICATION ...), or pass it explicitly if it is meant to be used"
         )
     if members is not None and not ours_pub:
-        missing = [t for t in tables if t not in members]
-        if missing:
-            raise PostgresSourceError(
-                f"{what}: the publication {publication!r} (not created by this source) does not publish "
-                f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}; add them "
-                f"(ALTER PUBLICATION {publication} ADD TABLE ...), or narrow the option 'tables'"
-            )
+        require_published(members, publication, tables, what)
     if state != "missing" and not ours_slot:
         where = f" (in database {slot_db!r})" if slot_db and slot_db != db else ""
         raise PostgresSourceError(
@@ -80,6 +74,18 @@ def ensure(conn: Any, io: FileIO, directory: str, slot: str, publication: str, t
     elif state == "lost":
         raise PostgresSourceError(f"{what}: the replication slot {slot!r} was invalidated by the server before the first epoch")
     return owned
+
+
+def require_published(members: set[str], publication: str, tables: Sequence[str], what: str) -> None:
+    """Every one of ``tables`` in ``members`` (a publication the source did not create), or one clear error."""
+    missing = [t for t in tables if t not in members]
+    if missing:
+        raise PostgresSourceError(
+            f"{what}: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''} matches 'tables' but the "
+            f"publication {publication!r} (not created by this source) does not publish it, so its changes would be "
+            f"lost. ALTER PUBLICATION {publication} ADD TABLE {missing[0]} (then restart), or exclude it: "
+            f"'..., !{missing[0]}'"
+        )
 
 
 def add(conn: Any, publication: str, tables: Sequence[str]) -> None:

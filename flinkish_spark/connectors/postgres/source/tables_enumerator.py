@@ -41,7 +41,6 @@ from flinkish_spark.connectors.postgres.source.registry import Registry, TableEn
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.splits import table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
-from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.split import Split
 
 
@@ -170,15 +169,8 @@ class TablesEnumerator(PostgresEnumerator):
         if self._owns_publication():
             membership.add(conn, src.publication, names)
         else:
-            members = membership.published(conn, src.publication) or set()
-            missing = [n for n in names if n not in members]
-            if missing:
-                raise PostgresSourceError(
-                    f"{src.component}: {', '.join(missing)} matches 'tables' but the publication {src.publication!r} "
-                    f"(not created by this source) does not publish it, so its changes would be lost. "
-                    f"ALTER PUBLICATION {src.publication} ADD TABLE {missing[0]} (then restart), or exclude it: "
-                    f"'..., !{missing[0]}'"
-                )
+            membership.require_published(membership.published(conn, src.publication) or set(), src.publication,
+                                         names, src.component)
         after = int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])
         return [TableEntry(first_tid + i, t.oid, t.name, "joining", after) for i, t in enumerate(tables)]
 
