@@ -35,6 +35,12 @@ Output: the table's columns, plus ``_op`` (``r`` snapshot read, ``c`` insert, ``
 and ``_commit_ts``. An epoch's changes are one Spark partition in WAL order (commit order,
 then order within the transaction): a keyed sink that keeps the last row per key in the
 order Spark produced them (as the ``flinkish.postgres`` sink does) applies them right.
+
+With the option ``tables`` (names and patterns) one source follows many tables through one
+slot and one publication: :mod:`.tables_enumerator` (discovery, tables joining and leaving,
+the registry of :mod:`.registry`), :mod:`.tables_reader` (chunks and WAL ranges as rows of
+the one stream schema of :mod:`flinkish_spark.connectors.postgres.rows`, schema rows
+included). The single-table modules above are unchanged by it.
 """
 
 from flinkish_spark.connectors.postgres.source.datasource import PostgresSourceDataSource
