@@ -39,7 +39,7 @@ from flinkish_spark.connectors.postgres.source.patterns import (
 )
 from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
-from flinkish_spark.connectors.postgres.source.splits import table_chunk_id, table_of_chunk
+from flinkish_spark.connectors.postgres.source.splits import changes_id, table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
 from flinkish_spark.source.split import Split
 
@@ -106,7 +106,7 @@ class TablesEnumerator(PostgresEnumerator):
         self._discovered_at = time.monotonic()
         if src.startup == "changes":
             self.snapshot_done = self.changes_discovered = True
-            out.append(Split(f"changes-{self.generation}"))
+            out.append(Split(changes_id(self.generation)))
         self.started = True
         return [s for s in out if s.split_id not in known]
 
