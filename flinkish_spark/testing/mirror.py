@@ -1,7 +1,8 @@
 """Checking a multi-table stream against the database: replay it into per-table states, read the tables the same way.
 
 :func:`replay` applies the stream rows a ``flinkish.parquet`` sink wrote (epoch by epoch, as
-a keyed sink would: snapshot rows, then changes by ``(_lsn, _seq)``) to one dict per table,
+a keyed sink would: snapshot rows, then changes by ``(_lsn, _seq)``; at the end of an epoch with
+a re-snapshot's ``E``, the keys it did not deliver since ``B`` are deleted) to one dict per table,
 key -> row, independently of :func:`flinkish_spark.connectors.postgres.rows.split_tables`.
 :func:`table_states` reads the server's tables as the same JSON rows (``row_sql``), so the
 two compare value for value. A column a row does not carry (it was written before an
@@ -39,8 +40,10 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
     state: State = collections.defaultdict(dict)
     keys: dict[str, tuple[str, ...]] = {}
     snapshots: collections.Counter[tuple[str, tuple[Any, ...]]] = collections.Counter()
+    resnapshot: dict[str, set[tuple[Any, ...]]] = {}  # table -> keys its re-snapshot delivered since 'B'
     for epoch in sorted(by_epoch):
         rows = by_epoch[epoch]
+        closing: list[str] = []
         ordered = [r for r in rows if r["_lsn"] is None] + sorted((r for r in rows if r["_lsn"] is not None),
                                                                    key=lambda r: (r["_lsn"], r["_seq"]))
         for r in ordered:
@@ -51,6 +54,12 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
             if op == "t":
                 state[table].clear()
                 continue
+            if op in ("B", "E"):
+                if op == "B":
+                    resnapshot[table] = set()
+                else:
+                    closing.append(table)  # applied at the end of the epoch: its r rows may come after
+                continue
             row = json.loads(r["row"])
             k = _key(row, keys[table])
             if op == "d":
@@ -59,6 +68,11 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
                 state[table][k] = row
                 if op == "r":
                     snapshots[(table, k)] += 1
+                    if table in resnapshot:
+                        resnapshot[table].add(k)
+        for table in closing:  # a re-snapshot ends: the keys it did not deliver are gone
+            seen = resnapshot.pop(table)
+            state[table] = {k: v for k, v in state[table].items() if k in seen}
     return state, snapshots
 
 

@@ -286,3 +286,26 @@ def test_a_given_publication_must_publish_every_matching_table(pg_url: str, tmp_
         src.create_enumerator().discover(set())
         assert server_objects(conn) == (1, [("mine", {"public.m_a", "public.m_b"})])
         drop_slot(conn)
+
+
+def test_a_lost_slot_with_resnapshot_reads_every_table_again_between_markers(pg_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_a (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE m_b (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO m_a SELECT g, 'a' FROM generate_series(1, 25) g")
+        conn.execute("INSERT INTO m_b VALUES (1), (2)")
+        src = source(pg_url, tmp_path, onSlotLost="resnapshot")
+        enum, changes = start_streaming(src)
+        drop_slot(conn)  # lost while stopped: the changes below are in no stream
+        conn.execute("DELETE FROM m_a WHERE id > 20")
+        conn.execute("UPDATE m_b SET id = 3 WHERE id = 2")
+        again = source(pg_url, tmp_path, onSlotLost="resnapshot").create_enumerator()
+        again.restore(enum.snapshot_state())
+        chunks = again.discover({changes.split_id})
+        assert {c.split_id.split("-")[1] for c in chunks} == {"1"}  # generation 1: a new slot and snapshot
+        assert server_objects(conn)[0] == 1
+        rows = read_all(src, chunks).to_pylist()
+        drop_slot(conn)
+    ops = {t: [r["_op"] for r in rows if r["_table"] == t and r["_op"] != "r"] for t in ("public.m_a", "public.m_b")}
+    assert ops == {"public.m_a": ["s", "B", "s", "E"], "public.m_b": ["s", "B", "E"]}  # 2 chunks of m_a (20 rows left), 1 of m_b
+    assert sorted(json.loads(r["row"])["id"] for r in rows if r["_table"] == "public.m_b" and r["_op"] == "r") == [1, 3]

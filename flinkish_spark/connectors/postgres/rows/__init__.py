@@ -10,6 +10,11 @@ sinks, ``foreachBatch`` code, Spark SQL). Every row has these columns
                            d  delete                   (the key columns only)
                            t  truncate                 (every row of the table is gone; row is null)
                            s  schema                   (row holds the TableSchema JSON)
+                           B, E  a re-snapshot after a lost slot (onSlotLost=resnapshot) of the table
+                              begins / ends (row is null): a keyed target deletes, at the end of the
+                              epoch holding E, every key that no r row of the epochs from B's to E's
+                              carried -- the deletes of the gap are lost with the slot; no change of
+                              any table comes between B and E
     _lsn        bigint     commit LSN of the change's transaction; null for snapshot rows (r and their s)
     _seq        int        ordinal of the row in its transaction (s rows included); null for snapshot rows
     _commit_ts  timestamp  commit time of the transaction; null for snapshot rows
@@ -56,6 +61,9 @@ from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+#: ``_op`` of the rows that bracket a table's re-snapshot after a lost slot (see above).
+RESNAPSHOT_BEGIN, RESNAPSHOT_END = "B", "E"
+
 STREAM_DDL = (
     "`_table` string, `_op` string, `_lsn` bigint, `_seq` int, `_commit_ts` timestamp, `_schema_id` string, "
     "`row` string"
@@ -90,6 +98,6 @@ def table_schema(url: str, table: str, password_env: str | None = None) -> Table
 
 
 __all__ = [
-    "Column", "META_COLUMNS", "RowEncoder", "STREAM_DDL", "TableRows", "TableSchema", "arrow_type", "decode_rows",
+    "Column", "META_COLUMNS", "RESNAPSHOT_BEGIN", "RESNAPSHOT_END", "RowEncoder", "STREAM_DDL", "TableRows", "TableSchema", "arrow_type", "decode_rows",
     "make_column", "mirror_rows", "row_sql", "split_tables", "stream_schema", "table_schema",
 ]

@@ -128,7 +128,7 @@ class TableRows:
 
     ``schemas``: every schema the epoch's rows of the table used, oldest first (a schema
     change in the epoch gives two or more). ``schema``: the newest, the one to evolve the
-    target to. ``rows``: the data rows (``_op`` r, c, u, d, t) in stream order -- snapshot
+    target to. ``rows``: the data rows (``_op`` r, c, u, d, t, and B/E) in stream order -- snapshot
     rows first, then changes by (``_lsn``, ``_seq``) -- with the columns of every schema
     (newest first, then columns only older schemas had, null in newer rows) in the newest
     type, plus ``_op``, ``_lsn``, ``_seq`` and ``_commit_ts``.

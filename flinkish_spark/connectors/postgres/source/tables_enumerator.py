@@ -189,7 +189,8 @@ class TablesEnumerator(PostgresEnumerator):
             cast = info.column(info.split_column).pg_type
             for n, chunk in enumerate(chunk_boundaries(conn, info, src.split_size)):
                 payload = {"tid": e.tid, "oid": e.oid, "table": e.name, "lo": chunk.lo, "hi": chunk.hi,
-                           "column": info.split_column, "type": cast, "after_xid": e.after_xid}
+                           "column": info.split_column, "type": cast, "after_xid": e.after_xid,
+                           "resnapshot": self.generation > 0}
                 out.append(Split(table_chunk_id(self.generation, e.tid, n), json.dumps(payload)))
             planned.add(e.tid)
         return out, planned

@@ -31,7 +31,7 @@ from flinkish_spark.connectors.postgres.pgoutput import (
     decode_message,
     format_lsn,
 )
-from flinkish_spark.connectors.postgres.rows import RowEncoder, TableSchema, row_sql
+from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source.changes import _peek
@@ -92,6 +92,11 @@ def _schema_row(schema: TableSchema, lsn: int | None, seq: int | None, ts_us: in
             "_schema_id": schema.schema_id, "row": schema.to_json()}
 
 
+def _marker(schema: TableSchema, op: str) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"_table": schema.table, "_op": op, "_schema_id": schema.schema_id}],
+                                      schema=STREAM_ARROW)
+
+
 def _chunk_connection(src: PostgresSourceHost) -> Any:
     conn = adbc_connect(src.conn_info)
     cur = conn.cursor()
@@ -112,6 +117,10 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Ite
             return  # the table was dropped: nothing to read
         schema = found
         yield pa.RecordBatch.from_pylist([_schema_row(schema, None, None, None)], schema=STREAM_ARROW)
+        # A re-snapshot after a lost slot is bracketed per table: its first chunk (no lower bound)
+        # opens it, its last (no upper bound) closes it (rows.RESNAPSHOT_BEGIN / _END).
+        if chunk.get("resnapshot") and chunk.get("lo") is None:
+            yield _marker(schema, RESNAPSHOT_BEGIN)
         cur.execute(f"SELECT {row_sql(schema)} AS row FROM {qualified(schema.table)} WHERE {_bounds(chunk)}")
         sid, table = pa.scalar(schema.schema_id), pa.scalar(schema.table)
         for batch in cur.fetch_record_batch():
@@ -122,6 +131,8 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Ite
                      pa.nulls(n, pa.timestamp("us", tz="UTC")), pa.repeat(sid, n), batch.column(0).cast(pa.string())],
                     schema=STREAM_ARROW)
         conn.commit()
+        if chunk.get("resnapshot") and chunk.get("hi") is None:
+            yield _marker(schema, RESNAPSHOT_END)
     except Exception as e:
         if isinstance(e, PostgresSourceError):
             raise
