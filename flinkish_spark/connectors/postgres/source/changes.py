@@ -14,7 +14,7 @@ from flinkish_spark.connectors.postgres.source.tables import ColumnInfo
 SLOT_BUSY_WAIT_S = 60.0
 
 
-def _peek(conn: Any, slot: str, publication: str, upto: int, nchanges: int | None) -> list[bytes]:
+def peek(conn: Any, slot: str, publication: str, upto: int, nchanges: int | None) -> list[bytes]:
     def run() -> list[bytes]:
         rows = conn.execute(
             "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
@@ -23,10 +23,10 @@ def _peek(conn: Any, slot: str, publication: str, upto: int, nchanges: int | Non
         ).fetchall()
         return [bytes(r[0]) for r in rows]
 
-    return _with_busy_slot(run)
+    return with_busy_slot(run)
 
 
-def _with_busy_slot(fn: Callable[[], Any]) -> Any:
+def with_busy_slot(fn: Callable[[], Any]) -> Any:
     """Run ``fn``, waiting while the slot is held by another backend (a killed run's peek ends soon)."""
     psycopg = __import__("psycopg")
     deadline = time.time() + SLOT_BUSY_WAIT_S
@@ -39,7 +39,7 @@ def _with_busy_slot(fn: Callable[[], Any]) -> Any:
             time.sleep(0.5)
 
 
-def _converter(col: ColumnInfo) -> Callable[[str], object]:
+def text_converter(col: ColumnInfo) -> Callable[[str], object]:
     t = col.pg_type
     if t in ("int2", "int4", "int8"):
         return int

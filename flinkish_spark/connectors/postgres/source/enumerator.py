@@ -9,7 +9,7 @@ from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect
 from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, parse_lsn
-from flinkish_spark.connectors.postgres.source.changes import _peek, _with_busy_slot
+from flinkish_spark.connectors.postgres.source.changes import peek, with_busy_slot
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.splits import changes_id, chunk_id, split_generation
@@ -130,7 +130,7 @@ class PostgresEnumerator(SplitEnumerator):
         with connect(src.conn_info, autocommit=True) as conn:
             flush = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
             while True:
-                rows = _peek(conn, src.slot_name, src.publication, flush, want + stale)
+                rows = peek(conn, src.slot_name, src.publication, flush, want + stale)
                 finals, old = [], 0
                 current: int | None = None
                 for data in rows:
@@ -171,7 +171,7 @@ class PostgresEnumerator(SplitEnumerator):
         owned = slots.Ownership.read(src.io, src.checkpoint_store().directory)
         with connect(src.conn_info, autocommit=True) as conn:
             if change is not None and change.position > 0:
-                _with_busy_slot(lambda: slots.advance(conn, src.slot_name, change.position))
+                with_busy_slot(lambda: slots.advance(conn, src.slot_name, change.position))
             if checkpoint.finished and owned is not None:
                 # The last epoch is committed: nothing will ever read the slot again.
-                _with_busy_slot(lambda: slots.drop(conn, owned))
+                with_busy_slot(lambda: slots.drop(conn, owned))

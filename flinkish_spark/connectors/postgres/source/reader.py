@@ -9,7 +9,7 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
 from flinkish_spark.connectors.postgres.pgoutput import Change, Truncate, decode_changes, format_lsn
-from flinkish_spark.connectors.postgres.source.changes import _converter, _peek
+from flinkish_spark.connectors.postgres.source.changes import peek, text_converter
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.snapshot import Chunk, _cast_type
 from flinkish_spark.connectors.postgres.source.tables import METADATA_COLUMNS, quote_ident
@@ -96,7 +96,7 @@ class PostgresReader(SplitReader):
 
     def _read_changes(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
         src, info = self.source, self.info
-        converters = {c.name: _converter(c) for c in info.columns}
+        converters = {c.name: text_converter(c) for c in info.columns}
         rows: list[tuple[str, Change]] = []
 
         def flush() -> pa.RecordBatch:
@@ -112,7 +112,7 @@ class PostgresReader(SplitReader):
             return pa.RecordBatch.from_arrays(arrays, names=[c.name for c in info.columns] + list(METADATA_COLUMNS))
 
         with connect(src.conn_info, autocommit=True) as conn:
-            messages = _peek(conn, src.slot_name, src.publication, end, None)
+            messages = peek(conn, src.slot_name, src.publication, end, None)
         for change in decode_changes(messages, start, end):
             if isinstance(change, Truncate):
                 raise PostgresSourceError(

@@ -34,7 +34,7 @@ from flinkish_spark.connectors.postgres.pgoutput import (
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
-from flinkish_spark.connectors.postgres.source.changes import _peek
+from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.membership import qualified
 from flinkish_spark.errors import PostgresSourceError
@@ -243,7 +243,7 @@ def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.R
     with connect(src.conn_info, autocommit=True) as conn:
         for statement in _settings_sql():
             conn.execute(statement)
-        messages = _peek(conn, src.slot_name, src.publication, end, None)
+        messages = peek(conn, src.slot_name, src.publication, end, None)
         relations = {}
         for data in messages:
             if data[:1] == b"R":
