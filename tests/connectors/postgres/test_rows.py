@@ -21,7 +21,9 @@ import pyarrow as pa
 import pytest
 
 from flinkish_spark.connectors.postgres.pgoutput import decode_changes
-from flinkish_spark.connectors.postgres.rows import RowEncoder, TableSchema, decode_rows, mirror_rows, row_sql, split_tables
+from flinkish_spark.connectors.postgres.rows import (
+    RowEncoder, TableSchema, decode_rows, make_column, mirror_rows, net_changes, row_sql, split_tables,
+)
 from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query, table_oid
 
@@ -134,14 +136,25 @@ def test_spark_from_json_with_the_table_schema_gives_the_same_values(spark: Any,
     assert (sql_row.n, sql_row.n40, bytes(sql_row.ba)) == (Decimal("12.30"), expected["n40"], b"\x00\xff\x10")
 
 
+def col(name: str, pg: str, display: str) -> Any:
+    return make_column(name, display, pg, -1, None)
+
+
+V1 = TableSchema("public.t", (col("id", "int4", "integer"), col("gone", "text", "text")), ("id",))
+V2 = TableSchema("public.t", (col("id", "int8", "bigint"), col("added", "bool", "boolean")), ("id",))
+
+
+def stream_batch(rows: list[tuple[Any, ...]]) -> pa.Table:
+    """Stream rows (_table, _op, _lsn, _seq, _schema_id, row) as the Arrow table a sink gets."""
+    return pa.table({
+        "_table": [r[0] for r in rows], "_op": [r[1] for r in rows], "_lsn": pa.array([r[2] for r in rows], pa.int64()),
+        "_seq": pa.array([r[3] for r in rows], pa.int32()), "_commit_ts": pa.nulls(len(rows), pa.timestamp("us", tz="UTC")),
+        "_schema_id": [r[4] for r in rows], "row": [r[5] for r in rows],
+    })
+
+
 def test_split_tables_brings_old_and_new_schema_rows_to_one_typed_table() -> None:
-    from flinkish_spark.connectors.postgres.rows import make_column
-
-    def col(name: str, pg: str, display: str) -> Any:
-        return make_column(name, display, pg, -1, None)
-
-    v1 = TableSchema("public.t", (col("id", "int4", "integer"), col("gone", "text", "text")), ("id",))
-    v2 = TableSchema("public.t", (col("id", "int8", "bigint"), col("added", "bool", "boolean")), ("id",))
+    v1, v2 = V1, V2
     other = TableSchema("public.o", (col("k", "text", "text"),), ("k",))
     rows = [
         ("public.t", "s", None, None, v1.schema_id, v1.to_json()), ("public.t", "r", None, None, v1.schema_id, '{"id":1,"gone":"x"}'),
@@ -150,12 +163,7 @@ def test_split_tables_brings_old_and_new_schema_rows_to_one_typed_table() -> Non
         ("public.t", "s", 12, 0, v2.schema_id, v2.to_json()), ("public.t", "c", 12, 1, v2.schema_id, '{"id":5000000000,"added":true}'),
         ("public.t", "d", 13, 0, v2.schema_id, '{"id":1}'), ("public.t", "t", 14, 0, v2.schema_id, None),
     ]
-    batch = pa.table({
-        "_table": [r[0] for r in rows], "_op": [r[1] for r in rows], "_lsn": pa.array([r[2] for r in rows], pa.int64()),
-        "_seq": pa.array([r[3] for r in rows], pa.int32()), "_commit_ts": pa.nulls(len(rows), pa.timestamp("us", tz="UTC")),
-        "_schema_id": [r[4] for r in rows], "row": [r[5] for r in rows],
-    })
-    tables = split_tables(batch)
+    tables = split_tables(stream_batch(rows))
     assert set(tables) == {"public.t", "public.o"}
     t = tables["public.t"]
     assert [s.schema_id for s in t.schemas] == [v1.schema_id, v2.schema_id] and t.schema == v2
@@ -172,3 +180,21 @@ def test_rows_naming_a_schema_without_its_s_row_are_refused() -> None:
                       "_commit_ts": pa.nulls(1, pa.timestamp("us", tz="UTC")), "_schema_id": ["abc"], "row": ['{"id":1}']})
     with pytest.raises(ValueError, match="public.t name schemas \\['abc'\\] without an 's' row"):
         split_tables(batch)
+
+
+def test_net_changes_keep_each_keys_last_row_and_start_over_after_a_truncate() -> None:
+    s1, s2 = (V1.schema_id, V1.to_json()), (V2.schema_id, V2.to_json())
+    rows = [
+        ("public.t", "s", None, None, *s1), ("public.t", "r", None, None, s1[0], '{"id":1,"gone":"x"}'),
+        ("public.t", "r", None, None, s1[0], '{"id":2,"gone":"x"}'),
+        ("public.t", "u", 10, 0, s1[0], '{"id":1,"gone":"y"}'), ("public.t", "d", 10, 1, s1[0], '{"id":2}'),
+        ("public.t", "s", 11, 0, *s2), ("public.t", "c", 11, 1, s2[0], '{"id":2,"added":true}'),
+        ("public.t", "c", 11, 2, s2[0], '{"id":3,"added":false}'), ("public.t", "d", 12, 0, s2[0], '{"id":3}'),
+    ]
+    net = net_changes(split_tables(stream_batch(rows))["public.t"])
+    assert (net.truncate, net.key, net.resnapshot_begin, net.resnapshot_end) == (False, ("id",), False, False)
+    assert net.upserts.to_pylist() == [{"id": 1, "added": None, "gone": "y"}, {"id": 2, "added": True, "gone": None}]
+    assert net.deletes.to_pylist() == [{"id": 3}]
+    truncated = rows + [("public.t", "t", 13, 0, s2[0], None), ("public.t", "c", 14, 0, s2[0], '{"id":9,"added":true}')]
+    net = net_changes(split_tables(stream_batch(truncated))["public.t"])
+    assert net.truncate and net.upserts.column("id").to_pylist() == [9] and net.deletes.num_rows == 0

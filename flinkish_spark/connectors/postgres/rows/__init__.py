@@ -39,6 +39,7 @@ Guarantees a consumer can build on:
    that keeps the change rows in ``(_lsn, _seq)`` order (docs/postgres-source.md, "New tables").
 
 Helpers: :func:`split_tables` (one epoch, Arrow, per table: typed rows and schemas),
+:func:`net_changes` (one table's epoch as a keyed target sees it: upserts, deletes, truncate),
 :func:`decode_rows` (JSON rows of one schema to typed Arrow), :func:`mirror_rows` (Spark:
 one table's typed columns), :func:`table_schema` (a table's current :class:`TableSchema`
 from the server, e.g. for ``from_json(row, schema.spark_ddl())`` in Spark SQL).
@@ -56,6 +57,7 @@ from flinkish_spark.connectors.postgres.rows.decode import (
     split_tables,
 )
 from flinkish_spark.connectors.postgres.rows.encode import RowEncoder, row_sql
+from flinkish_spark.connectors.postgres.rows.net import NetChanges, net_changes
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type, make_column
 
 if TYPE_CHECKING:
@@ -98,6 +100,7 @@ def table_schema(url: str, table: str, password_env: str | None = None) -> Table
 
 
 __all__ = [
-    "Column", "META_COLUMNS", "RESNAPSHOT_BEGIN", "RESNAPSHOT_END", "RowEncoder", "STREAM_DDL", "TableRows", "TableSchema", "arrow_type", "decode_rows",
-    "make_column", "mirror_rows", "row_sql", "split_tables", "stream_schema", "table_schema",
+    "Column", "META_COLUMNS", "NetChanges", "RESNAPSHOT_BEGIN", "RESNAPSHOT_END", "RowEncoder", "STREAM_DDL",
+    "TableRows", "TableSchema", "arrow_type", "decode_rows", "make_column", "mirror_rows", "net_changes", "row_sql",
+    "split_tables", "stream_schema", "table_schema",
 ]
