@@ -80,17 +80,18 @@ def table_states(conn: Any, tables: Iterable[str]) -> tuple[State, dict[str, Tab
     """The server's ``tables`` (``schema.table``) as JSON rows by key, and their schemas, over a psycopg connection."""
     from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
     from flinkish_spark.connectors.postgres.source.catalog import load_table_schema, psycopg_query, table_oid
-    from flinkish_spark.connectors.postgres.source.membership import qualified
+    from flinkish_spark.connectors.postgres.connection import qualified as quoted
 
     for k, v in SESSION_SETTINGS.items():
         conn.execute(f"SET {k} = '{v}'")
     state: State = {}
     schemas: dict[str, TableSchema] = {}
     for table in tables:
-        schema = load_table_schema(psycopg_query(conn), table_oid(conn, qualified(table), "table_states"))
+        sql_name = quoted(*table.split(".", 1))
+        schema = load_table_schema(psycopg_query(conn), table_oid(conn, sql_name, "table_states"))
         assert schema is not None
         schemas[table] = schema
-        rows = [json.loads(r[0]) for r in conn.execute(f"SELECT {row_sql(schema)} FROM {qualified(table)}").fetchall()]
+        rows = [json.loads(r[0]) for r in conn.execute(f"SELECT {row_sql(schema)} FROM {sql_name}").fetchall()]
         state[table] = {_key(r, schema.key): r for r in rows}
     return state, schemas
 

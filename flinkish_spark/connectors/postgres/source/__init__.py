@@ -27,7 +27,8 @@ S was the same at S and at T. So after the change stream has passed the time the
 was read, the target equals the table; in between it may briefly show older values of keys
 that changed during the snapshot (re-applied changes). Not covered: a ``TRUNCATE`` (the source
 stops with an error), an update that leaves a TOASTed value (> ~2 kB) unchanged (the source
-stops with an error naming the column; use ``REPLICA IDENTITY FULL``), changes of the table's
+stops with an error naming the column, unless the table has ``REPLICA IDENTITY FULL``: then the
+value comes from the old row), changes of the table's
 columns while running, and an append-only sink (it would see the overlap as duplicates).
 
 Output: the table's columns, plus ``_op`` (``r`` snapshot read, ``c`` insert, ``u`` update,

@@ -11,9 +11,11 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles
 from pyspark.sql.types import StructType
 
+from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
-from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
-from flinkish_spark.connectors.postgres.rows import STREAM_DDL
+from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_server_version, connect, parse_url
+from flinkish_spark.connectors.postgres.rows import stream_schema
+from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
 from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, followable_tables
@@ -99,9 +101,16 @@ class PostgresSourceDataSource(SplitDataSource):
     def table_info(self) -> TableInfo:
         if self._table_info is None:
             with connect(self.conn_info, autocommit=True) as conn:
+                check_server_version(conn, self.conn_info, self.component)
                 info = load_table_info(conn, self.table, self.split_column, self.component)
                 if self.startup != "snapshot":
                     slots.check_logical_replication(conn, self.component)
+                    # At every start, not only the first: a publication can be altered while stopped.
+                    # (One of this name that is neither given nor ours is refused when the slot is made.)
+                    owned = slots.Ownership.read(self.io, self.checkpoint_store().directory)
+                    if self.publication_given or (owned is not None and owned.publication_created):
+                        publications.check(conn, self.publication, (info.schema, info.name),
+                                           [c.name for c in info.columns], self.component)
                     if not info.key:
                         raise PostgresSourceError(
                             f"{self.component}: table {info.display} has no primary key, so its changes carry no key "
@@ -117,17 +126,28 @@ class PostgresSourceDataSource(SplitDataSource):
             return
         assert self.patterns is not None
         with connect(self.conn_info, autocommit=True) as conn:
+            check_server_version(conn, self.conn_info, self.component)
             if self.startup != "snapshot":
                 slots.check_logical_replication(conn, self.component)
-            followable_tables(conn, self.patterns, self.component, self.startup != "snapshot")
+            found = followable_tables(conn, self.patterns, self.component, self.startup != "snapshot")
+            if self.startup != "snapshot":
+                # At every start: a publication can be altered while stopped. One the user gave must
+                # publish every matching table; the source's own, the ones it already holds.
+                owned = slots.Ownership.read(self.io, self.checkpoint_store().directory)
+                if self.publication_given or (owned is not None and owned.publication_created):
+                    members = publications.published(conn, self.publication)
+                    checked = [t for t in found if self.publication_given or (t.schema, t.table) in members]
+                    columns = table_columns(conn, [t.oid for t in checked])
+                    for t in checked:
+                        publications.check(conn, self.publication, (t.schema, t.table), columns[t.oid], self.component)
         self._tables_checked = True
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         self.setup_source()
         if self.patterns is not None:
             self.check_tables()
-            return STREAM_DDL
-        return self.table_info().spark_ddl()
+            return stream_schema()
+        return self.table_info().spark_schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self.setup_source()

@@ -62,7 +62,7 @@ class PostgresEnumerator(SplitEnumerator):
                 self.generation += 1  # a new slot and a new snapshot; the old splits end where they are
                 self.snapshot_done = self.changes_discovered = False
                 return self._start(known)
-        if src.startup == "snapshotThenChanges" and self.snapshot_done and not self.changes_discovered:
+        if src.startup != "snapshot" and self.snapshot_done and not self.changes_discovered:
             self.changes_discovered = True
             return [Split(changes_id(self.generation))]
         return []
@@ -77,12 +77,15 @@ class PostgresEnumerator(SplitEnumerator):
                 # The slot first: every change after its consistent point is kept for us.
                 slots.ensure_slot_and_publication(
                     conn, src.io, src.checkpoint_store().directory, src.slot_name, src.publication,
-                    (info.schema, info.name), src.publication_given, src.component,
+                    {(info.schema, info.name): [c.name for c in info.columns]}, src.publication_given, src.component,
                 )
-            if src.startup != "changes":
+            # A re-snapshot (generation > 0) reads the table whatever the startup: the changes
+            # in the gap are gone, and only the table itself can say what they did.
+            resnapshot = self.generation > 0
+            if src.startup != "changes" or resnapshot:
                 chunks = chunk_boundaries(conn, info, src.split_size)
                 out = [Split(chunk_id(self.generation, i), c.to_payload()) for i, c in enumerate(chunks)]
-        if src.startup == "changes":
+        if src.startup == "changes" and not resnapshot:
             self.snapshot_done = self.changes_discovered = True
             out.append(Split(changes_id(self.generation)))
         self.started = True
@@ -99,7 +102,10 @@ class PostgresEnumerator(SplitEnumerator):
             f"({'dropped' if state == 'missing' else 'invalidated by the server, e.g. max_slot_wal_keep_size'}) "
             "while this source still needs it: the changes since the last committed epoch are gone from the WAL "
             "and the target would silently miss them. Start again with a new snapshot: set the option "
-            "onSlotLost=resnapshot (the source creates a new slot and reads the table again), or use a new uid"
+            "onSlotLost=resnapshot -- the source makes a new slot and reads the table again between two marker rows "
+            "(_op 'B' and 'E'), at which the flinkish.postgres sink (mode=upsert, deletes=true) also deletes the "
+            "target's keys that the table no longer holds; any other target must drop those keys itself "
+            "(docs/postgres-source.md, 'A lost slot')"
         )
 
     def extent(self, split: Split, position: int) -> SplitExtent:

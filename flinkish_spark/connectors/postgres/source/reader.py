@@ -11,7 +11,9 @@ from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
 from flinkish_spark.connectors.postgres.pgoutput import Change, Truncate, decode_changes, format_lsn
 from flinkish_spark.connectors.postgres.source.changes import peek, text_converter
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
+from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END
 from flinkish_spark.connectors.postgres.source.snapshot import Chunk, _cast_type
+from flinkish_spark.connectors.postgres.source.splits import split_generation
 from flinkish_spark.connectors.postgres.source.tables import METADATA_COLUMNS, quote_ident
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.reader import SplitReader
@@ -32,7 +34,16 @@ class PostgresReader(SplitReader):
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):
-            yield from self._read_chunk(Chunk.from_payload(split.payload))
+            chunk = Chunk.from_payload(split.payload)
+            # A re-snapshot after a lost slot is bracketed by markers (see RESNAPSHOT_BEGIN): the
+            # first chunk (no lower bound) opens it, the last (no upper bound) closes it. Chunks are
+            # planned in order, so the two land in its first and last epoch.
+            resnapshot = split_generation(split.split_id) > 0
+            if resnapshot and chunk.lo is None:
+                yield self._marker(RESNAPSHOT_BEGIN)
+            yield from self._read_chunk(chunk)
+            if resnapshot and chunk.hi is None:
+                yield self._marker(RESNAPSHOT_END)
         else:
             yield from self._read_changes(start, end)
 
@@ -87,6 +98,11 @@ class PostgresReader(SplitReader):
         finally:
             conn.close()
 
+    def _marker(self, op: str) -> pa.RecordBatch:
+        """A row with ``_op`` = ``op`` and every other column null."""
+        return pa.RecordBatch.from_arrays(
+            [pa.array([op], f.type) if f.name == "_op" else pa.nulls(1, f.type) for f in self.target], schema=self.target)
+
     def _with_metadata(self, batch: pa.RecordBatch, op: str) -> pa.RecordBatch:
         n = batch.num_rows
         arrays = list(batch.columns) + [
@@ -115,6 +131,8 @@ class PostgresReader(SplitReader):
             messages = peek(conn, src.slot_name, src.publication, end, None)
         for change in decode_changes(messages, start, end):
             if isinstance(change, Truncate):
+                if len(change.tables) == len(change.relids) and (info.schema, info.name) not in change.tables:
+                    continue  # another table of a publication the user gave
                 raise PostgresSourceError(
                     f"{src.component}: {info.display} was truncated (in the WAL range {format_lsn(start)}..{format_lsn(end)}); "
                     "a TRUNCATE cannot be expressed as row changes. Restart with a new snapshot (a new uid, or drop "
@@ -128,7 +146,10 @@ class PostgresReader(SplitReader):
                     raise PostgresSourceError(
                         f"{src.component}: an update of {info.display} at LSN {format_lsn(change.commit_lsn)} left the "
                         f"TOASTed value of column {name!r} unchanged, and the server did not send it; the change "
-                        f"cannot be a full row. Set ALTER TABLE {info.display} REPLICA IDENTITY FULL and restart with a new snapshot"
+                        f"cannot be a full row. Run ALTER TABLE {info.display} REPLICA IDENTITY FULL (the server then sends "
+                        "the old row, which holds the value) and start over with a new snapshot, since this change is already "
+                        f"in the WAL without it: SELECT pg_drop_replication_slot('{src.slot_name}') and restart with "
+                        "onSlotLost=resnapshot, or use a new uid"
                     )
             if change.op == "d" and info.key:
                 # With the default replica identity only the key is sent; the rest is null.

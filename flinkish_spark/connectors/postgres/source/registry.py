@@ -31,12 +31,22 @@ FOLDER = "tables"
 class TableEntry:
     tid: int  # never reused within the source: a table snapshotted again gets a new one
     oid: int
-    name: str  # schema.table
+    schema: str
+    table: str
     state: TableState
     after_xid: int | None = None  # joining: the next transaction id when it joined (see docs: New tables)
 
+    @property
+    def name(self) -> str:
+        """``schema.table``, unquoted: the stream's ``_table``."""
+        return f"{self.schema}.{self.table}"
+
+    def with_state(self, state: TableState) -> "TableEntry":
+        return replace(self, state=state)
+
     def to_dict(self) -> dict[str, object]:
-        return {"tid": self.tid, "oid": self.oid, "name": self.name, "state": self.state, "after_xid": self.after_xid}
+        return {"tid": self.tid, "oid": self.oid, "schema": self.schema, "table": self.table, "state": self.state,
+                "after_xid": self.after_xid}
 
 
 @dataclass(frozen=True)
@@ -52,8 +62,8 @@ class Registry:
     @classmethod
     def from_json(cls, data: bytes) -> "Registry":
         d = json.loads(data)
-        entries = tuple(TableEntry(int(e["tid"]), int(e["oid"]), str(e["name"]), e["state"], e.get("after_xid"))
-                        for e in d["tables"])
+        entries = tuple(TableEntry(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"],
+                                   e.get("after_xid")) for e in d["tables"])
         return cls(int(d["version"]), int(d["next_tid"]), entries)
 
     @property

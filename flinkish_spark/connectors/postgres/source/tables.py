@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.sql.types import StructType
+
+from flinkish_spark.connectors.primary_key import with_primary_key
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 
 METADATA_COLUMNS = ("_op", "_lsn", "_commit_ts")
@@ -40,6 +43,19 @@ class TableInfo:
     def spark_ddl(self) -> str:
         cols = [f"`{c.name}` {c.spark_type}" for c in self.columns]
         return ", ".join(cols + ["`_op` string", "`_lsn` bigint", "`_commit_ts` timestamp"])
+
+    def spark_schema(self) -> StructType:
+        """The stream's schema (as :meth:`spark_ddl`) with the primary key marked for keyed sinks
+        (:mod:`flinkish_spark.connectors.primary_key`)."""
+        fields = [{"name": c.name, "type": _JSON_TYPE.get(c.spark_type, c.spark_type), "nullable": True}
+                  for c in self.columns]
+        fields += [{"name": "_op", "type": "string", "nullable": True}, {"name": "_lsn", "type": "long", "nullable": True},
+                   {"name": "_commit_ts", "type": "timestamp", "nullable": True}]
+        return with_primary_key(fields, self.key)
+
+
+# Spark DDL type names (spark_type) whose JSON form differs; decimal(p,s) and the rest are the same.
+_JSON_TYPE = {"smallint": "short", "int": "integer", "bigint": "long"}
 
 
 def quote_ident(name: str) -> str:

@@ -29,9 +29,11 @@ import time
 from typing import Any, Collection
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
-from flinkish_spark.connectors.postgres.connection import connect
-from flinkish_spark.connectors.postgres.source import membership, registry
+from flinkish_spark.connectors.postgres.connection import connect, qualified
+from flinkish_spark.connectors.postgres.source import registry
+from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.patterns import (
@@ -91,12 +93,15 @@ class TablesEnumerator(PostgresEnumerator):
             if self.uses_slot:
                 slots.check_logical_replication(conn, src.component)
                 # The publication, then the slot: every change after its consistent point is kept for us.
-                membership.ensure(conn, src.io, self.directory, src.slot_name, src.publication,
-                                  [t.name for t in found], src.publication_given, src.component)
+                columns = table_columns(conn, [t.oid for t in found])
+                slots.ensure_slot_and_publication(
+                    conn, src.io, self.directory, src.slot_name, src.publication,
+                    {(t.schema, t.table): columns[t.oid] for t in found}, src.publication_given, src.component)
             tid = self.registry.next_tid
             entries = []
             for table in found:
-                entries.append(TableEntry(tid, table.oid, table.name, "snapshot" if src.startup != "changes" else "streaming"))
+                entries.append(TableEntry(tid, table.oid, table.schema, table.table,
+                                          "snapshot" if src.startup != "changes" else "streaming"))
                 tid += 1
             out: list[Split] = []
             if src.startup != "changes":
@@ -134,7 +139,7 @@ class TablesEnumerator(PostgresEnumerator):
                 ended = [e for e in entries if e.oid not in found or found[e.oid].name != e.name]
                 for e in ended:
                     if e.oid not in found and self._owns_publication():
-                        membership.drop(conn, src.publication, e.oid)  # renamed out of the patterns: stop decoding it
+                        publications.drop(conn, src.publication, e.oid)  # renamed out of the patterns: stop decoding it
                 entries = [e for e in entries if e not in ended]
                 known_oids = {e.oid for e in entries}
                 joined = [t for oid, t in found.items() if oid not in known_oids]
@@ -149,8 +154,7 @@ class TablesEnumerator(PostgresEnumerator):
                 ready = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid]
                 if ready:
                     out, planned = self._chunks(conn, ready)
-                    entries = [TableEntry(e.tid, e.oid, e.name, "snapshot", e.after_xid) if e.tid in planned else e
-                               for e in entries]
+                    entries = [e.with_state("snapshot") if e.tid in planned else e for e in entries]
                     changed = changed or bool(planned)
         if changed:
             self._save(self.registry.with_entries(entries, next_tid))
@@ -165,14 +169,14 @@ class TablesEnumerator(PostgresEnumerator):
         src = self.source
         for t in tables:
             check_followable(t, src.component, True)
-        names = [t.name for t in tables]
         if self._owns_publication():
-            membership.add(conn, src.publication, names)
-        else:
-            membership.require_published(membership.published(conn, src.publication) or set(), src.publication,
-                                         names, src.component)
+            publications.add(conn, src.publication, [(t.schema, t.table) for t in tables])
+        else:  # a publication the user gave must publish it already (FOR ALL TABLES, IN SCHEMA, or by hand)
+            columns = table_columns(conn, [t.oid for t in tables])
+            for t in tables:
+                publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
         after = int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])
-        return [TableEntry(first_tid + i, t.oid, t.name, "joining", after) for i, t in enumerate(tables)]
+        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", after) for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
         """The chunk splits of ``entries``, and the tids that got them (a table dropped or renamed since it
@@ -185,7 +189,7 @@ class TablesEnumerator(PostgresEnumerator):
                                "ON n.oid = c.relnamespace WHERE c.oid = %s", (e.oid,)).fetchone()
             if row is None or row[0] != e.name:
                 continue
-            info = load_table_info(conn, membership.qualified(e.name), None, src.component)
+            info = load_table_info(conn, qualified(e.schema, e.table), None, src.component)
             cast = info.column(info.split_column).pg_type
             for n, chunk in enumerate(chunk_boundaries(conn, info, src.split_size)):
                 payload = {"tid": e.tid, "oid": e.oid, "table": e.name, "lo": chunk.lo, "hi": chunk.hi,
@@ -205,7 +209,7 @@ class TablesEnumerator(PostgresEnumerator):
         if done:
             ids = {e.tid for e in done}
             self._save(self.registry.with_entries(
-                [TableEntry(e.tid, e.oid, e.name, "streaming") if e.tid in ids else e for e in self.registry.entries]))
+                [e.with_state("streaming") if e.tid in ids else e for e in self.registry.entries]))
         if self.registry.version != self._retained_at:
             # A planning writes at most three versions (completion, a re-snapshot's start, a poll), so a
             # retained checkpoint (one of the newest `retain`) names none older than this.

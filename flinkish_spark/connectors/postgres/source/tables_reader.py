@@ -36,7 +36,6 @@ from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
-from flinkish_spark.connectors.postgres.source.membership import qualified
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split
@@ -115,13 +114,13 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Ite
         if found is None:
             conn.rollback()
             return  # the table was dropped: nothing to read
-        schema = found
+        schema, name = found
         yield pa.RecordBatch.from_pylist([_schema_row(schema, None, None, None)], schema=STREAM_ARROW)
         # A re-snapshot after a lost slot is bracketed per table: its first chunk (no lower bound)
         # opens it, its last (no upper bound) closes it (rows.RESNAPSHOT_BEGIN / _END).
         if chunk.get("resnapshot") and chunk.get("lo") is None:
             yield _marker(schema, RESNAPSHOT_BEGIN)
-        cur.execute(f"SELECT {row_sql(schema)} AS row FROM {qualified(schema.table)} WHERE {_bounds(chunk)}")
+        cur.execute(f"SELECT {row_sql(schema)} AS row FROM {name} WHERE {_bounds(chunk)}")
         sid, table = pa.scalar(schema.schema_id), pa.scalar(schema.table)
         for batch in cur.fetch_record_batch():
             n = batch.num_rows
@@ -142,8 +141,9 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Ite
         cur.close()
 
 
-def _snapshot(src: PostgresSourceHost, cur: Any, conn: Any, chunk: dict[str, Any]) -> TableSchema | None:
-    """Open the chunk's transaction on a snapshot it may use; the table's schema in it (None: dropped)."""
+def _snapshot(src: PostgresSourceHost, cur: Any, conn: Any, chunk: dict[str, Any]) -> tuple[TableSchema, str] | None:
+    """Open the chunk's transaction on a snapshot it may use; the table's schema in it and its name as SQL
+    (quoted where needed), or None when it was dropped."""
     oid, after = int(chunk["oid"]), chunk.get("after_xid")
 
     def query(sql: str) -> list[Any]:
@@ -172,7 +172,9 @@ def _snapshot(src: PostgresSourceHost, cur: Any, conn: Any, chunk: dict[str, Any
             conn.rollback()
             continue
         if int(hung) == 0 and (after is None or int(xmin) >= int(after)):
-            return load_table_schema(query, oid)
+            schema = load_table_schema(query, oid)
+            assert schema is not None  # locked and present in this snapshot
+            return schema, name
         conn.rollback()
         if time.monotonic() >= deadline:
             waiting = query("SELECT pid, (now() - xact_start)::text FROM pg_stat_activity WHERE backend_xid IS NOT NULL "
