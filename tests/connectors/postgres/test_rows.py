@@ -60,6 +60,7 @@ def make_table(conn: psycopg.Connection) -> TableSchema:
     return schema
 
 
+@pytest.mark.both_postgres
 def test_snapshot_and_change_rows_are_the_same_json_byte_for_byte(pg_url: str) -> None:
     with session(pg_url) as conn:
         schema = make_table(conn)

@@ -86,6 +86,7 @@ def test_options_table_and_tables_exclude_each_other(pg_url: str, tmp_path: Path
         source(pg_url, tmp_path, splitColumn="id")
 
 
+@pytest.mark.both_postgres
 def test_discovery_takes_matching_tables_into_one_publication_and_one_slot(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA sales")
@@ -133,6 +134,7 @@ def start_streaming(src: PostgresSourceDataSource) -> tuple[TablesEnumerator, Sp
     return enum, changes
 
 
+@pytest.mark.both_postgres
 def test_changes_of_all_tables_in_commit_order_with_schema_rows_before_the_rows_they_govern(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE m_a (id int PRIMARY KEY, n int, s varchar(10))")
@@ -184,6 +186,7 @@ def test_changes_of_all_tables_in_commit_order_with_schema_rows_before_the_rows_
     assert TableSchema.from_json(rows.to_pylist()[2]["row"]).key == ("id",)
 
 
+@pytest.mark.both_postgres
 def test_a_table_created_while_running_joins_after_the_transactions_open_at_that_moment(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn, psycopg.connect(pg_url) as open_txn:
         conn.execute("CREATE TABLE m_a (id int PRIMARY KEY)")

@@ -63,7 +63,9 @@ from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-#: ``_op`` of the rows that bracket a table's re-snapshot after a lost slot (see above).
+#: ``_op`` of the rows that bracket a table's re-snapshot after a lost slot (see above), in the
+#: multi-table stream and in the single-table one (where every other column is null). The
+#: ``flinkish.postgres`` sink applies them for one table (:mod:`flinkish_spark.connectors.postgres.resnapshot`).
 RESNAPSHOT_BEGIN, RESNAPSHOT_END = "B", "E"
 
 STREAM_DDL = (
