@@ -42,11 +42,13 @@ def prepare_append(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pr
 def commit_append(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> CommitOutcome:
     for _ in range(3):
         head = sink._head()
+        if head is not None and not sink.check_same_table():
+            head = None  # another table is at the path now: its caches were dropped
         if head is None:
             # First commit in this process, or the table changed: read the table once.
             head = sink.set_head(sink.validate(False, "flinkish.delta commit"))
         if head.log.txn >= epoch:
-            return "ALREADY_COMMITTED"
+            return "ALREADY_COMMITTED"  # from the same table as the head's: confirmed just above
         if not files:
             sink._committed_here = {epoch: frozenset()}
             return "COMMITTED"  # an empty epoch adds no version

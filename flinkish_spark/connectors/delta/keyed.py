@@ -88,7 +88,7 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
         except StorageUnavailableError:
             return "RETRY_LATER"
         if state.txn(sink.uid) >= epoch:
-            return "ALREADY_COMMITTED"
+            return "ALREADY_COMMITTED"  # table_state() confirmed that the state is of the table on storage
         built = EpochCommit(sink, state, changes, committables, epoch).build()
         version = state.version + 1
         try:

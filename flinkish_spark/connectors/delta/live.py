@@ -23,7 +23,6 @@ from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
 from flinkish_spark.connectors.delta.table import DeltaTarget
 from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
-from flinkish_spark.errors import CorruptMetadataError
 
 DV_CACHE_BYTES = 256 << 20
 
@@ -38,8 +37,14 @@ def table_state(target: DeltaTarget) -> DeltaState:
     key = target._head_key()
     with _STATES_LOCK:
         state = _STATES.get(key)
+    if state is not None and (target._head() is None or not target.check_same_table()):
+        # Not confirmed to be the table on storage (another table is there now: check_same_table
+        # dropped every cache of the old one; or the head it is checked by was dropped): read afresh.
+        forget_state(target)
+        state = None
     if state is None:
         table = target.validate(False, "flinkish.delta commit")
+        target.set_head(table)  # what the next call checks the state's table by
         try:
             state = load_state(target.log(), table.version())
         except TableChanged:
@@ -56,7 +61,10 @@ def table_state(target: DeltaTarget) -> DeltaState:
 
 
 def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
-    """Drop the uid's state; ``table_too``: another table is at the path now -- drop every cache of the old one."""
+    """Drop the uid's state; ``table_too``: another table is at the path now (deleted, created again),
+    whose files can reuse names the sink writes deterministically (``driver-copy-0000`` below an
+    epoch's folder, a vector at the same offset of the epoch's DV file): drop every cache of the old
+    table -- every uid's state and head, the delta-rs table, the vectors and the key indexes."""
     with _STATES_LOCK:
         _STATES.pop(target._head_key(), None)
         if table_too:
@@ -107,15 +115,6 @@ def _remember_dv(key: str, positions: np.ndarray) -> None:
 def live_references(target: DeltaTarget) -> set[str]:
     """Paths (relative, decoded) of live data files and of the DV files live files use."""
     state = table_state(target)
-    out = {f.relative_path for f in state.files.values()}
-    for f in state.files.values():
-        if f.dv is not None and f.dv.storage_type == "u":
-            try:
-                rel = f.dv.relative_file()
-            except CorruptMetadataError:
-                continue
-            if rel:
-                out.add(rel)
-    return out
+    return {name for f in state.files.values() for name in f.stored_files()}
 
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from flinkish_spark.connectors.delta.deletion_vectors import Descriptor
-from flinkish_spark.errors import AlreadyExistsError, CorruptMetadataError
+from flinkish_spark.errors import AlreadyExistsError
 from flinkish_spark.io.fileio import FileIO
 
 # Writer features that ask nothing of a writer that only adds new data files.
@@ -299,13 +299,9 @@ def stored_files(actions: list[dict[str, Any]]) -> set[str]:
             continue
         out.add(urllib.parse.unquote(add["path"]))
         dv = add.get("deletionVector")
-        if dv and dv.get("storageType") == "u":
-            try:
-                rel = Descriptor.from_json(dv).relative_file()
-            except CorruptMetadataError:
-                rel = None
-            if rel:
-                out.add(rel)
+        dv_file = Descriptor.from_json(dv).stored_file() if dv else None
+        if dv_file:
+            out.add(dv_file)
     return out
 
 

@@ -141,7 +141,9 @@ class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
         if self.plan is not None and self.committed(epoch):
             # Keyed: the commit left out files whose rows all lost, and wrote files of its own
             # (vectors, copies, compactions): what the table names now or the epoch's version
-            # named stays, nothing else -- whatever the decision says.
+            # named stays (a compaction right after the epoch may have removed some, but a reader
+            # of the epoch's version still reads them: VACUUM's job), nothing else -- whatever the
+            # decision says.
             wanted = live_references(self) | named
         else:
             wanted = named | {f.path for c in keep for f in c.files}

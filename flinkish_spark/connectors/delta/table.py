@@ -139,7 +139,7 @@ class DeltaTarget:
             return _HEADS.get(self._head_key())
 
     def _forget_head(self, table_too: bool = False) -> None:
-        """Drop the uid's head; ``table_too``: and the delta-rs table and every uid's head (another table at this path)."""
+        """Drop this uid's head; ``table_too``: also the delta-rs table and every uid's head (another table at this path)."""
         with _TABLES_LOCK:
             _HEADS.pop(self._head_key(), None)
             if table_too:
@@ -151,11 +151,23 @@ class DeltaTarget:
         """Drop every cache of this process for the table at this path: another table is there now."""
         self._forget_head(table_too=True)
 
-    def check_same_table(self) -> None:
-        """Forget the table's caches when the folder holds another table than the head's (one GET)."""
+    def check_same_table(self) -> bool:
+        """Whether this process's caches of the table may still answer for the folder (one GET).
+
+        Spark reuses the driver's Python workers across queries, and a notebook deletes a table and
+        writes it again: a cache filled before describes another table then -- its txn would call
+        the new table's epochs committed, the next version written would leave a gap in the new
+        log, and names the sink writes deterministically would be looked up in the old files'
+        indexes. The head keeps a digest of the commit it stands on; when the log no longer holds
+        that commit byte for byte (deleted, created again -- with any number of versions -- or
+        log cleanup passed it), every cache of the table is dropped (:meth:`forget_table`) and
+        False returned: the caller reads the table afresh. True without a head (nothing cached).
+        """
         head = self._head()
-        if head is not None and not self.log().same_table(head.log):
-            self.forget_table()  # deleted and created again: another table
+        if head is None or self.log().same_table(head.log):
+            return True
+        self.forget_table()
+        return False
 
     def shape(self) -> tuple[str, tuple[str, ...]]:
         return self.schema.to_string(), self.partition_by
@@ -170,9 +182,8 @@ class DeltaTarget:
         reads the commits other writers added since (O(their number)), and validates again
         only if one of them changed the metadata or protocol.
         """
-        self.check_same_table()
         head = self._head()
-        if head is not None and head.validated == self.shape():
+        if head is not None and head.validated == self.shape() and self.check_same_table():
             try:
                 if head.blind_append:
                     self.log().catch_up(head.log, self.uid)

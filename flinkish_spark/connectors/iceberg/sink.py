@@ -83,6 +83,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
+from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
@@ -224,6 +225,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
 
         keyed = [c for c in committables if isinstance(c, KeyedCommittable)]
         files = [f for c in committables if isinstance(c, IcebergCommittable) for f in c.files]
+        cached = TableCache.get(self._table_key()) is not None
         table = self.table(refresh=False)
         marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         for attempt in range(10):
@@ -231,6 +233,12 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
             # main still points where it pointed here, so a stale cached table can only
             # make the commit fail (and be re-checked), never apply an epoch twice.
             if committed_epoch(table, self.uid) >= epoch:
+                if cached:
+                    # ... but "already committed" from the cache is confirmed in the catalog: Spark reuses
+                    # the commit worker across queries, and the table may have been dropped and created again.
+                    cached = False
+                    table = self.table(refresh=True)
+                    continue
                 return "ALREADY_COMMITTED"
             if self.plan is None and not files:
                 return "COMMITTED"  # an empty append epoch adds no snapshot
@@ -241,6 +249,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
                     # The lookup reads the snapshot the commit asserts: positions are never stale.
                     plan = plan_epoch(self._target(), table, keyed, epoch)
                     written = plan.written
+                    crash_point("iceberg.keyed.before_snapshot")  # delete files and copies written, no snapshot
                     commit_snapshot(self.catalog(), table, plan.changes, spec_id, marker,
                                     retain=self.retain_snapshots, protect_property=UID_PROPERTY,
                                     delete_files=self._delete_quietly)
