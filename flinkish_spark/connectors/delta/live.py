@@ -6,7 +6,8 @@ only the commits written since (O(new commits) per epoch), a vector is read once
 (file, vector) and the target remembers the vectors it writes itself. A metadata or
 protocol change of the table drops the state: the table is validated again and the
 state reloaded from its newest checkpoint. A table deleted and created again at the path
-(found by :meth:`DeltaTarget.check_same_table` before each batch) drops every cache of it:
+(found by :meth:`DeltaTarget.check_same_table` at each batch's start and on every
+call of :func:`table_state`, one GET) drops every cache of it:
 the states of all uids, the vectors, and the key indexes of its files -- the new table's
 files may reuse names the sink writes deterministically (an epoch's DV file, ``driver-copy-0000``).
 """

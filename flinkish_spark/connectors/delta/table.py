@@ -12,9 +12,11 @@ tracking, change data feed, append-only, constraints).
 
 The caches of a driver process (the delta-rs table, each uid's log head) belong to one
 table: a folder deleted and created again at the same path (a notebook) is another table.
-The head keeps a digest of the commit it stands on; :meth:`DeltaTarget.ensure_table` and
-:meth:`DeltaTarget.last_committed_epoch` compare it with the log (one GET) and drop every
-cache of the table when it differs (:meth:`DeltaTarget.forget_table`).
+The head keeps a digest of the commit it stands on; :meth:`DeltaTarget.check_same_table`
+compares it with the log (one GET) -- at a batch's start (:meth:`DeltaTarget.ensure_table`),
+before an append commit, before the keyed state answers, in
+:meth:`DeltaTarget.last_committed_epoch` -- and drops every cache of the table when it
+differs (:meth:`DeltaTarget.forget_table`): the one mechanism for a recreated table.
 
 What the table holds of a uid, for the framework (:mod:`flinkish_spark.sink.incarnation`):
 :meth:`DeltaTarget.last_committed_epoch`, its txn version -- also the txn of a keyed epoch
