@@ -1,11 +1,13 @@
 """DataFrame transforms for pipeline specs (``"map": ["flinkish_spark.testing.transforms:..."]``).
 
 They inject task failures into the Spark job that writes a batch, for sinks whose rows never
-pass through flinkish code (:func:`flinkish_spark.files_sink`).
+pass through flinkish code (:func:`flinkish_spark.files_sink`), or make batches slow.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -35,5 +37,20 @@ def fail_midway(df: Any) -> Any:
             else:
                 yield batch
             first = False
+
+    return df.mapInArrow(through, df.schema)
+
+
+SLOW_TASK_ENV = "FLINKISH_TASK_SECONDS"
+
+
+def slow_tasks(df: Any) -> Any:
+    """Pass ``df`` through a ``mapInArrow`` whose every task first sleeps ``FLINKISH_TASK_SECONDS``
+    (default 3): batches that last longer than a lease timeout, whatever the source."""
+    seconds = float(os.environ.get(SLOW_TASK_ENV, "3"))
+
+    def through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        time.sleep(seconds)
+        yield from batches
 
     return df.mapInArrow(through, df.schema)

@@ -5,7 +5,11 @@ query in the same long-lived Python process): the state is brought up to date by
 only the commits written since (O(new commits) per epoch), a vector is read once per
 (file, vector) and the target remembers the vectors it writes itself. A metadata or
 protocol change of the table drops the state: the table is validated again and the
-state reloaded from its newest checkpoint.
+state reloaded from its newest checkpoint. A table deleted and created again at the path
+(found by :meth:`DeltaTarget.check_same_table` at each batch's start and on every
+call of :func:`table_state`, one GET) drops every cache of it:
+the states of all uids, the vectors, and the key indexes of its files -- the new table's
+files may reuse names the sink writes deterministically (an epoch's DV file, ``driver-copy-0000``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from flinkish_spark.connectors.delta.deletion_vectors import read_vector
 from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
 from flinkish_spark.connectors.delta.table import DeltaTarget
+from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
 
 DV_CACHE_BYTES = 256 << 20
 
@@ -33,8 +38,14 @@ def table_state(target: DeltaTarget) -> DeltaState:
     key = target._head_key()
     with _STATES_LOCK:
         state = _STATES.get(key)
+    if state is not None and (target._head() is None or not target.check_same_table()):
+        # Not confirmed to be the table on storage (another table is there now: check_same_table
+        # dropped every cache of the old one; or the head it is checked by was dropped): read afresh.
+        forget_state(target)
+        state = None
     if state is None:
         table = target.validate(False, "flinkish.delta commit")
+        target.set_head(table)  # what the next call checks the state's table by
         try:
             state = load_state(target.log(), table.version())
         except TableChanged:
@@ -47,28 +58,25 @@ def table_state(target: DeltaTarget) -> DeltaState:
         except TableChanged:
             forget_state(target)
             return table_state(target)
-        if not target.still_there(state.version):
-            forget_state(target, table_too=True)  # deleted (and created again?) since: read it afresh
-            return table_state(target)
-        state.fresh = False
     return state
 
 
 def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
-    """Drop the uid's state; ``table_too``: the table itself may be another one now (deleted, created
-    again), whose files can reuse names the sink writes deterministically (``driver-copy-0000``
-    below an epoch's folder, a vector at the same offset of the epoch's DV file): drop every cache
-    of its files too."""
+    """Drop the uid's state; ``table_too``: another table is at the path now (deleted, created again),
+    whose files can reuse names the sink writes deterministically (``driver-copy-0000`` below an
+    epoch's folder, a vector at the same offset of the epoch's DV file): drop every cache of the old
+    table -- every uid's state and head, the delta-rs table, the vectors and the key indexes."""
     with _STATES_LOCK:
         _STATES.pop(target._head_key(), None)
+        if table_too:
+            for state_key in [k for k in _STATES if k[:2] == target._key()]:
+                _STATES.pop(state_key)
     target._forget_head(table_too)
     if table_too:
-        from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
-
         CACHE.forget(target.url(""))
         with _DV_LOCK:
-            for key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
-                del _DV_CACHE[key]
+            for dv_key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
+                del _DV_CACHE[dv_key]
 
 
 def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:
@@ -105,15 +113,9 @@ def _remember_dv(key: str, positions: np.ndarray) -> None:
             total -= old.nbytes
 
 
-def live_references(target: DeltaTarget, epoch: int | None = None) -> set[str]:
-    """Paths (relative, decoded) of live data files and of the DV files live files use; with ``epoch``
-    also those the sink's commit of that epoch named (a later version -- its compaction -- may have
-    removed them, but a reader of the epoch's version still reads them: VACUUM's job, not cleanup's)."""
+def live_references(target: DeltaTarget) -> set[str]:
+    """Paths (relative, decoded) of live data files and of the DV files live files use."""
     state = table_state(target)
-    out = {name for f in state.files.values() for name in f.stored_files()}
-    named = state.epoch_files.get(target.uid)
-    if epoch is not None and named is not None and named[0] == epoch:
-        out |= named[1]
-    return out
+    return {name for f in state.files.values() for name in f.stored_files()}
 
 

@@ -14,7 +14,14 @@ writes one Delta version with the files and ``txn(appId = uid, version = epoch)`
 (*commit*). The txn makes the commit idempotent: a replayed epoch, or a commit of ours
 whose answer was lost, is recognised in the log and not applied again. *Abort/cleanup*
 deletes files of the epoch's folder that the table does not name (failed task
-attempts, a crashed run's prepare).
+attempts, a crashed run's prepare) -- never a file that the table's commit of the epoch
+added (or its compaction), whatever the decision says: when the table holds the epoch,
+that commit is read from the log (or known, when this object wrote it), and when it
+cannot be found nothing of the epoch is deleted.
+
+*The target's record* (:meth:`DeltaTarget.last_committed_epoch`): the uid's txn version, in
+append and keyed modes alike, which the framework asks when the sink's metadata is missing
+or belongs to another Spark query (see :mod:`flinkish_spark.sink.incarnation`).
 
 Every ``checkpointInterval`` table versions (default 10) the driver writes a Delta
 checkpoint (O(live files): delta-rs lists them all). ``compactEvery`` (default 0: off):
@@ -40,7 +47,7 @@ from flinkish_spark.connectors.delta.committables import (
     KEYED_MAGIC, DeltaCommittable, DeltaFile, KeyedCommittable, decode_files, decode_keyed, encode_files, encode_keyed,
 )
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
-from flinkish_spark.connectors.delta.live import live_references, table_state
+from flinkish_spark.connectors.delta.live import forget_state, live_references, table_state
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget, Head, deltalake
 from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, ChangePlan, KeyedOptions, parse_keyed_options, plan_changes,
@@ -121,30 +128,40 @@ class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
         self.io.delete_many([self.url(f.path) for c in committables for f in c.files])
 
     def cleanup(self, epoch: int, keep: list[Committable]) -> None:
-        if not keep and self.committed(epoch):
-            # The table has the epoch but we no longer know its files (decision retained
-            # away): deleting by listing could remove committed data. Leave the folder.
-            return
         folder = epoch_dir(self.path, DATA_PREFIX, self.uid, epoch)
         on_storage = self.io.find(folder)
         if not on_storage:
             return
-        if self.plan is not None and keep and self.committed(epoch):
+        named = self.added_by_table(epoch)
+        if named is None:
+            # The table holds the epoch but its commit cannot be read (log cleanup): deleting
+            # by listing could remove committed data. Leave the folder.
+            return
+        root = self.io.strip(self.path).rstrip("/") + "/"
+        if self.plan is not None and self.committed(epoch):
             # Keyed: the commit left out files whose rows all lost, and wrote files of its own
-            # (vectors, copies, compactions): what the table names, or the epoch's version named, stays.
-            root = self.io.strip(self.path).rstrip("/") + "/"
-            live = live_references(self, epoch)
-            doomed = [p for p in on_storage if p[len(root):] not in live]
+            # (vectors, copies, compactions): what the table names now or the epoch's version
+            # named stays (a compaction right after the epoch may have removed some, but a reader
+            # of the epoch's version still reads them: VACUUM's job), nothing else -- whatever the
+            # decision says.
+            wanted = live_references(self) | named
         else:
-            wanted = {self.io.strip(self.url(f.path)) for c in keep for f in c.files}
-            doomed = [p for p in on_storage if p not in wanted]
-        self.io.delete_many([self.io.url(p) for p in doomed])
+            wanted = named | {f.path for c in keep for f in c.files}
+        self.io.delete_many([self.io.url(p) for p in on_storage if p[len(root):] not in wanted])
         self.io.remove_empty_dirs(folder)
 
     def committed(self, epoch: int) -> bool:
         if self.plan is not None:
             return table_state(self).txn(self.uid) >= epoch
         return super().committed(epoch)
+
+    def newest_version(self) -> int:
+        if self.plan is not None:
+            return table_state(self).version
+        return super().newest_version()
+
+    def forget_table(self) -> None:
+        forget_state(self, table_too=True)  # the keyed state, vectors and key indexes too
 
     def encode(self, committable: Committable) -> bytes:
         if isinstance(committable, KeyedCommittable):

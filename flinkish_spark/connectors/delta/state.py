@@ -73,13 +73,9 @@ class LiveFile:
         """The files (relative, decoded) this logical file is stored in: the data file, and its DV file
         when the vector is in one below the table (``u``; a malformed descriptor names none)."""
         out = [self.relative_path]
-        if self.dv is not None and self.dv.storage_type == "u":
-            try:
-                rel = self.dv.relative_file()
-            except CorruptMetadataError:
-                rel = None
-            if rel:
-                out.append(rel)
+        dv_file = None if self.dv is None else self.dv.stored_file()
+        if dv_file:
+            out.append(dv_file)
         return out
 
     @property
@@ -127,11 +123,6 @@ class DeltaState:
     version: int
     files: dict[str, LiveFile]
     txns: dict[str, int]
-    fresh: bool = True  # loaded from storage by this call, not taken from the process's cache
-    # Per app id, its newest txn version and the files (relative, decoded: data and DV files) that
-    # commit named -- what the epoch's cleanup must keep even after a later version removed them.
-    # Known for commits applied to this state (not for those only in the checkpoint it was loaded from).
-    epoch_files: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
 
     def txn(self, uid: str) -> int:
         return self.txns.get(uid, -1)
@@ -154,7 +145,6 @@ class DeltaState:
             elif "txn" in action:
                 txn = action["txn"]
                 self.txns[str(txn["appId"])] = max(self.txns.get(str(txn["appId"]), -1), int(txn["version"]))
-                self.epoch_files[str(txn["appId"])] = (int(txn["version"]), _named(actions))
         self.version = version
 
     def catch_up(self, log: DeltaLog, validated: int = -1) -> int:
@@ -166,12 +156,6 @@ class DeltaState:
                 return applied
             self.apply(self.version + 1, actions, validated)
             applied += 1
-
-
-def _named(actions: list[dict[str, Any]]) -> frozenset[str]:
-    """The files a commit's ``add`` actions name: data files and their DV files (relative, decoded)."""
-    return frozenset(name for action in actions if "add" in action
-                     for name in LiveFile.from_add(action["add"]).stored_files())
 
 
 def load_state(log: DeltaLog, validated: int) -> DeltaState:

@@ -24,6 +24,13 @@ Iceberg table with pyiceberg (no JVM jar).
 * **Abort / cleanup**: files of an epoch's folder that the table does not name once it has
   the epoch -- or, before, that no decided committable names (failed task attempts, a
   crashed run's prepare, a refused attempt's delete files) -- are deleted by listing it.
+  Never a file that the epoch's snapshots added (data, position delete and compaction
+  files, read from their manifests), whatever the decision says; when the table holds the
+  epoch and its snapshots are gone (expired), nothing of the epoch is deleted.
+* **The target's record** (:meth:`IcebergSink.last_committed_epoch`): the ancestry walk
+  above -- in keyed modes a marker snapshot of an epoch that changed nothing counts -- which
+  the framework asks when the sink's metadata is missing or belongs to another Spark query
+  (see :mod:`flinkish_spark.sink.incarnation`).
 
 Catalog: see :mod:`.catalog` (``catalog`` / ``catalogUri`` + ``warehouse`` / embedded,
 ``catalogName``).
@@ -314,6 +321,16 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
         folder = epoch_folder(self.info, self.uid, epoch)
         self.io.delete_many([self.io.url(p) for p in self.io.find(folder) if p not in wanted])
         self.io.remove_empty_dirs(folder)
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in the table's snapshots (-1: none, or no table yet); read
+        from the catalog, never from this process's cache of the table."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return committed_epoch(self.table(), self.uid)
+        except NoSuchTableError:
+            return -1
 
 
 def _paths(c: Committable) -> list[str]:
