@@ -46,6 +46,8 @@ def check_session_workers(spark: "SparkSession") -> None:
     Workers of other masters run on other machines, and the Python of a Spark Connect server
     runs in the server's process: their interpreter cannot be probed here.
     """
+    if is_connect(spark):
+        return
     sc = spark.sparkContext
     if str(sc.master).startswith("local"):
         label = "PYSPARK_PYTHON" if os.environ.get("PYSPARK_PYTHON") else "the Spark workers' interpreter (PYSPARK_PYTHON unset)"
