@@ -75,10 +75,14 @@ def transactional_with(
     io.check_writable_root(root, "checkpoint")
     log = DecisionLog(io, root, uid)
     run_id = uuid.uuid4().hex
-    lease = Lease(io, join(log.directory, "_lease.json"), run_id, f"foreachBatch sink uid {uid!r}", lease_timeout)
+    # Made on first use, in the process that runs the batches: a Lease holds locks, and Spark
+    # Connect pickles this function to a Python process on the server.
+    leases: list[Lease] = []
 
     def apply(df: Any, batch_id: int) -> None:
-        lease.renew()
+        if not leases:
+            leases.append(Lease(io, join(log.directory, "_lease.json"), run_id, f"foreachBatch sink uid {uid!r}", lease_timeout))
+        leases[0].renew()
         prepared: list[Any] = []
         if not log.is_done(batch_id) and log.read(batch_id) is None:
             prepared = prepare(df, batch_id)
