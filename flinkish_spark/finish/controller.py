@@ -316,7 +316,12 @@ class FinishController(StreamingQueryListener):
         return "terminated"
 
 
-def _session() -> "SparkSession":
+def _session(query: "StreamingQuery") -> "SparkSession":
+    """The session ``query`` runs in: a Connect query knows its own (a process may hold a Classic
+    session and Connect sessions side by side); a Classic one runs in the active session."""
+    own = getattr(query, "_session", None)
+    if own is not None:
+        return own  # type: ignore[no-any-return]
     from pyspark.sql import SparkSession
 
     return SparkSession.active()
@@ -370,7 +375,7 @@ def await_finished(query: "StreamingQuery", timeout: float | None = None, progre
     last rows is committed (also under processing-time triggers); ``progress=True``
     shows finished splits and rows while waiting.
     """
-    return FinishController.install(_session()).wait(query, timeout, progress)
+    return FinishController.install(_session(query)).wait(query, timeout, progress)
 
 
 def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = None) -> QueryEnd:
@@ -381,7 +386,7 @@ def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = N
     source ends its input now (it is FINISHED from then on), the end-of-input watermark
     flush runs, the final epoch commits and the query ends; a restart adds nothing.
     """
-    controller = FinishController.install(_session())
+    controller = FinishController.install(_session(query))
     deadline = None if timeout is None else time.time() + timeout
     while query.isActive and query.lastProgress is None:
         # Before the first batch there is no offset that tells where the sources are.
