@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 FILES = 5
 ROWS_PER_FILE = 1_000
@@ -83,7 +84,7 @@ def run_demo(workdir: str, remote: bool = False) -> int:
         driver = "Connect server" if remote else "driver"
 
         def pipeline(crash_at: str | None) -> tuple[int, float]:
-            run_spec = dict(spec)
+            run_spec: dict[str, Any] = dict(spec)
             if crash_at is None:
                 # The restart: a processing-time trigger, ended by flinkish's finish controller.
                 run_spec.update(trigger="10 seconds", end="finish", runSeconds=300)

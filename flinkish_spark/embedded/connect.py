@@ -91,7 +91,9 @@ class ConnectServer:
         child_env = {**os.environ, **local_driver_environment(self.master, python), **(env or {})}
         for var in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
             child_env.pop(var, None)  # this process may be a Connect client itself
-        spark_home = child_env.get("SPARK_HOME") or os.path.dirname(__import__("pyspark").__file__)
+        import pyspark
+
+        spark_home = child_env.get("SPARK_HOME") or os.path.dirname(os.path.abspath(pyspark.__file__))
         settings = {
             **driver_conf(self.master, python, {"spark.log.level": "WARN", **self.conf}, spark_home),
             "spark.connect.grpc.binding.address": "127.0.0.1",

@@ -321,7 +321,7 @@ def _session(query: "StreamingQuery") -> "SparkSession":
     session and Connect sessions side by side); a Classic one runs in the active session."""
     own = getattr(query, "_session", None)
     if own is not None:
-        return own  # type: ignore[no-any-return]
+        return own
     from pyspark.sql import SparkSession
 
     return SparkSession.active()
