@@ -47,7 +47,7 @@ def run_demo(workdir: str, remote: bool = False) -> int:
     from flinkish_spark.inspect import recent_epochs
     from flinkish_spark.io.fileio import FileIO
     from flinkish_spark.session import check_java
-    from flinkish_spark.faults import ENV_DIR, ENV_PGID, ENV_POINT
+    from flinkish_spark.faults import ENV_DIR, ENV_POINT
     from flinkish_spark.embedded.s3 import local_s3, make_bucket
 
     console = Console()
@@ -91,9 +91,9 @@ def run_demo(workdir: str, remote: bool = False) -> int:
             crash_env = {ENV_POINT: crash_at, ENV_DIR: workdir} if crash_at else {}
             env = dict(os.environ)
             if server is not None:
-                # The crash point fires in the server's Python workers: it kills the server's process group.
+                # The crash point fires in one of the server's Python workers; it kills the whole server.
                 server.stop()
-                server.start(env={**crash_env, ENV_PGID: "0"} if crash_at else None)
+                server.start(env=crash_env)
                 run_spec["remote"] = server.url
             else:
                 env.update(crash_env)

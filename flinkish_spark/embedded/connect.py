@@ -14,8 +14,8 @@ Usage::
 
 The server runs in a new process group: :meth:`ConnectServer.kill` is ``kill -9`` of the
 whole server (its JVM and its Python workers), as a crash test needs. A crash point armed in
-the server's environment with ``FLINKISH_CRASH_PGID=0`` kills that group
-(:mod:`flinkish_spark.faults`). With ``tie_to_this_process`` the kernel kills the server when
+the environment of a start (``FLINKISH_CRASH_AT``, :mod:`flinkish_spark.faults`) kills that
+whole group too, from whichever of the server's Python workers reaches it. With ``tie_to_this_process`` the kernel kills the server when
 the process that started it dies (Linux), and it is stopped when that process exits.
 """
 
@@ -35,6 +35,7 @@ from typing import Callable, Iterator, Mapping
 
 from flinkish_spark.environment import check_java, check_worker_python, driver_conf, local_driver_environment
 from flinkish_spark.errors import EnvironmentSetupError
+from flinkish_spark.faults import ENV_PGID, ENV_POINT
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_S = 240.0  # a cold JVM on a busy two-core machine takes 30-60 s
@@ -103,6 +104,11 @@ class ConnectServer:
         for key, value in settings.items():
             cmd += ["--conf", f"{key}={value}"]
         cmd.append("spark-internal")
+        if ENV_POINT in child_env:
+            # The crash point must kill the server's process group (its pid: start_new_session), not
+            # only the group of the Python worker that reaches it (pyspark's daemon has a group of its own).
+            child_env.pop(ENV_PGID, None)
+            cmd = ["/bin/sh", "-c", f'export {ENV_PGID}=$$; exec "$@"', "sh", *cmd]
         if not self.log_path:
             fd, self.log_path = tempfile.mkstemp(prefix="flinkish-connect-server-", suffix=".log")
             os.close(fd)

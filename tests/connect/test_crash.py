@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pyarrow.dataset as ds
 import pytest
 
-from flinkish_spark.faults import ENV_DIR, ENV_PGID, ENV_POINT
+from flinkish_spark.faults import ENV_DIR, ENV_POINT
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.runner import child_spec
 from flinkish_spark.sink.decisions import DecisionLog
@@ -134,7 +134,7 @@ def test_kill_9_of_the_server_mid_commit_then_restart_is_exactly_once(connect_se
     # first file move (epoch 1): kill -9 of the server with one file of the epoch visible.
     (tmp_path / "crash").mkdir()
     connect_server.stop()
-    connect_server.start(env={ENV_POINT: "sink.mid_commit:2", ENV_DIR: str(tmp_path / "crash"), ENV_PGID: "0"})
+    connect_server.start(env={ENV_POINT: "sink.mid_commit:2", ENV_DIR: str(tmp_path / "crash")})
     crashed = run_client(spec, kill_after=0, kill_when=lambda: not connect_server.running())
     assert connect_server.wait_exit(60) == -signal.SIGKILL, crashed.output[-3000:]
     decided, done = log.epochs()
