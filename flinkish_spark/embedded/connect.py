@@ -68,8 +68,9 @@ class ConnectServer:
     conf: Mapping[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     tie_to_this_process: bool = False
-    log_path: str = ""
+    log_path: str = ""  # default: a temporary file, removed by stop()
     _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _own_log: bool = field(default=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -112,6 +113,7 @@ class ConnectServer:
         if not self.log_path:
             fd, self.log_path = tempfile.mkstemp(prefix="flinkish-connect-server-", suffix=".log")
             os.close(fd)
+            self._own_log = True
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, env=child_env, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True,
@@ -172,6 +174,10 @@ class ConnectServer:
             except subprocess.TimeoutExpired:
                 pass
         self.kill()  # also whatever of its process group outlived the JVM
+        if self._own_log:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)
+            self.log_path, self._own_log = "", False
 
 
 def start_connect_server(master: str = "local[2]", conf: Mapping[str, str] | None = None,
