@@ -65,6 +65,10 @@ def spark_query_id(location: str) -> str | None:
     return str(value) if value else None
 
 
+def _without_metadata(schema: StructType) -> list[tuple[str, str, bool]]:
+    return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
+
+
 def task_context(uid: str, epoch: int | None = None) -> PrepareContext:
     from pyspark import TaskContext
 
@@ -127,7 +131,8 @@ class TwoPhaseCommitDataSource(DataSource):
             recorded = StructType.fromJson(json.loads(self.io.read_bytes(path)))
         except FileNotFoundError:
             return
-        if recorded != schema:
+        # Column metadata (e.g. the primary key a source marks) is no part of what is written.
+        if _without_metadata(recorded) != _without_metadata(schema):
             raise CheckpointMismatchError(
                 f"sink uid {self.uid!r} was started with the schema {recorded.simpleString()}, but the "
                 f"query now writes {schema.simpleString()}. Write to a new path with a new uid, or "
@@ -201,17 +206,26 @@ class TwoPhaseCommitDataSource(DataSource):
         # Runs on the driver before any task of the batch: refuse bad state before writing.
         self.check_schema(schema)
         self.check_same_query()
-        self.decision_log().check_pending()
-        return TwoPhaseCommitStreamWriter(self, schema)
+        decided = self.decision_log().check_pending()
+        return TwoPhaseCommitStreamWriter(self, schema, frozenset(decided))
 
 
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType) -> None:
+    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType, decided: frozenset[int] = frozenset()) -> None:
         self.source = source
         self.schema = schema
+        # Epochs with a recorded decision (a replay after a crash past the decision): their commit
+        # uses the recorded committables, so tasks prepare nothing -- as transactional() does.
+        # Writing them again would waste the work, and into a keyed PostgreSQL table it would
+        # wait on (or collide with) the decided rows.
+        self.decided = decided
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedMessage:
         ctx = task_context(self.source.uid)
+        if ctx.epoch in self.decided:
+            for _ in iterator:  # Spark's input is consumed, not written
+                pass
+            return PreparedMessage(None, ctx.partition_id, ctx.attempt)
         committable = self.source.sink(self.schema).prepare(iterator, ctx)
         return PreparedMessage(committable, ctx.partition_id, ctx.attempt)
 

@@ -150,12 +150,14 @@ class DecisionLog:
         return sorted(decided), done
 
     def check_pending(self) -> list[int]:
-        """Read every decided-but-not-done epoch (the ones a restart recovers); a damaged record raises here."""
+        """Read every decided-but-not-done epoch (the ones a restart recovers); a damaged record raises here.
+
+        Returns every epoch that has a decision (done or not)."""
         decided, done = self.epochs()
-        pending = [e for e in decided if e not in done]
-        for epoch in pending:
-            self.read(epoch)
-        return pending
+        for epoch in decided:
+            if epoch not in done:
+                self.read(epoch)
+        return decided
 
     def retain(self, keep: int, through_epoch: int) -> None:
         """Delete records of done epochs older than the newest ``keep`` (Spark replays only the last)."""

@@ -1,4 +1,10 @@
-"""Blind appends to a Delta table's log at a cost that does not grow with the table.
+"""Writing a Delta table's log: blind appends at a cost that does not grow with the table, and single versions.
+
+:meth:`DeltaLog.append` is the blind append of ``mode=append`` (below). The keyed commit
+(:mod:`flinkish_spark.connectors.delta.keyed`) writes one version at a time with
+:meth:`DeltaLog.write_version` (put-if-absent; :class:`VersionTaken` when another writer has
+it) and :func:`commit_payload`, and on :class:`VersionTaken` reads the winner and computes
+its version again: a read-modify-write conflicts with any concurrent commit.
 
 Why not delta-rs's commit: delta-rs (1.x) holds every live file of the table in memory
 and rebuilds that list after each commit -- inside ``create_write_transaction`` and
@@ -52,6 +58,7 @@ BLIND_APPEND_WRITER_FEATURES = frozenset({
     "appendOnly", "changeDataFeed", "deletionVectors", "domainMetadata", "timestampNtz", "vacuumProtocolCheck",
 })
 ENGINE_INFO = "flinkish_spark (blind append)"
+KEYED_ENGINE_INFO = "flinkish_spark (keyed, deletion vectors)"
 
 
 class TableChanged(Exception):
@@ -86,10 +93,16 @@ def blind_append_supported(protocol: Any, schema: Any) -> bool:
     return False
 
 
-def add_action(path: str, size: int, partition_values: dict[str, str | None], stats: str, now_ms: int) -> dict[str, Any]:
-    """A Delta ``add`` action; ``path`` (relative to the table root) is percent-encoded as a URI."""
-    return {"add": {"path": urllib.parse.quote(path, safe="/="), "partitionValues": partition_values, "size": size,
-                    "modificationTime": now_ms, "dataChange": True, "stats": stats}}
+def quote_path(path: str) -> str:
+    """A data file's path as the log names it: percent-encoded as a URI (relative to the table root)."""
+    return urllib.parse.quote(path, safe="/=")
+
+
+def add_action(path: str, size: int, partition_values: dict[str, str | None], stats: str, now_ms: int,
+               data_change: bool = True) -> dict[str, Any]:
+    """A Delta ``add`` action of a new data file."""
+    return {"add": {"path": quote_path(path), "partitionValues": partition_values, "size": size,
+                    "modificationTime": now_ms, "dataChange": data_change, "stats": stats}}
 
 
 class DeltaLog:
@@ -112,10 +125,8 @@ class DeltaLog:
 
     def last_checkpoint(self) -> int:
         """The version ``_last_checkpoint`` names, -1 without one."""
-        try:
-            return int(json.loads(self.io.read_bytes(f"{self.root}/_last_checkpoint"))["version"])
-        except FileNotFoundError:
-            return -1
+        info = self.last_checkpoint_info()
+        return -1 if info is None else int(info["version"])
 
     def catch_up(self, head: LogHead, uid: str) -> None:
         """Read the commits after ``head`` (advancing it) up to the newest: one GET each, plus one.
@@ -130,6 +141,13 @@ class DeltaLog:
                 return
             _apply(head, uid, head.version + 1, actions)
 
+    def last_checkpoint_info(self) -> dict[str, Any] | None:
+        """``_last_checkpoint`` as written (``version``, optional ``parts``), None without one."""
+        try:
+            return dict(json.loads(self.io.read_bytes(f"{self.root}/_last_checkpoint")))
+        except FileNotFoundError:
+            return None
+
     def append(self, head: LogHead, uid: str, epoch: int, actions: list[dict[str, Any]],
                info: dict[str, Any]) -> Literal["COMMITTED", "ALREADY_COMMITTED"]:
         """Commit ``actions`` with ``txn(uid, epoch)`` as the next version after ``head``.
@@ -143,24 +161,14 @@ class DeltaLog:
             if head.txn >= epoch:
                 return "ALREADY_COMMITTED"
             version = head.version + 1
-            if checkpoint >= version:
-                # Behind a checkpoint: log cleanup may have removed this version, and a
-                # put-if-absent would then succeed behind the table. Read it instead.
-                passed = self.read(version)
-                if passed is None:
-                    raise StaleHead(f"{self.root}: version {version} is behind checkpoint {checkpoint} and gone")
+            passed = self.behind_checkpoint(version, checkpoint)
+            if passed is not None:
                 _apply(head, uid, version, passed)
                 continue
-            now = int(time.time() * 1000)
-            commit_info = {"timestamp": now, "operation": "STREAMING UPDATE",
-                           "operationParameters": {"outputMode": "Append", "queryId": uid, "epochId": str(epoch)},
-                           "readVersion": head.version, "isolationLevel": "Serializable", "isBlindAppend": True,
-                           "engineInfo": ENGINE_INFO, **info}
-            lines = [{"commitInfo": commit_info}, {"txn": {"appId": uid, "version": epoch, "lastUpdated": now}}, *actions]
-            payload = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
+            payload = commit_payload(uid, epoch, actions, info, read_version=head.version, blind=True)
             try:
-                self.io.write_exclusive(self.commit_url(version), payload)
-            except AlreadyExistsError:
+                self.write_version(version, payload)
+            except VersionTaken:
                 # Another writer took this version: read it, then try the next one.
                 winner = self.read(version)
                 if winner is None:  # cleaned up already: we are far behind
@@ -169,6 +177,52 @@ class DeltaLog:
                 continue
             head.version, head.txn = version, epoch
             return "COMMITTED"
+
+    def behind_checkpoint(self, version: int, checkpoint: int) -> list[dict[str, Any]] | None:
+        """The actions of ``version`` when it is at or behind the newest checkpoint (so it must exist
+        already), None when it is ahead (free to write). Raises StaleHead when it is gone.
+
+        Why: log cleanup may have removed that version, and a put-if-absent would then succeed
+        *behind* the table.
+        """
+        if checkpoint < version:
+            return None
+        passed = self.read(version)
+        if passed is None:
+            raise StaleHead(f"{self.root}: version {version} is behind checkpoint {checkpoint} and gone")
+        return passed
+
+    def write_version(self, version: int, payload: bytes) -> None:
+        """Put-if-absent of one commit file; VersionTaken when another writer has that version.
+
+        A put whose answer was lost but that landed is recognised by FileIO.write_exclusive
+        (the stored bytes are ours) and counts as written.
+        """
+        try:
+            self.io.write_exclusive(self.commit_url(version), payload)
+        except AlreadyExistsError:
+            raise VersionTaken(version) from None
+
+
+class VersionTaken(Exception):
+    """Another writer committed the version this writer tried to write."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"version {version} is taken")
+        self.version = version
+
+
+def commit_payload(uid: str, epoch: int | None, actions: list[dict[str, Any]], info: dict[str, Any], read_version: int,
+                   blind: bool, operation: str = "STREAMING UPDATE", output_mode: str = "Append") -> bytes:
+    """The bytes of one commit: commitInfo, ``txn(uid, epoch)`` (none for epoch None), then ``actions``."""
+    now = int(time.time() * 1000)
+    parameters = {"outputMode": output_mode, "queryId": uid, "epochId": str(epoch)} if epoch is not None else {}
+    commit_info = {"timestamp": now, "operation": operation, "operationParameters": parameters,
+                   "readVersion": read_version, "isolationLevel": "Serializable", "isBlindAppend": blind,
+                   "engineInfo": ENGINE_INFO if blind else KEYED_ENGINE_INFO, **info}
+    txn = [{"txn": {"appId": uid, "version": epoch, "lastUpdated": now}}] if epoch is not None else []
+    lines = [{"commitInfo": commit_info}, *txn, *actions]
+    return "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
 
 
 def _apply(head: LogHead, uid: str, version: int, actions: list[dict[str, Any]]) -> None:

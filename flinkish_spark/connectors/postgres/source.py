@@ -27,7 +27,8 @@ S was the same at S and at T. So after the change stream has passed the time the
 was read, the target equals the table; in between it may briefly show older values of keys
 that changed during the snapshot (re-applied changes). Not covered: a ``TRUNCATE`` (the source
 stops with an error), an update that leaves a TOASTed value (> ~2 kB) unchanged (the source
-stops with an error naming the column; use ``REPLICA IDENTITY FULL``), changes of the table's
+stops with an error naming the column, unless the table has ``REPLICA IDENTITY FULL``: then the
+value comes from the old row), changes of the table's
 columns while running, and an append-only sink (it would see the overlap as duplicates).
 
 Output: the table's columns, plus ``_op`` (``r`` snapshot read, ``c`` insert, ``u`` update,
@@ -54,8 +55,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
-from flinkish_spark.connectors.postgres.connection import ConnectionInfo, adbc_connect, connect, parse_url
+from flinkish_spark.connectors.postgres.connection import (
+    ConnectionInfo, adbc_connect, check_server_version, connect, parse_url,
+)
+from flinkish_spark.connectors.primary_key import with_primary_key
 from flinkish_spark.connectors.postgres.pgoutput import (
     Begin,
     Change,
@@ -81,6 +86,11 @@ BATCH_ROWS = 65_536
 #: How long a reader waits for a slot that a killed run's backend still holds.
 SLOT_BUSY_WAIT_S = 60.0
 METADATA_COLUMNS = ("_op", "_lsn", "_commit_ts")
+#: ``_op`` of the marker rows around a re-snapshot (``onSlotLost=resnapshot``): every other column
+#: is null. The slot was lost, so the deletes of the gap are too; a keyed target applies 'E' by
+#: deleting each key that the snapshot rows since 'B' did not hold (the flinkish.postgres sink
+#: with deletes=true does: :mod:`flinkish_spark.connectors.postgres.resnapshot`).
+RESNAPSHOT_BEGIN, RESNAPSHOT_END = "B", "E"
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -116,6 +126,19 @@ class TableInfo:
     def spark_ddl(self) -> str:
         cols = [f"`{c.name}` {c.spark_type}" for c in self.columns]
         return ", ".join(cols + ["`_op` string", "`_lsn` bigint", "`_commit_ts` timestamp"])
+
+    def spark_schema(self) -> StructType:
+        """The stream's schema (as :meth:`spark_ddl`) with the primary key marked for keyed sinks
+        (:mod:`flinkish_spark.connectors.primary_key`)."""
+        fields = [{"name": c.name, "type": _JSON_TYPE.get(c.spark_type, c.spark_type), "nullable": True}
+                  for c in self.columns]
+        fields += [{"name": "_op", "type": "string", "nullable": True}, {"name": "_lsn", "type": "long", "nullable": True},
+                   {"name": "_commit_ts", "type": "timestamp", "nullable": True}]
+        return with_primary_key(fields, self.key)
+
+
+# Spark DDL type names (spark_type) whose JSON form differs; decimal(p,s) and the rest are the same.
+_JSON_TYPE = {"smallint": "short", "int": "integer", "bigint": "long"}
 
 
 def quote_ident(name: str) -> str:
@@ -316,7 +339,7 @@ class PostgresEnumerator(SplitEnumerator):
                 self.generation += 1  # a new slot and a new snapshot; the old splits end where they are
                 self.snapshot_done = self.changes_discovered = False
                 return self._start(known)
-        if src.startup == "snapshotThenChanges" and self.snapshot_done and not self.changes_discovered:
+        if src.startup != "snapshot" and self.snapshot_done and not self.changes_discovered:
             self.changes_discovered = True
             return [Split(changes_id(self.generation))]
         return []
@@ -331,12 +354,15 @@ class PostgresEnumerator(SplitEnumerator):
                 # The slot first: every change after its consistent point is kept for us.
                 slots.ensure_slot_and_publication(
                     conn, src.io, src.checkpoint_store().directory, src.slot_name, src.publication,
-                    (info.schema, info.name), src.publication_given, src.component,
+                    (info.schema, info.name), [c.name for c in info.columns], src.publication_given, src.component,
                 )
-            if src.startup != "changes":
+            # A re-snapshot (generation > 0) reads the table whatever the startup: the changes
+            # in the gap are gone, and only the table itself can say what they did.
+            resnapshot = self.generation > 0
+            if src.startup != "changes" or resnapshot:
                 chunks = chunk_boundaries(conn, info, src.split_size)
                 out = [Split(chunk_id(self.generation, i), c.to_payload()) for i, c in enumerate(chunks)]
-        if src.startup == "changes":
+        if src.startup == "changes" and not resnapshot:
             self.snapshot_done = self.changes_discovered = True
             out.append(Split(changes_id(self.generation)))
         self.started = True
@@ -353,7 +379,10 @@ class PostgresEnumerator(SplitEnumerator):
             f"({'dropped' if state == 'missing' else 'invalidated by the server, e.g. max_slot_wal_keep_size'}) "
             "while this source still needs it: the changes since the last committed epoch are gone from the WAL "
             "and the target would silently miss them. Start again with a new snapshot: set the option "
-            "onSlotLost=resnapshot (the source creates a new slot and reads the table again), or use a new uid"
+            "onSlotLost=resnapshot -- the source makes a new slot and reads the table again between two marker rows "
+            "(_op 'B' and 'E'), at which the flinkish.postgres sink (mode=upsert, deletes=true) also deletes the "
+            "target's keys that the table no longer holds; any other target must drop those keys itself "
+            "(docs/postgres-source.md, 'A lost slot')"
         )
 
     def extent(self, split: Split, position: int) -> SplitExtent:
@@ -492,7 +521,16 @@ class PostgresReader(SplitReader):
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):
-            yield from self._read_chunk(Chunk.from_payload(split.payload))
+            chunk = Chunk.from_payload(split.payload)
+            # A re-snapshot after a lost slot is bracketed by markers (see RESNAPSHOT_BEGIN): the
+            # first chunk (no lower bound) opens it, the last (no upper bound) closes it. Chunks are
+            # planned in order, so the two land in its first and last epoch.
+            resnapshot = split_generation(split.split_id) > 0
+            if resnapshot and chunk.lo is None:
+                yield self._marker(RESNAPSHOT_BEGIN)
+            yield from self._read_chunk(chunk)
+            if resnapshot and chunk.hi is None:
+                yield self._marker(RESNAPSHOT_END)
         else:
             yield from self._read_changes(start, end)
 
@@ -547,6 +585,11 @@ class PostgresReader(SplitReader):
         finally:
             conn.close()
 
+    def _marker(self, op: str) -> pa.RecordBatch:
+        """A row with ``_op`` = ``op`` and every other column null."""
+        return pa.RecordBatch.from_arrays(
+            [pa.array([op], f.type) if f.name == "_op" else pa.nulls(1, f.type) for f in self.target], schema=self.target)
+
     def _with_metadata(self, batch: pa.RecordBatch, op: str) -> pa.RecordBatch:
         n = batch.num_rows
         arrays = list(batch.columns) + [
@@ -575,6 +618,8 @@ class PostgresReader(SplitReader):
             messages = _peek(conn, src.slot_name, src.publication, end, None)
         for change in decode_changes(messages, start, end):
             if isinstance(change, Truncate):
+                if len(change.tables) == len(change.relids) and (info.schema, info.name) not in change.tables:
+                    continue  # another table of a publication the user gave
                 raise PostgresSourceError(
                     f"{src.component}: {info.display} was truncated (in the WAL range {format_lsn(start)}..{format_lsn(end)}); "
                     "a TRUNCATE cannot be expressed as row changes. Restart with a new snapshot (a new uid, or drop "
@@ -588,7 +633,10 @@ class PostgresReader(SplitReader):
                     raise PostgresSourceError(
                         f"{src.component}: an update of {info.display} at LSN {format_lsn(change.commit_lsn)} left the "
                         f"TOASTed value of column {name!r} unchanged, and the server did not send it; the change "
-                        f"cannot be a full row. Set ALTER TABLE {info.display} REPLICA IDENTITY FULL and restart with a new snapshot"
+                        f"cannot be a full row. Run ALTER TABLE {info.display} REPLICA IDENTITY FULL (the server then sends "
+                        "the old row, which holds the value) and start over with a new snapshot, since this change is already "
+                        f"in the WAL without it: SELECT pg_drop_replication_slot('{src.slot_name}') and restart with "
+                        "onSlotLost=resnapshot, or use a new uid"
                     )
             if change.op == "d" and info.key:
                 # With the default replica identity only the key is sent; the rest is null.
@@ -656,9 +704,16 @@ class PostgresSourceDataSource(SplitDataSource):
     def table_info(self) -> TableInfo:
         if self._table_info is None:
             with connect(self.conn_info, autocommit=True) as conn:
+                check_server_version(conn, self.conn_info, self.component)
                 info = load_table_info(conn, self.table, self.split_column, self.component)
                 if self.startup != "snapshot":
                     slots.check_logical_replication(conn, self.component)
+                    # At every start, not only the first: a publication can be altered while stopped.
+                    # (One of this name that is neither given nor ours is refused when the slot is made.)
+                    owned = slots.Ownership.read(self.io, self.checkpoint_store().directory)
+                    if self.publication_given or (owned is not None and owned.publication_created):
+                        publications.check(conn, self.publication, (info.schema, info.name),
+                                           [c.name for c in info.columns], self.component)
                     if not info.key:
                         raise PostgresSourceError(
                             f"{self.component}: table {info.display} has no primary key, so its changes carry no key "
@@ -668,9 +723,9 @@ class PostgresSourceDataSource(SplitDataSource):
             self._table_info = info
         return self._table_info
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         self.setup_source()
-        return self.table_info().spark_ddl()
+        return self.table_info().spark_schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         self.setup_source()
