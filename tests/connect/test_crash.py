@@ -140,6 +140,13 @@ def test_kill_9_of_the_server_mid_commit_then_restart_is_exactly_once(connect_se
     decided, done = log.epochs()
     assert 1 in decided and 1 not in done
     assert list(out.glob("part-000000000001-*")) and staged(out)  # one file of epoch 1 visible, the rest staged
+    # `flinkish orphans` (a third process, no Spark) sees the crashed commit's staged files as decided
+    # (completed by the next start), none as an orphan to delete.
+    orphans = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "orphans", str(out), "--uid", "out",
+                              "--checkpoint", str(tmp_path / "sinkmeta"), "--json"], capture_output=True, text=True, timeout=120)
+    assert orphans.returncode == 0, orphans.stderr
+    entries = json.loads(orphans.stdout)["staged"]
+    assert len(entries) == len(staged(out)) and {(e["epoch"], e["state"]) for e in entries} == {(1, "decided")}
 
     connect_server.start()
     last = run_client(spec)
