@@ -27,18 +27,19 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flinkish_spark.inspect import postgres_slots, recent_epochs, sink_epochs, sink_targets
+    from flinkish_spark.inspect import postgres_slots, postgres_tables, recent_epochs, sink_epochs, sink_targets
 
     root = args.checkpoint.rstrip("/")
     io = _root_io(args, args.checkpoint, "CHECKPOINT")
     epochs = recent_epochs(io, root, last=args.last)
     sinks = sink_epochs(io, root, last=args.last)
     slots = postgres_slots(io, root)
+    pg_tables = postgres_tables(io, root)
     targets = sink_targets(io, root)
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "sources": [e.to_json() for e in epochs],
                           "sinks": [e.to_json() for e in sinks], "sinkTargets": targets,
-                          "postgres_slots": [s.to_json() for s in slots]}, indent=2))
+                          "postgres_slots": [s.to_json() for s in slots], "postgres_tables": pg_tables}, indent=2))
         return 0
     # Piped output (scripts, logs) is not cut to 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -66,6 +67,8 @@ def _inspect(args: argparse.Namespace) -> int:
             held = "" if p.wal_held_back_bytes is None else f"{p.wal_held_back_bytes / 2**20:.1f} MiB"
             pt.add_row(p.uid, p.slot, p.confirmed_lsn or "", held, p.note)
         console.print(pt)
+    for uid, counts in pg_tables.items():
+        console.print(f"source uid {uid}: tables " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     return 0
 
 

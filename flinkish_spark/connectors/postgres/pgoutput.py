@@ -41,6 +41,7 @@ class Column:
     name: str
     type_oid: int
     is_key: bool
+    type_mod: int = -1
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class Truncate:
     relids: tuple[int, ...]
     #: (schema, table) of each relid whose Relation message came first (decode_changes fills it)
     tables: tuple[tuple[str, str], ...] = ()
+    commit_lsn: int = 0  # set by decode_changes: its transaction's commit LSN and time
+    commit_ts_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,8 @@ def decode_message(data: bytes) -> Message:
             flags = r.int8()
             col_name = r.cstring()
             type_oid = r.uint32()
-            r.int32()  # type modifier
-            cols.append(Column(col_name, type_oid, bool(flags & 1)))
+            type_mod = r.int32()
+            cols.append(Column(col_name, type_oid, bool(flags & 1), type_mod))
         return Relation(relid, namespace, name, identity, tuple(cols))
     if kind == "I":
         relid = r.uint32()
@@ -249,7 +252,8 @@ def decode_changes(
                 continue
             if isinstance(msg, Truncate):
                 # The server sends the Relation of each truncated table before the message.
-                yield Truncate(msg.relids, tuple((relations[r].namespace, relations[r].name) for r in msg.relids if r in relations))
+                yield Truncate(msg.relids, tuple((relations[r].namespace, relations[r].name) for r in msg.relids if r in relations),
+                               txn.final_lsn, txn.commit_ts_us)
                 continue
             rel = relations.get(msg.relid)
             if rel is None:

@@ -13,6 +13,9 @@ changes vanish without a trace (pgoutput simply does not send them):
 * membership of the table (also through ``FOR ALL TABLES`` or ``FOR TABLES IN SCHEMA``);
 * PostgreSQL 15+: no row filter (``WHERE``) and no column list that leaves out a column.
 
+A multi-table source's publication holds many tables: :func:`add` and :func:`drop` change it
+as tables join and leave (only a publication the source created).
+
 Catalog rows are read as JSON, so the columns a version lacks (``attnames``, ``rowfilter``
 before 15) are simply absent instead of an error.
 """
@@ -26,15 +29,42 @@ from flinkish_spark.errors import PostgresSourceError
 OPERATIONS = ("insert", "update", "delete", "truncate")
 
 
-def create(conn: Any, publication: str, table: tuple[str, str]) -> None:
-    """``CREATE PUBLICATION`` for ``table``: every operation, partitions as the partitioned table."""
+def create(conn: Any, publication: str, tables: Sequence[tuple[str, str]]) -> None:
+    """``CREATE PUBLICATION`` for ``tables``: every operation, partitions as the partitioned table."""
     sql = __import__("psycopg").sql
     conn.execute(
-        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = {}, publish_via_partition_root = true)").format(
-            sql.Identifier(publication), sql.Identifier(table[0]), sql.Identifier(table[1]),
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = {}, publish_via_partition_root = true)").format(
+            sql.Identifier(publication), sql.SQL(", ").join(sql.Identifier(s, t) for s, t in tables),
             sql.Literal(", ".join(OPERATIONS)),
         )
     )
+
+
+def published(conn: Any, publication: str) -> set[tuple[str, str]]:
+    """The (schema, table) names ``publication`` publishes (empty when there is no such publication)."""
+    rows = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
+    return {(str(s), str(t)) for s, t in rows.fetchall()}
+
+
+def add(conn: Any, publication: str, tables: Sequence[tuple[str, str]]) -> None:
+    """``ALTER PUBLICATION ... ADD TABLE`` the ``tables`` not in it yet (of a publication this source created)."""
+    todo = [t for t in tables if t not in published(conn, publication)]
+    if todo:
+        sql = __import__("psycopg").sql
+        conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+            sql.Identifier(publication), sql.SQL(", ").join(sql.Identifier(s, t) for s, t in todo)))
+
+
+def drop(conn: Any, publication: str, oid: int) -> None:
+    """Take the table ``oid`` out of ``publication`` (one this source created), if it is in it by name."""
+    row = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_publication_rel pr ON pr.prrelid = c.oid JOIN pg_publication p ON p.oid = pr.prpubid "
+        "WHERE c.oid = %s AND p.pubname = %s", (oid, publication)).fetchone()
+    if row is not None:  # gone with a DROP TABLE, or never a member by name
+        sql = __import__("psycopg").sql
+        conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+            sql.Identifier(publication), sql.Identifier(str(row[0]), str(row[1]))))
 
 
 def exists(conn: Any, publication: str) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres.pgoutput import format_lsn, parse_lsn
@@ -104,14 +104,15 @@ def ensure_slot_and_publication(
     directory: str,
     slot: str,
     publication: str,
-    table: tuple[str, str],
-    columns: Sequence[str],
+    tables: Mapping[tuple[str, str], Sequence[str]],
     publication_given: bool,
     what: str,
 ) -> Ownership:
     """Create (or, after a crash of the first run, reuse) the source's publication and slot.
 
-    Order matters: the publication first, then the slot, then (by the caller) the snapshot.
+    ``tables``: (schema, table) -> its columns, every table the source reads (one, or the
+    matching ones of a multi-table source). Order matters: the publication first, then the
+    slot, then (by the caller) the snapshot.
     """
     db = database_name(conn)
     claimed = Ownership.read(io, directory)
@@ -125,8 +126,11 @@ def ensure_slot_and_publication(
             f"(its checkpoint folder {directory} does not claim it). Name another one with the option "
             "'publication', drop the old one (DROP PUBLICATION ...), or pass it explicitly if it is meant to be used"
         )
+    if pub_exists and ours_pub:
+        publications.add(conn, publication, list(tables))  # a first run that crashed before adding them all
     if pub_exists:
-        publications.check(conn, publication, table, columns, what)
+        for table, columns in tables.items():
+            publications.check(conn, publication, table, columns, what)
     if state != "missing" and not ours_slot:
         where = f" (in database {slot_db!r})" if slot_db and slot_db != db else ""
         raise PostgresSourceError(
@@ -139,7 +143,7 @@ def ensure_slot_and_publication(
     # exist (harmless), never something created and unclaimed (which would block the restart).
     owned.write(io, directory)
     if not pub_exists:
-        publications.create(conn, publication, table)
+        publications.create(conn, publication, list(tables))
     if state == "lost":
         # Ours, and invalidated by the server (max_slot_wal_keep_size, ...): it can never send a
         # change again. We start a snapshot now (a new source, or a re-snapshot), so a new slot
