@@ -86,6 +86,7 @@ def main() -> None:
                 for name, spark in sessions.items():
                     got[f"{sink} ({name})"].append(run(spark, sink, f"r{i}-{name}-{sink}"))
         shutil.rmtree(work, ignore_errors=True)
+        remote.stop()  # before its server: see sink_end_to_end.py
     finally:
         server.stop()
     med = {k: [statistics.median(x[j] for x in v) for j in range(3)] for k, v in got.items()}

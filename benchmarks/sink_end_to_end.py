@@ -96,6 +96,9 @@ def main() -> None:
             results[rows] = run_size(spark, remote, rows, args.repeats, warm=i == 0, only=only)
     finally:
         if server is not None:
+            # The client session first: pyspark's exit handler of a Connect client whose server is
+            # gone retries its cleanup call for minutes (this process did not exit for 10+ minutes).
+            remote.stop()
             server.stop()
     print(f"results: {write_results('sink_end_to_end', {'epochs': EPOCHS, 'sizes': results})}")
     spark.stop()
