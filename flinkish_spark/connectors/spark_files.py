@@ -100,7 +100,7 @@ class SparkFilesSink(StagedFilesCommitter):
         writer = df.write.format(self.format).options(**{**self.options, COMMITTER_ALGORITHM: "1"})
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
-        writer.mode("errorifexists").save(target)
+        writer.mode("error").save(target)  # "errorifexists" in Classic; Spark Connect knows only "error"
         committable = self.listed(target, epoch)
         return [committable] if committable.files else []
 

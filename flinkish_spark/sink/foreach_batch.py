@@ -91,14 +91,18 @@ def transactional_with(
     log = DecisionLog(io, root, uid)
     run_id = uuid.uuid4().hex
     # Renewed from the driver's Python process (the run's own): its pid tells a dead run on this host.
-    lease = Lease(io, join(log.directory, "_lease.json"), run_id, f"foreachBatch sink uid {uid!r}", lease_timeout,
-                  pid_is_liveness=True)
+    # Made on first use, in the process that runs the batches: a Lease holds locks, and Spark
+    # Connect pickles this function to a Python process on the server.
+    leases: list[Lease] = []
     # Resolved at a run's first batch, per Spark query id: the function may serve several runs
     # (a notebook starting it again after deleting the checkpointLocation).
     resolved: dict[str | None, Incarnation] = {}
 
     def apply(df: Any, batch_id: int) -> None:
-        lease.renew()
+        if not leases:
+            leases.append(Lease(io, join(log.directory, "_lease.json"), run_id, f"foreachBatch sink uid {uid!r}",
+                                lease_timeout, pid_is_liveness=True))
+        leases[0].renew()
         query_id = _query_id(df)
         current = resolved.get(query_id)
         if current is None:

@@ -54,3 +54,14 @@ def slow_tasks(df: Any) -> Any:
         yield from batches
 
     return df.mapInArrow(through, df.schema)
+
+
+def windowed_counts(df: Any) -> Any:
+    """Rows per 10-second event-time window of ``ts`` (a flinkish.sequence with ``watermarkColumn=ts``),
+    through :func:`flinkish_spark.with_watermark`: ``start timestamp, n long``, append mode."""
+    from pyspark.sql import functions as F
+
+    from flinkish_spark.finish.watermark import with_watermark
+
+    return (with_watermark(df, "ts", "5 seconds").groupBy(F.window("ts", "10 seconds"))
+            .agg(F.count("*").alias("n")).select(F.col("window.start").alias("start"), "n"))
