@@ -90,9 +90,9 @@ def transactional_with(
     io.check_writable_root(root, "checkpoint")
     log = DecisionLog(io, root, uid)
     run_id = uuid.uuid4().hex
-    # Renewed from the driver's Python process (the run's own): its pid tells a dead run on this host.
-    # Made on first use, in the process that runs the batches: a Lease holds locks, and Spark
-    # Connect pickles this function to a Python process on the server.
+    # Made on first use, in the process that runs the batches (the driver's Python process; under
+    # Spark Connect the server's Python process this function is pickled to -- a Lease holds locks
+    # and does not pickle). That process is the run: its pid tells a dead run on this host.
     leases: list[Lease] = []
     # Resolved at a run's first batch, per Spark query id: the function may serve several runs
     # (a notebook starting it again after deleting the checkpointLocation).
