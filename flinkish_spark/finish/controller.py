@@ -241,9 +241,10 @@ class FinishController(StreamingQueryListener):
             if run in self._finishing:
                 return
             thread = threading.Thread(target=self._finish, args=(qid, run, v), name=f"flinkish-finish-{run[:8]}", daemon=True)
+            self.finished_at[run] = time.time()
+            # Registered only once started, under the lock: a waiter that finds it can join it.
+            thread.start()
             self._finishing[run] = thread
-        self.finished_at[run] = time.time()
-        thread.start()
 
     def _finish(self, qid: str, run: str, v: Verdict) -> None:
         query = self._spark.streams.get(qid)
@@ -293,7 +294,12 @@ class FinishController(StreamingQueryListener):
                     query.awaitTermination(1)
                 except Exception:  # noqa: BLE001 - the query failed: reported below as "failed"
                     break
-            thread = self._finishing.get(qid)
+            # The final batch's event may still be on its way to the listener (or being decided
+            # in its thread right now): decide here too, so that the final notification is
+            # delivered before this returns.
+            self.consider(query.lastProgress)
+            with self._lock:
+                thread = self._finishing.get(qid)
             if thread is not None:
                 thread.join()
             # Only a Classic driver logs errors for events in flight to a Python process that is
