@@ -27,6 +27,7 @@ import pytest
 from flinkish_spark.inspect import postgres_tables
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.testing.mirror import differences, replay, table_states
+from flinkish_spark.testing.spark_log import committed_batches
 
 pytestmark = pytest.mark.slow
 
@@ -100,10 +101,6 @@ with psycopg.connect(url, autocommit=True) as conn:
 '''
 
 
-def commits(tmp_path: Path) -> int:
-    folder = tmp_path / "cp" / "commits"
-    return sum(1 for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else 0
-
 
 def spec(tmp_path: Path, url: str, **extra: object) -> dict:
     return {
@@ -134,9 +131,9 @@ def test_pattern_mirror_through_kills_schema_changes_new_and_dropped_tables(pg_u
     try:
         rng = random.Random(SEED)
         for kill in range(KILLS):
-            before = commits(tmp_path)
+            before = len(committed_batches(tmp_path / "cp"))
             delay = rng.uniform(2.0, 8.0)
-            run = run_pipeline(spec(tmp_path, pg_url), kill_after=delay, kill_when=lambda: commits(tmp_path) > before + 1)
+            run = run_pipeline(spec(tmp_path, pg_url), kill_after=delay, kill_when=lambda: len(committed_batches(tmp_path / "cp")) > before + 1)
             assert run.killed, f"expected a kill {delay:.1f}s after a commit, got rc={run.returncode}:\n{run.output[-3000:]}"
             assert slots_and_publications(pg_url) == (1, ["flinkish_mirror"]), kill  # one slot, one publication
         # Let the schema changes and the new table happen before the end (the writer starts them after two commits).
@@ -172,7 +169,7 @@ def test_bounded_snapshot_of_many_tables_through_random_kills_has_every_row_once
     snapshot_spec = spec(tmp_path, pg_url)
     snapshot_spec["source"]["options"].update({"startup": "snapshot", "maxRowsPerTrigger": 1000})
     del snapshot_spec["source"]["options"]["discoveryInterval"]  # a bounded snapshot follows no joins
-    output = run_with_random_kills(snapshot_spec, progress=lambda: commits(tmp_path), kills=2, seed=SEED)
+    output = run_with_random_kills(snapshot_spec, progress=lambda: len(committed_batches(tmp_path / "cp")), kills=2, seed=SEED)
     assert "QUERY_END=finished" in output  # ends by itself once every chunk's epoch is committed
     with psycopg.connect(pg_url, autocommit=True) as conn:
         tables = ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"]
