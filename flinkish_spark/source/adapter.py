@@ -358,7 +358,8 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             }
 
         ckpt_id = self.store.allocate_id()
-        records, changed = plan_epoch(previous, discovered, extents, self._budget(limit), ckpt_id)
+        records, changed = plan_epoch(previous, discovered, extents, self._budget(limit), ckpt_id,
+                                      enumerator.keep_finished_splits)
         no_more = enumerator.no_more_splits()
         if no_more != (prev.no_more_splits if prev is not None else False):
             changed = True
@@ -408,7 +409,8 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         records = []
         for rec in prev.splits if prev is not None else ():
             if rec.finished:
-                records.append(rec.compact())
+                if enumerator.keep_finished_splits:
+                    records.append(rec.compact())
                 continue
             end = max(rec.position, enumerator.drain_position(Split(rec.split_id, rec.payload), rec.position))
             records.append(SplitRecord(rec.split_id, rec.position, end, end, True, ckpt_id, rec.payload))
@@ -511,10 +513,13 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         target = self._arrow_schema
         assert target is not None
-        for split_id, payload, start, end in ranges:
-            for batch in self._split_reader.read(Split(split_id, payload), start, end):
-                yield conform(batch, target)
-                crash_point("source.read")
+        try:
+            for split_id, payload, start, end in ranges:
+                for batch in self._split_reader.read(Split(split_id, payload), start, end):
+                    yield conform(batch, target)
+                    crash_point("source.read")
+        finally:
+            self._split_reader.close()
 
 
 def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:

@@ -16,6 +16,13 @@ from flinkish_spark.source.split import Split, SplitExtent
 
 
 class SplitEnumerator(ABC):
+    #: Whether checkpoints keep a (compact) record of every split that ever finished. Such a
+    #: record makes ``discover(known)`` name it, so an enumerator that finds splits by listing
+    #: (files) never hands one out twice. An enumerator that knows from its own state which
+    #: splits it has handed out (a database's snapshot chunks) sets False: a split that
+    #: finished in an earlier epoch then leaves the checkpoint, whose size stays O(live splits).
+    keep_finished_splits: bool = True
+
     @abstractmethod
     def discover(self, known: Collection[str]) -> list[Split]:
         """Return splits not in ``known`` (ids of every split ever seen, finished included)."""

@@ -39,11 +39,12 @@ def plan_epoch(
     extents: Mapping[str, SplitExtent],
     budget: Budget,
     ckpt_id: int,
+    keep_finished: bool = True,
 ) -> tuple[tuple[SplitRecord, ...], bool]:
     """Return the split records of checkpoint ``ckpt_id`` and whether anything changed.
 
     ``extents`` has an entry for every live split (previous live + discovered).
-    Splits that finished earlier keep their compact record. Order is stable:
+    Splits that finished earlier keep their compact record (``keep_finished``) or are left out. Order is stable:
     previous splits first, then discovered ones in discovery order, which also
     decides who goes first under a budget (oldest first).
     """
@@ -77,7 +78,10 @@ def plan_epoch(
 
     records: list[SplitRecord] = []
     for rec in previous:
-        records.append(rec.compact() if rec.finished else new_live[rec.split_id])
+        if not rec.finished:
+            records.append(new_live[rec.split_id])
+        elif keep_finished:
+            records.append(rec.compact())
     for split in discovered:
         records.append(new_live[split.split_id])
     return tuple(records), changed

@@ -24,3 +24,6 @@ class SplitReader(ABC):
         replayed epoch re-reads exactly the same range. Batches may have any
         column types castable to the source schema; the adapter casts them.
         """
+
+    def close(self) -> None:
+        """The task has read all its ranges: release what :meth:`read` kept open across them (a connection)."""

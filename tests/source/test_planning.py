@@ -27,6 +27,14 @@ def test_finished_split_is_compacted_and_never_read_again():
     assert read_ranges(_ckpt(second)) == []
 
 
+def test_an_enumerator_that_forgets_finished_splits_gets_checkpoints_of_live_splits_only():
+    first, _ = plan_epoch((), [Split("0", "p0"), Split("1", "p1")], {"0": SplitExtent(10, 10), "1": SplitExtent(5)}, Budget(), 0,
+                          keep_finished=False)
+    assert [(r.split_id, r.finished) for r in first] == [("0", True), ("1", False)]  # finishing here: still recorded
+    second, _ = plan_epoch(first, [], {"1": SplitExtent(8)}, Budget(), 1, keep_finished=False)
+    assert [(r.split_id, r.start, r.position) for r in second] == [("1", 5, 8)]  # finished earlier: left out
+
+
 def test_unchanged_positions_report_no_change():
     first, _ = plan_epoch((), [Split("a")], {"a": SplitExtent(5)}, Budget(), 0)
     again, changed = plan_epoch(first, [], {"a": SplitExtent(5)}, Budget(), 1)

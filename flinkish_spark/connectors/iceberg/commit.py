@@ -1,4 +1,5 @@
-"""One Iceberg append snapshot per call, at a cost that does not grow with the table's history.
+"""One Iceberg snapshot per call -- an append, a row delta with position delete files, or a
+rewrite -- at a cost that does not grow with the table's history.
 
 pyiceberg's ``Transaction`` re-applies its staged updates to a deep copy of the whole
 table metadata every time its ``table_metadata`` is read -- about fifteen times per
@@ -29,14 +30,24 @@ updates to ``Catalog.commit_table`` once:
 * Old metadata files are deleted after the commit when the table sets
   ``write.metadata.delete-after-commit.enabled`` (as ``Table`` does).
 
-Format versions 1 and 2 (pyiceberg writes no v3 manifests).
+* **Row deltas** (:class:`Changes`): the same snapshot can add data files, add position
+  delete files (in *delete manifests*, manifest content 1) and remove live data or delete
+  files (their manifests are rewritten with the removed entries as ``DELETED`` and the rest
+  as ``EXISTING``, sequence numbers kept). New entries inherit the snapshot's sequence
+  number, so a position delete applies to data files of this and earlier snapshots only
+  (the spec: data sequence number <= the delete's). The operation follows Java Iceberg's
+  ``BaseRowDelta``/``RewriteFiles``: ``append`` when only data files are added (or nothing
+  at all: a marker snapshot), ``delete`` when only delete files are added, ``replace`` for
+  a rewrite, ``overwrite`` otherwise.
+
+Format versions 1 and 2 (pyiceberg writes no v3 manifests); delete files need version 2.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 MERGE_ENABLED = "commit.manifest-merge.enabled"
 MIN_COUNT_TO_MERGE = "commit.manifest.min-count-to-merge"
@@ -65,10 +76,38 @@ def supported(table: Any) -> bool:
     return int(table.metadata.format_version) in (1, 2)
 
 
+@dataclass(frozen=True)
+class Changes:
+    """What one snapshot does to the live files of ``main``."""
+
+    data_files: Sequence[Any] = ()  # pyiceberg DataFiles (content DATA) to add
+    delete_files: Sequence[Any] = ()  # pyiceberg DataFiles (content POSITION_DELETES) to add
+    # Live files to remove, by the path of the manifest (of the parent snapshot) that lists them.
+    removed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    rewrite: bool = False  # a compaction: the table's rows stay the same
+
+    def operation(self) -> str:
+        if self.rewrite:
+            return "replace"
+        if not self.removed and not self.delete_files:
+            return "append"  # also the marker snapshot of an epoch that changed nothing
+        if not self.removed and not self.data_files:
+            return "delete"
+        return "overwrite"
+
+
 def append_snapshot(catalog: Any, table: Any, data_files: list[Any], spec_id: int, properties: dict[str, str],
                     retain: int = 0, protect_property: str | None = None,
                     delete_files: Callable[[list[str]], None] | None = None) -> Any:
-    """Commit one ``append`` snapshot with ``data_files`` on top of ``table``'s ``main``; return the new table.
+    """Commit one ``append`` snapshot with ``data_files``: :func:`commit_snapshot` with data files only."""
+    return commit_snapshot(catalog, table, Changes(data_files=data_files), spec_id, properties, retain,
+                           protect_property, delete_files)
+
+
+def commit_snapshot(catalog: Any, table: Any, changes: Changes, spec_id: int, properties: dict[str, str],
+                    retain: int = 0, protect_property: str | None = None,
+                    delete_files: Callable[[list[str]], None] | None = None) -> Any:
+    """Commit one snapshot with ``changes`` on top of ``table``'s ``main``; return the new table.
 
     Raises pyiceberg's ``CommitFailedException`` when ``main`` moved since ``table`` was
     read: nothing of ours is then in the table, and the files this call wrote are
@@ -80,13 +119,7 @@ def append_snapshot(catalog: Any, table: Any, data_files: list[Any], spec_id: in
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, write_manifest_list
     from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
-    from pyiceberg.table.snapshots import (
-        Operation,
-        Snapshot,
-        SnapshotSummaryCollector,
-        Summary,
-        update_snapshot_summaries,
-    )
+    from pyiceberg.table.snapshots import Operation, Snapshot, SnapshotSummaryCollector, Summary
     from pyiceberg.table.update import (
         AddSnapshotUpdate,
         AssertRefSnapshotId,
@@ -95,6 +128,8 @@ def append_snapshot(catalog: Any, table: Any, data_files: list[Any], spec_id: in
     )
 
     metadata = table.metadata
+    if changes.delete_files and metadata.format_version < 2:
+        raise ValueError(f"delete files need a format version 2 table, {table.name()} has {metadata.format_version}")
     io = table.io
     schema = metadata.schema()
     spec = metadata.specs()[spec_id]
@@ -109,37 +144,36 @@ def append_snapshot(catalog: Any, table: Any, data_files: list[Any], spec_id: in
     written: list[str] = []
     counter = iter(range(1 << 30))
 
-    def new_manifest() -> Any:
-        from pyiceberg.manifest import write_manifest
-
+    def new_manifest(content: Any, manifest_spec: Any = spec) -> Any:
         path = locations.new_metadata_location(f"{commit_uuid}-m{next(counter)}.avro")
         written.append(path)
-        return write_manifest(format_version=metadata.format_version, spec=spec, schema=schema,
-                              output_file=io.new_output(path), snapshot_id=snapshot_id, avro_compression=compression)
+        return _manifest_writer(content, metadata.format_version, manifest_spec, schema, io.new_output(path),
+                                snapshot_id, compression)
 
-    added = [ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, sequence_number=None,
-                                     file_sequence_number=None, data_file=f) for f in data_files]
+    def added(files: Sequence[Any]) -> list[Any]:
+        return [ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=snapshot_id, sequence_number=None,
+                                        file_sequence_number=None, data_file=f) for f in files]
+
+    collector = SnapshotSummaryCollector(
+        partition_summary_limit=int(metadata.properties.get("write.summary.partition-limit", "0")))
+    for f in (*changes.data_files, *changes.delete_files):
+        collector.add_file(f, schema=schema, partition_spec=spec)
     existing = parent.manifests(io) if parent is not None else []
     policy = MergePolicy.of(metadata.properties)
-    small = [m for m in existing if m.content == ManifestContent.DATA and m.partition_spec_id == spec_id
-             and m.manifest_length < policy.target_size]
     try:
-        if policy.enabled and len(small) + 1 >= policy.min_count:
-            merged = set(id(m) for m in small)
-            manifests = [*_merge(new_manifest, added, _bins(small, policy.target_size), io),
-                         *(m for m in existing if id(m) not in merged)]
-        else:
-            with new_manifest() as writer:
-                for entry in added:
-                    writer.add_entry(entry)
-            manifests = [writer.to_manifest_file(), *existing]
-
-        collector = SnapshotSummaryCollector(
-            partition_summary_limit=int(metadata.properties.get("write.summary.partition-limit", "0")))
-        for f in data_files:
-            collector.add_file(f, schema=schema, partition_spec=spec)
-        summary = update_snapshot_summaries(Summary(operation=Operation.APPEND, **collector.build(), **properties),
-                                            previous_summary=parent.summary if parent is not None else None)
+        manifests, removed = _without_removed(existing, changes.removed, new_manifest, io, metadata.specs())
+        if sum(len(paths) for paths in changes.removed.values()) != len(removed):
+            raise ValueError(f"files to remove are not live in snapshot {parent_id} of {table.name()}")
+        for f in removed:
+            collector.remove_file(f, schema=schema, partition_spec=metadata.specs()[f.spec_id])
+        fresh = {m.manifest_path for m in manifests if m.added_snapshot_id == snapshot_id}
+        manifests = [
+            *_with_added(ManifestContent.DATA, added(changes.data_files), manifests, policy, spec_id, fresh,
+                         new_manifest, io),
+            *_with_added(ManifestContent.DELETES, added(changes.delete_files), manifests, policy, spec_id, fresh,
+                         new_manifest, io),
+        ]
+        summary = _summary(changes.operation(), collector.build(), properties, parent)
         list_path = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
         written.append(list_path)
         with write_manifest_list(format_version=metadata.format_version, output_file=io.new_output(list_path),
@@ -155,8 +189,8 @@ def append_snapshot(catalog: Any, table: Any, data_files: list[Any], spec_id: in
         updates: tuple[Any, ...] = (AddSnapshotUpdate(snapshot=Snapshot(**fields)), SetSnapshotRefUpdate(**ref))
         doomed = expired_snapshots(metadata, retain, protect_property) if retain else []
         if doomed:
-            removed: dict[str, Any] = dict(snapshot_ids=[s.snapshot_id for s in doomed])
-            updates += (RemoveSnapshotsUpdate(**removed),)
+            removed_ids: dict[str, Any] = dict(snapshot_ids=[s.snapshot_id for s in doomed])
+            updates += (RemoveSnapshotsUpdate(**removed_ids),)
         parent_ref: dict[str, Any] = dict(snapshot_id=parent_id, ref=MAIN_BRANCH)
     except BaseException:
         delete(written)  # nothing names them: the commit was never asked for
@@ -175,6 +209,87 @@ def append_snapshot(catalog: Any, table: Any, data_files: list[Any], spec_id: in
         gone += [e.metadata_file for e in old.metadata_log if e.metadata_file not in kept]
     delete(gone)
     return table
+
+
+def _manifest_writer(content: Any, format_version: Any, spec: Any, schema: Any, output: Any, snapshot_id: int,
+                     compression: Any) -> Any:
+    """pyiceberg's manifest writer; for delete files a version 2 writer that says so (pyiceberg writes data manifests only)."""
+    from pyiceberg.manifest import ManifestContent, ManifestWriterV2, write_manifest
+
+    if content == ManifestContent.DATA:
+        return write_manifest(format_version=format_version, spec=spec, schema=schema, output_file=output,
+                              snapshot_id=snapshot_id, avro_compression=compression)
+
+    class DeleteManifestWriter(ManifestWriterV2):
+        def content(self) -> Any:
+            return ManifestContent.DELETES
+
+        @property
+        def _meta(self) -> dict[str, str]:
+            return {**super()._meta, "content": "deletes"}
+
+    return DeleteManifestWriter(spec, schema, output, snapshot_id, compression)
+
+
+def _without_removed(manifests: list[Any], removed: Mapping[str, frozenset[str]], new_manifest: Callable[..., Any],
+                     io: Any, specs: dict[int, Any]) -> tuple[list[Any], list[Any]]:
+    """The parent's manifests with ``removed`` files marked deleted (their manifests rewritten), and the
+    removed files. Manifests that list no live file any more are dropped, as Java Iceberg does."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    kept: list[Any] = []
+    gone: list[Any] = []
+    for m in manifests:
+        paths = removed.get(m.manifest_path)
+        if not paths:
+            if (m.added_files_count or 0) + (m.existing_files_count or 0) > 0 or m.added_files_count is None:
+                kept.append(m)
+            continue
+        with new_manifest(m.content, specs[m.partition_spec_id]) as writer:
+            for entry in m.fetch_manifest_entry(io, discard_deleted=True):
+                if entry.status == ManifestEntryStatus.DELETED:
+                    continue
+                if entry.data_file.file_path in paths:
+                    writer.delete(entry)
+                    gone.append(entry.data_file)
+                else:
+                    writer.existing(entry)
+        kept.append(writer.to_manifest_file())
+    return kept, gone
+
+
+def _with_added(content: Any, entries: list[Any], manifests: list[Any], policy: MergePolicy, spec_id: int,
+                fresh: set[str], new_manifest: Callable[..., Any], io: Any) -> list[Any]:
+    """The manifests of one content type with ``entries`` added: in a new manifest, or merged with the
+    small manifests of the spec when they reach the min-count. Manifests this commit rewrote
+    (``fresh``: they record its removals) are never merged away."""
+    same = [m for m in manifests if m.content == content]
+    small = [m for m in same if m.partition_spec_id == spec_id and m.manifest_length < policy.target_size
+             and m.manifest_path not in fresh]
+    if policy.enabled and len(small) + (1 if entries else 0) >= policy.min_count:
+        merged = set(id(m) for m in small)
+        return [*_merge(lambda: new_manifest(content), entries, _bins(small, policy.target_size), io),
+                *(m for m in same if id(m) not in merged)]
+    if not entries:
+        return same
+    with new_manifest(content) as writer:
+        for entry in entries:
+            writer.add_entry(entry)
+    return [writer.to_manifest_file(), *same]
+
+
+def _summary(operation: str, added: dict[str, str], properties: dict[str, str], parent: Any) -> Any:
+    """The snapshot summary with the table totals carried on (pyiceberg computes them for append,
+    overwrite and delete only; a rewrite's totals are computed as an overwrite's)."""
+    from pyiceberg.table.snapshots import Operation, Summary, update_snapshot_summaries
+
+    op = Operation(operation)
+    counted = Operation.OVERWRITE if op == Operation.REPLACE else op
+    summary = update_snapshot_summaries(Summary(operation=counted, **added, **properties),
+                                        previous_summary=parent.summary if parent is not None else None)
+    if op == counted:
+        return summary
+    return Summary(operation=op, **summary.additional_properties)
 
 
 def expired_snapshots(metadata: Any, retain: int, protect_property: str | None) -> list[Any]:
@@ -215,13 +330,15 @@ def _merge(new_manifest: Any, added: list[Any], bins: list[list[Any]], io: Any) 
         if i and len(group) == 1:
             yield group[0]  # nothing to merge it with
             continue
+        live = [e for m in group for e in m.fetch_manifest_entry(io, discard_deleted=True)
+                if e.status != ManifestEntryStatus.DELETED]
+        if not live and not (added if i == 0 else ()):
+            continue  # nothing live left in these manifests
         with new_manifest() as writer:
             for entry in added if i == 0 else ():
                 writer.add_entry(entry)
-            for m in group:
-                for entry in m.fetch_manifest_entry(io, discard_deleted=True):
-                    if entry.status != ManifestEntryStatus.DELETED:
-                        writer.existing(entry)
+            for entry in live:
+                writer.existing(entry)
         yield writer.to_manifest_file()
 
 

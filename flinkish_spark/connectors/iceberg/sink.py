@@ -1,4 +1,5 @@
-"""``flinkish.iceberg``: exactly-once appends to an Apache Iceberg table with pyiceberg (no JVM jar).
+"""``flinkish.iceberg``: exactly-once appends -- or keyed changes (:mod:`.keyed`) -- to an Apache
+Iceberg table with pyiceberg (no JVM jar).
 
 * **Prepare** (executors): each task writes its rows as Parquet data files (with Iceberg
   field ids) below ``<table location>/data/flinkish/<uid>/e<epoch>/[k=v/]`` and returns
@@ -17,20 +18,29 @@
   O(history). The commit requires ``main`` to still point at the snapshot the check saw
   (``assert-ref-snapshot-id``): a concurrent writer, or a commit of ours whose answer was
   lost, makes it fail, and the driver re-reads the table and checks again.
-* **Abort / cleanup**: files of an epoch that no decided data file names (failed task
-  attempts, a crashed run's prepare) are deleted by listing the epoch's folder.
+* **Keyed modes** (``mode=upsert|history``): see :mod:`.keyed` -- one snapshot per epoch with
+  the new rows and position delete files, a marker snapshot for an epoch that changed
+  nothing, the lookup redone when another commit came first; ``compactEvery``: :mod:`.compact`.
+* **Abort / cleanup**: files of an epoch's folder that the table does not name once it has
+  the epoch -- or, before, that no decided committable names (failed task attempts, a
+  crashed run's prepare, a refused attempt's delete files) -- are deleted by listing it.
+  Never a file that the epoch's snapshots added (data, position delete and compaction
+  files, read from their manifests), whatever the decision says; when the table holds the
+  epoch and its snapshots are gone (expired), nothing of the epoch is deleted.
+* **The target's record** (:meth:`IcebergSink.last_committed_epoch`): the ancestry walk
+  above -- in keyed modes a marker snapshot of an epoch that changed nothing counts -- which
+  the framework asks when the sink's metadata is missing or belongs to another Spark query
+  (see :mod:`flinkish_spark.sink.incarnation`).
 
-Catalog: ``catalog`` names a pyiceberg catalog (``.pyiceberg.yaml`` or
-``PYICEBERG_CATALOG__<NAME>__*`` variables); or ``catalogUri`` (+ ``warehouse``) makes a
-SQL catalog; without either, an embedded SQL catalog on SQLite lives in the sink's
-checkpoint folder (``<checkpoint>/iceberg/catalog.db``, warehouse
-``<checkpoint>/iceberg/warehouse``; local checkpoint folders only).
+Catalog: see :mod:`.catalog` (``catalog`` / ``catalogUri`` + ``warehouse`` / embedded,
+``catalogName``).
 
 Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
-``warehouse``, ``partitionBy`` (identity partitions), ``createTable`` (default true),
+``warehouse`` / ``catalogName``, ``partitionBy`` (identity partitions), ``createTable`` (default true),
 ``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (default 100: each
 commit expires all but the newest N snapshots, never the newest of any flinkish uid -- its
 idempotence record; 0 keeps all, and then the commit cost grows with the snapshot count),
+``mode`` / ``key`` / ``deletes`` / ``mergeMode`` (the shared keyed options), ``compactEvery``,
 storage options. Tables the sink creates get ``commit.manifest-merge.enabled`` and
 ``write.metadata.delete-after-commit.enabled``.
 """
@@ -39,61 +49,51 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
 import pyarrow as pa
-from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
-from flinkish_spark.checkpoint.layout import join
-from flinkish_spark.connectors.iceberg.commit import (
-    DELETE_AFTER_COMMIT,
-    MERGE_ENABLED,
-    append_snapshot,
-    supported,
+from flinkish_spark.connectors.iceberg.catalog import catalog_properties, identifier, load, pyiceberg
+from flinkish_spark.connectors.iceberg.commit import append_snapshot, commit_snapshot
+from flinkish_spark.connectors.iceberg.compact import compact
+from flinkish_spark.connectors.iceberg.keyed import KeyedCommittable, Target, plan_epoch, prepare
+from flinkish_spark.connectors.iceberg.datafiles import IcebergFile, epoch_folder, to_data_file, write_data_files
+from flinkish_spark.connectors.iceberg.schema import iceberg_schema, keyed_table_schema, shape
+from flinkish_spark.connectors.iceberg.table import (
+    EPOCH_PROPERTY,
+    UID_PROPERTY,
+    TableCache,
+    TableInfo,
+    committed_epoch,
+    ensure_table,
+    files_added_by,
+    info_of,
+    keyed_properties,
 )
+from flinkish_spark.connectors.lakehouse.changes import (
+    KEYED_SINK_OPTIONS,
+    ChangePlan,
+    KeyedOptions,
+    parse_keyed_options,
+    plan_changes,
+)
+from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
-from flinkish_spark.connectors.lakehouse.files import (
-    DEFAULT_ROWS_PER_FILE,
-    DEFAULT_TARGET_FILE_SIZE,
-    epoch_dir,
-    iceberg_io_properties,
-    require,
-    write_files,
-)
 from flinkish_spark.errors import ConfigError, TableMismatchError
-from flinkish_spark.io.fileio import FileIO, protocol_of, storage_options_from
+from flinkish_spark.faults import crash_point
+from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
 
-DATA_PREFIX = "data/flinkish"
-EXTRA = "iceberg"
-UID_PROPERTY = "flinkish.uid"
-EPOCH_PROPERTY = "flinkish.epoch"
-PARTITION_FIELD_ID_START = 1000
 # A long streaming job must not make every commit slower: keep the newest 100 snapshots
 # (and each uid's newest, its idempotence record). 0 keeps all.
 DEFAULT_RETAIN_SNAPSHOTS = 100
-# Properties of tables the sink creates: merged manifests and no pile of old metadata
-# files, for every writer of the table (Java Iceberg's defaults for streaming tables).
-CREATED_TABLE_PROPERTIES = {MERGE_ENABLED: "true", DELETE_AFTER_COMMIT: "true"}
-
-
-@dataclass(frozen=True)
-class IcebergFile:
-    """One prepared data file: everything the driver needs to build its manifest entry."""
-
-    path: str
-    size: int
-    partition: tuple[Any, ...]  # Iceberg's internal values, in partition spec order
-    statistics: tuple[tuple[str, Any], ...]  # DataFileStatistics.to_serialized_dict() items
 
 
 @dataclass(frozen=True)
@@ -101,99 +101,15 @@ class IcebergCommittable:
     files: tuple[IcebergFile, ...]
 
 
-@dataclass(frozen=True)
-class TableInfo:
-    """What executors need to write files for a table, without a catalog."""
-
-    location: str
-    schema_json: str
-    spec_json: str
-    properties: tuple[tuple[str, str], ...]
+Committable = IcebergCommittable | KeyedCommittable
 
 
-def _pyiceberg() -> Any:
-    return require("pyiceberg", EXTRA, "the flinkish.iceberg sink")
-
-
-# -- schema mapping -------------------------------------------------------------------------
-
-
-def _primitive(dtype: T.DataType, name: str) -> Any:
-    from pyiceberg import types as it
-
-    mapping: list[tuple[type, Any]] = [
-        (T.BooleanType, it.BooleanType()), (T.ByteType, it.IntegerType()), (T.ShortType, it.IntegerType()),
-        (T.IntegerType, it.IntegerType()), (T.LongType, it.LongType()), (T.FloatType, it.FloatType()),
-        (T.DoubleType, it.DoubleType()), (T.StringType, it.StringType()), (T.BinaryType, it.BinaryType()),
-        (T.DateType, it.DateType()), (T.TimestampType, it.TimestamptzType()),
-        (T.TimestampNTZType, it.TimestampType()),
-    ]
-    for spark_type, iceberg_type in mapping:
-        if isinstance(dtype, spark_type):
-            return iceberg_type
-    if isinstance(dtype, T.DecimalType):
-        return it.DecimalType(dtype.precision, dtype.scale)
-    raise ConfigError(
-        f"flinkish.iceberg sink: column {name!r} has the Spark type {dtype.simpleString()}, which this sink "
-        "does not map to Iceberg (supported: boolean, tinyint..bigint, float, double, decimal, string, binary, "
-        "date, timestamp, timestamp_ntz). Cast or drop the column."
-    )
-
-
-def iceberg_schema(schema: StructType) -> Any:
-    """The Spark schema as an Iceberg schema, field ids 1..n in column order (all columns optional)."""
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import NestedField
-
-    fields = [NestedField(i, f.name, _primitive(f.dataType, f.name), required=False)
-              for i, f in enumerate(schema.fields, start=1)]
-    return Schema(*fields)
-
-
-def _shape(schema: Any) -> list[tuple[str, str]]:
-    return [(f.name, str(f.field_type)) for f in schema.fields]
-
-
-def _committed_epoch(table: Any, uid: str) -> int:
-    """The newest epoch ``uid`` committed, walking the ancestry only back to it (-1: none)."""
-    from pyiceberg.table.snapshots import ancestors_of
-
-    def epoch_of(snapshot: Any) -> int | None:
-        props = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-        return int(props.get(EPOCH_PROPERTY, -1)) if props.get(UID_PROPERTY) == uid else None
-
-    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-        found = epoch_of(snapshot)
-        if found is not None:
-            return found
-    # The chain can end early where expiry removed other writers' snapshots (retainSnapshots
-    # keeps each uid's newest one, but not the links to it): look at every snapshot.
-    return max((e for e in map(epoch_of, table.snapshots()) if e is not None), default=-1)
-
-
-def _data_file(f: "IcebergFile", spec_id: int) -> Any:
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-    from pyiceberg.typedef import Record
-
-    return DataFile.from_args(
-        content=DataFileContent.DATA, file_path=f.path, file_format=FileFormat.PARQUET, partition=Record(*f.partition),
-        file_size_in_bytes=f.size, sort_order_id=None, spec_id=spec_id, equality_ids=None, key_metadata=None,
-        **dict(f.statistics))
-
-
-_CATALOGS: dict[str, Any] = {}
-_CATALOGS_LOCK = threading.Lock()
-# The table as this process last committed or read it, per (catalog, table, uid): a commit
-# starts from it instead of loading the metadata again; when another writer moved the
-# table, the commit's requirement fails and the table is loaded afresh.
-_TABLES: dict[tuple[str, str, str], Any] = {}
-
-
-class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
+class IcebergSink(TwoPhaseCommitSink[Committable]):
     def __init__(self, catalog_properties: dict[str, str], identifier: str, uid: str, schema: StructType,
                  partition_by: tuple[str, ...], io: FileIO, info: TableInfo | None = None,
                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
-                 retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS) -> None:
+                 retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS, plan: ChangePlan | None = None,
+                 compact_every: int = 0) -> None:
         self.catalog_properties = catalog_properties
         self.identifier = identifier
         self.uid = uid
@@ -204,22 +120,32 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.retain_snapshots = retain_snapshots
+        self.plan = plan  # None: append mode
+        self.compact_every = compact_every
 
     @classmethod
     def at(cls, table: str, uid: str, schema: StructType, checkpoint: str | None = None, catalog: str | None = None,
            catalog_uri: str | None = None, warehouse: str | None = None, partition_by: tuple[str, ...] = (),
            create_table: bool = True, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
            target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = DEFAULT_RETAIN_SNAPSHOTS,
-           options: dict[str, str] | None = None) -> "IcebergSink":
+           options: dict[str, str] | None = None, catalog_name: str | None = None, mode: str = "append",
+           key: tuple[str, ...] | str = (), deletes: str | None = None, merge_mode: str | None = None,
+           compact_every: int = 0) -> "IcebergSink":
         """A sink for :func:`flinkish_spark.transactional` (foreachBatch); checks or creates the table now.
 
         Without ``catalog``/``catalog_uri`` the embedded SQLite catalog lives in ``checkpoint``.
+        ``mode``, ``key``, ``deletes``, ``merge_mode``, ``compact_every``: as the options of the same names.
         """
+        keys = ",".join(key) if not isinstance(key, str) else key
+        given = {k: v for k, v in {"mode": mode, "key": keys, "deletes": deletes, "mergeMode": merge_mode}.items() if v}
+        keyed = parse_keyed_options(Options(given, "IcebergSink.at()", KEYED_SINK_OPTIONS))
+        plan = keyed_plan(keyed, schema, "IcebergSink.at()")
         opts = dict(options or {})
-        props = catalog_properties(catalog, catalog_uri, warehouse, checkpoint, opts, "IcebergSink.at()")
+        props = catalog_properties(catalog, catalog_uri, warehouse, checkpoint, opts, "IcebergSink.at()", catalog_name)
         io = FileIO.for_url(props.get("warehouse") or ".", storage_options_from(opts, props.get("warehouse") or "."))
-        sink = cls(props, _identifier(table, "IcebergSink.at()"), uid, schema, tuple(partition_by), io,
-                   rows_per_file=rows_per_file, target_file_size=target_file_size, retain_snapshots=retain_snapshots)
+        sink = cls(props, identifier(table, "IcebergSink.at()"), uid, schema, tuple(partition_by), io,
+                   rows_per_file=rows_per_file, target_file_size=target_file_size, retain_snapshots=retain_snapshots,
+                   plan=plan, compact_every=compact_every)
         sink.info = sink.ensure_table(create_table, "IcebergSink.at()")
         sink.io = FileIO.for_url(sink.info.location, storage_options_from(opts, sink.info.location), what="table location")
         return sink
@@ -227,164 +153,140 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
     # -- the table (driver) ------------------------------------------------------------------
 
     def catalog(self) -> Any:
-        """The catalog, made once per process: a SQL catalog builds an engine, a REST one logs in."""
-        _pyiceberg()
-        from pyiceberg.catalog import load_catalog
-
-        key = json.dumps(self.catalog_properties, sort_keys=True)
-        with _CATALOGS_LOCK:
-            catalog = _CATALOGS.get(key)
-            if catalog is None:
-                props = dict(self.catalog_properties)
-                name = props.pop("name")
-                catalog = _CATALOGS[key] = load_catalog(name, **props)
-            return catalog
+        return load(self.catalog_properties)
 
     def _table_key(self) -> tuple[str, str, str]:
         return json.dumps(self.catalog_properties, sort_keys=True), self.identifier, self.uid
 
     def table(self, refresh: bool = True) -> Any:
         """The table: loaded from the catalog, or (``refresh=False``) as this process last saw it."""
-        key = self._table_key()
-        with _CATALOGS_LOCK:
-            table = None if refresh else _TABLES.get(key)
+        table = None if refresh else TableCache.get(self._table_key())
         if table is None:
             table = self.catalog().load_table(self.identifier)
-            with _CATALOGS_LOCK:
-                _TABLES[key] = table
+            TableCache.put(self._table_key(), table)
         return table
 
     def _forget_table(self) -> None:
-        with _CATALOGS_LOCK:
-            _TABLES.pop(self._table_key(), None)
+        TableCache.forget(self._table_key())
 
     def ensure_table(self, create: bool, component: str) -> TableInfo:
         """Validate the table against the query -- or create it -- before any task writes."""
-        _pyiceberg()
-        from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
-        from pyiceberg.partitioning import PartitionField, PartitionSpec
-        from pyiceberg.transforms import IdentityTransform
+        pyiceberg()
+        plan = self.plan
+        wanted = self.spark_schema if plan is None else keyed_table_schema(self.spark_schema, plan.table_schema.names)
+        if plan is not None:
+            self._check_key_types(iceberg_schema(wanted), component)
+        table = ensure_table(self.catalog(), self.catalog_properties["name"], self.identifier, iceberg_schema(wanted),
+                             self.partition_by, create, component,
+                             keyed_properties(plan.merge_mode) if plan is not None else None)
+        if plan is not None and plan.merge_mode == "mergeOnRead" and table.metadata.format_version < 2:
+            raise TableMismatchError(
+                f"{component}: mode '{plan.mode}' with mergeMode 'mergeOnRead' writes position delete files, which "
+                f"need an Iceberg table of format version 2, but {self.identifier!r} has version "
+                f"{table.metadata.format_version}. Upgrade it (pyiceberg: `with table.transaction() as tx: "
+                "tx.upgrade_table_version(format_version=2)`; Spark: ALTER TABLE ... SET TBLPROPERTIES "
+                "('format-version'='2')), or set mergeMode to copyOnWrite.")
+        TableCache.put(self._table_key(), table)
+        return info_of(table)
 
-        catalog = self.catalog()
-        wanted = iceberg_schema(self.spark_schema)
+    def _check_key_types(self, wanted: Any, component: str) -> None:
+        """A key column whose type changed gets its own error (the schema check would name every column)."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        assert self.plan is not None
         try:
-            table = self.table()
+            have = dict(shape(self.catalog().load_table(self.identifier).schema()))
         except NoSuchTableError:
-            if not create:
-                raise TableMismatchError(
-                    f"{component}: the Iceberg table {self.identifier!r} does not exist in the catalog "
-                    f"{self.catalog_properties['name']!r} and createTable is false; create it first or set createTable to true"
-                ) from None
-            spec = PartitionSpec(*[
-                PartitionField(wanted.find_field(c).field_id, PARTITION_FIELD_ID_START + i, IdentityTransform(), c)
-                for i, c in enumerate(self.partition_by)
-            ])
-            namespace = self.identifier.rsplit(".", 1)[0]
-            try:
-                catalog.create_namespace(namespace)
-            except NamespaceAlreadyExistsError:
-                pass
-            try:
-                catalog.create_table(self.identifier, schema=wanted, partition_spec=spec,
-                                     properties=CREATED_TABLE_PROPERTIES)
-            except TableAlreadyExistsError:  # another query created it at the same moment
-                pass
-            table = self.table()
-        if not supported(table):
+            return
+        want = dict(shape(wanted))
+        changed = [f"{k!r} is {have[k]} in the table but {want[k]} in the query" for k in self.plan.key
+                   if k in have and have[k] != want[k]]
+        if changed:
             raise TableMismatchError(
-                f"{component}: the Iceberg table {self.identifier!r} has format version "
-                f"{table.metadata.format_version}; pyiceberg writes manifests for versions 1 and 2 only"
-            )
-        have = table.schema()
-        if _shape(have) != _shape(wanted):
-            raise TableMismatchError(
-                f"{component}: the Iceberg table {self.identifier!r} has the schema {_shape(have)}, but the query "
-                f"writes {_shape(wanted)}. Write to a new table, or select and cast the columns to the table's schema."
-            )
-        parts = []
-        for field in table.spec().fields:
-            if str(field.transform) != "identity":
-                parts.append(f"{field.transform}({have.find_column_name(field.source_id)})")
-            else:
-                parts.append(have.find_column_name(field.source_id))
-        if tuple(parts) != self.partition_by:
-            raise TableMismatchError(
-                f"{component}: the Iceberg table {self.identifier!r} is partitioned by {parts}, but the option "
-                f"'partitionBy' asks for {list(self.partition_by)}. Use the table's identity partition columns."
-            )
-        return TableInfo(table.location(), have.model_dump_json(), table.spec().model_dump_json(),
-                         tuple(sorted(table.properties.items())))
+                f"{component}: the key of the Iceberg table {self.identifier!r} changed type: {'; '.join(changed)}. "
+                "A key's type cannot change in place: cast the column back in the query, or write to a new table.")
 
     # -- prepare (executors) -----------------------------------------------------------------
 
-    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> IcebergCommittable | None:
-        from pyiceberg.io.pyarrow import (
-            compute_statistics_plan,
-            data_file_statistics_from_parquet_metadata,
-            parquet_path_to_id_mapping,
-            schema_to_pyarrow,
-        )
-        from pyiceberg.partitioning import PartitionSpec
-        from pyiceberg.schema import Schema
-
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> Committable | None:
         if self.info is None:
             raise RuntimeError("IcebergSink.prepare() before the table was resolved on the driver")
-        schema = Schema.model_validate_json(self.info.schema_json)
-        spec = PartitionSpec.model_validate_json(self.info.spec_json)
-        target = schema_to_pyarrow(schema)  # carries the field ids readers resolve columns by
-
-        def with_field_ids(table: pa.Table) -> pa.Table:
-            return table.select(target.names).cast(target)
-
-        folder = epoch_dir(self.info.location.rstrip("/"), DATA_PREFIX, self.uid, ctx.epoch)
-        written = write_files(self.io, folder, batches, ctx, self.partition_by, drop_partition_columns=False,
-                              rows_per_file=self.rows_per_file, target_file_size=self.target_file_size,
-                              prepare_table=with_field_ids)
-        if not written:
-            return None
-        properties = dict(self.info.properties)
-        files = []
-        for f in written:
-            stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=f.metadata, stats_columns=compute_statistics_plan(schema, properties),
-                parquet_column_mapping=parquet_path_to_id_mapping(schema))
-            record = stats.partition(spec, schema)
-            partition = tuple(record[i] for i in range(len(record))) if spec.fields else ()
-            files.append(IcebergFile(f.url, f.size, partition, tuple(stats.to_serialized_dict().items())))
-        return IcebergCommittable(tuple(files))
+        if self.plan is not None:
+            return prepare(self._target(), batches, ctx, f"flinkish.iceberg sink uid {self.uid!r}")
+        files = write_data_files(self.io, self.info, self.uid, batches, ctx, self.partition_by,
+                                 self.rows_per_file, self.target_file_size)
+        return IcebergCommittable(tuple(files)) if files else None
 
     # -- commit / abort / cleanup (driver) ------------------------------------------------------
 
-    def commit(self, committables: list[IcebergCommittable], epoch: int) -> CommitOutcome:
-        _pyiceberg()
+    def commit(self, committables: list[Committable], epoch: int) -> CommitOutcome:
+        pyiceberg()
         from pyiceberg.exceptions import CommitFailedException
 
-        files = [f for c in committables for f in c.files]
+        keyed = [c for c in committables if isinstance(c, KeyedCommittable)]
+        files = [f for c in committables if isinstance(c, IcebergCommittable) for f in c.files]
+        cached = TableCache.get(self._table_key()) is not None
         table = self.table(refresh=False)
+        marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         for attempt in range(10):
             # The check and the commit see the same table state: the commit asserts that
             # main still points where it pointed here, so a stale cached table can only
-            # make the commit fail (and be re-checked), never append an epoch twice.
-            if _committed_epoch(table, self.uid) >= epoch:
+            # make the commit fail (and be re-checked), never apply an epoch twice.
+            if committed_epoch(table, self.uid) >= epoch:
+                if cached:
+                    # ... but "already committed" from the cache is confirmed in the catalog: Spark reuses
+                    # the commit worker across queries, and the table may have been dropped and created again.
+                    cached = False
+                    table = self.table(refresh=True)
+                    continue
                 return "ALREADY_COMMITTED"
-            if not files:
-                return "COMMITTED"  # an empty epoch adds no snapshot
+            if self.plan is None and not files:
+                return "COMMITTED"  # an empty append epoch adds no snapshot
+            written: list[str] = []
             try:
                 spec_id = self._spec_id(table)
-                append_snapshot(self.catalog(), table, [_data_file(f, spec_id) for f in files], spec_id,
-                                {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)},
-                                retain=self.retain_snapshots, protect_property=UID_PROPERTY,
-                                delete_files=self._delete_quietly)
+                if self.plan is not None:
+                    # The lookup reads the snapshot the commit asserts: positions are never stale.
+                    plan = plan_epoch(self._target(), table, keyed, epoch)
+                    written = plan.written
+                    crash_point("iceberg.keyed.before_snapshot")  # delete files and copies written, no snapshot
+                    commit_snapshot(self.catalog(), table, plan.changes, spec_id, marker,
+                                    retain=self.retain_snapshots, protect_property=UID_PROPERTY,
+                                    delete_files=self._delete_quietly)
+                    every = self.compact_every
+                    if every and self.plan.merge_mode == "mergeOnRead" and (epoch + 1) % every == 0:
+                        try:
+                            self.compact(table, epoch)
+                        except Exception as exc:  # noqa: BLE001 - the epoch is in the table; the next one retries
+                            log.warning("flinkish.iceberg: compaction after epoch %d failed: %s", epoch, exc)
+                else:
+                    append_snapshot(self.catalog(), table, [to_data_file(f, spec_id) for f in files], spec_id, marker,
+                                    retain=self.retain_snapshots, protect_property=UID_PROPERTY,
+                                    delete_files=self._delete_quietly)
                 return "COMMITTED"
             except CommitFailedException:
                 # Another writer committed first (or our own commit landed and its answer
-                # was lost): re-read the table and check again.
+                # was lost): re-read the table and check again -- and look the keys up again.
+                self._delete_quietly(written)
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))
                 table = self.table(refresh=True)
             except BaseException:
                 self._forget_table()
                 raise
         return "RETRY_LATER"
+
+    def compact(self, table: Any, epoch: int) -> bool:
+        """Rewrite the data files that have deletes (see :mod:`.compact`); the epoch is committed already."""
+        return compact(self._target(), self.catalog(), table, lambda: self.table(refresh=True), epoch,
+                       {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}, self.retain_snapshots, UID_PROPERTY,
+                       self._delete_quietly)
+
+    def _target(self) -> Target:
+        if self.info is None:
+            raise RuntimeError("IcebergSink.commit() before the table was resolved on the driver")
+        assert self.plan is not None
+        return Target(self.io, self.info, self.uid, self.plan, self.partition_by, self.rows_per_file,
+                      self.target_file_size)
 
     def _delete_quietly(self, paths: list[str]) -> None:
         """Delete metadata files no snapshot needs any more, in one bulk request on S3 (pyarrow's
@@ -400,77 +302,61 @@ class IcebergSink(TwoPhaseCommitSink[IcebergCommittable]):
             return int(table.metadata.default_spec_id)
         return int(json.loads(self.info.spec_json).get("spec-id", table.metadata.default_spec_id))
 
-    def abort(self, committables: list[IcebergCommittable], epoch: int) -> None:
-        self.io.delete_many([f.path for c in committables for f in c.files])
+    def abort(self, committables: list[Committable], epoch: int) -> None:
+        self.io.delete_many([p for c in committables for p in _paths(c)])
 
-    def cleanup(self, epoch: int, keep: list[IcebergCommittable]) -> None:
+    def cleanup(self, epoch: int, keep: list[Committable]) -> None:
+        """Delete what the epoch's folder holds beyond what the table (once it has the epoch) or the
+        decided committables (before) name: failed task attempts, a crashed run's or refused attempt's files."""
         if self.info is None:
             return
-        if not keep and _committed_epoch(self.table(), self.uid) >= epoch:
-            return  # the table has the epoch, its files are no longer known: never delete by listing
-        wanted = {self.io.strip(f.path) for c in keep for f in c.files}
-        folder = epoch_dir(self.info.location.rstrip("/"), DATA_PREFIX, self.uid, epoch)
+        table = self.table()
+        added = files_added_by(table, self.uid, epoch)
+        if added is not None:
+            wanted = {self.io.strip(p) for p in added}
+        elif committed_epoch(table, self.uid) >= epoch:
+            return  # the table has the epoch in an expired snapshot: its files are unknown, never delete by listing
+        else:
+            wanted = {self.io.strip(p) for c in keep for p in _paths(c)}
+        folder = epoch_folder(self.info, self.uid, epoch)
         self.io.delete_many([self.io.url(p) for p in self.io.find(folder) if p not in wanted])
         self.io.remove_empty_dirs(folder)
 
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in the table's snapshots (-1: none, or no table yet); read
+        from the catalog, never from this process's cache of the table."""
+        from pyiceberg.exceptions import NoSuchTableError
 
-def _identifier(table: str | None, component: str) -> str:
-    if not table or "." not in table.strip(".") or any(not part for part in table.split(".")):
-        raise ConfigError(f"{component}: 'table' must be namespace.name (e.g. 'db.orders'), got {table!r}")
-    return table
+        try:
+            return committed_epoch(self.table(), self.uid)
+        except NoSuchTableError:
+            return -1
 
 
-def catalog_properties(catalog: str | None, catalog_uri: str | None, warehouse: str | None, checkpoint: str | None,
-                       options: dict[str, str], component: str) -> dict[str, str]:
-    """pyiceberg catalog properties for the options, with the storage options in pyiceberg's form."""
-    _pyiceberg()
-    from pyiceberg.utils.config import Config
+def _paths(c: Committable) -> list[str]:
+    return [f.path for f in c.files]
 
-    if catalog and catalog_uri:
-        raise ConfigError(f"{component}: set either 'catalog' or 'catalogUri', not both")
-    if catalog:
-        config = Config()
-        if config.get_catalog_config(catalog) is None:
-            known = config.get_known_catalogs()
-            raise ConfigError(
-                f"{component}: unknown Iceberg catalog {catalog!r}: no entry in .pyiceberg.yaml or "
-                f"PYICEBERG_CATALOG__{catalog.upper()}__* variables (known: {known or 'none'}). Configure it, or "
-                "use 'catalogUri' and 'warehouse' for a SQL catalog."
-            )
-        props: dict[str, str] = {"name": catalog}
-        if warehouse:
-            props["warehouse"] = warehouse
-    elif catalog_uri:
-        if not warehouse:
-            raise ConfigError(f"{component}: 'catalogUri' needs 'warehouse' (where the table data goes)")
-        props = {"name": "flinkish", "type": "sql", "uri": catalog_uri, "warehouse": warehouse}
-    else:
-        if not checkpoint or protocol_of(checkpoint) not in ("file", "local"):
-            raise ConfigError(
-                f"{component}: the embedded Iceberg catalog (SQLite) needs a local checkpoint folder, got "
-                f"{checkpoint!r}; set 'catalog' or 'catalogUri' + 'warehouse' for tables on S3"
-            )
-        root = checkpoint[len("file://"):] if checkpoint.startswith("file://") else checkpoint
-        folder = os.path.abspath(join(root, "iceberg"))
-        os.makedirs(folder, exist_ok=True)
-        props = {"name": "flinkish", "type": "sql", "uri": f"sqlite:///{folder}/catalog.db",
-                 "warehouse": warehouse or f"file://{folder}/warehouse"}
-    where = props.get("warehouse")
-    if where and protocol_of(where) == "s3":
-        props.update(iceberg_io_properties(storage_options_from(options, where)))
-    return props
+
+def keyed_plan(options: KeyedOptions, schema: StructType, component: str) -> ChangePlan | None:
+    """The keyed plan for the query's schema (None in append mode)."""
+    if not options.keyed:
+        return None
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return plan_changes(options, schema, to_arrow_schema(schema, timezone="UTC"), component)
 
 
 class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     """``df.writeStream.format("flinkish.iceberg")``."""
 
     KIND = "flinkish.iceberg"
-    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "warehouse", "partitionBy",
-                                                "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots")
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
+                                                "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
+                                                *KEYED_SINK_OPTIONS, "compactEvery")
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
-        self.identifier = _identifier(opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'"), component)
+        self.identifier = identifier(opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'"), component)
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)
@@ -479,18 +365,23 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         retain = opts.integer("retainSnapshots", DEFAULT_RETAIN_SNAPSHOTS, minimum=0)
         self.retain_snapshots = DEFAULT_RETAIN_SNAPSHOTS if retain is None else retain
         self.catalog_props = catalog_properties(opts.get("catalog"), opts.get("catalogUri"), opts.get("warehouse"),
-                                                self.checkpoint_root, self.raw_options, component)
+                                                self.checkpoint_root, self.raw_options, component,
+                                                opts.get("catalogName"))
         warehouse = self.catalog_props.get("warehouse") or self.checkpoint_root
         self.data_io = FileIO.for_url(warehouse, storage_options_from(self.raw_options, warehouse), what="option 'warehouse'")
         self.data_io.check_writable_root(warehouse, "option 'warehouse'")
+        self.keyed = parse_keyed_options(opts)
+        self.compact_every = opts.integer("compactEvery", 0, minimum=0) or 0
         self.info: TableInfo | None = None
 
     def sink(self, schema: StructType) -> IcebergSink:
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
+        plan = keyed_plan(self.keyed, schema, f"{self.name()} sink")
         return IcebergSink(self.catalog_props, self.identifier, self.uid, schema, self.partition_by, self.data_io,
-                           self.info, self.rows_per_file, self.target_file_size, self.retain_snapshots)
+                           self.info, self.rows_per_file, self.target_file_size, self.retain_snapshots, plan,
+                           self.compact_every)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # On the driver before any task: resolve (or create) the table; executors get its

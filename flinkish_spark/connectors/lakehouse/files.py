@@ -113,6 +113,49 @@ def write_files(
     return [f for f in done if f.rows > 0]
 
 
+def write_table(io: FileIO, directory: str, table: pa.Table, names: Callable[[int], str], rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+                target_file_size: int = DEFAULT_TARGET_FILE_SIZE, compression: str = "snappy") -> list[tuple[WrittenFile, int]]:
+    """Write ``table`` (unpartitioned) in its row order as consecutive files ``directory/names(i)``.
+
+    Returns each file with the index of its first row in ``table``: row ``r`` of ``table``
+    is at position ``r - start`` of its file -- what a keyed commit needs to address the
+    rows it wrote. A file holds at most ``rows_per_file`` rows, and about
+    ``target_file_size`` bytes (estimated from the rows' in-memory size, an upper bound).
+    """
+    out: list[tuple[WrittenFile, int]] = []
+    if table.num_rows == 0:
+        return out
+    row_bytes = max(1, table.nbytes // table.num_rows)
+    per_file = max(1, min(rows_per_file, target_file_size // row_bytes))
+    for i, start in enumerate(range(0, table.num_rows, per_file)):
+        w = _FileWriter(io, f"{directory}/{names(i)}", (), compression, None)
+        piece = table.slice(start, per_file)
+        for offset in range(0, piece.num_rows, ROW_GROUP_ROWS):
+            w.write(piece.slice(offset, ROW_GROUP_ROWS))
+        out.append((w.close(), start))
+    return out
+
+
+def read_positions(io: FileIO, url: str, positions: Any, columns: list[str] | None = None) -> pa.Table:
+    """Rows at ``positions`` (sorted) of a Parquet file, reading only the row groups that hold them."""
+    import numpy as np
+
+    positions = np.asarray(positions, dtype=np.int64)
+    with io.fs.open(io.strip(url), "rb") as handle:
+        pf = pq.ParquetFile(handle)
+        counts = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        bounds = np.cumsum([0] + counts)
+        groups = sorted(set(np.searchsorted(bounds, positions, "right") - 1))
+        if not groups:
+            return pf.schema_arrow.empty_table() if columns is None else pf.schema_arrow.empty_table().select(columns)
+        table = pf.read_row_groups(groups, columns=columns)
+    # positions -> index within the concatenation of the groups read
+    base = np.cumsum([0] + [counts[g] for g in groups])
+    group_of = np.searchsorted(bounds, positions, "right") - 1
+    local = positions - bounds[group_of] + base[np.searchsorted(groups, group_of)]
+    return table.take(pa.array(local))
+
+
 def _path_value(value: Any) -> str:
     return "__HIVE_DEFAULT_PARTITION__" if value is None else str(value).replace("/", "%2F")
 

@@ -31,6 +31,11 @@ from flinkish_spark.errors import ConfigError, DatabaseAccessError, DatabaseUnav
 
 INSTALL_HINT = "pip install 'flinkish_spark[postgres]'"
 MASK = "***"
+#: The oldest server both connectors support (``server_version_num``): 13 has ``wal_status`` in
+#: ``pg_replication_slots`` and ``publish_via_partition_root``; 12 has neither. Newer columns
+#: (``conflicting`` 16, ``invalidation_reason`` 17, publication column lists and row filters 15)
+#: are read only where the server has them.
+MIN_SERVER_VERSION = 130000
 
 # Messages of a refused (not an unreachable) connection: retrying cannot help.
 _ACCESS_DENIED = re.compile(
@@ -152,6 +157,23 @@ def connect(info: ConnectionInfo, autocommit: bool = False, connect_timeout: int
         return psycopg.connect(info.url, password=info.password(), autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg.OperationalError as e:
         raise _connection_error(info, e) from None
+
+
+def server_version(conn: Any) -> int:
+    """``server_version_num`` of a psycopg connection: 150018 for 15.18."""
+    return int(conn.info.server_version)
+
+
+def check_server_version(conn: Any, info: ConnectionInfo, what: str) -> int:
+    """The server's version, or a clear error when it is older than :data:`MIN_SERVER_VERSION`."""
+    version = server_version(conn)
+    if version < MIN_SERVER_VERSION:
+        raise ConfigError(
+            f"{what}: the PostgreSQL server at {info.masked} runs version {version // 10000}; the flinkish.postgres "
+            f"connectors need {MIN_SERVER_VERSION // 10000} or later (replication slot status, publications of "
+            "partitioned tables). Upgrade the server"
+        )
+    return version
 
 
 def adbc_connect(info: ConnectionInfo) -> Any:

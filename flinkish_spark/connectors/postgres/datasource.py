@@ -37,7 +37,7 @@ class PostgresDataSource(DataSource):
     def name(cls) -> str:
         return "flinkish.postgres"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         return PostgresSourceDataSource(self.options).schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

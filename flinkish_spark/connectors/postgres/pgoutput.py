@@ -10,7 +10,9 @@ Messages handled (see PostgreSQL's "Logical Replication Message Formats"): Begin
 Commit ``C``, Relation ``R``, Insert ``I``, Update ``U`` (with an old key ``K`` or old row
 ``O`` when the key changed or REPLICA IDENTITY FULL), Delete ``D``, Truncate ``T``; Origin
 ``O``, Type ``Y`` and logical Message ``M`` carry no row change and are skipped. Values
-arrive as text (``t``), null (``n``) or "unchanged TOASTed value" (``u``).
+arrive as text (``t``), null (``n``) or "unchanged TOASTed value" (``u``). An update's ``u``
+value is taken from its old row when the server sent one (``REPLICA IDENTITY FULL``); without
+it the value stays :data:`UNCHANGED_TOAST` and the caller must refuse the change.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Column:
     name: str
     type_oid: int
     is_key: bool
+    type_mod: int = -1
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ class RowMessage:
 @dataclass(frozen=True)
 class Truncate:
     relids: tuple[int, ...]
+    #: (schema, table) of each relid whose Relation message came first (decode_changes fills it)
+    tables: tuple[tuple[str, str], ...] = ()
+    commit_lsn: int = 0  # set by decode_changes: its transaction's commit LSN and time
+    commit_ts_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,8 +188,8 @@ def decode_message(data: bytes) -> Message:
             flags = r.int8()
             col_name = r.cstring()
             type_oid = r.uint32()
-            r.int32()  # type modifier
-            cols.append(Column(col_name, type_oid, bool(flags & 1)))
+            type_mod = r.int32()
+            cols.append(Column(col_name, type_oid, bool(flags & 1), type_mod))
         return Relation(relid, namespace, name, identity, tuple(cols))
     if kind == "I":
         relid = r.uint32()
@@ -244,7 +251,9 @@ def decode_changes(
             if txn.final_lsn < start_lsn or (end_lsn is not None and txn.final_lsn >= end_lsn):
                 continue
             if isinstance(msg, Truncate):
-                yield msg
+                # The server sends the Relation of each truncated table before the message.
+                yield Truncate(msg.relids, tuple((relations[r].namespace, relations[r].name) for r in msg.relids if r in relations),
+                               txn.final_lsn, txn.commit_ts_us)
                 continue
             rel = relations.get(msg.relid)
             if rel is None:
@@ -260,15 +269,27 @@ def decode_changes(
                 # Default replica identity sends the old key only when the key changed.
                 yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
                 seq += 1
-            elif msg.kind == "U" and msg.old_kind == "O" and msg.old is not None:
+            new = msg.new
+            if msg.kind == "U" and msg.old_kind == "O" and msg.old is not None:
+                # REPLICA IDENTITY FULL: the old row is logged whole (its TOASTed values
+                # flattened), while the new row still says 'u' for an out-of-line value the
+                # update did not touch -- so the value is the old row's.
+                new = _unchanged_from_old(new, msg.old)
                 old_key = {c.name: v for c, v in zip(rel.columns, msg.old) if c.is_key}
-                new_key = {c.name: v for c, v in zip(rel.columns, msg.new) if c.is_key}
+                new_key = {c.name: v for c, v in zip(rel.columns, new) if c.is_key}
                 if old_key != new_key:
                     yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
                     seq += 1
             op: ChangeOp = "c" if msg.kind == "I" else "u"
-            yield Change(op, rel, dict(zip(names, msg.new)), txn.final_lsn, txn.commit_ts_us, seq)
+            yield Change(op, rel, dict(zip(names, new)), txn.final_lsn, txn.commit_ts_us, seq)
             seq += 1
+
+
+def _unchanged_from_old(new: tuple[object, ...], old: tuple[object, ...]) -> tuple[object, ...]:
+    """``new`` with each unchanged TOASTed value ('u') replaced by the old row's value."""
+    if UNCHANGED_TOAST not in new:
+        return new
+    return tuple(o if v is UNCHANGED_TOAST else v for v, o in zip(new, old))
 
 
 def format_lsn(lsn: int) -> str:

@@ -7,7 +7,11 @@ server allows prepared transactions, ``staged`` otherwise):
     *Prepare* (executor): each task bulk-loads its rows (ADBC's binary COPY from Arrow)
     into the target in one transaction, adds a row (uid, epoch, gid) to
     ``flinkish_commits`` and ends with ``PREPARE TRANSACTION '<gid>'``; the gid
-    ``flinkish/<uid>/<epoch>/<partition>/<attempt>/<run>`` is the committable.
+    ``flinkish/<uid>/<epoch>/<partition>/<attempt>/<run>`` is the committable. Before it
+    writes, a task clears the way (:mod:`.prepared`): earlier runs' prepared transactions of
+    the epoch are rolled back, an earlier attempt of the same task that prepared is adopted --
+    their row locks would otherwise block it for ever -- and any other lock wait ends after
+    ``lockTimeout``.
     *Commit* (driver): ``COMMIT PREPARED`` per gid. Idempotent: a gid that is no longer
     prepared but whose ``flinkish_commits`` row is visible was committed (the row became
     visible in the same commit); gone without the row is a terminal error naming the gid.
@@ -42,9 +46,13 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
 from flinkish_spark.connectors.postgres.connection import (
-    ConnectionInfo, adbc_connect, arrow_type_for, compatible, connect, parse_url, pg_type_for, qualified,
+    ConnectionInfo, adbc_connect, arrow_type_for, check_server_version, compatible, connect, parse_url, pg_type_for, qualified,
     quote_ident, require_psycopg, split_table,
 )
+from flinkish_spark.connectors.postgres.prepared import (
+    GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
+)
+from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.errors import (
     CommitFailedError, ConfigError, DatabaseUnavailableError, TargetSchemaError, TargetWriteError,
 )
@@ -60,7 +68,7 @@ CommitMode = Literal["prepared", "staged"]
 CommitModeOption = Literal["auto", "prepared", "staged"]
 
 COMMITS_TABLE = "flinkish_commits"
-GID_PREFIX = "flinkish"
+DEFAULT_LOCK_TIMEOUT_S = 60  # how long a task waits for a row or table lock before it fails with the holders named
 #: Columns of a change stream (issue 11's CDC source) that are never written to the target.
 CHANGE_COLUMNS = ("_op", "_lsn", "_commit_ts")
 # Staging-table bookkeeping columns: which attempt wrote a row, and its order in the epoch.
@@ -150,6 +158,7 @@ def resolve_plan(
     if missing_key:
         raise ConfigError(f"{component}: option 'key' names {missing_key}, which the query does not write ({schema.simpleString()})")
     with connect(conn, autocommit=True) as c:
+        check_server_version(c, conn, component)
         exists = c.execute("SELECT to_regclass(%s)", (qualified(pg_schema, pg_table),)).fetchone()[0]
         if exists is None:
             if not create_table:
@@ -246,41 +255,51 @@ def _choose_commit_mode(c: Any, conn: ConnectionInfo, mode: Mode, wanted: Commit
 class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
     """The sink; :meth:`create` for ``transactional(...)`` (foreachBatch), options as the format's."""
 
-    def __init__(self, plan: PostgresPlan, uid: str, run: str) -> None:
+    def __init__(self, plan: PostgresPlan, uid: str, run: str, lock_timeout_s: int = DEFAULT_LOCK_TIMEOUT_S) -> None:
         self.plan = plan
         self.uid = uid
         self.run = run  # names this run's prepared transactions (attempt numbers restart at 0 on restart)
+        self.lock_timeout_s = lock_timeout_s  # 0: wait for ever
 
     @classmethod
     def create(cls, url: str, table: str, uid: str, schema: StructType, mode: Mode = "append", key: tuple[str, ...] | str = (),
                create_table: bool = False, commit_mode: CommitModeOption = "auto", deletes: bool = False,
-               password_env: str | None = None) -> "PostgresSink":
+               password_env: str | None = None, lock_timeout: int = DEFAULT_LOCK_TIMEOUT_S) -> "PostgresSink":
         keys = tuple(k.strip() for k in key.split(",") if k.strip()) if isinstance(key, str) else tuple(key)
         conn = parse_url(url, password_env, what="PostgresSink.create(): url")
+        if lock_timeout < 0:
+            raise ConfigError(f"PostgresSink.create(): lock_timeout must be >= 0 seconds (0 waits for ever), got {lock_timeout}")
         plan = resolve_plan(conn, table, uid, schema, mode, keys, create_table, commit_mode, deletes, component="PostgresSink")
-        return cls(plan, uid, uuid.uuid4().hex[:8])
+        return cls(plan, uid, uuid.uuid4().hex[:8], lock_timeout)
 
     @property
     def commit_mode(self) -> CommitMode:
         return self.plan.commit_mode
 
     def epoch_prefix(self, epoch: int) -> str:
-        return f"{GID_PREFIX}/{self.uid}/{epoch}/"
+        return epoch_prefix(self.uid, epoch)
 
     # -- prepare (executors) ---------------------------------------------------------------
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> PostgresCommittable | None:
         plan = self.plan
         staged = plan.commit_mode == "staged"
-        gid = f"{self.epoch_prefix(ctx.epoch)}{ctx.partition_id}/{ctx.attempt}/{self.run}"
+        me = Gid(self.uid, ctx.epoch, ctx.partition_id, ctx.attempt, self.run)
+        gid = str(me)
         attempt_id = f"{ctx.partition_id}/{ctx.attempt}/{self.run}/{uuid.uuid4().hex[:8]}"
         conn = None
         rows = 0
         try:
+            if not staged:
+                earlier = clear_the_way(plan.conn, me)
+                if earlier is not None:  # this task's earlier attempt prepared these rows: report it
+                    return PreparedXact(earlier, sum(b.num_rows for b in batches))  # (the input is drained)
             for chunk in _chunks(batches, CHUNK_ROWS):
                 table = self._shape(chunk, ctx, attempt_id, rows) if staged else self._cast(chunk)
                 if conn is None:
                     conn = adbc_connect(plan.conn)
+                    with conn.cursor() as cur:  # a lock nobody releases must not hang the task (and the epoch)
+                        cur.execute(f"SET lock_timeout = {int(self.lock_timeout_s * 1000)}")
                 with conn.cursor() as cur:
                     cur.adbc_ingest(plan.staging_table if staged else plan.table, table, mode="append",
                                     db_schema_name=plan.schema)
@@ -297,6 +316,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                     parameters=(self.uid, ctx.epoch, gid, f"{plan.schema}.{plan.table}", "prepared", rows),
                 )
                 cur.execute(f"PREPARE TRANSACTION '{gid}'")  # uid and run are [A-Za-z0-9_.-]: no quoting needed
+            fail_point("sink.after_prepare", attempt=ctx.attempt)  # prepared; Spark never gets the message
             return PreparedXact(gid, rows)
         except Exception as e:
             raise self._write_error(e, ctx) from None
@@ -329,6 +349,10 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
     def _write_error(self, e: Exception, ctx: PrepareContext) -> Exception:
         if isinstance(e, (DatabaseUnavailableError, ConfigError)) or type(e).__name__ == "InjectedFailure":
             return e
+        if is_lock_timeout(e):
+            me = Gid(self.uid, ctx.epoch, ctx.partition_id, ctx.attempt, self.run)
+            return TargetWriteError(lock_timeout_error(self.plan.conn, self.uid, me, f"{self.plan.schema}.{self.plan.table}",
+                                                       self.lock_timeout_s))
         text = self.plan.conn.mask(str(e).strip())
         return TargetWriteError(
             f"flinkish.postgres sink uid {self.uid!r}: PostgreSQL rejected the rows of epoch {ctx.epoch}, partition "
@@ -353,7 +377,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
 
     def _commit_prepared(self, xacts: list[PreparedXact], epoch: int) -> CommitOutcome:
         with connect(self.plan.conn, autocommit=True) as c:
-            present = self._prepared_gids(c, self.epoch_prefix(epoch))
+            present = prepared_gids(c, self.epoch_prefix(epoch))
             for i, x in enumerate(xacts):
                 if x.gid in present:
                     c.execute(f"COMMIT PREPARED '{x.gid}'")
@@ -390,6 +414,9 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 psycopg = require_psycopg()
                 try:
                     c.execute(self._move_sql(), (epoch, ids))
+                    if plan.deletes:  # a re-snapshot of the source after a lost slot: its deletes
+                        apply_markers(c, plan.schema, plan.target, plan.staging, plan.staging_table, plan.key,
+                                      f"{S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s)", (epoch, ids))
                 except psycopg.errors.IntegrityError as e:
                     raise TargetWriteError(
                         f"flinkish.postgres sink uid {self.uid!r}: epoch {epoch} violates a constraint of "
@@ -429,7 +456,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
         # ON CONFLICT cannot touch a row twice in one statement: keep the last row per key
         # (highest partition, then highest row number -- the order Spark produced them in).
         op = ", _op" if plan.deletes else ""
-        last = (f"SELECT DISTINCT ON ({keys}) {cols}{op} FROM {plan.staging} WHERE {where} "
+        data = f" AND {NOT_A_MARKER}" if plan.deletes else ""
+        last = (f"SELECT DISTINCT ON ({keys}) {cols}{op} FROM {plan.staging} WHERE {where}{data} "
                 f"ORDER BY {keys}, {S_PART} DESC, {S_ROW} DESC")
         others = [c for c in plan.columns if c not in plan.key]
         update = ("DO UPDATE SET " + ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in others)) if others else "DO NOTHING"
@@ -447,7 +475,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 if ids:
                     c.execute(f"DELETE FROM {self.plan.staging} WHERE {S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s)", (epoch, ids))
                 return
-            present = self._prepared_gids(c, self.epoch_prefix(epoch))
+            present = prepared_gids(c, self.epoch_prefix(epoch))
             for x in committables:
                 if isinstance(x, PreparedXact) and x.gid in present:
                     c.execute(f"ROLLBACK PREPARED '{x.gid}'")
@@ -464,18 +492,20 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                           f"OR {S_EPOCH} = ANY(%s)", (epoch, ids, sorted(committed)))
                 return
             kept = {x.gid for x in keep if isinstance(x, PreparedXact)}
-            for gid in self._prepared_gids(c, f"{GID_PREFIX}/{self.uid}/"):
-                gid_epoch = _gid_epoch(gid)
-                if gid in kept or gid_epoch is None:
+            for gid in prepared_gids(c, f"{GID_PREFIX}/{self.uid}/"):
+                parsed = Gid.parse(gid)
+                if gid in kept or parsed is None:
                     continue
-                if gid_epoch == epoch or gid_epoch in committed:
+                if parsed.epoch == epoch or parsed.epoch in committed:
                     c.execute(f"ROLLBACK PREPARED '{gid}'")
 
-    @staticmethod
-    def _prepared_gids(c: Any, prefix: str) -> set[str]:
-        rows = c.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)",
-                         (prefix,)).fetchall()
-        return {r[0] for r in rows}
+    def last_committed_epoch(self) -> int:
+        """The newest epoch ``flinkish_commits`` records for this uid and target (-1: none): what a
+        reset checkpointLocation is checked against (see :mod:`flinkish_spark.sink.incarnation`)."""
+        with connect(self.plan.conn, autocommit=True) as c:
+            row = c.execute(f"SELECT max(epoch) FROM {self.plan.commits} WHERE sink_uid = %s AND target = %s",
+                            (self.uid, f"{self.plan.schema}.{self.plan.table}")).fetchone()
+        return -1 if row is None or row[0] is None else int(row[0])
 
     def encode(self, committable: PostgresCommittable) -> bytes:
         kind = "prepared" if isinstance(committable, PreparedXact) else "staged"
@@ -489,14 +519,6 @@ def decode_committable(data: bytes) -> PostgresCommittable:
     d = json.loads(data)
     kind = d.pop("kind")
     return PreparedXact(**d) if kind == "prepared" else StagedRows(**d)
-
-
-def _gid_epoch(gid: str) -> int | None:
-    parts = gid.split("/")
-    try:
-        return int(parts[2]) if len(parts) == 6 else None
-    except ValueError:
-        return None
 
 
 def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
@@ -519,7 +541,8 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
     """``df.writeStream.format("flinkish.postgres")``."""
 
     KIND = "flinkish.postgres"
-    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("url", "table", "mode", "key", "createTable", "commitMode", "deletes", "passwordEnv")
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("url", "table", "mode", "key", "createTable", "commitMode", "deletes", "passwordEnv",
+                                                "lockTimeout")
 
     def configure(self, opts: Options) -> None:
         self.conn = parse_url(opts.required("url", "a libpq URI such as postgresql://user@host:5432/db"), opts.get("passwordEnv"))
@@ -531,6 +554,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
         self.create_table = _flag(opts, "createTable")
         self.deletes = _flag(opts, "deletes")
         self.commit_mode_option: CommitModeOption = opts.choice("commitMode", ("auto", "prepared", "staged"), "auto")
+        self.lock_timeout_s = opts.integer("lockTimeout", DEFAULT_LOCK_TIMEOUT_S, minimum=0)
         if self.mode == "upsert" and self.commit_mode_option == "prepared":
             raise ConfigError(f"{opts.component}: {PREPARED_DEADLOCK}")
         if self.mode == "upsert" and not self.key:
@@ -546,7 +570,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
         return cached
 
     def sink(self, schema: StructType) -> PostgresSink:
-        return PostgresSink(self.plan(schema), self.uid, self.run_id[:8])
+        return PostgresSink(self.plan(schema), self.uid, self.run_id[:8], self.lock_timeout_s or 0)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         plan = self.plan(schema)  # on the driver: check the target before any task runs

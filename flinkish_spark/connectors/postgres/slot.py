@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Sequence
 
+from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres.pgoutput import format_lsn, parse_lsn
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.io.fileio import FileIO
@@ -79,28 +80,22 @@ def database_name(conn: Any) -> str:
 
 
 def slot_info(conn: Any, slot: str) -> tuple[SlotState, int | None, str | None]:
-    """(state, confirmed_flush_lsn, database) of ``slot``; ``lost`` = invalidated by the server."""
-    row = conn.execute(
-        "SELECT confirmed_flush_lsn::text, database, plugin, wal_status, invalidation_reason "
-        "FROM pg_replication_slots WHERE slot_name = %s",
-        (slot,),
-    ).fetchone()
+    """(state, confirmed_flush_lsn, database) of ``slot``; ``lost`` = invalidated by the server.
+
+    The view's columns differ by version, so the row is read as JSON and each sign of an
+    invalidated slot is taken where the server has it: ``wal_status = 'lost'`` (13+: WAL
+    removed, e.g. ``max_slot_wal_keep_size``), ``conflicting`` (16: a recovery conflict on a
+    standby), ``invalidation_reason`` (17+: any invalidation, also an idle timeout).
+    """
+    row = conn.execute("SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = %s", (slot,)).fetchone()
     if row is None:
         return "missing", None, None
-    confirmed, database, _plugin, wal_status, reason = row
-    if wal_status == "lost" or reason is not None:
-        return "lost", None if confirmed is None else parse_lsn(confirmed), database
-    return "ok", None if confirmed is None else parse_lsn(confirmed), database
-
-
-def publication_tables(conn: Any, publication: str) -> list[tuple[str, str]] | None:
-    """The tables of ``publication`` as (schema, table), or None when it does not exist."""
-    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None:
-        return None
-    rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
-    ).fetchall()
-    return [(str(s), str(t)) for s, t in rows]
+    info = row[0]
+    confirmed = info.get("confirmed_flush_lsn")
+    lsn = None if confirmed is None else parse_lsn(str(confirmed))
+    database = info.get("database")
+    lost = info.get("wal_status") == "lost" or info.get("conflicting") is True or info.get("invalidation_reason") is not None
+    return ("lost" if lost else "ok"), lsn, None if database is None else str(database)
 
 
 def ensure_slot_and_publication(
@@ -109,33 +104,33 @@ def ensure_slot_and_publication(
     directory: str,
     slot: str,
     publication: str,
-    table: tuple[str, str],
+    tables: Mapping[tuple[str, str], Sequence[str]],
     publication_given: bool,
     what: str,
 ) -> Ownership:
     """Create (or, after a crash of the first run, reuse) the source's publication and slot.
 
-    Order matters: the publication first, then the slot, then (by the caller) the snapshot.
+    ``tables``: (schema, table) -> its columns, every table the source reads (one, or the
+    matching ones of a multi-table source). Order matters: the publication first, then the
+    slot, then (by the caller) the snapshot.
     """
-    psycopg = __import__("psycopg")
-    sql = psycopg.sql
     db = database_name(conn)
     claimed = Ownership.read(io, directory)
-    tables = publication_tables(conn, publication)
+    pub_exists = publications.exists(conn, publication)
     state, _confirmed, slot_db = slot_info(conn, slot)
     ours_pub = claimed is not None and claimed.publication == publication and claimed.publication_created
     ours_slot = claimed is not None and claimed.slot == slot and claimed.slot_created and claimed.database == db
-    if tables is not None and not ours_pub and not publication_given:
+    if pub_exists and not ours_pub and not publication_given:
         raise PostgresSourceError(
             f"{what}: a publication named {publication!r} already exists and was not created by this source "
             f"(its checkpoint folder {directory} does not claim it). Name another one with the option "
             "'publication', drop the old one (DROP PUBLICATION ...), or pass it explicitly if it is meant to be used"
         )
-    if tables is not None and table not in tables:
-        raise PostgresSourceError(
-            f"{what}: the publication {publication!r} does not publish {table[0]}.{table[1]}; "
-            f"ALTER PUBLICATION {publication} ADD TABLE {table[0]}.{table[1]}, or name another publication"
-        )
+    if pub_exists and ours_pub:
+        publications.add(conn, publication, list(tables))  # a first run that crashed before adding them all
+    if pub_exists:
+        for table, columns in tables.items():
+            publications.check(conn, publication, table, columns, what)
     if state != "missing" and not ours_slot:
         where = f" (in database {slot_db!r})" if slot_db and slot_db != db else ""
         raise PostgresSourceError(
@@ -143,20 +138,19 @@ def ensure_slot_and_publication(
             f"source (its checkpoint folder {directory} does not claim it). Name another one with the option "
             f"'slotName', or drop the old one: SELECT pg_drop_replication_slot('{slot}')"
         )
-    owned = Ownership(db, slot, publication, slot_created=True, publication_created=tables is None or ours_pub)
+    owned = Ownership(db, slot, publication, slot_created=True, publication_created=not pub_exists or ours_pub)
     # Recorded before creating: a crash in between leaves a claim on something that may not
     # exist (harmless), never something created and unclaimed (which would block the restart).
     owned.write(io, directory)
-    if tables is None:
-        conn.execute(
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert, update, delete, truncate')").format(
-                sql.Identifier(publication), sql.Identifier(table[0]), sql.Identifier(table[1])
-            )
-        )
-    if state == "missing":
+    if not pub_exists:
+        publications.create(conn, publication, list(tables))
+    if state == "lost":
+        # Ours, and invalidated by the server (max_slot_wal_keep_size, ...): it can never send a
+        # change again. We start a snapshot now (a new source, or a re-snapshot), so a new slot
+        # -- created before the chunk boundaries -- is all that is needed.
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    if state != "ok":
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
-    elif state == "lost":
-        raise PostgresSourceError(f"{what}: the replication slot {slot!r} was invalidated by the server before the first epoch")
     return owned
 
 
@@ -168,21 +162,32 @@ def start_lsn(conn: Any, slot: str) -> int:
 
 
 def advance(conn: Any, slot: str, lsn: int) -> bool:
-    """Move the slot's confirmed position up to ``lsn`` (never back); False when the slot is gone."""
+    """Move the slot's confirmed position up to ``lsn`` (never back); False when the slot is gone.
+
+    The end of a drain is delivered by two parties at once (the finish controller's final
+    notification and Spark's next ``latestOffset``), and the other may drop the slot between this
+    look and this act: gone then is gone, not an error.
+    """
     state, confirmed, _ = slot_info(conn, slot)
     if state != "ok":
         return False
     if confirmed is not None and confirmed >= lsn:
         return True
-    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+    try:
+        conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, format_lsn(lsn)))
+    except __import__("psycopg").errors.UndefinedObject:
+        return False
     return True
 
 
 def drop(conn: Any, owned: Ownership) -> None:
-    """Drop what this source created; idempotent."""
+    """Drop what this source created; idempotent, also when another party drops it at the same time."""
     psycopg = __import__("psycopg")
     if owned.slot_created and slot_info(conn, owned.slot)[0] != "missing":
-        conn.execute("SELECT pg_drop_replication_slot(%s)", (owned.slot,))
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (owned.slot,))
+        except psycopg.errors.UndefinedObject:
+            pass  # dropped by the other party between our look and our act: done
     if owned.publication_created:
         conn.execute(psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(psycopg.sql.Identifier(owned.publication)))
 

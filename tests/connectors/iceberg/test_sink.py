@@ -63,7 +63,10 @@ def snapshot_epochs(table, uid: str = "out") -> list[int]:
 
 def stray_files(table) -> set[str]:
     location = table.location().removeprefix("file://")
-    named = {f.file.file_path.removeprefix("file://") for f in table.scan().plan_files()}
+    named = set()
+    for task in table.scan().plan_files():
+        named.add(task.file.file_path.removeprefix("file://"))
+        named.update(d.file_path.removeprefix("file://") for d in task.delete_files)
     return {str(p) for p in Path(location, "data").rglob("*.parquet")} - named
 
 
@@ -208,3 +211,51 @@ def test_commits_expire_snapshots_merge_manifests_and_keep_every_uids_record(tmp
     assert max(manifests) <= 4 and manifests[-1] < manifests[-2]  # merged whenever 4 small ones pile up
     assert read_iceberg(table) == collections.Counter({(0, 1): 31})  # expiry and merging never touch rows
     assert sink.commit([], 3) == other.commit([], 7) == "ALREADY_COMMITTED"
+
+
+def test_catalog_name_is_the_name_readers_load_the_catalog_with(tmp_path: Path) -> None:
+    """A SQL catalog files tables under its name: 'catalogName' picks it; a table filed under another
+    name in the same database is named in the error instead of being created a second time."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from flinkish_spark.connectors.iceberg import IcebergSink
+    from flinkish_spark.sink.protocol import PrepareContext
+
+    schema = StructType([StructField("split", IntegerType()), StructField("seq", LongType())])
+    uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", f"file://{tmp_path}/wh"
+    sink = IcebergSink.at("db.events", uid="u", schema=schema, catalog_uri=uri, warehouse=warehouse, catalog_name="lake")
+    batch = pa.RecordBatch.from_pydict({"split": pa.array([0], pa.int32()), "seq": [5]})
+    assert sink.commit([sink.prepare(iter([batch]), PrepareContext("u", 0, 0, 0))], 0) == "COMMITTED"
+    assert SqlCatalog("lake", uri=uri, warehouse=warehouse).load_table("db.events").scan().to_arrow()["seq"].to_pylist() == [5]
+    assert not SqlCatalog("flinkish", uri=uri, warehouse=warehouse).table_exists("db.events")
+    with pytest.raises(TableMismatchError, match=r"not filed under the catalog name 'flinkish', but this catalog's "
+                                                 r"database has it under \['lake'\].*Set the option 'catalogName' to 'lake'"):
+        IcebergSink.at("db.events", uid="u", schema=schema, catalog_uri=uri, warehouse=warehouse)
+    assert not SqlCatalog("flinkish", uri=uri, warehouse=warehouse).table_exists("db.events")  # nothing created
+    with pytest.raises(ConfigError, match="'catalogName' must not be empty"):
+        IcebergSink.at("db.events", uid="u", schema=schema, catalog_uri=uri, warehouse=warehouse, catalog_name=" ")
+    with pytest.raises(ConfigError, match="the configured catalog 'prod' files its tables under its own name"):
+        IcebergSink.at("db.events", uid="u", schema=schema, catalog="prod", catalog_name="lake")
+
+
+def test_upsert_through_write_stream(spark, tmp_path: Path) -> None:
+    """mode=upsert through writeStream: keys rewritten many times across epochs and tasks, deletes."""
+    # keys of one split are its own (split * 100 + seq % 40); a split's rows come in seq order
+    df = sequence(spark, str(tmp_path / "meta")).selectExpr(
+        "split * 100 + seq % 40 AS id", "split", "concat('v', split, '-', seq) AS v",
+        "CASE WHEN seq % 9 = 0 THEN 'd' ELSE 'u' END AS _op", "seq AS _lsn")
+    run(df, tmp_path / "cp", mode="upsert", key="id", deletes="true")
+    state: dict[int, tuple] = {}
+    for split, seq in sorted(expected()):
+        if seq % 9 == 0:
+            state.pop(split * 100 + seq % 40, None)
+        else:
+            state[split * 100 + seq % 40] = (split, f"v{split}-{seq}")
+    table = embedded(tmp_path / "cp")
+    t = table.scan().to_arrow()
+    assert sorted(zip(t["id"].to_pylist(), t["split"].to_pylist(), t["v"].to_pylist())) == \
+        sorted((k, *v) for k, v in state.items())
+    assert [f.name for f in table.schema().fields] == ["id", "split", "v"]
+    assert snapshot_epochs(table) == [0, 1, 2] and stray_files(table) == set()

@@ -105,16 +105,13 @@ def test_prepared_upsert_is_refused_with_the_deadlock_reason(spark, tmp_path: Pa
 
 
 @pytest.fixture(scope="module")
-def no_2pc_server(postgres, tmp_path_factory: pytest.TempPathFactory):
+def no_2pc_server(postgres):
     if postgres.embedded is None:
         pytest.skip("needs the embedded server (a second one with max_prepared_transactions = 0)")
-    from flinkish_spark.embedded.postgres import start_postgres
+    from flinkish_spark.embedded.postgres import temporary_postgres
 
-    server = start_postgres(tmp_path_factory.mktemp("pg0") / "data", settings={"max_prepared_transactions": "0"})
-    try:
+    with temporary_postgres("flinkish-test-pg0-", settings={"max_prepared_transactions": "0"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_prepared_on_a_server_without_prepared_transactions(no_2pc_server) -> None:

@@ -55,6 +55,7 @@ def leftovers(url: str) -> tuple[list, list]:
     return prepared, staged
 
 
+@pytest.mark.both_postgres
 @pytest.mark.parametrize("commit_mode", ["prepared", "staged"])
 def test_append_is_exactly_once_in_both_commit_modes(spark, tmp_path: Path, pg_url: str, commit_mode: str) -> None:
     run(sequence(spark, str(tmp_path / "meta")), tmp_path, pg_url, table="public.events", createTable="true",

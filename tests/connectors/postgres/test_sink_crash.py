@@ -93,15 +93,15 @@ class Db:
         assert q(self.url, "SELECT gid FROM pg_prepared_xacts") == []
 
 
-def run_chain(run_pipeline, spec: dict, db: Db, mode: str) -> None:
+def run_chain(run_pipeline, spec: dict, db: Db, mode: str, fail_at: str = "sink.write", timeout: float = 300) -> None:
     for epoch, point in enumerate(CHAIN, start=1):
-        run = run_pipeline(spec, crash_at=f"{point}:2")
+        run = run_pipeline(spec, crash_at=f"{point}:2", timeout=timeout)
         assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
         db.check_killed_at(point, epoch, mode)
-    # The last run: every task's first attempt fails in the middle of its bulk load.
-    last = run_pipeline({**spec, "master": "local[2,4]"}, env={"FLINKISH_FAIL_AT": "sink.write:first"})
+    # The last run: every task's first attempt fails (by default in the middle of its bulk load).
+    last = run_pipeline({**spec, "master": "local[2,4]"}, env={"FLINKISH_FAIL_AT": f"{fail_at}:first"}, timeout=timeout)
     assert last.returncode == 0, last.output[-3000:]
-    assert "injected failure at sink.write (attempt 0)" in last.output
+    assert f"injected failure at {fail_at} (attempt 0)" in last.output
     db.check_final()
 
 
@@ -109,6 +109,16 @@ def run_chain(run_pipeline, spec: dict, db: Db, mode: str) -> None:
 def test_crash_matrix(run_pipeline, tmp_path: Path, pg_url: str, mode: str) -> None:
     log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
     run_chain(run_pipeline, format_spec(tmp_path, pg_url, commitMode=mode), Db(pg_url, log, tmp_path / "cp"), mode)
+
+
+def test_crash_matrix_prepared_into_a_primary_key(run_pipeline, tmp_path: Path, pg_url: str) -> None:
+    """The common case of commitMode=prepared: append into a table with a primary key. Every
+    replayed epoch inserts the keys that the killed run's prepared transactions (or, in the last
+    run, each task's first attempt, failed after PREPARE) still hold; the runs must not hang."""
+    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
+    spec = format_spec(tmp_path, pg_url, commitMode="prepared", key="split,seq")
+    run_chain(run_pipeline, spec, Db(pg_url, log, tmp_path / "cp"), "prepared", fail_at="sink.after_prepare", timeout=180)
+    assert q(pg_url, "SELECT count(*) FROM pg_index WHERE indrelid = 'events'::regclass AND indisprimary") == [(1,)]
 
 
 def test_crash_matrix_foreach_batch(run_pipeline, tmp_path: Path, pg_url: str) -> None:

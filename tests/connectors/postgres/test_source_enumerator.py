@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import psycopg
+import pytest
 from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
@@ -28,6 +29,7 @@ def confirmed(conn: psycopg.Connection) -> str:
     return conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'flinkish_enum'").fetchone()[0]
 
 
+@pytest.mark.both_postgres
 def test_ranges_are_whole_transactions_replays_read_the_same_and_the_slot_moves_on_completion(spark, pg_url, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")

@@ -51,16 +51,15 @@ def failure(query: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def replica_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def replica_server() -> Any:
     import os
 
     if os.environ.get("FLINKISH_TEST_POSTGRES_URL"):
         pytest.skip("needs a second embedded server")
-    from flinkish_spark.embedded.postgres import start_postgres
+    from flinkish_spark.embedded.postgres import temporary_postgres
 
-    server = start_postgres(tmp_path_factory.mktemp("pg-replica") / "data", settings={"wal_level": "replica"})
-    yield server
-    server.stop()
+    with temporary_postgres("flinkish-test-pg-replica-", settings={"wal_level": "replica"}) as server:
+        yield server
 
 
 def test_wal_level_not_logical_says_how_to_set_it(spark, replica_server, tmp_path: Path) -> None:
@@ -116,6 +115,7 @@ def test_slot_or_publication_of_that_name_owned_by_something_else(spark, pg_url,
         assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'flinkish_pubtaken'").fetchone()[0] == 0
 
 
+@pytest.mark.both_postgres
 def test_slot_lost_while_stopped_is_refused_then_resnapshot_starts_over(spark, pg_url, tmp_path: Path) -> None:
     execute(pg_url, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 100) g")
     q = start(load(spark, pg_url, tmp_path, "lost", table="t"), tmp_path, trigger="1 second")

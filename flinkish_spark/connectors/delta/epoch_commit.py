@@ -1,0 +1,228 @@
+"""One attempt of a keyed epoch commit: the Delta version, computed against one state of the table.
+
+:class:`EpochCommit` turns an epoch's resolved changes and the key lookup's matches into
+actions: the tasks' files (``add``; rows that lost to another task's change of their key
+deleted by a vector, or in ``copyOnWrite`` written again), for each table file holding
+replaced rows ``remove`` (its old vector) + ``add`` (the same path with the old vector
+united with the new positions; its statistics marked ``tightBounds: false``) -- or the
+file rewritten without them -- and the rows copied with columns changed (soft deletes,
+closed history versions). It writes the epoch's DV file and its own data files under
+names that are the same in every attempt, so an attempt that lost its version to
+another writer is overwritten by the next, never orphaned. Nothing of it is visible
+until :func:`~flinkish_spark.connectors.delta.keyed.commit_keyed` puts the version.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from flinkish_spark.connectors.delta.committables import DeltaFile, KeyedCommittable, delta_files
+from flinkish_spark.connectors.delta.deletion_vectors import DvFileWriter, dv_file_uuid
+from flinkish_spark.connectors.delta.live import deleted_positions
+from flinkish_spark.connectors.delta.log import add_action, commit_payload
+from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
+from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
+from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
+from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
+from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges
+from flinkish_spark.faults import crash_point
+
+@dataclass
+class Built:
+    payload: bytes
+    actions: list[dict[str, Any]]
+    vectors: dict[tuple[str, str], np.ndarray]  # (path, vector's unique id) -> positions, for the DV cache
+
+
+def wide_stats(stats: str | None, rows: int | None = None) -> str:
+    """Statistics of a file that now has a deletion vector: its bounds are no longer tight."""
+    parsed: dict[str, Any] = json.loads(stats) if stats else {}
+    if rows is not None and "numRecords" not in parsed:
+        parsed["numRecords"] = rows
+    parsed["tightBounds"] = False
+    return json.dumps(parsed)
+
+
+def _bound(value: Any, t: pa.DataType) -> Any:
+    """A statistics value as a Python value of the key's type (None where not comparable)."""
+    if value is None:
+        return None
+    try:
+        if pa.types.is_date(t) and isinstance(value, str):
+            import datetime as dt
+
+            return dt.date.fromisoformat(value)
+        if pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t):
+            return value
+    except ValueError:
+        return None
+    return None
+
+
+class EpochCommit:
+    """One attempt's Delta version for an epoch, computed against ``state``."""
+
+    def __init__(self, sink: DeltaTarget, state: DeltaState, changes: EpochChanges,
+                 committables: list[KeyedCommittable], epoch: int) -> None:
+        self.sink, self.state, self.changes, self.committables, self.epoch = sink, state, changes, committables, epoch
+        self.folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, epoch)
+        self.relative_folder = f"{DATA_PREFIX}/{sink.uid}/e{epoch:012d}"
+        self.now = int(time.time() * 1000)
+        self.actions: list[dict[str, Any]] = []
+        self.vectors: dict[tuple[str, str], np.ndarray] = {}
+        self.dvs = DvFileWriter(self.relative_folder, dv_file_uuid(sink.uid, epoch))
+
+    def candidates(self) -> list[CandidateFile]:
+        plan = self.sink.plan
+        assert plan is not None
+        first = plan.key[0]
+        t = plan.table_schema.field(first).type
+        out = []
+        for f in self.state.files.values():
+            lo, hi = f.bounds(first)
+            out.append(CandidateFile(f.path, self._file_url(f), f.size, _bound(lo, t), _bound(hi, t),
+                                     functools.partial(deleted_positions, self.sink, f)))
+        return out
+
+    def _file_url(self, f: LiveFile) -> str:
+        rel = f.relative_path
+        return rel if "://" in rel or rel.startswith("/") else self.sink.url(rel)
+
+    def build(self) -> Built:
+        plan = self.sink.plan
+        assert plan is not None
+        lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
+        matches = lookup.find(self.changes.keys(), self.candidates())
+        apply = self.changes.apply(matches)
+        added = self._copies(apply)
+        deleted = self._table_deletes(apply)
+        added += self._new_files(apply)
+        if not self.dvs.empty:
+            self.sink.io.write_bytes(self.sink.url(self.dvs.relative_path), self.dvs.bytes())
+        crash_point("delta.keyed.before_version")
+        info = {"flinkish.uid": self.sink.uid, "flinkish.epoch": self.epoch, "flinkish.mode": plan.mode,
+                "operationMetrics": {"numTargetRowsAdded": added, "numTargetRowsDeleted": deleted,
+                                     "numKeys": self.changes.keys().num_rows}}
+        payload = commit_payload(self.sink.uid, self.epoch, self.actions, info, self.state.version, blind=False,
+                                 output_mode="Update")
+        lines = [json.loads(line) for line in payload.decode().splitlines() if line.strip()]
+        return Built(payload, lines, self.vectors)
+
+    def _add_new(self, file: DeltaFile, positions: np.ndarray | None) -> None:
+        stats = file.stats
+        add: dict[str, Any] = add_action(file.path, file.size, dict(file.partition_values), file.stats, self.now)["add"]
+        if positions is not None and len(positions):
+            dv = self.dvs.add(positions)
+            add["deletionVector"] = dv.to_json()
+            stats = wide_stats(stats)
+            self.vectors[(add["path"], dv.unique_id)] = positions
+        add["stats"] = stats
+        self.actions.append({"add": add})
+
+    def _new_files(self, apply: Apply) -> int:
+        """The tasks' files; rows that lost to another task's change of the key are deleted
+        (a vector, or in copyOnWrite the file written again); a file whose rows all lost is
+        left out (the epoch's cleanup deletes it)."""
+        plan = self.sink.plan
+        assert plan is not None
+        rows = 0
+        for index, c in enumerate(self.committables):
+            drops = apply.new_deletes.get(index, np.zeros(0, dtype=np.int64))
+            per_file: dict[int, np.ndarray] = {j: local for j, local, _ in c.locate(drops)} if len(drops) else {}
+            for j, f in enumerate(c.files):
+                local = per_file.get(j)
+                if local is not None and len(local) >= f.rows:
+                    continue
+                if local is not None and plan.merge_mode == "copyOnWrite":
+                    keep = np.setdiff1d(np.arange(f.rows, dtype=np.int64), local)
+                    table = read_positions(self.sink.io, self.sink.url(f.path), keep)
+                    self._write_driver_file(table, f"driver-rewrite-t{index:05d}-{j:04d}")
+                    rows += len(keep)
+                    continue
+                self._add_new(f, local)
+                rows += f.rows - (0 if local is None else len(local))
+        return rows
+
+    def _write_driver_file(self, table: pa.Table, stem: str) -> None:
+        written = write_table(self.sink.io, self.folder, table, lambda i: f"{stem}-{i:04d}.parquet",
+                              max(table.num_rows, 1), 1 << 62)
+        for new in delta_files(self.sink.io, self.sink.path, [w for w, _ in written]):
+            self._add_new(new, None)
+
+    def _copies(self, apply: Apply) -> int:
+        """Rows written again with some columns changed (soft deletes, closed history versions)."""
+        plan = self.sink.plan
+        assert plan is not None
+        pieces = []
+        for copy in apply.copies:
+            if copy.file is not None:
+                rows = read_positions(self.sink.io, self._file_url(self.state.files[copy.file]), copy.positions)
+            else:
+                c = self.committables[copy.task]
+                parts = []
+                order = []
+                for j, local, sel in c.locate(copy.positions):
+                    parts.append(read_positions(self.sink.io, self.sink.url(c.files[j].path), local))
+                    order.append(sel)
+                rows = pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+            for name, values in copy.overrides.items():
+                rows = rows.set_column(rows.schema.get_field_index(name), name, values)
+            pieces.append(rows.cast(plan.table_schema))
+        if not pieces:
+            return 0
+        table = pa.concat_tables(pieces)
+        table = table.sort_by([(k, "ascending") for k in plan.key])
+        written = write_table(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
+                              self.sink.rows_per_file, self.sink.target_file_size)
+        for f in delta_files(self.sink.io, self.sink.path, [w for w, _ in written]):
+            self._add_new(f, None)
+        return table.num_rows
+
+    def _table_deletes(self, apply: Apply) -> int:
+        plan = self.sink.plan
+        assert plan is not None
+        deleted = 0
+        rewrites = 0
+        for path, positions in sorted(apply.table_deletes.items()):
+            f = self.state.files[path]
+            before = deleted_positions(self.sink, f)
+            union = np.union1d(before, positions)
+            deleted += len(union) - len(before)
+            rows = f.num_records
+            if rows is None:
+                rows = _footer_rows(self.sink, self._file_url(f))
+            self.actions.append(f.remove_action(self.now))
+            if len(union) >= rows:
+                continue  # every row of the file is gone: the remove alone
+            if plan.merge_mode == "copyOnWrite":
+                self._rewrite(f, union, rows, rewrites)
+                rewrites += 1
+                continue
+            dv = self.dvs.add(union)
+            add = f.add_action(dv)
+            add["add"]["stats"] = wide_stats(f.stats, rows)
+            self.actions.append(add)
+            self.vectors[(f.path, dv.unique_id)] = union
+        return deleted
+
+    def _rewrite(self, f: LiveFile, drop: np.ndarray, rows: int, n: int) -> None:
+        """copyOnWrite: the file again without the dropped rows (a new file; the old one is removed)."""
+        keep = np.setdiff1d(np.arange(rows, dtype=np.int64), drop)
+        self._write_driver_file(read_positions(self.sink.io, self._file_url(f), keep), f"driver-rewrite-{n:04d}")
+
+
+def _footer_rows(sink: DeltaTarget, url: str) -> int:
+    import pyarrow.parquet as pq
+
+    with sink.io.fs.open(sink.io.strip(url), "rb") as handle:
+        return int(pq.ParquetFile(handle).metadata.num_rows)
+
+
+

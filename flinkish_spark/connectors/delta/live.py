@@ -1,0 +1,121 @@
+"""The keyed target's per-process view of its table: the live files (with their deletion vectors), and vectors read.
+
+Both are kept for the life of the driver's commit process (Spark runs every commit of a
+query in the same long-lived Python process): the state is brought up to date by reading
+only the commits written since (O(new commits) per epoch), a vector is read once per
+(file, vector) and the target remembers the vectors it writes itself. A metadata or
+protocol change of the table drops the state: the table is validated again and the
+state reloaded from its newest checkpoint. A table deleted and created again at the path
+(found by :meth:`DeltaTarget.check_same_table` at each batch's start and on every
+call of :func:`table_state`, one GET) drops every cache of it:
+the states of all uids, the vectors, and the key indexes of its files -- the new table's
+files may reuse names the sink writes deterministically (an epoch's DV file, ``driver-copy-0000``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from flinkish_spark.connectors.delta.deletion_vectors import read_vector
+from flinkish_spark.connectors.delta.log import TableChanged
+from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
+from flinkish_spark.connectors.delta.table import DeltaTarget
+from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
+
+DV_CACHE_BYTES = 256 << 20
+
+_STATES: dict[tuple[str, str, str], DeltaState] = {}
+_STATES_LOCK = threading.Lock()
+_DV_CACHE: OrderedDict[str, np.ndarray] = OrderedDict()
+_DV_LOCK = threading.Lock()
+
+
+def table_state(target: DeltaTarget) -> DeltaState:
+    """The sink's view of the table, loaded once per process, brought up to date on each call."""
+    key = target._head_key()
+    with _STATES_LOCK:
+        state = _STATES.get(key)
+    if state is not None and (target._head() is None or not target.check_same_table()):
+        # Not confirmed to be the table on storage (another table is there now: check_same_table
+        # dropped every cache of the old one; or the head it is checked by was dropped): read afresh.
+        forget_state(target)
+        state = None
+    if state is None:
+        table = target.validate(False, "flinkish.delta commit")
+        target.set_head(table)  # what the next call checks the state's table by
+        try:
+            state = load_state(target.log(), table.version())
+        except TableChanged:
+            return table_state(target)  # changed again while loading: validate the newer version
+        with _STATES_LOCK:
+            _STATES[key] = state
+    else:
+        try:
+            state.catch_up(target.log())
+        except TableChanged:
+            forget_state(target)
+            return table_state(target)
+    return state
+
+
+def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
+    """Drop the uid's state; ``table_too``: another table is at the path now (deleted, created again),
+    whose files can reuse names the sink writes deterministically (``driver-copy-0000`` below an
+    epoch's folder, a vector at the same offset of the epoch's DV file): drop every cache of the old
+    table -- every uid's state and head, the delta-rs table, the vectors and the key indexes."""
+    with _STATES_LOCK:
+        _STATES.pop(target._head_key(), None)
+        if table_too:
+            for state_key in [k for k in _STATES if k[:2] == target._key()]:
+                _STATES.pop(state_key)
+    target._forget_head(table_too)
+    if table_too:
+        CACHE.forget(target.url(""))
+        with _DV_LOCK:
+            for dv_key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
+                del _DV_CACHE[dv_key]
+
+
+def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:
+    """The positions a live file's deletion vector covers (cached by the vector's unique id)."""
+    if f.dv is None:
+        return np.zeros(0, dtype=np.int64)
+    key = f"{target.table_uri}|{f.path}|{f.dv.unique_id}"
+    with _DV_LOCK:
+        found = _DV_CACHE.get(key)
+        if found is not None:
+            _DV_CACHE.move_to_end(key)
+            return found
+
+    def read_range(where: str, start: int, end: int) -> bytes:
+        location = where if f.dv is not None and f.dv.storage_type == "p" else target.url(where)
+        return bytes(target.io.fs.cat_file(target.io.strip(location), start=start, end=end))
+
+    positions = read_vector(f.dv, read_range)
+    _remember_dv(key, positions)
+    return positions
+
+
+def remember_dv(target: DeltaTarget, path: str, unique_id: str, positions: np.ndarray) -> None:
+    """Keep the positions of a vector this process wrote (no need to read it back)."""
+    _remember_dv(f"{target.table_uri}|{path}|{unique_id}", positions)
+
+
+def _remember_dv(key: str, positions: np.ndarray) -> None:
+    with _DV_LOCK:
+        _DV_CACHE[key] = positions
+        total = sum(a.nbytes for a in _DV_CACHE.values())
+        while total > DV_CACHE_BYTES and len(_DV_CACHE) > 1:
+            _, old = _DV_CACHE.popitem(last=False)
+            total -= old.nbytes
+
+
+def live_references(target: DeltaTarget) -> set[str]:
+    """Paths (relative, decoded) of live data files and of the DV files live files use."""
+    state = table_state(target)
+    return {name for f in state.files.values() for name in f.stored_files()}
+
+

@@ -1,0 +1,331 @@
+"""Resolving an epoch's changes by key: in each task (:func:`resolve_task`), then across tasks (:func:`resolve_epoch`).
+
+Format-independent. The guarantee: after an epoch is applied the table holds, per key,
+what the epoch's *ordered* change sequence leaves -- order ``_lsn`` (null first: a snapshot
+read precedes the changes), then Spark partition, then row -- on top of what the table held:
+
+* ``upsert``: the key's last change; a delete (``deletes=true``) removes the key, a
+  delete and a later insert in one epoch leave the insert. ``deletes=soft``: a delete
+  leaves the key's last known row with ``_deleted = true`` -- the epoch's own earlier
+  version of the key, else the table's row, else the delete's own values.
+* ``history`` (SCD type 2): one row per version: ``_valid_from`` = its ``_commit_ts``,
+  ``_valid_to`` = the next change's ``_commit_ts`` (null while current), ``_current``.
+  The table's current row of a changed key is closed (``_valid_to`` = the epoch's first
+  change of the key, ``_current = false``); a delete closes without a new version.
+
+**Task** (executor): the task's rows are sorted by key and order; it writes the rows the
+table will hold (its winners, or all versions) sorted by key -- so data files are key-
+clustered and their min/max statistics prune lookups -- and describes them in an *entries*
+table (one row per change that matters; see ``E_*``), which travels in the committable.
+
+**Epoch** (driver): :func:`resolve_epoch` orders all tasks' entries; :meth:`EpochChanges.keys`
+is what the key lookup searches in the table; :meth:`EpochChanges.apply` turns the lookup's
+matches into an :class:`Apply`: positions to delete in table files and in this epoch's new
+files (a key written by two tasks keeps one), and rows to copy into a new file with some
+columns replaced (soft deletes of table rows, closed history versions, chains fixed across
+tasks). A format sink only carries that out: deletion vectors or position delete files,
+one more data file, one commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flinkish_spark.connectors.lakehouse.changes import (
+    COMMIT_TS, CURRENT, DELETED, LSN, OP, TIMESTAMP, VALID_FROM, VALID_TO, ChangePlan,
+)
+
+# Entry columns (besides the key columns).
+E_LSN, E_PART, E_ROW = "_e_lsn", "_e_part", "_e_row"  # the change's order
+E_KIND = "_e_kind"  # KIND_VERSION: a row was written (at E_POS); KIND_DELETE: none
+E_POS = "_e_pos"  # position of the written row among the task's rows (-1 for a delete)
+E_FROM_DELETE = "_e_from_delete"  # soft: the row written holds the delete's own values
+E_DELETED = "_e_deleted"  # soft: the row written is a soft delete (_deleted = true)
+E_VLSN, E_VROW = "_e_vlsn", "_e_vrow"  # soft: the order of the version whose values the row holds
+E_TS, E_VALID_TO, E_CURRENT = "_e_ts", "_e_valid_to", "_e_current"  # history: as written
+E_TASK = "_e_task"  # added by resolve_epoch: index of the committable
+KIND_VERSION, KIND_DELETE = 0, 1
+NO_LSN = int(np.iinfo(np.int64).min)
+
+
+@dataclass(frozen=True)
+class TaskChanges:
+    rows: pa.Table  # the table's columns; the rows this task writes, sorted by key
+    entries: pa.Table
+
+
+def _differs(columns: list[pa.ChunkedArray | pa.Array]) -> np.ndarray:
+    """``d[i]`` = row i+1 has another key than row i (columns sorted, without nulls)."""
+    n = len(columns[0])
+    if n <= 1:
+        return np.zeros(max(n - 1, 0), dtype=np.bool_)
+    out: np.ndarray | None = None
+    for col in columns:
+        ne = np.asarray(pc.not_equal(col.slice(1), col.slice(0, n - 1)).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        out = ne if out is None else (out | ne)
+    assert out is not None
+    return out
+
+
+def _order(table: pa.Table, key: tuple[str, ...], tail: list[str]) -> pa.Array:
+    sort_keys = [(k, "ascending") for k in key] + [(c, "ascending") for c in tail]
+    return pc.sort_indices(table, sort_keys=sort_keys)  # no nulls: keys are checked, LSNs filled
+
+
+def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
+    """One task's rows (the input's columns) -> the rows it writes and its entries."""
+    n = table.num_rows
+    # A change without an LSN (a snapshot read) comes first: nulls become the smallest value.
+    lsn = (pc.fill_null(table.column(LSN).cast(pa.int64()), NO_LSN) if plan.has_lsn
+           else pa.array(np.full(n, NO_LSN, dtype=np.int64)))
+    is_delete = (pc.fill_null(pc.equal(table.column(OP), "d"), False) if plan.has_op
+                 else pa.array(np.zeros(n, dtype=np.bool_)))
+    work = pa.table({**{k: table.column(k) for k in plan.key}, E_LSN: lsn,
+                     E_ROW: pa.array(np.arange(n, dtype=np.int64)), "_del": is_delete})
+    if plan.deletes == "false" and plan.has_op:
+        keep = pc.invert(is_delete)
+        table, work = table.filter(keep), work.filter(keep)
+    order = _order(work, plan.key, [E_LSN, E_ROW])
+    table, work = table.take(order), work.take(order)
+    n = table.num_rows
+    diff = _differs([work.column(k) for k in plan.key])
+    last = np.append(diff, True) if n else np.zeros(0, dtype=np.bool_)
+    dele = np.asarray(work.column("_del").to_numpy(zero_copy_only=False), dtype=np.bool_)
+    data = table.select(list(plan.data_columns))
+    keys = {k: work.column(k) for k in plan.key}
+    if plan.mode == "history":
+        return _history_task(plan, table, data, keys, work, last, dele)
+    win = np.flatnonzero(last)
+    win_delete = dele[win]
+    if plan.deletes == "soft":
+        # A deleted key keeps its last version of the epoch (before the delete), else the delete's values.
+        first = np.insert(diff, 0, True) if n else np.zeros(0, dtype=np.bool_)
+        group_start = np.flatnonzero(first)[np.cumsum(first) - 1]
+        last_version = np.maximum.accumulate(np.where(~dele, np.arange(n), -1)) if n else np.zeros(0, dtype=np.int64)
+        source = np.where(win_delete & (last_version[win] >= group_start[win]), last_version[win], win)
+        rows = data.take(pa.array(source)).append_column(DELETED, pa.array(win_delete))
+        from_delete = win_delete & (source == win)
+        entries = _entries(keys, work, win, np.full(len(win), KIND_VERSION), np.arange(len(win)))
+        at = pa.array(source, pa.int64())
+        entries = (entries.append_column(E_FROM_DELETE, pa.array(from_delete))
+                   .append_column(E_DELETED, pa.array(win_delete))
+                   .append_column(E_VLSN, work.column(E_LSN).take(at))
+                   .append_column(E_VROW, work.column(E_ROW).take(at)))
+        return TaskChanges(rows, entries)
+    versions = win[~win_delete]
+    kinds = np.where(win_delete, KIND_DELETE, KIND_VERSION)
+    pos = np.full(len(win), -1, dtype=np.int64)
+    pos[~win_delete] = np.arange(len(versions))
+    return TaskChanges(data.take(pa.array(versions)), _entries(keys, work, win, kinds, pos))
+
+
+def _entries(keys: dict[str, pa.ChunkedArray], work: pa.Table, idx: np.ndarray, kinds: np.ndarray,
+             pos: np.ndarray) -> pa.Table:
+    at = pa.array(idx, pa.int64())
+    cols = {k: v.take(at) for k, v in keys.items()}
+    cols[E_LSN] = work.column(E_LSN).take(at)
+    cols[E_ROW] = work.column(E_ROW).take(at)
+    cols[E_KIND] = pa.array(kinds, pa.int8())
+    cols[E_POS] = pa.array(pos, pa.int64())
+    return pa.table(cols)
+
+
+def _history_task(plan: ChangePlan, table: pa.Table, data: pa.Table, keys: dict[str, pa.ChunkedArray],
+                  work: pa.Table, last: np.ndarray, dele: np.ndarray) -> TaskChanges:
+    n = table.num_rows
+    ts = table.column(COMMIT_TS).cast(TIMESTAMP)
+    next_ts = pa.concat_arrays([a for a in ts.slice(1).chunks] + [pa.nulls(1, TIMESTAMP)]) if n else pa.nulls(0, TIMESTAMP)
+    valid_to = pc.if_else(pa.array(last), pa.nulls(n, TIMESTAMP), next_ts)
+    current = pa.array(last & ~dele)
+    versions = pa.array(np.flatnonzero(~dele))
+    rows = data.take(versions)
+    rows = (rows.append_column(VALID_FROM, ts.take(versions)).append_column(VALID_TO, valid_to.take(versions))
+            .append_column(CURRENT, current.take(versions)))
+    pos = np.full(n, -1, dtype=np.int64)
+    pos[~dele] = np.arange(int((~dele).sum()))
+    entries = _entries(keys, work, np.arange(n), np.where(dele, KIND_DELETE, KIND_VERSION), pos)
+    entries = entries.append_column(E_TS, ts).append_column(E_VALID_TO, valid_to).append_column(E_CURRENT, current)
+    return TaskChanges(rows, entries)
+
+
+# -- the epoch (driver) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowCopy:
+    """Rows to write again with some columns replaced: from a table file, or from this epoch's rows."""
+
+    file: str | None  # a table file's identity (Delta add path, Iceberg file path), or None
+    task: int  # the committable whose rows they are, when file is None
+    positions: np.ndarray
+    overrides: dict[str, pa.Array]  # column -> values, aligned with positions
+
+
+@dataclass
+class Apply:
+    """What the epoch does to the table, beyond adding the tasks' rows."""
+
+    table_deletes: dict[str, np.ndarray] = field(default_factory=dict)  # table file -> positions
+    new_deletes: dict[int, np.ndarray] = field(default_factory=dict)  # committable -> positions among its rows
+    copies: list[RowCopy] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Matches:
+    """Live table rows of the epoch's keys: per table file, positions and the key each one has."""
+
+    by_file: dict[str, tuple[np.ndarray, np.ndarray]]  # file -> (positions, index into keys), positions sorted
+
+    @property
+    def rows(self) -> int:
+        return sum(len(p) for p, _ in self.by_file.values())
+
+
+class EpochChanges:
+    """All tasks' entries of one epoch, ordered by key and change order."""
+
+    def __init__(self, plan: ChangePlan, tasks: list[tuple[int, pa.Table | None]]) -> None:
+        self.plan = plan
+        parts = []
+        for index, (partition, entries) in enumerate(tasks):
+            if entries is None or entries.num_rows == 0:
+                continue
+            m = entries.num_rows
+            parts.append(entries.append_column(E_TASK, pa.array(np.full(m, index, dtype=np.int32)))
+                         .append_column(E_PART, pa.array(np.full(m, partition, dtype=np.int32))))
+        self.entries = pa.concat_tables(parts, promote_options="default") if parts else None
+        if self.entries is None:
+            self.group = np.zeros(0, dtype=np.int64)
+            self.starts = np.zeros(0, dtype=np.int64)
+            return
+        self.entries = self.entries.take(_order(self.entries, plan.key, [E_LSN, E_PART, E_ROW]))
+        diff = _differs([self.entries.column(k) for k in plan.key])
+        first = np.insert(diff, 0, True)
+        self.starts = np.flatnonzero(first)
+        self.group = np.cumsum(first) - 1  # entry -> key index
+        self.ends = np.append(self.starts[1:], len(first))  # exclusive
+        self.task = np.asarray(self.entries.column(E_TASK).to_numpy(), dtype=np.int64)
+        self.kind = np.asarray(self.entries.column(E_KIND).to_numpy(), dtype=np.int8)
+        self.pos = np.asarray(self.entries.column(E_POS).to_numpy(), dtype=np.int64)
+
+    def keys(self) -> pa.Table:
+        """The epoch's changed keys, unique and sorted: what the lookup searches in the table."""
+        if self.entries is None:
+            return pa.table({k: pa.array([], self.plan.input_schema.field(k).type) for k in self.plan.key})
+        return self.entries.select(list(self.plan.key)).take(pa.array(self.starts))
+
+    def apply(self, matches: Matches) -> Apply:
+        out = Apply()
+        if self.entries is None:
+            return out
+        if self.plan.mode == "history":
+            self._history(matches, out)
+        else:
+            self._upsert(matches, out)
+        return out
+
+    def _drop(self, out: Apply, entries: np.ndarray) -> None:
+        """Delete the rows these entries wrote (entries of kind VERSION)."""
+        for task in np.unique(self.task[entries]):
+            sel = entries[self.task[entries] == task]
+            prev = out.new_deletes.get(int(task))
+            pos = self.pos[sel] if prev is None else np.concatenate([prev, self.pos[sel]])
+            out.new_deletes[int(task)] = np.unique(pos)
+
+    def _copy_entries(self, out: Apply, entries: np.ndarray, overrides: dict[str, pa.Array]) -> None:
+        for task in np.unique(self.task[entries]):
+            sel = np.flatnonzero(self.task[entries] == task)
+            out.copies.append(RowCopy(None, int(task), self.pos[entries[sel]],
+                                      {c: v.take(pa.array(sel)) for c, v in overrides.items()}))
+
+    def _upsert(self, matches: Matches, out: Apply) -> None:
+        assert self.entries is not None
+        winners = self.ends - 1
+        losers = np.setdiff1d(np.arange(len(self.group)), winners)
+        losers = losers[self.kind[losers] == KIND_VERSION]
+        soft_copy = np.zeros(len(self.starts), dtype=np.bool_)  # key -> its soft row is copied from elsewhere
+        needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)
+        if self.plan.deletes == "soft":
+            self._soft_sources(out, winners, soft_copy, needs_table_row)
+        self._drop(out, losers)
+        for path, (positions, key_index) in matches.by_file.items():
+            out.table_deletes[path] = positions
+            if self.plan.deletes == "soft":
+                take = needs_table_row[key_index] & ~soft_copy[key_index]
+                if take.any():
+                    soft_copy[key_index[take]] = True
+                    out.copies.append(RowCopy(path, -1, positions[take],
+                                              {DELETED: pa.array(np.ones(int(take.sum()), dtype=np.bool_))}))
+                    self._drop(out, winners[key_index[take]])
+
+    def _soft_sources(self, out: Apply, winners: np.ndarray, soft_copy: np.ndarray, needs_table_row: np.ndarray) -> None:
+        """Where a soft-deleted key's values come from: the epoch's last *version* of the key before
+        the delete, whichever task wrote it -- a task's soft row holds the task's own last version,
+        but another task may hold a later one (every entry says which version its values are:
+        ``E_VLSN``/``E_PART``/``E_VROW``) -- else the table's row (found by the lookup), else the
+        delete's own values."""
+        assert self.entries is not None
+        col = self.entries.column
+        n = len(self.group)
+        from_delete = np.asarray(col(E_FROM_DELETE).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        is_deleted = np.asarray(col(E_DELETED).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        # Rank every entry by the order of the version its values are (-1: no version, the delete's own values).
+        by_values = np.lexsort((np.asarray(col(E_VROW).to_numpy(), dtype=np.int64),
+                                np.asarray(col(E_PART).to_numpy(), dtype=np.int64),
+                                np.asarray(col(E_VLSN).to_numpy(), dtype=np.int64)))
+        rank = np.empty(n, dtype=np.int64)
+        rank[by_values] = np.arange(n)
+        rank[from_delete] = -1
+        # Running maximum of the rank within each key's entries (the key's base keeps groups apart).
+        base = self.group.astype(np.int64) * (n + 1)
+        running = np.maximum.accumulate(base + rank + 1)
+        soft = winners[is_deleted[winners]]
+        if not len(soft):
+            return
+        before = soft - 1
+        has_before = before >= self.starts[self.group[soft]]
+        best = np.where(has_before, running[np.maximum(before, 0)] - base[soft] - 1, -1)
+        use_other = best > rank[soft]  # a later version than the winner's own (none: -1)
+        if use_other.any():
+            sources = by_values[best[use_other]]
+            self._copy_entries(out, sources, {DELETED: pa.array(np.ones(len(sources), dtype=np.bool_))})
+            self._drop(out, soft[use_other])
+            soft_copy[self.group[soft[use_other]]] = True
+        needs_table_row[self.group[soft[~use_other & from_delete[soft]]]] = True
+
+    def _history(self, matches: Matches, out: Apply) -> None:
+        assert self.entries is not None
+        ts = self.entries.column(E_TS).combine_chunks()
+        n = len(self.group)
+        is_last = np.zeros(n, dtype=np.bool_)
+        is_last[self.ends - 1] = True
+        next_ts = pa.concat_arrays([ts.slice(1), pa.nulls(1, TIMESTAMP)])
+        want_to = pc.if_else(pa.array(is_last), pa.nulls(n, TIMESTAMP), next_ts)
+        want_current = is_last & (self.kind == KIND_VERSION)
+        have_to = self.entries.column(E_VALID_TO).combine_chunks()
+        have_current = np.asarray(self.entries.column(E_CURRENT).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        same_to = pc.fill_null(pc.equal(want_to, have_to), False)
+        same_to = pc.or_(same_to, pc.and_(pc.is_null(want_to), pc.is_null(have_to)))
+        wrong = (self.kind == KIND_VERSION) & ~(np.asarray(same_to.to_numpy(zero_copy_only=False), dtype=np.bool_)
+                                                & (want_current == have_current))
+        fix = np.flatnonzero(wrong)  # versions whose chain continues in another task's rows
+        if len(fix):
+            self._drop(out, fix)
+            self._copy_entries(out, fix, {VALID_TO: want_to.take(pa.array(fix)),
+                                          CURRENT: pa.array(want_current[fix])})
+        first_ts = ts.take(pa.array(self.starts))
+        for path, (positions, key_index) in matches.by_file.items():
+            out.table_deletes[path] = positions
+            out.copies.append(RowCopy(path, -1, positions, {
+                VALID_TO: first_ts.take(pa.array(key_index)),
+                CURRENT: pa.array(np.zeros(len(positions), dtype=np.bool_)),
+            }))
+
+
+def resolve_epoch(plan: ChangePlan, tasks: list[tuple[int, pa.Table | None]]) -> EpochChanges:
+    """``tasks``: (Spark partition id, entries) per committable, in committable order."""
+    return EpochChanges(plan, tasks)

@@ -1,0 +1,153 @@
+"""A table's :class:`~flinkish_spark.connectors.postgres.rows.TableSchema` from the catalog (snapshot chunks)
+and from a pgoutput Relation message (changes) -- the same schema, and so the same schema id, for the same columns.
+
+Both paths resolve a column's type the same way (:func:`resolve_types`: the display name
+``format_type`` prints, the base type after domains, an array's element type), and take the
+key from the same place: the primary key. pgoutput's Relation message flags the replica
+identity's columns, which are the primary key under the default identity (``d``); for any
+other identity the key comes from the catalog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from flinkish_spark.connectors.postgres.pgoutput import Relation
+from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, make_column
+from flinkish_spark.errors import PostgresSourceError
+
+
+#: Runs one SQL statement (no parameters; the only values inlined are integers) and returns its rows:
+#: the same catalog reads work over psycopg and over the ADBC connection of a snapshot chunk.
+Query = Callable[[str], list[Any]]
+
+
+def psycopg_query(conn: Any) -> Query:
+    return lambda sql: conn.execute(sql).fetchall()
+
+
+def _int_array(values: Iterable[int]) -> str:
+    return "'{" + ",".join(str(int(v)) for v in values) + "}'"
+
+
+@dataclass(frozen=True)
+class TypeInfo:
+    display: str  # format_type(oid, typmod): 'numeric(12,2)', 'integer[]', 'my_domain'
+    base: str  # typname of the base type (after domains)
+    typmod: int  # the effective typmod (a domain's own when the column has none)
+    element: str | None  # an array's element base typname
+
+
+# Domains are resolved to their base types (recursively); an array's element type too.
+_TYPES_SQL = """
+WITH RECURSIVE input(oid, typmod) AS (SELECT * FROM unnest({oids}::oid[], {mods}::int[])),
+base(orig, origmod, oid, mod, depth) AS (
+    SELECT oid, typmod, oid, typmod, 0 FROM input
+    UNION ALL
+    SELECT b.orig, b.origmod, t.typbasetype, CASE WHEN b.mod = -1 THEN t.typtypmod ELSE b.mod END, b.depth + 1
+    FROM base b JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd'
+)
+SELECT DISTINCT ON (b.orig, b.origmod) b.orig::int8, b.origmod, format_type(b.orig, b.origmod), t.typname::text, b.mod,
+       CASE WHEN t.typelem <> 0 AND t.typlen = -1 AND t.typname NOT IN ('int2vector', 'oidvector')
+            THEN (SELECT CASE WHEN e.typtype = 'd' THEN (SELECT typname::text FROM pg_type WHERE oid = e.typbasetype)
+                              ELSE e.typname::text END FROM pg_type e WHERE e.oid = t.typelem) END
+FROM base b JOIN pg_type t ON t.oid = b.oid
+ORDER BY b.orig, b.origmod, b.depth DESC
+"""
+
+
+def resolve_types(query: Query, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], TypeInfo]:
+    """(type oid, typmod) -> :class:`TypeInfo`, in one query. A type the catalog no longer has is text."""
+    wanted = sorted(set(pairs))
+    if not wanted:
+        return {}
+    rows = query(_TYPES_SQL.format(oids=_int_array(p[0] for p in wanted), mods=_int_array(p[1] for p in wanted)))
+    out = {(int(o), int(m)): TypeInfo(str(d), str(b), int(bm), None if e is None else str(e)) for o, m, d, b, bm, e in rows}
+    for pair in wanted:
+        out.setdefault(pair, TypeInfo(f"oid {pair[0]}", "unknown", -1, None))
+    return out
+
+
+def _column(name: str, info: TypeInfo) -> Column:
+    return make_column(name, info.display, info.base, info.typmod, info.element)
+
+
+def primary_keys(query: Query, relids: Iterable[int]) -> dict[int, tuple[str, ...]]:
+    """The primary key columns of each relation, in column order (as pgoutput flags them); relations without one are absent."""
+    ids = sorted(set(relids))
+    if not ids:
+        return {}
+    rows = query(
+        "SELECT i.indrelid, array_agg(a.attname::text ORDER BY a.attnum) "
+        "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        f"WHERE i.indrelid = ANY({_int_array(ids)}::oid[]) AND i.indisprimary GROUP BY i.indrelid"
+    )
+    return {int(r[0]): tuple(str(c) for c in r[1]) for r in rows}
+
+
+def table_columns(conn: Any, oids: Iterable[int]) -> dict[int, list[str]]:
+    """Each table's column names in order, over psycopg, in one query."""
+    out: dict[int, list[str]] = {int(o): [] for o in oids}
+    if out:
+        rows = conn.execute(
+            "SELECT attrelid::int8, attname::text FROM pg_attribute WHERE attnum > 0 AND NOT attisdropped "
+            f"AND attrelid = ANY({_int_array(out)}::oid[]) ORDER BY attrelid, attnum").fetchall()
+        for oid, name in rows:
+            out[int(oid)].append(str(name))
+    return out
+
+
+def table_oid(conn: Any, table: str, what: str) -> int:
+    """The oid of ``table`` (resolved like ``to_regclass``, with the search path) over psycopg."""
+    row = conn.execute("SELECT to_regclass(%s)::oid", (table,)).fetchone()
+    if row is None or row[0] is None:
+        raise PostgresSourceError(f"{what}: table {table!r} does not exist (or is not visible to this role)")
+    return int(row[0])
+
+
+def load_table_schema(query: Query, oid: int) -> TableSchema | None:
+    """The schema of the table with ``oid`` as the query's snapshot sees it; None when there is no such table."""
+    rows = query("SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                 f"WHERE c.oid = {int(oid)}")
+    if not rows:
+        return None
+    schema_name, rel_name = str(rows[0][0]), str(rows[0][1])
+    cols = query(f"SELECT attname::text, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = {int(oid)} "
+                 "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+    types = resolve_types(query, [(int(t), int(m)) for _, t, m in cols])
+    columns = tuple(_column(str(n), types[(int(t), int(m))]) for n, t, m in cols)
+    return TableSchema(f"{schema_name}.{rel_name}", columns, primary_keys(query, [oid]).get(oid, ()))
+
+
+class RelationSchemas:
+    """Schemas of the relations in a run of pgoutput messages, resolved with one catalog query per batch of new ones."""
+
+    def __init__(self, query: Query) -> None:
+        self.query = query
+        self._types: dict[tuple[int, int], TypeInfo] = {}
+        self._keys: dict[int, tuple[str, ...]] = {}
+        self._cache: dict[Relation, TableSchema] = {}
+
+    def prepare(self, relations: Iterable[Relation]) -> None:
+        """Resolve the types (and, for a non-default replica identity, the keys) of ``relations`` at once."""
+        rels = [r for r in relations if r not in self._cache]
+        pairs = {(c.type_oid, c.type_mod) for r in rels for c in r.columns} - set(self._types)
+        self._types.update(resolve_types(self.query, pairs))
+        need_key = {r.relid for r in rels if r.replica_identity != "d"} - set(self._keys)
+        found = primary_keys(self.query, need_key)
+        self._keys.update({relid: found.get(relid, ()) for relid in need_key})
+
+    def schema(self, rel: Relation) -> TableSchema:
+        cached = self._cache.get(rel)
+        if cached is not None:
+            return cached
+        self.prepare([rel])
+        columns = tuple(_column(c.name, self._types[(c.type_oid, c.type_mod)]) for c in rel.columns)
+        if rel.replica_identity == "d":
+            key = tuple(c.name for c in rel.columns if c.is_key)
+        else:
+            key = self._keys.get(rel.relid, ())
+        schema = TableSchema(f"{rel.namespace}.{rel.name}", columns, key)
+        self._cache[rel] = schema
+        return schema

@@ -1,0 +1,198 @@
+"""``spark.readStream.format("flinkish.postgres")``: options, table info, and the wiring to the split framework."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, ClassVar
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles
+from pyspark.sql.types import StructType
+
+from flinkish_spark.connectors.postgres import publication as publications
+from flinkish_spark.connectors.postgres import slot as slots
+from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_server_version, connect, parse_url
+from flinkish_spark.connectors.postgres.rows import stream_schema
+from flinkish_spark.connectors.postgres.source.catalog import table_columns
+from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
+from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
+from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, followable_tables
+from flinkish_spark.connectors.postgres.source.reader import PostgresReader
+from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_table_info
+from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
+from flinkish_spark.connectors.postgres.source.tables_reader import TablesReader
+from flinkish_spark.errors import ConfigError, PostgresSourceError
+from flinkish_spark.options import Options
+from flinkish_spark.source.datasource import SplitDataSource
+from flinkish_spark.source.planning import ReadRange
+from flinkish_spark.source.reader import SplitReader
+
+DEFAULT_DISCOVERY_INTERVAL_S = 10.0
+
+
+class PostgresSourceDataSource(SplitDataSource):
+    """``spark.readStream.format("flinkish.postgres")``.
+
+    Options are validated lazily -- in :meth:`schema` and :meth:`streamReader`, not in
+    ``__init__`` -- so that a class serving ``writeStream`` under the same format name can
+    inherit from this one and never have its sink options checked as source options.
+    """
+
+    KIND: ClassVar[str] = "flinkish.postgres"
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
+        "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
+    )
+
+    def __init__(self, options: Any) -> None:
+        DataSource.__init__(self, options)
+
+    @property
+    def component(self) -> str:
+        return f"{self.KIND} source"
+
+    def configure(self, opts: Options) -> None:
+        url = opts.required("url", "a libpq URI, e.g. postgresql://user@host:5432/db (password via PGPASSWORD or 'passwordEnv')")
+        self.password_env = (opts.get("passwordEnv") or "").strip() or None
+        self.conn_info: ConnectionInfo = parse_url(url, self.password_env, f"{self.component}: option 'url'")
+        if opts.has("table") == opts.has("tables"):
+            raise ConfigError(
+                f"{self.component}: give either 'table' (one table: its own columns) or 'tables' (names and patterns, "
+                "e.g. 'public.*, sales.order_*': one stream of rows of every table, see docs/postgres-source.md)"
+                + (", not both" if opts.has("table") else "")
+            )
+        self.table = (opts.get("table") or "").strip()
+        tables = opts.get("tables")
+        self.patterns: TablePatterns | None = (
+            None if tables is None else TablePatterns.parse(tables, f"{self.component}: option 'tables'"))
+        self.discovery_interval = opts.number("discoveryInterval", DEFAULT_DISCOVERY_INTERVAL_S) or DEFAULT_DISCOVERY_INTERVAL_S
+        if self.patterns is None and opts.has("discoveryInterval"):
+            raise ConfigError(f"{self.component}: option 'discoveryInterval' applies to 'tables' only")
+        self.startup: Startup = opts.choice("startup", ("snapshot", "snapshotThenChanges", "changes"), "snapshotThenChanges")
+        self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
+        self.split_column = (opts.get("splitColumn") or "").strip() or None
+        self.max_rows_per_trigger = opts.integer("maxRowsPerTrigger", None, minimum=1)
+        self.snapshot_partitions = opts.integer("snapshotPartitions", None, minimum=1) or os.cpu_count() or 2
+        self.on_slot_lost: OnSlotLost = opts.choice("onSlotLost", ("fail", "resnapshot"), "fail")
+        default_name = "flinkish_" + re.sub(r"[^a-z0-9_]", "_", self.uid.lower())
+        self.slot_name = (opts.get("slotName") or "").strip() or default_name[:63]
+        if not re.fullmatch(r"[a-z0-9_]{1,63}", self.slot_name):
+            raise ConfigError(f"{self.component}: option 'slotName' may only hold a-z, 0-9 and _ (at most 63), got {self.slot_name!r}")
+        given = (opts.get("publication") or "").strip()
+        self.publication_given = bool(given)
+        self.publication = given or default_name[:63]
+        if self.patterns is not None and self.split_column is not None:
+            raise ConfigError(f"{self.component}: option 'splitColumn' applies to 'table' only; with 'tables' every "
+                              "table is split by its primary key")
+        if self.startup == "snapshot" and (opts.has("slotName") or opts.has("publication") or opts.has("onSlotLost")):
+            raise ConfigError(f"{self.component}: startup=snapshot uses no replication slot; drop the options slotName, publication and onSlotLost")
+        self._table_info: TableInfo | None = None
+
+    def config(self) -> dict[str, Any]:
+        # What defines the data: never the URL (it may hold a password).
+        if self.patterns is not None:
+            return {"tables": self.patterns.text, "startup": self.startup, "splitSize": self.split_size,
+                    "slotName": self.slot_name if self.startup != "snapshot" else None}
+        return {"table": self.table, "startup": self.startup, "splitSize": self.split_size,
+                "splitColumn": self.split_column, "slotName": self.slot_name if self.startup != "snapshot" else None}
+
+    def table_info(self) -> TableInfo:
+        if self._table_info is None:
+            with connect(self.conn_info, autocommit=True) as conn:
+                check_server_version(conn, self.conn_info, self.component)
+                info = load_table_info(conn, self.table, self.split_column, self.component)
+                if self.startup != "snapshot":
+                    slots.check_logical_replication(conn, self.component)
+                    # At every start, not only the first: a publication can be altered while stopped.
+                    # (One of this name that is neither given nor ours is refused when the slot is made.)
+                    owned = slots.Ownership.read(self.io, self.checkpoint_store().directory)
+                    if self.publication_given or (owned is not None and owned.publication_created):
+                        publications.check(conn, self.publication, (info.schema, info.name),
+                                           [c.name for c in info.columns], self.component)
+                    if not info.key:
+                        raise PostgresSourceError(
+                            f"{self.component}: table {info.display} has no primary key, so its changes carry no key "
+                            "(and the server refuses its updates and deletes once it is published). Add a primary key, "
+                            "or use startup=snapshot with 'splitColumn'"
+                        )
+            self._table_info = info
+        return self._table_info
+
+    def check_tables(self) -> None:
+        """With 'tables': the server can stream changes and every matching table can be followed (else one clear error)."""
+        if getattr(self, "_tables_checked", False):
+            return
+        assert self.patterns is not None
+        with connect(self.conn_info, autocommit=True) as conn:
+            check_server_version(conn, self.conn_info, self.component)
+            if self.startup != "snapshot":
+                slots.check_logical_replication(conn, self.component)
+            found = followable_tables(conn, self.patterns, self.component, self.startup != "snapshot")
+            if self.startup != "snapshot":
+                # At every start: a publication can be altered while stopped. One the user gave must
+                # publish every matching table; the source's own, the ones it already holds.
+                owned = slots.Ownership.read(self.io, self.checkpoint_store().directory)
+                if self.publication_given or (owned is not None and owned.publication_created):
+                    members = publications.published(conn, self.publication)
+                    checked = [t for t in found if self.publication_given or (t.schema, t.table) in members]
+                    columns = table_columns(conn, [t.oid for t in checked])
+                    for t in checked:
+                        publications.check(conn, self.publication, (t.schema, t.table), columns[t.oid], self.component)
+        self._tables_checked = True
+
+    def schema(self) -> StructType:
+        self.setup_source()
+        if self.patterns is not None:
+            self.check_tables()
+            return stream_schema()
+        return self.table_info().spark_schema()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self.setup_source()
+        # On the driver, before anything is written; the table info is pickled to the executors with the reader.
+        if self.patterns is not None:
+            self.check_tables()
+        else:
+            self.table_info()
+        return super().streamReader(schema)
+
+    def default_read_limit(self) -> ReadLimit:
+        if self.max_rows_per_trigger is not None:
+            return ReadMaxFiles(max(1, self.max_rows_per_trigger // self.split_size))
+        return ReadAllAvailable()
+
+    def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]:
+        """An epoch's chunks in at most ``snapshotPartitions`` tasks (consecutive chunks each), changes alone.
+
+        A task per chunk costs each chunk a Spark task, a Python worker round trip, an ADBC
+        connection and an output file: with the default splitSize, most of the snapshot's
+        time on two cores (see docs/benchmarks.md). The change range stays one partition (WAL order).
+        """
+        chunks = [r for r in ranges if r.split_id.startswith("snapshot-")]
+        groups: list[list[ReadRange]] = [[r] for r in ranges if not r.split_id.startswith("snapshot-")]
+        n = min(self.snapshot_partitions, len(chunks))
+        for i in range(n):
+            groups.append(chunks[len(chunks) * i // n: len(chunks) * (i + 1) // n])
+        return groups
+
+    def create_enumerator(self) -> PostgresEnumerator:
+        return PostgresEnumerator(self) if self.patterns is None else TablesEnumerator(self)
+
+    def create_reader(self, schema: StructType) -> SplitReader:
+        return PostgresReader(self, schema) if self.patterns is None else TablesReader(self)
+
+    def write_descriptor(self) -> None:
+        """As the base class, but with the password masked out of the URL and 'passwordEnv' kept.
+
+        The final notification (which drops the slot) rebuilds the source from this file in the
+        driver's process: it connects with PGPASSWORD or the variable 'passwordEnv' names.
+        """
+        options = {k: v for k, v in self.raw_options.items() if k not in ("storageOptions",)}
+        options["url"] = self.conn_info.url  # the URI without its password
+        cls = type(self)
+        descriptor = {"class": f"{cls.__module__}:{cls.__qualname__}", "options": options}
+        from flinkish_spark.source.datasource import DESCRIPTOR_FILE
+
+        self.io.write_bytes(f"{self.checkpoint_store().directory}/{DESCRIPTOR_FILE}", json.dumps(descriptor).encode())

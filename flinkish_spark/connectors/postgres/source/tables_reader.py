@@ -1,0 +1,307 @@
+"""The reader of a multi-table source (executors): stream rows (:mod:`..rows`) from chunks and from WAL ranges.
+
+* **A chunk** is read in one ``REPEATABLE READ`` transaction through ADBC: the table's schema
+  from the catalog and its rows as JSON built by the server (``rows.row_sql``), both in the same
+  snapshot, so the ``s`` row describes exactly the rows after it. The snapshot is accepted
+  only if (1) no transaction it sees as running has already committed (a commit whose WAL
+  record is flushed but that is not visible yet, e.g. waiting for a synchronous standby) and
+  (2) for a table that joined while running, every transaction older than the moment it
+  joined has ended (``after_xid``); otherwise the transaction is rolled back and taken again.
+  Why: docs/postgres-source.md, "New tables".
+* **A WAL range** ``[start, end)`` is peeked from the slot and decoded in WAL order. Every
+  change of a table that matches the patterns becomes a row; before a table's first row, and
+  whenever its Relation message announces other columns, an ``s`` row with its schema.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
+from flinkish_spark.connectors.postgres.pgoutput import (
+    UNCHANGED_TOAST,
+    Change,
+    Relation,
+    Truncate,
+    decode_changes,
+    decode_message,
+    format_lsn,
+)
+from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
+from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
+from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
+from flinkish_spark.connectors.postgres.source.changes import peek
+from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
+from flinkish_spark.errors import PostgresSourceError
+from flinkish_spark.source.reader import SplitReader
+from flinkish_spark.source.split import Split
+
+BATCH_ROWS = 65_536
+#: How long a chunk read waits for a snapshot it may use (see the module docstring) before failing.
+SNAPSHOT_WAIT_S = 600.0
+
+STREAM_ARROW = pa.schema([
+    pa.field("_table", pa.string()), pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
+    pa.field("_seq", pa.int32()), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
+    pa.field("_schema_id", pa.string()), pa.field("row", pa.string()),
+])
+
+
+def _settings_sql() -> list[str]:
+    return [f"SET {k} = '{v}'" for k, v in SESSION_SETTINGS.items()]
+
+
+class TablesReader(SplitReader):
+    """Reads a task's ranges; the chunks of one task share one ADBC connection (a table of a few
+    rows costs a connection otherwise: most of a snapshot of 1,000 small tables)."""
+
+    def __init__(self, source: PostgresSourceHost) -> None:
+        self.source = source
+        self._conn: Any = None
+
+    def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        if start >= end:
+            return
+        if split.split_id.startswith("snapshot-"):
+            if self._conn is None:
+                self._conn = _chunk_connection(self.source)
+            try:
+                yield from read_chunk(self.source, json.loads(split.payload or "{}"), self._conn)
+            except BaseException:
+                self.close()  # the connection may be mid-transaction: the next chunk opens a new one
+                raise
+        else:
+            yield from read_changes(self.source, start, end)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+
+# -- chunks -------------------------------------------------------------------------------------------
+
+
+def _schema_row(schema: TableSchema, lsn: int | None, seq: int | None, ts_us: int | None) -> dict[str, Any]:
+    return {"_table": schema.table, "_op": "s", "_lsn": lsn, "_seq": seq, "_commit_ts": ts_us,
+            "_schema_id": schema.schema_id, "row": schema.to_json()}
+
+
+def _marker(schema: TableSchema, op: str) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"_table": schema.table, "_op": op, "_schema_id": schema.schema_id}],
+                                      schema=STREAM_ARROW)
+
+
+def _chunk_connection(src: PostgresSourceHost) -> Any:
+    conn = adbc_connect(src.conn_info)
+    cur = conn.cursor()
+    for statement in _settings_sql():
+        cur.execute(statement)
+    cur.close()
+    conn.commit()  # session settings, outside any chunk's transaction (a chunk's retry rolls that back)
+    return conn
+
+
+def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
+    """One chunk's stream rows, in a transaction of its own on ``conn`` (see the module docstring)."""
+    cur = conn.cursor()
+    try:
+        found = _snapshot(src, cur, conn, chunk)
+        if found is None:
+            conn.rollback()
+            return  # the table was dropped: nothing to read
+        schema, name = found
+        yield pa.RecordBatch.from_pylist([_schema_row(schema, None, None, None)], schema=STREAM_ARROW)
+        # A re-snapshot after a lost slot is bracketed per table: its first chunk (no lower bound)
+        # opens it, its last (no upper bound) closes it (rows.RESNAPSHOT_BEGIN / _END).
+        if chunk.get("resnapshot") and chunk.get("lo") is None:
+            yield _marker(schema, RESNAPSHOT_BEGIN)
+        cur.execute(f"SELECT {row_sql(schema)} AS row FROM {name} WHERE {_bounds(chunk)}")
+        sid, table = pa.scalar(schema.schema_id), pa.scalar(schema.table)
+        for batch in cur.fetch_record_batch():
+            n = batch.num_rows
+            if n:
+                yield pa.RecordBatch.from_arrays(
+                    [pa.repeat(table, n), pa.repeat(pa.scalar("r"), n), pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32()),
+                     pa.nulls(n, pa.timestamp("us", tz="UTC")), pa.repeat(sid, n), batch.column(0).cast(pa.string())],
+                    schema=STREAM_ARROW)
+        conn.commit()
+        if chunk.get("resnapshot") and chunk.get("hi") is None:
+            yield _marker(schema, RESNAPSHOT_END)
+    except Exception as e:
+        if isinstance(e, PostgresSourceError):
+            raise
+        raise PostgresSourceError(f"{src.component}: reading a chunk of {chunk.get('table')} failed: "
+                                  f"{src.conn_info.mask(str(e))}") from None
+    finally:
+        cur.close()
+
+
+def _snapshot(src: PostgresSourceHost, cur: Any, conn: Any, chunk: dict[str, Any]) -> tuple[TableSchema, str] | None:
+    """Open the chunk's transaction on a snapshot it may use; the table's schema in it and its name as SQL
+    (quoted where needed), or None when it was dropped."""
+    oid, after = int(chunk["oid"]), chunk.get("after_xid")
+
+    def query(sql: str) -> list[Any]:
+        cur.execute(sql)
+        return list(cur.fetchall())
+
+    deadline = time.monotonic() + SNAPSHOT_WAIT_S
+    while True:
+        rows = query(f"SELECT oid::regclass::text FROM pg_class WHERE oid = {oid}")
+        conn.rollback()
+        if not rows:
+            return None
+        name = str(rows[0][0])
+        # The lock before the first query (which takes the snapshot): the columns stay as the snapshot sees them.
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        try:
+            cur.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
+        except Exception:  # dropped or renamed in between: look again
+            conn.rollback()
+            continue
+        xmin, hung, same = query(
+            "SELECT pg_snapshot_xmin(s)::text, (SELECT count(*) FROM pg_snapshot_xip(s) x "
+            f"WHERE pg_xact_status(x) = 'committed'), to_regclass({_literal(name)}) = {oid}::oid "
+            "FROM pg_current_snapshot() s")[0]
+        if not same:
+            conn.rollback()
+            continue
+        if int(hung) == 0 and (after is None or int(xmin) >= int(after)):
+            schema = load_table_schema(query, oid)
+            assert schema is not None  # locked and present in this snapshot
+            return schema, name
+        conn.rollback()
+        if time.monotonic() >= deadline:
+            waiting = query("SELECT pid, (now() - xact_start)::text FROM pg_stat_activity WHERE backend_xid IS NOT NULL "
+                            "ORDER BY xact_start LIMIT 3")
+            raise PostgresSourceError(
+                f"{src.component}: the snapshot of {chunk.get('table')} waited {SNAPSHOT_WAIT_S:.0f}s for "
+                + ("transactions that were open when the table joined" if int(hung) == 0 else
+                   "committed transactions to become visible (a synchronous standby that does not answer?)")
+                + f" to end; the oldest open transactions: {', '.join(f'pid {p} ({a})' for p, a in waiting) or 'none'}. "
+                "End them (or wait), then restart"
+            )
+        time.sleep(0.2)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _bounds(chunk: dict[str, Any]) -> str:
+    """The chunk's WHERE condition, its bounds as literals (ADBC streams only a query without parameters)."""
+    from psycopg import sql
+
+    col = '"' + str(chunk["column"]).replace('"', '""') + '"'
+    cast = str(chunk["type"])
+    where = []
+    if chunk.get("lo") is not None:
+        where.append(f"{col} >= {sql.Literal(chunk['lo']).as_string().strip()}::{cast}")
+    if chunk.get("hi") is not None:
+        where.append(f"{col} < {sql.Literal(chunk['hi']).as_string().strip()}::{cast}")
+    cond = " AND ".join(where) if where else "TRUE"
+    return f"({cond}) OR {col} IS NULL" if chunk.get("hi") is None else cond
+
+
+# -- changes --------------------------------------------------------------------------------------------
+
+
+class _Rows:
+    """Stream rows collected column by column, flushed as Arrow batches."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[Any]] = {f.name: [] for f in STREAM_ARROW}
+
+    def add(self, table: str, op: str, lsn: int, seq: int, ts_us: int, schema_id: str, row: str | None) -> None:
+        c = self.cols
+        c["_table"].append(table)
+        c["_op"].append(op)
+        c["_lsn"].append(lsn)
+        c["_seq"].append(seq)
+        c["_commit_ts"].append(ts_us)
+        c["_schema_id"].append(schema_id)
+        c["row"].append(row)
+
+    def __len__(self) -> int:
+        return len(self.cols["_op"])
+
+    def flush(self) -> pa.RecordBatch:
+        # Timestamps from int64 microseconds (pa.array of ints as a zoned timestamp would import pandas).
+        arrays = [pa.array(self.cols[f.name], pa.int64()).cast(f.type) if pa.types.is_timestamp(f.type)
+                  else pa.array(self.cols[f.name], f.type) for f in STREAM_ARROW]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=STREAM_ARROW)
+        self.cols = {f.name: [] for f in STREAM_ARROW}
+        return batch
+
+
+def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    assert src.patterns is not None
+    patterns = src.patterns
+    with connect(src.conn_info, autocommit=True) as conn:
+        for statement in _settings_sql():
+            conn.execute(statement)
+        messages = peek(conn, src.slot_name, src.publication, end, None)
+        relations = {}
+        for data in messages:
+            if data[:1] == b"R":
+                rel = decode_message(data)
+                assert isinstance(rel, Relation)
+                relations[rel.relid] = rel
+        schemas = RelationSchemas(psycopg_query(conn))
+        schemas.prepare(r for r in relations.values() if patterns.matches(f"{r.namespace}.{r.name}"))
+        rows = _Rows()
+        emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
+        # relid -> (the Relation it was resolved for, its schema or None when not followed, its encoder);
+        # compared by identity: decode_changes hands out the same Relation object until the next Relation message.
+        resolved: dict[int, tuple[Relation, TableSchema | None, RowEncoder | None]] = {}
+        txn, seq = -1, 0
+        for change in decode_changes(messages, start, end):
+            lsn = change.commit_lsn
+            if lsn != txn:
+                txn, seq = lsn, 0
+            rels = [relations[r] for r in change.relids] if isinstance(change, Truncate) else [change.relation]
+            for rel in rels:
+                entry = resolved.get(rel.relid)
+                if entry is None or entry[0] is not rel:
+                    follow = patterns.matches(f"{rel.namespace}.{rel.name}")
+                    schema = schemas.schema(rel) if follow else None
+                    entry = (rel, schema, None if schema is None else RowEncoder(schema))
+                    resolved[rel.relid] = entry
+                _, schema, encoder = entry
+                if schema is None or encoder is None:
+                    continue
+                if emitted.get(rel.relid) != schema.schema_id:
+                    emitted[rel.relid] = schema.schema_id
+                    rows.add(schema.table, "s", lsn, seq, change.commit_ts_us, schema.schema_id, schema.to_json())
+                    seq += 1
+                if isinstance(change, Truncate):
+                    rows.add(schema.table, "t", lsn, seq, change.commit_ts_us, schema.schema_id, None)
+                else:
+                    rows.add(schema.table, change.op, lsn, seq, change.commit_ts_us, schema.schema_id,
+                             _encode(src, encoder, change))
+                seq += 1
+            if len(rows) >= BATCH_ROWS:
+                yield rows.flush()
+        if len(rows):
+            yield rows.flush()
+
+
+def _encode(src: PostgresSourceHost, encoder: RowEncoder, change: Change) -> str:
+    schema = encoder.schema
+    if change.op == "d" and schema.key:
+        return encoder.encode(change.values, schema.key)  # a delete carries the key (the rest may be null)
+    for name, value in change.values.items():
+        if value is UNCHANGED_TOAST:
+            raise PostgresSourceError(
+                f"{src.component}: an update of {schema.table} at LSN {format_lsn(change.commit_lsn)} left the TOASTed "
+                f"value of column {name!r} unchanged, and the server did not send it; the change cannot be a full row. "
+                f"Run ALTER TABLE {schema.table} REPLICA IDENTITY FULL (the server then sends the old row, which holds "
+                f"the value) and start over with a new snapshot, since this change is already in the WAL without it: "
+                f"SELECT pg_drop_replication_slot('{src.slot_name}') and restart with onSlotLost=resnapshot, or use a new uid"
+            )
+    return encoder.encode(change.values)
