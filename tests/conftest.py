@@ -4,7 +4,8 @@ The suite runs in parallel (pytest-xdist, ``-n`` in setup.cfg; see docs/testing.
 fixture here is safe for that *by construction*, so a new test inherits it without care:
 
 * a session fixture is one per worker process: each worker has its own Spark session, its own
-  moto servers and its own PostgreSQL server, each on a free port and in a folder of its own;
+  moto servers, its own PostgreSQL 18 and 15 servers (``postgres``, ``postgres15``) and its own
+  Spark Connect server (tests/connect/conftest.py), each on a free port and in a folder of its own;
 * what a test writes lives under its own ``tmp_path``, in a database named after the test
   (``pg_url``) or in a bucket of its worker's S3 server (``s3`` / ``s3_proc`` empty it first);
   a second PostgreSQL server (other settings) starts on a free port in a ``tempfile.mkdtemp``

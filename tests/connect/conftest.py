@@ -19,7 +19,9 @@ from flinkish_spark.embedded.connect import ConnectServer
 
 @pytest.fixture(scope="session")
 def connect_server_process() -> Iterator[ConnectServer]:
-    server = ConnectServer("local[2]")
+    """One per xdist worker (a free port each). Tied to the worker: if the worker dies without
+    its teardown, the kernel kills the server too (``PR_SET_PDEATHSIG``), so none is left running."""
+    server = ConnectServer("local[2]", tie_to_this_process=True)
     server.start()
     try:
         yield server
