@@ -41,10 +41,12 @@ from flinkish_spark.connectors.delta.committables import (
 )
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.live import live_references, table_state
+from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget, Head, deltalake
 from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, ChangePlan, KeyedOptions, parse_keyed_options, plan_changes,
 )
+from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError
@@ -166,6 +168,12 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
 
     def configure(self, opts: Options) -> None:
         self.path = opts.required("path", "the Delta table's folder, e.g. .option('path', 's3://b/tables/orders')").rstrip("/")
+        self.route = parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None
+        if self.route is not None:
+            refuse_keyed_options(opts.has, opts.component, "path")
+            if opts.has("compactEvery"):
+                raise ConfigError(f"{opts.component}: option 'compactEvery' is not available with routing "
+                                  "('{table}' in 'path') yet; drop it")
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)
@@ -173,13 +181,24 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         self.compact_every = opts.integer("compactEvery", 0, minimum=0) or 0
         self.rows_per_file = opts.integer("rowsPerFile", DEFAULT_ROWS_PER_FILE, minimum=1) or DEFAULT_ROWS_PER_FILE
         self.target_file_size = parse_size(opts, "targetFileSize", DEFAULT_TARGET_FILE_SIZE)
-        self.keyed = parse_keyed_options(opts)
-        self.data_io = FileIO.for_url(self.path, storage_options_from(self.raw_options, self.path), what="option 'path'")
-        self.data_io.check_writable_root(self.path, "option 'path'")
+        self.keyed = (parse_keyed_options(opts) if self.route is None else
+                      KeyedOptions("upsert", (), "true", opts.choice("mergeMode", ("mergeOnRead", "copyOnWrite"), "mergeOnRead")))
+        root = self.path if self.route is None else self.path[:self.path.index("{")].rstrip("/")
+        if self.route is not None and (not root or root.endswith(":/") or root.endswith(":")):
+            raise ConfigError(f"{opts.component}: option 'path' = {self.path!r} needs a folder before its first "
+                              "placeholder (e.g. s3://bucket/lake/{schema}/{table})")
+        self.data_io = FileIO.for_url(root, storage_options_from(self.raw_options, root), what="option 'path'")
+        self.data_io.check_writable_root(root, "option 'path'")
         deltalake()  # a missing package fails at start(), not in the first batch
 
-    def sink(self, schema: StructType) -> DeltaSink:
+    def sink(self, schema: StructType) -> Any:
         component = f"{self.name()} sink uid {self.uid!r}"
+        if self.route is not None:
+            check_stream(schema.fieldNames(), component, "path")
+            return RoutedDeltaSink(self.data_io, self.route, self.uid, self.keyed.merge_mode,
+                                   DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval,
+                                   self.rows_per_file, self.target_file_size, self.create_table,
+                                   self.io, self.decision_log().directory)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
@@ -192,5 +211,8 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # On the driver before any task of the batch: a wrong table fails with nothing written.
-        self.sink(schema).ensure_table(self.create_table, f"{self.name()} sink")
+        # (Routed targets are checked and created in the commit: only the rows name them.)
+        sink = self.sink(schema)
+        if isinstance(sink, DeltaSink):
+            sink.ensure_table(self.create_table, f"{self.name()} sink")
         return super().streamWriter(schema, overwrite)

@@ -1,0 +1,236 @@
+"""``flinkish.delta`` with ``{schema}``/``{table}`` in ``path``: the multi-table stream, one keyed Delta table per source table.
+
+* **Prepare** (executors): a task splits its rows per table
+  (:func:`~flinkish_spark.connectors.postgres.rows.split_tables`: typed with the table's schema
+  of each row), and for each table writes what the keyed prepare writes for one table
+  (:func:`~flinkish_spark.connectors.delta.keyed.prepare_keyed`: files below the table's
+  ``flinkish/<uid>/e<epoch>/`` and the task's entries), plus the task's newest schema of the
+  table, a truncate and re-snapshot markers (:class:`RoutedPart`). Nothing reads a target here.
+* **Commit** (driver, after the decision names every table's part): first, for every table
+  the epoch changed and that does not hold the epoch yet, the target's evolution is computed
+  (:mod:`flinkish_spark.connectors.delta.evolve`) -- a change it cannot follow raises
+  :class:`~flinkish_spark.errors.SchemaChangeError` before any table is written. Then table
+  by table (sorted by name) one Delta version each: an evolved schema's ``metaData`` action,
+  the keyed commit's actions (a truncate removes every live file first; a re-snapshot's end
+  deletes the rows it did not deliver) and ``txn(appId = uid, version = epoch)``.
+* **Exactly once across tables**: each table's txn makes its commit idempotent on its own. A
+  restart commits the decided epoch again: tables whose txn is >= the epoch are skipped (a
+  table's txn moves only when the table changes, and epochs commit in order, so a txn at a
+  later epoch means this one is in it), the others are committed. Crash point
+  ``sink.between_tables``: after the first table's version, before the next.
+* **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
+  no read, no commit and no marker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
+from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
+from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
+from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
+from flinkish_spark.connectors.delta.live import live_references, table_state
+from flinkish_spark.connectors.delta.resnapshot import Resnapshots
+from flinkish_spark.connectors.delta.state import DeltaState
+from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL
+from flinkish_spark.connectors.lakehouse.changes import MergeMode
+from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
+from flinkish_spark.connectors.lakehouse.routing import Route, table_input, table_plan
+from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
+from flinkish_spark.faults import crash_point
+from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
+
+log = logging.getLogger(__name__)
+
+ROUTED_MAGIC = b"FRD1"
+
+
+@dataclass(frozen=True)
+class RoutedPart:
+    """One table's share of one task: its newest schema there, a truncate, re-snapshot markers, the keyed files."""
+
+    table: str  # the source table, schema.table
+    schema: str  # TableSchema JSON
+    lsn: int  # the largest _lsn of the task's rows of the table (-1: snapshot rows only)
+    truncate: bool
+    begin: bool
+    end: bool
+    keyed: KeyedCommittable | None
+
+
+@dataclass(frozen=True)
+class RoutedCommittable:
+    partition: int
+    parts: tuple[RoutedPart, ...]
+
+
+def encode_routed(c: RoutedCommittable) -> bytes:
+    parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
+              "end": p.end, "keyed": None if p.keyed is None else base64.b64encode(encode_keyed(p.keyed)).decode()}
+             for p in c.parts]
+    return ROUTED_MAGIC + json.dumps({"partition": c.partition, "parts": parts}, separators=(",", ":")).encode()
+
+
+def decode_routed(data: bytes) -> RoutedCommittable:
+    d = json.loads(data[len(ROUTED_MAGIC):])
+    return RoutedCommittable(int(d["partition"]), tuple(
+        RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
+                   None if p["keyed"] is None else decode_keyed(base64.b64decode(p["keyed"])))
+        for p in d["parts"]))
+
+
+@dataclass
+class _TableEpoch:
+    """Every task's part of one table in one epoch (committable order)."""
+
+    table: str
+    parts: list[RoutedPart]
+
+    def schemas(self) -> list[TableSchema]:
+        """The tasks' schemas, oldest first: snapshot tasks, then by LSN."""
+        seen: dict[str, TableSchema] = {}
+        for p in sorted(self.parts, key=lambda p: p.lsn):
+            s = TableSchema.from_json(p.schema)
+            seen.pop(s.schema_id, None)
+            seen[s.schema_id] = s
+        return list(seen.values())
+
+    @property
+    def begin(self) -> bool:
+        return any(p.begin for p in self.parts)
+
+    @property
+    def end(self) -> bool:
+        return any(p.end for p in self.parts)
+
+    @property
+    def truncate(self) -> bool:
+        return any(p.truncate for p in self.parts)
+
+    def keyed(self) -> list[KeyedCommittable]:
+        # After a truncate only the parts of the tasks that saw it count: the others hold snapshot
+        # rows, which come before every change (and so before the truncate).
+        parts = [p for p in self.parts if p.truncate] if self.truncate else self.parts
+        return [p.keyed for p in parts if p.keyed is not None]
+
+
+class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
+    def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
+                 checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+                 target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
+                 metadata_io: FileIO | None = None, metadata_dir: str | None = None) -> None:
+        self.io, self.route, self.uid, self.merge_mode = io, route, uid, merge_mode
+        self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
+        self.create_table = create_table
+        self.resnapshots = Resnapshots(metadata_io or io, metadata_dir) if metadata_dir else None
+
+    def target(self, table: str, schema: TableSchema) -> RoutedDeltaTarget:
+        plan = table_plan(schema.arrow_schema(), schema.key, self.merge_mode)
+        return RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
+                                 self.checkpoint_interval, 0, self.rows_per_file, self.target_file_size,
+                                 source_table=table)
+
+    # -- prepare (executors) -----------------------------------------------------------------
+
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
+        got = [b for b in batches if b.num_rows]
+        if not got:
+            return None
+        parts = []
+        for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items()):
+            data = table_input(rows.rows)
+            keyed = None
+            if data.changes.num_rows:
+                target = self.target(name, rows.schema)
+                keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
+            parts.append(RoutedPart(name, rows.schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed))
+        return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
+
+    # -- commit (driver) -------------------------------------------------------------------------
+
+    def _tables(self, committables: list[RoutedCommittable]) -> list[_TableEpoch]:
+        by_table: dict[str, _TableEpoch] = {}
+        for c in committables:
+            for p in c.parts:
+                by_table.setdefault(p.table, _TableEpoch(p.table, [])).parts.append(p)
+        return [by_table[t] for t in sorted(by_table)]
+
+    def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
+        pending = []
+        for t in self._tables(committables):
+            schemas = t.schemas()
+            target = self.target(t.table, schemas[-1])
+            state = target.existing_state()
+            if state is not None and state.txn(self.uid) >= epoch:
+                continue  # this table has the epoch (a recovered commit)
+            # Every table's evolution is checked before the first table is written: a change
+            # that cannot be followed ends the query with nothing of the epoch visible.
+            evolution = target.evolution(state, schemas)
+            pending.append((t, target, evolution))
+        for i, (t, target, evolution) in enumerate(pending):
+            if i:
+                crash_point("sink.between_tables")  # earlier tables have the epoch, this one not yet
+            created = target.ensure_created(evolution, self.create_table)
+            outcome = commit_keyed(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch))
+            if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
+                return outcome
+            if t.end and self.resnapshots is not None:
+                self.resnapshots.finish(target)
+        return "COMMITTED"
+
+    def _extra(self, t: _TableEpoch, target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
+        def extra(state: DeltaState) -> EpochExtra:
+            before = () if created else schema_actions(target, state, evolution)
+            gone = None
+            if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
+                gone = self.resnapshots.step(target, state, t.begin, t.end, t.keyed(), epoch)
+            return EpochExtra(tuple(before), t.truncate, gone)
+
+        return extra
+
+    # -- abort / cleanup (driver) ----------------------------------------------------------------
+
+    def abort(self, committables: list[RoutedCommittable], epoch: int) -> None:
+        urls = []
+        for c in committables:
+            for p in c.parts:
+                if p.keyed is not None:
+                    path = self.route.target(p.table)
+                    urls += [f"{path}/{f.path}" for f in p.keyed.files]
+        self.io.delete_many(urls)
+
+    def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
+        """Per table the decision names: files of the epoch's folder that the table does not name (it has
+        the epoch) or that no kept part names (it does not yet). Tables no decided part names are not
+        listed: the per-epoch cost stays with the tables the epoch changed."""
+        for t in self._tables(keep):
+            target = self.target(t.table, t.schemas()[-1])
+            folder = epoch_dir(target.path, DATA_PREFIX, self.uid, epoch)
+            on_storage = self.io.find(folder)
+            if not on_storage:
+                continue
+            state = target.existing_state()
+            root = self.io.strip(target.path).rstrip("/") + "/"
+            if state is not None and state.txn(self.uid) >= epoch:
+                live = live_references(target)
+                doomed = [p for p in on_storage if p[len(root):] not in live]
+            else:
+                wanted = {self.io.strip(target.url(f.path)) for k in t.keyed() for f in k.files}
+                doomed = [p for p in on_storage if p not in wanted]
+            self.io.delete_many([self.io.url(p) for p in doomed])
+            self.io.remove_empty_dirs(folder)
+
+    def encode(self, committable: RoutedCommittable) -> bytes:
+        return encode_routed(committable)
+
+    def decode(self, data: bytes) -> RoutedCommittable:
+        return decode_routed(data)
+
