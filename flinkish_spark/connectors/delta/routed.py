@@ -40,7 +40,7 @@ from flinkish_spark.connectors.delta.live import live_references, table_state
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL
-from flinkish_spark.connectors.lakehouse.changes import MergeMode
+from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
 from flinkish_spark.connectors.lakehouse.routing import Route, table_input, table_plan
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
@@ -132,8 +132,10 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         self.create_table = create_table
         self.resnapshots = Resnapshots(metadata_io or io, metadata_dir) if metadata_dir else None
 
-    def target(self, table: str, schema: TableSchema) -> RoutedDeltaTarget:
-        plan = table_plan(schema.arrow_schema(), schema.key, self.merge_mode)
+    def target(self, table: str, schema: TableSchema, columns: pa.Schema | None = None) -> RoutedDeltaTarget:
+        """``columns``: the data columns of the rows to write when they are not the newest schema's
+        (a column dropped within the epoch: the rows written before the drop keep its values)."""
+        plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode)
         return RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
                                  self.checkpoint_interval, 0, self.rows_per_file, self.target_file_size,
                                  source_table=table)
@@ -149,7 +151,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             data = table_input(rows.rows)
             keyed = None
             if data.changes.num_rows:
-                target = self.target(name, rows.schema)
+                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN)])
+                target = self.target(name, rows.schema, columns)
                 keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
             parts.append(RoutedPart(name, rows.schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed))
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None

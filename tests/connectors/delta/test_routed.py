@@ -199,7 +199,6 @@ def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_fir
     assert m.rows("public.b", "k") == [{"k": "x", "n": 2}]
 
 
-@pytest.mark.xfail(strict=True, reason="defect: rows written before the drop lose the dropped column's values")
 def test_a_column_dropped_within_an_epoch_keeps_the_rows_of_both_schemas(tmp_path: Path) -> None:
     m = Mirror(tmp_path)
     s = StreamBuilder()
