@@ -126,7 +126,7 @@ def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bo
                       "schemaString": dl.Schema.from_arrow(schema).to_json(), "partitionColumns": [],
                       "configuration": configuration, "createdTime": now}},
     ]
-    return commit_payload("", None, actions, {}, -1, blind=False, operation="CREATE TABLE")
+    return commit_payload("", None, actions, {}, None, blind=False, operation="CREATE TABLE")
 
 
 def _has_ntz(t: pa.DataType) -> bool:
