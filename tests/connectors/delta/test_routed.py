@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from flinkish_spark.connectors.lakehouse.routing import Route
-from flinkish_spark.errors import SchemaChangeError
+from flinkish_spark.errors import SchemaChangeError, TableMismatchError
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
@@ -26,8 +26,9 @@ B = table_schema("public.b", [("k", "text"), ("n", "numeric(12,2)")], ("k",))
 class Mirror:
     """A routed sink and its decision log; :meth:`epoch` prepares batches (one per task) and commits."""
 
-    def __init__(self, tmp_path: Path, uid: str = "m") -> None:
+    def __init__(self, tmp_path: Path, uid: str = "m", create_table: bool = True) -> None:
         self.tmp = tmp_path
+        self.create_table = create_table
         self.uid = uid
         self.meta = str(tmp_path / "meta")
         self.epochs = 0
@@ -38,7 +39,8 @@ class Mirror:
         io = FileIO.for_url(str(self.tmp / "lake"))
         log = self.log()
         return RoutedDeltaSink(io, Route(str(self.tmp / "lake" / "{schema}" / "{table}"), "path"), self.uid,
-                               checkpoint_interval=3, metadata_io=FileIO.for_url(self.meta), metadata_dir=log.directory)
+                               checkpoint_interval=3, create_table=self.create_table, metadata_io=FileIO.for_url(self.meta),
+                               metadata_dir=log.directory)
 
     def log(self) -> DecisionLog:
         return DecisionLog(FileIO.for_url(self.meta), self.meta, self.uid)
@@ -235,3 +237,12 @@ def test_a_created_target_has_a_history_delta_rs_reads_with_each_epoch_once(tmp_
     history = deltalake.DeltaTable(m.path("public.a")).history()
     assert [h["operation"] for h in reversed(history)] == ["CREATE TABLE", "STREAMING UPDATE", "STREAMING UPDATE"]
     assert [h.get("flinkish.epoch") for h in reversed(history)][1:] == [0, 1]
+
+
+def test_create_table_false_names_the_missing_target_and_writes_no_table(tmp_path: Path) -> None:
+    m = Mirror(tmp_path, create_table=False)
+    s = StreamBuilder()
+    s.snapshot(A, [{"id": 1, "v": "a"}])
+    with pytest.raises(TableMismatchError, match=r"no Delta table at .*public/a.* for source table public\.a and createTable is false"):
+        m.epoch(s.batch())
+    assert not os.path.exists(os.path.join(m.path("public.a"), "_delta_log"))
