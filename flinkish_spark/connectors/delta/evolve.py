@@ -68,8 +68,9 @@ class RoutedDeltaTarget(DeltaTarget):
         except dl.exceptions.TableNotFoundError:
             return None
 
-    def evolution(self, state: DeltaState | None, schemas: list[Any]) -> Evolution:
-        """The target's schema after the epoch's source schemas (oldest first); raises SchemaChangeError."""
+    def evolution(self, state: DeltaState | None, schemas: list[tuple[Any, bool]]) -> Evolution:
+        """The target's schema after the epoch's source schemas (oldest first, each with whether a change
+        announced it: see :func:`~flinkish_spark.connectors.lakehouse.evolution.evolve`); raises SchemaChangeError."""
         current = pa.schema([])
         key: tuple[str, ...] | None = None
         if state is not None and state.metadata is not None:
@@ -84,9 +85,9 @@ class RoutedDeltaTarget(DeltaTarget):
         key_fix = (f"Mirror the table to a new path with a new sink uid; or, if its rows are unique by the new key, "
                    f"set the table property: DeltaTable({self.table_uri!r}).alter.set_table_properties("
                    f"{{'{KEY_PROPERTY}': '<new key, comma-separated>'}}) and restart.")
-        for schema in schemas:
+        for schema, announced in schemas:
             check_key(self.source_table, name, key, schema.key, key_fix)
-            step = evolve(self.source_table, name, result.schema, delta_arrow(schema.arrow_schema()), fix)
+            step = evolve(self.source_table, name, result.schema, delta_arrow(schema.arrow_schema()), fix, announced)
             result = Evolution(result.added + step.added, result.widened + step.widened, step.schema)
         return result
 

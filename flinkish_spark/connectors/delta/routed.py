@@ -96,11 +96,16 @@ class _TableEpoch:
 
     def schemas(self) -> list[TableSchema]:
         """The tasks' schemas, oldest first: snapshot tasks, then by LSN."""
-        seen: dict[str, TableSchema] = {}
+        return [s for s, _ in self.announced()]
+
+    def announced(self) -> list[tuple[TableSchema, bool]]:
+        """:meth:`schemas`, each with whether a change task carried it (False: snapshot rows only,
+        whose schema is the one the table joined with and may be older than a change's)."""
+        seen: dict[str, tuple[TableSchema, bool]] = {}
         for p in sorted(self.parts, key=lambda p: p.lsn):
             s = TableSchema.from_json(p.schema)
-            seen.pop(s.schema_id, None)
-            seen[s.schema_id] = s
+            had = seen.pop(s.schema_id, (s, False))[1]
+            seen[s.schema_id] = (s, had or p.lsn >= 0)
         return list(seen.values())
 
     @property
@@ -176,7 +181,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                 continue  # this table has the epoch (a recovered commit)
             # Every table's evolution is checked before the first table is written: a change
             # that cannot be followed ends the query with nothing of the epoch visible.
-            evolution = target.evolution(state, schemas)
+            evolution = target.evolution(state, t.announced())
             pending.append((t, target, evolution))
         for i, (t, target, evolution) in enumerate(pending):
             if i:

@@ -49,10 +49,15 @@ class Evolution:
         return bool(self.added or self.widened)
 
 
-def evolve(table: str, target_name: str, target: pa.Schema, source: pa.Schema, fix: str) -> Evolution:
+def evolve(table: str, target_name: str, target: pa.Schema, source: pa.Schema, fix: str,
+           announced: bool = True) -> Evolution:
     """The evolution of ``target`` (the current columns) for the source's ``source`` columns.
 
     ``fix``: what the user can do about a type the target cannot follow (format-specific).
+    ``announced`` False: ``source`` is the schema of snapshot rows, which a table's chunks carry
+    from when it joined -- possibly older than a change the target already followed. Its
+    narrower types are no change (the rows fit the wider column); only a type of another kind
+    is refused.
     """
     added: list[pa.Field] = []
     widened: list[tuple[str, pa.DataType, pa.DataType]] = []
@@ -65,6 +70,8 @@ def evolve(table: str, target_name: str, target: pa.Schema, source: pa.Schema, f
             continue
         elif widens(have.type, f.type):
             widened.append((f.name, have.type, f.type))
+        elif not announced and widens(f.type, have.type):
+            continue
         else:
             raise SchemaChangeError(
                 f"source table {table}: column {f.name!r} is now {f.type}, but its target {target_name} holds "

@@ -41,3 +41,13 @@ def test_a_changed_key_is_refused_and_an_unknown_one_is_accepted() -> None:
     check_key("public.a", "T", ("id",), ("id",), "fix")
     with pytest.raises(SchemaChangeError, match=r"primary key is now \(id, v\).*keyed by \(id\).*FIX"):
         check_key("public.a", "T", ("id",), ("id", "v"), "FIX")
+
+
+def test_a_snapshot_schema_narrower_than_the_target_is_no_change_but_another_kind_still_is() -> None:
+    target = pa.schema([("id", pa.int64()), ("n", pa.decimal128(14, 2))])
+    stale = pa.schema([("id", pa.int32()), ("n", pa.decimal128(12, 2)), ("new", pa.string())])
+    e = evolve("public.a", "T", target, stale, "fix", announced=False)
+    assert e.widened == () and [f.name for f in e.added] == ["new"]
+    assert e.schema.field("id").type == pa.int64() and e.schema.field("n").type == pa.decimal128(14, 2)
+    with pytest.raises(SchemaChangeError, match="another kind of type"):
+        evolve("public.a", "T", target, pa.schema([("id", pa.string())]), "fix", announced=False)
