@@ -27,9 +27,10 @@ from flinkish_spark.connectors.delta.log import VersionTaken, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DV_PROPERTY, DeltaTarget, deltalake
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, check_key, evolve
-from flinkish_spark.errors import StorageUnavailableError, TableMismatchError
+from flinkish_spark.errors import ConfigError, StorageUnavailableError, TableMismatchError
 
 KEY_PROPERTY = "flinkish.primaryKey"
+SOURCE_PROPERTY = "flinkish.sourceTable"  # the source table a routed target mirrors
 
 
 def delta_arrow(schema: pa.Schema) -> pa.Schema:
@@ -77,6 +78,9 @@ class RoutedDeltaTarget(DeltaTarget):
             current = delta_arrow(deltalake().Schema.from_json(state.metadata["schemaString"]).to_arrow())
             recorded = _config(state.metadata).get(KEY_PROPERTY)
             key = tuple(recorded.split(",")) if recorded else None
+            mirrored = _config(state.metadata).get(SOURCE_PROPERTY)
+            if mirrored and mirrored != self.source_table:
+                raise routed_twice(sorted((mirrored, self.source_table)), self.path)
         result = Evolution(schema=current)
         name = f"the Delta table {self.path}"
         fix = ("Rewrite the target with the column cast to the new type (e.g. read it with delta-rs, cast, and "
@@ -103,15 +107,22 @@ class RoutedDeltaTarget(DeltaTarget):
             )
         assert self.plan is not None
         try:
-            self.log().write_version(0, create_payload(evolution.schema, self.plan.key, self.plan.merge_mode == "mergeOnRead"))
+            self.log().write_version(0, create_payload(evolution.schema, self.plan.key, self.plan.merge_mode == "mergeOnRead",
+                                                       self.source_table))
         except VersionTaken:
             pass  # created at the same moment by another writer (or our earlier attempt): validated when loaded
         forget_state(self)
         return True
 
 
-def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bool) -> bytes:
-    """Version 0 of a routed target: protocol (deletion vectors, timestamps without zone) and metaData with the key.
+def routed_twice(tables: list[str], path: str) -> ConfigError:
+    return ConfigError(f"source tables {' and '.join(tables)} both route to {path}: put {{schema}} in the sink's "
+                       f"'path' (e.g. .../{{schema}}/{{table}}), or exclude one of them in the source's 'tables' option")
+
+
+def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bool, source_table: str) -> bytes:
+    """Version 0 of a routed target: protocol (deletion vectors, timestamps without zone) and metaData with the
+    key and the source table (two source tables routed to one target are refused).
 
     Written by the sink (put-if-absent) rather than delta-rs's ``create``, which refuses table
     properties it does not know (``flinkish.primaryKey``).
@@ -119,7 +130,7 @@ def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bo
     dl = deltalake()
     features = (["deletionVectors"] if deletion_vectors else []) + (
         ["timestampNtz"] if any(_has_ntz(f.type) for f in schema) else [])
-    configuration = {KEY_PROPERTY: ",".join(key), **({DV_PROPERTY: "true"} if deletion_vectors else {})}
+    configuration = {KEY_PROPERTY: ",".join(key), SOURCE_PROPERTY: source_table, **({DV_PROPERTY: "true"} if deletion_vectors else {})}
     now = int(time.time() * 1000)
     actions = [
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": features}},

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
-from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
+from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, routed_twice, schema_actions
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.live import live_references, table_state
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
@@ -173,7 +173,14 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         pending = []
-        for t in self._tables(committables):
+        tables = self._tables(committables)
+        by_target: dict[str, list[str]] = {}
+        for t in tables:
+            by_target.setdefault(self.route.target(t.table), []).append(t.table)
+        for path, names in by_target.items():
+            if len(names) > 1:
+                raise routed_twice(names, path)
+        for t in tables:
             schemas = t.schemas()
             target = self.target(t.table, schemas[-1])
             state = target.existing_state()

@@ -281,7 +281,6 @@ def test_after_a_narrowing_the_users_fix_continues_even_with_rows_of_both_schema
     assert m.rows("public.b", "k") == [{"k": "x", "n": 5}, {"k": "y", "n": pytest.approx(3.25)}]
 
 
-@pytest.mark.xfail(strict=True, reason="defect: docs/mirror.md refuses two tables mapping to one target; nothing checked it")
 def test_two_source_tables_routed_to_one_target_are_refused_naming_both(tmp_path: Path) -> None:
     from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
     from flinkish_spark.errors import ConfigError
