@@ -26,8 +26,9 @@ from flinkish_spark.connectors.delta.live import forget_state, table_state
 from flinkish_spark.connectors.delta.log import VersionTaken, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DV_PROPERTY, DeltaTarget, deltalake
-from flinkish_spark.connectors.lakehouse.evolution import Evolution, check_key, evolve
-from flinkish_spark.errors import ConfigError, StorageUnavailableError, TableMismatchError
+from flinkish_spark.connectors.lakehouse.evolution import Evolution, evolve_epoch
+from flinkish_spark.connectors.lakehouse.routing import routed_twice
+from flinkish_spark.errors import StorageUnavailableError, TableMismatchError
 
 KEY_PROPERTY = "flinkish.primaryKey"
 SOURCE_PROPERTY = "flinkish.sourceTable"  # the source table a routed target mirrors
@@ -80,8 +81,7 @@ class RoutedDeltaTarget(DeltaTarget):
             key = tuple(recorded.split(",")) if recorded else None
             mirrored = _config(state.metadata).get(SOURCE_PROPERTY)
             if mirrored and mirrored != self.source_table:
-                raise routed_twice(sorted((mirrored, self.source_table)), self.path)
-        result = Evolution(schema=current)
+                raise routed_twice(sorted((mirrored, self.source_table)), self.path, "path")
         name = f"the Delta table {self.path}"
         fix = ("Rewrite the target with the column cast to the new type (e.g. read it with delta-rs, cast, and "
                "write_deltalake(..., mode='overwrite', schema_mode='overwrite')) and restart, or mirror the table to a "
@@ -89,11 +89,8 @@ class RoutedDeltaTarget(DeltaTarget):
         key_fix = (f"Mirror the table to a new path with a new sink uid; or, if its rows are unique by the new key, "
                    f"set the table property: DeltaTable({self.table_uri!r}).alter.set_table_properties("
                    f"{{'{KEY_PROPERTY}': '<new key, comma-separated>'}}) and restart.")
-        for schema, announced in schemas:
-            check_key(self.source_table, name, key, schema.key, key_fix)
-            step = evolve(self.source_table, name, result.schema, delta_arrow(schema.arrow_schema()), fix, announced)
-            result = Evolution(result.added + step.added, result.widened + step.widened, step.schema)
-        return result
+        return evolve_epoch(self.source_table, name, current, key,
+                            [(delta_arrow(s.arrow_schema()), s.key, announced) for s, announced in schemas], fix, key_fix)
 
     def ensure_created(self, evolution: Evolution, create: bool) -> bool:
         """Create the table with the evolved schema if it does not exist; whether it was created now."""
@@ -113,11 +110,6 @@ class RoutedDeltaTarget(DeltaTarget):
             pass  # created at the same moment by another writer (or our earlier attempt): validated when loaded
         forget_state(self)
         return True
-
-
-def routed_twice(tables: list[str], path: str) -> ConfigError:
-    return ConfigError(f"source tables {' and '.join(tables)} both route to {path}: put {{schema}} in the sink's "
-                       f"'path' (e.g. .../{{schema}}/{{table}}), or exclude one of them in the source's 'tables' option")
 
 
 def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bool, source_table: str) -> bytes:

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
-from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, routed_twice, schema_actions
+from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.live import live_references, table_state
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
@@ -42,7 +42,7 @@ from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
-from flinkish_spark.connectors.lakehouse.routing import Route, table_input, table_plan
+from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, table_input, table_plan, tables_of
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO
@@ -87,46 +87,6 @@ def decode_routed(data: bytes) -> RoutedCommittable:
         for p in d["parts"]))
 
 
-@dataclass
-class _TableEpoch:
-    """Every task's part of one table in one epoch (committable order)."""
-
-    table: str
-    parts: list[RoutedPart]
-
-    def schemas(self) -> list[TableSchema]:
-        """The tasks' schemas, oldest first: snapshot tasks, then by LSN."""
-        return [s for s, _ in self.announced()]
-
-    def announced(self) -> list[tuple[TableSchema, bool]]:
-        """:meth:`schemas`, each with whether a change task carried it (False: snapshot rows only,
-        whose schema is the one the table joined with and may be older than a change's)."""
-        seen: dict[str, tuple[TableSchema, bool]] = {}
-        for p in sorted(self.parts, key=lambda p: p.lsn):
-            s = TableSchema.from_json(p.schema)
-            had = seen.pop(s.schema_id, (s, False))[1]
-            seen[s.schema_id] = (s, had or p.lsn >= 0)
-        return list(seen.values())
-
-    @property
-    def begin(self) -> bool:
-        return any(p.begin for p in self.parts)
-
-    @property
-    def end(self) -> bool:
-        return any(p.end for p in self.parts)
-
-    @property
-    def truncate(self) -> bool:
-        return any(p.truncate for p in self.parts)
-
-    def keyed(self) -> list[KeyedCommittable]:
-        # After a truncate only the parts of the tasks that saw it count: the others hold snapshot
-        # rows, which come before every change (and so before the truncate).
-        parts = [p for p in self.parts if p.truncate] if self.truncate else self.parts
-        return [p.keyed for p in parts if p.keyed is not None]
-
-
 class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
@@ -164,23 +124,12 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     # -- commit (driver) -------------------------------------------------------------------------
 
-    def _tables(self, committables: list[RoutedCommittable]) -> list[_TableEpoch]:
-        by_table: dict[str, _TableEpoch] = {}
-        for c in committables:
-            for p in c.parts:
-                by_table.setdefault(p.table, _TableEpoch(p.table, [])).parts.append(p)
-        return [by_table[t] for t in sorted(by_table)]
+    def _tables(self, committables: list[RoutedCommittable]) -> list[TableEpoch[RoutedPart]]:
+        return tables_of((p for c in committables for p in c.parts), self.route, "path")
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         pending = []
-        tables = self._tables(committables)
-        by_target: dict[str, list[str]] = {}
-        for t in tables:
-            by_target.setdefault(self.route.target(t.table), []).append(t.table)
-        for path, names in by_target.items():
-            if len(names) > 1:
-                raise routed_twice(names, path)
-        for t in tables:
+        for t in self._tables(committables):
             schemas = t.schemas()
             target = self.target(t.table, schemas[-1])
             state = target.existing_state()
@@ -198,15 +147,15 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
                 return outcome
             if t.end and self.resnapshots is not None:
-                self.resnapshots.finish(target)
+                self.resnapshots.finish(target.path)
         return "COMMITTED"
 
-    def _extra(self, t: _TableEpoch, target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
+    def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
         def extra(state: DeltaState) -> EpochExtra:
             before = () if created else schema_actions(target, state, evolution)
             gone = None
             if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
-                gone = self.resnapshots.step(target, state, t.begin, t.end, t.keyed(), epoch)
+                gone = self.resnapshots.step_delta(target, state, t.begin, t.end, t.keyed(), epoch)
             return EpochExtra(tuple(before), t.truncate, gone)
 
         return extra

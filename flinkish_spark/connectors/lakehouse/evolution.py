@@ -91,3 +91,16 @@ def check_key(table: str, target_name: str, target_key: tuple[str, ...] | None, 
             f"source table {table}: its primary key is now ({', '.join(source_key)}), but its target "
             f"{target_name} is keyed by ({', '.join(target_key)}). Nothing of this epoch was written. {fix}"
         )
+
+
+def evolve_epoch(table: str, target_name: str, current: pa.Schema, target_key: tuple[str, ...] | None,
+                 schemas: list[tuple[pa.Schema, tuple[str, ...], bool]], fix: str, key_fix: str) -> Evolution:
+    """The target's evolution for one epoch's source schemas of a table, oldest first: each as (its
+    columns in the target format's types, its primary key, whether a change announced it -- see
+    :func:`evolve`). Raises :class:`SchemaChangeError` for the first change the target cannot follow."""
+    result = Evolution(schema=current)
+    for columns, key, announced in schemas:
+        check_key(table, target_name, target_key, key, key_fix)
+        step = evolve(table, target_name, result.schema, columns, fix, announced)
+        result = Evolution(result.added + step.added, result.widened + step.widened, step.schema)
+    return result

@@ -9,7 +9,9 @@ Format-independent (``flinkish.delta``, ``flinkish.iceberg`` and ``flinkish.post
 * :func:`table_input` -- one table's rows of a task as a keyed change input (the table's columns,
   ``_op``, ``_lsn``) plus what is not a row change: a truncate (rows before it dropped) and the
   re-snapshot markers ``B`` / ``E``;
-* :func:`table_plan` -- the :class:`ChangePlan` of one table: upsert by its primary key, deletes applied.
+* :func:`table_plan` -- the :class:`ChangePlan` of one table: upsert by its primary key, deletes applied;
+* :func:`tables_of` / :class:`TableEpoch` -- a decided epoch's parts per source table (what the
+  commit applies to each target), two tables routed to one target refused.
 
 The guarantee it serves: applying a table's rows by key in stream order -- snapshot rows
 first, then changes in ``(_lsn, _seq)`` order, a truncate emptying the target -- leaves the
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, ChangePlan, MergeMode
+from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.errors import ConfigError
 
 PLACEHOLDERS = ("{schema}", "{table}")
@@ -130,3 +133,94 @@ def table_input(rows: pa.Table) -> TableInput:
     data = [n for n in rows.column_names if n not in ("_op", "_lsn", "_seq", "_commit_ts")]
     changes = rows.select(data).append_column(OP, rows.column("_op")).append_column(LSN, rows.column("_lsn").cast(pa.int64()))
     return TableInput(changes, truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn))
+
+
+class PartLike(Protocol):
+    """One table's share of one task (each format's committable part has these, read only)."""
+
+    @property
+    def table(self) -> str: ...  # the source table, schema.table
+
+    @property
+    def schema(self) -> str: ...  # its newest TableSchema JSON in the task
+
+    @property
+    def lsn(self) -> int: ...  # the largest _lsn of the task's rows of the table (-1: snapshot rows only)
+
+    @property
+    def truncate(self) -> bool: ...
+
+    @property
+    def begin(self) -> bool: ...
+
+    @property
+    def end(self) -> bool: ...
+
+    @property
+    def keyed(self) -> Any: ...
+
+
+P = TypeVar("P", bound=PartLike)
+
+
+@dataclass
+class TableEpoch(Generic[P]):
+    """Every task's part of one table in one epoch (committable order)."""
+
+    table: str
+    parts: list[P]
+
+    def schemas(self) -> list[TableSchema]:
+        """The tasks' schemas, oldest first: snapshot tasks, then by LSN."""
+        return [s for s, _ in self.announced()]
+
+    def announced(self) -> list[tuple[TableSchema, bool]]:
+        """:meth:`schemas`, each with whether a change task carried it (False: snapshot rows only,
+        whose schema is the one the table joined with and may be older than a change's)."""
+        seen: dict[str, tuple[TableSchema, bool]] = {}
+        for p in sorted(self.parts, key=lambda p: p.lsn):
+            s = TableSchema.from_json(p.schema)
+            had = seen.pop(s.schema_id, (s, False))[1]
+            seen[s.schema_id] = (s, had or p.lsn >= 0)
+        return list(seen.values())
+
+    @property
+    def begin(self) -> bool:
+        return any(p.begin for p in self.parts)
+
+    @property
+    def end(self) -> bool:
+        return any(p.end for p in self.parts)
+
+    @property
+    def truncate(self) -> bool:
+        return any(p.truncate for p in self.parts)
+
+    def counted(self) -> list[P]:
+        """The parts whose rows count: after a truncate only the tasks that saw it -- the others hold
+        snapshot rows, which come before every change (and so before the truncate)."""
+        return [p for p in self.parts if p.truncate] if self.truncate else list(self.parts)
+
+    def keyed(self) -> list[Any]:
+        return [p.keyed for p in self.counted() if p.keyed is not None]
+
+
+def tables_of(parts: Iterable[P], route: Route, option: str) -> list[TableEpoch[P]]:
+    """The epoch's parts by source table (sorted by name); two tables routed to one target are refused
+    before anything is written."""
+    by_table: dict[str, TableEpoch[P]] = {}
+    for p in parts:
+        by_table.setdefault(p.table, TableEpoch(p.table, [])).parts.append(p)
+    by_target: dict[str, list[str]] = {}
+    for name in by_table:
+        by_target.setdefault(route.target(name), []).append(name)
+    for target, names in by_target.items():
+        if len(names) > 1:
+            raise routed_twice(sorted(names), target, option)
+    return [by_table[t] for t in sorted(by_table)]
+
+
+def routed_twice(tables: list[str], target: str, option: str) -> ConfigError:
+    example = ".../{schema}/{table}" if option == "path" else "<namespace>.{schema}_{table}"
+    return ConfigError(f"source tables {' and '.join(tables)} both route to {target}: put {{schema}} in the sink's "
+                       f"{option!r} (e.g. {example}), or exclude one of them in the source's 'tables' option")
