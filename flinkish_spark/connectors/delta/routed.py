@@ -42,8 +42,8 @@ from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
-from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, table_input, table_plan, tables_of
-from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
+from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
+from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
@@ -54,15 +54,9 @@ ROUTED_MAGIC = b"FRD1"
 
 
 @dataclass(frozen=True)
-class RoutedPart:
-    """One table's share of one task: its newest schema there, a truncate, re-snapshot markers, the keyed files."""
+class RoutedPart(TablePart):
+    """One table's share of one task: :class:`~flinkish_spark.connectors.lakehouse.routing.TablePart` and the keyed files."""
 
-    table: str  # the source table, schema.table
-    schema: str  # TableSchema JSON
-    lsn: int  # the largest _lsn of the task's rows of the table (-1: snapshot rows only)
-    truncate: bool
-    begin: bool
-    end: bool
     keyed: KeyedCommittable | None
 
 
@@ -108,18 +102,14 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     # -- prepare (executors) -----------------------------------------------------------------
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
-        got = [b for b in batches if b.num_rows]
-        if not got:
-            return None
         parts = []
-        for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items()):
-            data = table_input(rows.rows)
+        for name, schema, data in task_tables(batches):
             keyed = None
             if data.changes.num_rows:
                 columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN)])
-                target = self.target(name, rows.schema, columns)
+                target = self.target(name, schema, columns)
                 keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
-            parts.append(RoutedPart(name, rows.schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed))
+            parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed))
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
 
     # -- commit (driver) -------------------------------------------------------------------------

@@ -69,8 +69,15 @@ from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, evolve_epoch
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
-from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, routed_twice, table_input, table_plan, tables_of
-from flinkish_spark.connectors.postgres.rows import split_tables
+from flinkish_spark.connectors.lakehouse.routing import (
+    Route,
+    TableEpoch,
+    TablePart,
+    routed_twice,
+    table_plan,
+    tables_of,
+    task_tables,
+)
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO, storage_options_from
@@ -83,15 +90,9 @@ _WHOLE_FILE = 1 << 62  # rows / bytes: a rewritten file stays one file (its row 
 
 
 @dataclass(frozen=True)
-class RoutedPart:
-    """One table's share of one task: its newest schema there, a truncate, re-snapshot markers, the keyed files."""
+class RoutedPart(TablePart):
+    """One table's share of one task: :class:`~flinkish_spark.connectors.lakehouse.routing.TablePart` and the keyed files."""
 
-    table: str  # the source table, schema.table
-    schema: str  # TableSchema JSON
-    lsn: int  # the largest _lsn of the task's rows of the table (-1: snapshot rows only)
-    truncate: bool
-    begin: bool
-    end: bool
     keyed: KeyedCommittable | None
     location: str = ""  # the target location the files are below
     files_schema: str = ""  # the Iceberg schema (field ids) the files were written with
@@ -149,15 +150,11 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
     # -- prepare (executors) -----------------------------------------------------------------
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
-        got = [b for b in batches if b.num_rows]
-        if not got:
-            return None
         parts = []
-        for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items()):
-            data = table_input(rows.rows)
-            part = RoutedPart(name, rows.schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None)
+        for name, schema, data in task_tables(batches):
+            part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None)
             if data.changes.num_rows:
-                part = self._prepare_table(part, rows.schema.key, data.changes, ctx)
+                part = self._prepare_table(part, schema.key, data.changes, ctx)
             parts.append(part)
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
 

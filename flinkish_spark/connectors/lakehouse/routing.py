@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, ChangePlan, MergeMode
-from flinkish_spark.connectors.postgres.rows import TableSchema
+from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
 from flinkish_spark.errors import ConfigError
 
 PLACEHOLDERS = ("{schema}", "{table}")
@@ -133,6 +133,27 @@ def table_input(rows: pa.Table) -> TableInput:
     data = [n for n in rows.column_names if n not in ("_op", "_lsn", "_seq", "_commit_ts")]
     changes = rows.select(data).append_column(OP, rows.column("_op")).append_column(LSN, rows.column("_lsn").cast(pa.int64()))
     return TableInput(changes, truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn))
+
+
+def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchema, TableInput]]:
+    """A task's rows per source table (sorted by name): the table's newest schema in the task and its input."""
+    got = [b for b in batches if b.num_rows]
+    if not got:
+        return []
+    return [(name, rows.schema, table_input(rows.rows))
+            for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items())]
+
+
+@dataclass(frozen=True)
+class TablePart:
+    """One table's share of one task, what every format's part carries besides its files."""
+
+    table: str  # the source table, schema.table
+    schema: str  # its newest TableSchema JSON in the task
+    lsn: int  # the largest _lsn of the task's rows of the table (-1: snapshot rows only)
+    truncate: bool
+    begin: bool
+    end: bool
 
 
 class PartLike(Protocol):
