@@ -24,7 +24,8 @@ Points (see docs/guarantees.md):
   (:mod:`flinkish_spark.sink.committer`); ``sink.mid_commit`` -- inside a sink's commit, some output
   visible; ``sink.after_commit`` -- committed, Spark's commit log not yet written;
   ``sink.between_tables`` -- a routing sink's commit (docs/mirror.md), after the first table
-  has the epoch and before the next one.
+  has the epoch and before the next one; ``iceberg.routed.after_schema`` -- the routed Iceberg sink
+  created a target or updated its schema, the epoch's data snapshot not yet written.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@
   its own. A restart commits the decided epoch again: tables whose newest epoch of the uid is
   >= the epoch are skipped (a table's marker moves only when the table changes, and epochs
   commit in order), the others are committed. A schema update without its data snapshot (a
-  crash between the two) is no change the next time. Crash point ``sink.between_tables``:
-  after the first table's snapshot, before the next.
+  crash between the two, crash point ``iceberg.routed.after_schema``) is no change the next
+  time. Crash point ``sink.between_tables``: after the first table's snapshot, before the next.
 * **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
   no read, no commit and no snapshot.
 """
@@ -200,7 +200,10 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         for i, (t, identifier, table, evolution) in enumerate(pending):
             if i:
                 crash_point("sink.between_tables")  # earlier tables have the epoch, this one not yet
+            changed = table is None or evolution.changes
             table = self.ensure(t, identifier, table, evolution)
+            if changed:
+                crash_point("iceberg.routed.after_schema")  # created or updated, the epoch's snapshot not yet
             outcome = self.commit_table(t, identifier, table, epoch)
             if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
                 return outcome

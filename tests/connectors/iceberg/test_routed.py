@@ -334,3 +334,30 @@ def test_an_aborted_epoch_leaves_no_file_of_any_table(tmp_path: Path) -> None:
     m.sink().abort(prepared, m.epochs)
     left = [p for p in (tmp_path / "cp").rglob(f"e{m.epochs:012d}/*") if p.is_file()]
     assert left == []
+
+
+def test_a_crash_after_the_schema_update_before_the_data_snapshot_continues_without_an_error(tmp_path: Path, monkeypatch) -> None:
+    from flinkish_spark.connectors.iceberg import routed
+
+    m = Mirror(tmp_path)
+    s = StreamBuilder()
+    m.epoch(s.snapshot(A, [{"id": 1, "v": "a"}]).batch())
+    a2 = table_schema("public.a", [("id", "int"), ("v", "text"), ("extra", "int")], ("id",))
+    batch = s.transaction((a2, "u", {"id": 1, "v": "b", "extra": 5}), (B, "c", {"k": "x", "n": 1})).batch()
+
+    class Killed(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "iceberg.routed.after_schema":
+            raise Killed
+
+    monkeypatch.setattr(routed, "crash_point", crash)
+    with pytest.raises(Killed):
+        m.epoch(batch)
+    assert [f.name for f in m.table("public.a").schema().fields] == ["id", "v", "extra"]  # the schema moved ...
+    assert m.rows("public.a", "id") == [{"id": 1, "v": "a", "extra": None}] and m.epochs_of("public.a") == [0]  # ... the data not
+    monkeypatch.undo()
+    m.epoch(batch)
+    assert m.rows("public.a", "id") == [{"id": 1, "v": "b", "extra": 5}] and m.epochs_of("public.a") == [0, 1]
+    assert m.rows("public.b", "k") == [{"k": "x", "n": 1}] and m.epochs_of("public.b") == [1]
