@@ -17,7 +17,7 @@ import glob
 import json
 import os
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
@@ -181,12 +181,10 @@ def differences(replayed: State, source: State, schemas: dict[str, TableSchema])
     return out
 
 
-def delta_differences(root: str, source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
-    """Per source table, what differs between its routed Delta target ``root/<schema>/<table>`` (read with
-    delta-rs's scan, deletion vectors applied) and the server's rows decoded to the stream's Arrow types."""
-    import deltalake
-    import pyarrow as pa
-
+def target_differences(read: Callable[[str], Any], source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
+    """Per source table, what differs between its routed target (``read(table)``: its rows as an Arrow table
+    as a reader of the format sees them, None when there is no target) and the server's rows decoded to the
+    stream's Arrow types."""
     from flinkish_spark.connectors.postgres.rows import decode_rows
 
     def by_key(rows: list[dict[str, Any]], key: Iterable[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
@@ -196,9 +194,8 @@ def delta_differences(root: str, source: State, schemas: dict[str, TableSchema])
     for table, rows in source.items():
         schema = schemas[table]
         theirs = by_key(decode_rows([json.dumps(r) for r in rows.values()], schema).to_pylist(), schema.key)
-        try:
-            target = pa.table(deltalake.DeltaTable(os.path.join(root, *table.split(".", 1))).scan())
-        except deltalake.exceptions.TableNotFoundError:
+        target = read(table)
+        if target is None:
             out[table] = "no target"
             continue
         mine = by_key(target.select(list(schema.names)).to_pylist(), schema.key)
@@ -207,6 +204,21 @@ def delta_differences(root: str, source: State, schemas: dict[str, TableSchema])
             out[table] = {"missing": [k for k in theirs if k not in mine][:5], "extra": [k for k in mine if k not in theirs][:5],
                           "wrong": wrong[:3], "counts": (len(mine), len(theirs))}
     return out
+
+
+def delta_differences(root: str, source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
+    """:func:`target_differences` of the routed Delta targets ``root/<schema>/<table>`` (delta-rs's scan,
+    deletion vectors applied)."""
+    import deltalake
+    import pyarrow as pa
+
+    def read(table: str) -> Any:
+        try:
+            return pa.table(deltalake.DeltaTable(os.path.join(root, *table.split(".", 1))).scan())
+        except deltalake.exceptions.TableNotFoundError:
+            return None
+
+    return target_differences(read, source, schemas)
 
 
 def spark_commits(checkpoint_location: str) -> int:

@@ -28,7 +28,8 @@ Iceberg table with pyiceberg (no JVM jar).
 Catalog: see :mod:`.catalog` (``catalog`` / ``catalogUri`` + ``warehouse`` / embedded,
 ``catalogName``).
 
-Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
+Options: ``uid``, ``table`` (``namespace.name``; with ``{schema}``/``{table}`` placeholders the
+multi-table stream is routed, one keyed table per source table: :mod:`.routed`), ``catalog`` / ``catalogUri`` /
 ``warehouse`` / ``catalogName``, ``partitionBy`` (identity partitions), ``createTable`` (default true),
 ``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (default 100: each
 commit expires all but the newest N snapshots, never the newest of any flinkish uid -- its
