@@ -361,3 +361,60 @@ def test_a_crash_after_the_schema_update_before_the_data_snapshot_continues_with
     m.epoch(batch)
     assert m.rows("public.a", "id") == [{"id": 1, "v": "b", "extra": 5}] and m.epochs_of("public.a") == [0, 1]
     assert m.rows("public.b", "k") == [{"k": "x", "n": 1}] and m.epochs_of("public.b") == [1]
+
+
+def test_exact_types_arrays_and_a_new_array_column_are_read_back_by_field_id(tmp_path: Path) -> None:
+    import datetime as dt
+
+    from flinkish_spark.connectors.postgres.rows import TableSchema, make_column
+
+    cols = (make_column("id", "bigint", "int8", -1, None), make_column("n", "numeric(40,10)", "numeric", ((40 << 16) | 10) + 4, None),
+            make_column("ts", "timestamp with time zone", "timestamptz", -1, None), make_column("b", "bytea", "bytea", -1, None),
+            make_column("tags", "text[]", "_text", -1, "text"), make_column("d", "date", "date", -1, None),
+            make_column("local", "timestamp without time zone", "timestamp", -1, None))
+    wide = TableSchema("public.t", cols, ("id",))
+    more = TableSchema("public.t", cols + (make_column("nums", "integer[]", "_int4", -1, "int4"),), ("id",))
+    m = Mirror(tmp_path)
+    s = StreamBuilder()
+    row = {"id": 1, "n": "123456789012345678901234567890.0123456789", "ts": "2024-01-01 00:00:00.000001+00",
+           "b": "AP8=", "tags": ["t1", "x y"], "d": "2020-01-02", "local": "2024-01-01 12:00:00"}
+    m.epoch(s.snapshot(wide, [row]).batch())
+    m.epoch(s.transaction((more, "c", {**row, "id": 2, "nums": [1, 2]}), (more, "u", {**row, "tags": None})).batch())
+    got = m.rows("public.t", "id")
+    assert [r["id"] for r in got] == [1, 2] and got[0]["tags"] is None and got[1]["tags"] == ["t1", "x y"]
+    assert got[1]["nums"] == [1, 2] and got[0]["nums"] is None
+    assert got[1]["n"] == "123456789012345678901234567890.0123456789"  # beyond decimal(38): the exact text
+    assert got[1]["ts"] == dt.datetime(2024, 1, 1, 0, 0, 0, 1, tzinfo=dt.timezone.utc) and got[1]["d"] == dt.date(2020, 1, 2)
+    assert got[1]["b"] == b"\x00\xff" and got[1]["local"] == dt.datetime(2024, 1, 1, 12)
+    fields = {f.name: str(f.field_type) for f in m.table("public.t").schema().fields}
+    assert fields["ts"] == "timestamptz" and fields["local"] == "timestamp" and fields["nums"] == "list<int>"
+
+
+def test_an_existing_target_is_used_with_its_own_field_ids_and_one_that_does_not_fit_is_refused(tmp_path: Path) -> None:
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import IntegerType, NestedField, StringType
+
+    m = Mirror(tmp_path)
+    catalog = m.catalog()
+    catalog.create_namespace("mirror")
+    # made by the user, with a column dropped since (its id is not given again)
+    t = catalog.create_table("mirror.public_a", Schema(NestedField(7, "id", IntegerType()), NestedField(3, "v", StringType()),
+                                                       NestedField(9, "gone", StringType())),
+                             properties={"format-version": "2"})
+    with t.update_schema() as u:
+        u.delete_column("gone")
+    s = StreamBuilder()
+    a2 = table_schema("public.a", [("id", "int"), ("v", "text"), ("extra", "int")], ("id",))
+    m.epoch(s.snapshot(A, [{"id": 1, "v": "a"}]).batch())
+    m.epoch(s.transaction((a2, "c", {"id": 2, "v": "b", "extra": 5})).batch())
+    assert m.rows("public.a", "id") == [{"id": 1, "v": "a", "extra": None}, {"id": 2, "v": "b", "extra": 5}]
+    assert [f.field_id for f in m.table("public.a").schema().fields] == [1, 2, 4]  # 3 was the dropped column's
+    files = [task.file.file_path.rsplit("/", 1)[1] for task in m.table("public.a").scan().plan_files()]
+    assert not [f for f in files if f.startswith("99999-")]  # the tasks chose the ids the commit gave: no rewrite
+
+    catalog.create_table("mirror.public_b", Schema(NestedField(1, "k", StringType())),
+                         partition_spec=PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "k")))
+    with pytest.raises(TableMismatchError, match=r"'mirror\.public_b' is partitioned; routing writes unpartitioned targets"):
+        m.epoch(s.snapshot(B, [{"k": "x", "n": 1}]).batch())
