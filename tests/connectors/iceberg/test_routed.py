@@ -82,6 +82,17 @@ class Mirror:
         s = self.table(table).current_snapshot()
         return None if s is None else s.snapshot_id
 
+    def stray_files(self, table: str, epoch: int | None = None) -> set[str]:
+        """Files below the target's data folder (or the sink's folder of ``epoch``) that no live data or delete file of it is."""
+        t = self.table(table)
+        io = FileIO.for_url(t.location())
+        named = set()
+        for task in t.scan().plan_files():
+            named.add(io.strip(task.file.file_path))
+            named.update(io.strip(d.file_path) for d in task.delete_files)
+        folder = f"{t.location()}/data" + ("" if epoch is None else f"/flinkish/{self.uid}/e{epoch:012d}")
+        return set(io.find(folder)) - named
+
     def epochs_of(self, table: str) -> list[int]:
         return sorted(int(s.summary.additional_properties["flinkish.epoch"]) for s in self.table(table).snapshots()
                       if s.summary.additional_properties.get("flinkish.uid") == self.uid)
@@ -155,6 +166,8 @@ def test_a_narrowed_type_ends_before_any_table_is_written_and_the_restart_after_
     commit_epoch(m.sink(), m.log(), m.epochs, m.prepare(batch), "run2")
     assert m.rows("public.b", "k") == [{"k": "x", "n": pytest.approx(3.25)}]
     assert m.rows("public.a", "id") == [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}]
+    # (the user's new public.b does not name epoch 0's file: only the fixed epoch's folder counts)
+    assert m.stray_files("public.a") == set() and m.stray_files("public.b", epoch=1) == set()
 
 
 def test_a_decimal_scale_up_is_refused_iceberg_promotes_precision_only(tmp_path: Path) -> None:
@@ -236,6 +249,7 @@ def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_fir
     assert m.snapshot("public.a") == a_snapshot  # not applied again
     assert m.rows("public.b", "k") == [{"k": "x", "n": 2}]
     assert m.epochs_of("public.a") == [0, 1] and m.epochs_of("public.b") == [0, 1]
+    assert m.stray_files("public.a") == set() and m.stray_files("public.b") == set()
 
 
 def test_a_column_dropped_within_an_epoch_keeps_the_rows_of_both_schemas(tmp_path: Path) -> None:
@@ -276,6 +290,7 @@ def test_tasks_that_saw_different_new_columns_get_the_ids_the_commit_gave_them(t
     assert m.rows("public.a", "id") == [{"id": 1, "v": "a", "x": None, "y": None},
                                         {"id": 2, "v": "b", "x": "ex", "y": None},
                                         {"id": 3, "v": "c", "x": None, "y": 33}]
+    assert m.stray_files("public.a") == set()  # the files written with the wrong ids are gone
 
 
 def test_create_table_false_names_the_missing_target_and_creates_nothing(tmp_path: Path) -> None:
