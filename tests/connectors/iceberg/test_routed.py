@@ -433,3 +433,30 @@ def test_an_existing_target_is_used_with_its_own_field_ids_and_one_that_does_not
                          partition_spec=PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "k")))
     with pytest.raises(TableMismatchError, match=r"'mirror\.public_b' is partitioned; routing writes unpartitioned targets"):
         m.epoch(s.snapshot(B, [{"k": "x", "n": 1}]).batch())
+
+
+def test_another_writer_committing_first_makes_the_epoch_look_its_keys_up_again(tmp_path: Path, monkeypatch) -> None:
+    from flinkish_spark.connectors.iceberg import routed
+
+    m = Mirror(tmp_path)
+    s = StreamBuilder()
+    m.epoch(s.snapshot(A, [{"id": 1, "v": "a"}]).batch())
+    real = routed.commit_snapshot
+    raced: list[int] = []
+
+    calls: list[int] = []
+
+    def racing(catalog, table, *args, **kwargs):
+        calls.append(1)
+        if not raced:  # before our first attempt lands: someone else writes id 2 to the target
+            raced.append(1)
+            other = catalog.load_table(table.name())
+            other.append(pa.table({"id": pa.array([2], pa.int32()), "v": ["theirs"]}))
+        return real(catalog, table, *args, **kwargs)
+
+    monkeypatch.setattr(routed, "commit_snapshot", racing)
+    m.epoch(s.transaction((A, "u", {"id": 2, "v": "ours"}), (A, "u", {"id": 1, "v": "one"})).batch())
+    assert len(calls) == 2  # the first attempt was refused (main moved), the second looked the keys up again
+    # the retry saw their row 2 and replaced it: one row per key
+    assert m.rows("public.a", "id") == [{"id": 1, "v": "one"}, {"id": 2, "v": "ours"}]
+    assert m.epochs_of("public.a") == [0, 1]
