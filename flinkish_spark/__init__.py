@@ -54,10 +54,12 @@ __version__ = "0.1.0"
 
 
 def register(spark: "SparkSession", check_workers: bool = True) -> None:
-    """Register every built-in flinkish source and sink with ``spark``.
+    """Register every built-in flinkish source and sink with ``spark``, and install the finish controller.
 
     On a local master it first checks that Spark's Python workers can import this
-    package (:class:`EnvironmentSetupError` naming the interpreter and the fix).
+    package (:class:`EnvironmentSetupError` naming the interpreter and the fix). A Spark
+    Connect session has no such check: its workers run in the server, whose Python must have
+    this package installed (docs/spark-connect.md).
     """
     from flinkish_spark.connectors import BUILTIN_SINKS, BUILTIN_SOURCES
     from flinkish_spark.session import check_session_workers

@@ -156,7 +156,7 @@ def _pg_orphans(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from flinkish_spark.demo import run_demo
 
-    return run_demo(args.workdir)
+    return run_demo(args.workdir, remote=args.remote)
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:
@@ -205,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     d = sub.add_parser("demo", help="run a real pipeline on local Spark and a local S3 server")
     d.add_argument("--workdir", default="demo-output", help="where the demo writes (default ./demo-output)")
+    d.add_argument("--remote", action="store_true",
+                   help="run the pipeline through Spark Connect: a local Connect server in its own process, killed in step 2")
     d.set_defaults(func=_demo)
 
     j = sub.add_parser("jvm-archive", help="build the class archive that makes local Spark drivers of this interpreter start faster (once per Java and Spark; ~1 min)")

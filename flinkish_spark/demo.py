@@ -11,10 +11,16 @@ killed with SIGKILL in the middle of a commit, restarted, and checked for exactl
    after the final commit (Spark alone would keep triggering forever);
 4. reads s3://demo/output with pyarrow, checks every row is there exactly once, and prints
    the epochs recorded in the metadata and the archived input.
+
+With ``--remote`` the pipeline runs through Spark Connect: a Connect server in a process of its
+own (:mod:`flinkish_spark.embedded.connect`) runs the query, the pipeline process is only its
+client, and the kill -9 in step 2 is the *server's* (its JVM and Python workers); step 3
+restarts the server and the client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -22,19 +28,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from typing import Any
 
 FILES = 5
 ROWS_PER_FILE = 1_000
 
 
-def run_demo(workdir: str) -> int:
+def run_demo(workdir: str, remote: bool = False) -> int:
     import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
     from rich.console import Console
     from rich.table import Table
 
+    from flinkish_spark.embedded.connect import ConnectServer
     from flinkish_spark.inspect import recent_epochs
     from flinkish_spark.io.fileio import FileIO
     from flinkish_spark.session import check_java
@@ -46,7 +55,7 @@ def run_demo(workdir: str) -> int:
     workdir = os.path.abspath(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
-    with local_s3() as endpoint:
+    with local_s3() as endpoint, contextlib.ExitStack() as cleanup:
         console.print(f"[bold]1.[/] local S3 server at {endpoint}; {FILES} Parquet files -> s3://demo/input/")
         make_bucket(endpoint, "demo")
         data = FileIO.for_url("s3://demo", {"endpoint_url": endpoint})
@@ -69,30 +78,54 @@ def run_demo(workdir: str) -> int:
         with open(spec_path, "w") as spec_file:
             json.dump(spec, spec_file, indent=2)
 
+        server = ConnectServer("local[2]") if remote else None
+        if server is not None:
+            cleanup.callback(server.stop)
+        driver = "Connect server" if remote else "driver"
+
         def pipeline(crash_at: str | None) -> tuple[int, float]:
+            run_spec: dict[str, Any] = dict(spec)
             if crash_at is None:
                 # The restart: a processing-time trigger, ended by flinkish's finish controller.
-                with open(spec_path, "w") as spec_file:
-                    json.dump({**spec, "trigger": "10 seconds", "end": "finish", "runSeconds": 300}, spec_file, indent=2)
+                run_spec.update(trigger="10 seconds", end="finish", runSeconds=300)
+            crash_env = {ENV_POINT: crash_at, ENV_DIR: workdir} if crash_at else {}
             env = dict(os.environ)
-            if crash_at:
-                env[ENV_POINT] = crash_at
-                env[ENV_DIR] = workdir
+            if server is not None:
+                # The crash point fires in one of the server's Python workers; it kills the whole server.
+                server.stop()
+                server.start(env=crash_env)
+                run_spec["remote"] = server.url
+            else:
+                env.update(crash_env)
+            with open(spec_path, "w") as spec_file:
+                json.dump(run_spec, spec_file, indent=2)
             started = time.time()
-            proc = subprocess.run([sys.executable, "-m", "flinkish_spark.runner", spec_path], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            if proc.returncode not in (0, -signal.SIGKILL):
-                console.print(proc.stdout[-4000:])
-            ended.extend(line.split("=", 1)[1] for line in proc.stdout.splitlines() if line.startswith("QUERY_END="))
-            return proc.returncode, time.time() - started
+            with tempfile.TemporaryFile("w+") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", spec_path], env=env, stdout=log,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                while proc.poll() is None:
+                    if server is not None and not server.running():
+                        # The server died under its client, which would retry the connection for minutes.
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    time.sleep(0.2)
+                log.seek(0)
+                output = log.read()
+            rc = proc.returncode
+            if server is not None and not server.running():
+                rc = server.wait_exit(10) or 0  # the server's end is the "driver" exit the demo reports
+            if rc not in (0, -signal.SIGKILL):
+                console.print(output[-4000:])
+            ended.extend(line.split("=", 1)[1] for line in output.splitlines() if line.startswith("QUERY_END="))
+            return rc, time.time() - started
 
         ended: list[str] = []
 
-        console.print("[bold]2.[/] running files -> flinkish.parquet on local Spark; the driver is killed "
+        where = "through a Spark Connect server (its own process)" if remote else "on local Spark"
+        console.print(f"[bold]2.[/] running files -> flinkish.parquet {where}; the {driver} is killed "
                       "(SIGKILL) halfway through making epoch 1's files visible")
         rc, took = pipeline("sink.mid_commit:2")
         visible = len([p for p in data.find("s3://demo/output") if p.endswith(".parquet")])
-        console.print(f"    driver exit: {'killed by SIGKILL' if rc == -signal.SIGKILL else rc} after {took:.1f}s; "
+        console.print(f"    {driver} exit: {'killed by SIGKILL' if rc == -signal.SIGKILL else rc} after {took:.1f}s; "
                       f"{visible} output files visible, the rest still staged")
         if rc != -signal.SIGKILL:
             console.print("[red]demo FAILED: the crash did not happen[/]")

@@ -13,7 +13,8 @@ Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 (``foreachBatch.kind`` = "postgres" with url, table, mode, key, createTable, commitMode instead of path: a PostgresSink),
 or {sparkFiles: {uid, path, checkpoint, format, partitionBy, options}, checkpointLocation} (:func:`flinkish_spark.files_sink`),
 ``map`` (a list of "module:function" applied to the DataFrame before the sink), ``trigger`` ("availableNow" or
-"N seconds"), ``runSeconds``, ``master``, ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
+"N seconds"), ``runSeconds``, ``master``, ``remote`` (a Spark Connect URL: this process is then only the
+client, see :func:`flinkish_spark.session`), ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
 another process) or "timeout" (``query.stop()`` after ``runSeconds``, or earlier once the file ``stopWhenExists`` names exists). The run prints
@@ -61,10 +62,12 @@ def run(spec: dict[str, Any]) -> None:
     # Let crash points kill the whole driver: this process, the JVM and its workers.
     os.environ["FLINKISH_CRASH_PGID"] = str(os.getpgrp())
     import flinkish_spark
+    from flinkish_spark.session import is_connect
 
     spark = flinkish_spark.session(master=spec.get("master", "local[2]"), app_name="flinkish-pipeline",
-                                   conf=spec.get("conf"))
-    spark.sparkContext.setLogLevel("ERROR")
+                                   conf=spec.get("conf"), remote=spec.get("remote"))
+    if not is_connect(spark):  # a Connect server's log level is the server's business
+        spark.sparkContext.setLogLevel("ERROR")
     # Extra formats (e.g. the test suite's counting source): "module:function" names that
     # take the session. Imported by name so this module never depends on test helpers.
     for target in spec.get("register", []):

@@ -1,121 +1,64 @@
-"""A SparkSession helper for local use that fails early and clearly on a bad setup.
+"""A SparkSession helper that fails early and clearly on a bad setup: Classic or Spark Connect.
 
 Spark's Python workers run under ``PYSPARK_PYTHON``; if that interpreter lacks
 this package, every query dies with "Python worker failed to connect back" or
 an import error deep in a task. :func:`session` checks Java and the worker
-interpreter first and raises :class:`~flinkish_spark.errors.EnvironmentSetupError`
-with the fix, then starts Spark with workers that use the current interpreter.
+interpreter first (:mod:`flinkish_spark.environment`) and raises
+:class:`~flinkish_spark.errors.EnvironmentSetupError` with the fix, then starts Spark with
+workers that use the current interpreter.
+
+``session(remote=...)`` gives a Spark Connect session instead: ``"sc://host:port"`` connects
+to a running server (whose Python must have this package: it runs the sources, the sinks and
+the ``foreachBatch`` functions); ``"local[N]"`` first starts a server for this process, in a
+process of its own (:mod:`flinkish_spark.embedded.connect`). See docs/spark-connect.md.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
 import sys
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from flinkish_spark.errors import EnvironmentSetupError
-from flinkish_spark.jvm_archive import driver_java_options
-from flinkish_spark.worker_home import fast_worker_spark_home
+from flinkish_spark.environment import (
+    check_java,
+    check_worker_python,
+    driver_conf,
+    java_executable,
+    local_driver_environment,
+    with_class_archive,
+)
+from flinkish_spark.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-MIN_JAVA = 17
+__all__ = ["check_java", "check_session_workers", "is_connect", "java_executable", "session", "with_class_archive"]
 
 
-def java_executable() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = os.path.join(java_home, "bin", "java")
-        if os.access(candidate, os.X_OK):
-            return candidate
-        raise EnvironmentSetupError(
-            f"JAVA_HOME is {java_home!r}, but {candidate} is not an executable. Point JAVA_HOME at a "
-            f"Java {MIN_JAVA}+ installation, or unset it to use the java on PATH."
-        )
-    found = shutil.which("java")
-    if not found:
-        raise EnvironmentSetupError(
-            f"Java was not found: Spark needs Java {MIN_JAVA} or newer. Install it (e.g. "
-            "'apt-get install openjdk-17-jre-headless') or set JAVA_HOME."
-        )
-    return found
-
-
-def check_java() -> int:
-    java = java_executable()
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise EnvironmentSetupError(f"{java} -version failed ({exc}); install Java {MIN_JAVA}+") from None
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    if not m:
-        raise EnvironmentSetupError(f"could not read the Java version from '{java} -version': {out.stderr.strip()!r}")
-    major = int(m.group(1))
-    if major == 1 and m.group(2):
-        major = int(m.group(2))
-    if major < MIN_JAVA:
-        raise EnvironmentSetupError(
-            f"{java} is Java {major}; Spark 4 needs Java {MIN_JAVA} or newer. Install a newer Java "
-            "and put it first on PATH or set JAVA_HOME."
-        )
-    return major
-
-
-def check_worker_python(python: str, what: str = "PYSPARK_PYTHON") -> None:
-    """Fail unless ``python`` can import pyspark and flinkish_spark (what workers need)."""
-    resolved = python if os.sep in python else (shutil.which(python) or python)
-    if os.path.realpath(resolved) == os.path.realpath(sys.executable):
-        return
-    try:
-        probe = subprocess.run(
-            [python, "-c", "import flinkish_spark, pyspark"], capture_output=True, text=True, timeout=120
-        )
-    except OSError as exc:
-        raise EnvironmentSetupError(
-            f"{what} is {python!r}, which cannot be run ({exc}). Unset PYSPARK_PYTHON or set "
-            f"it to {sys.executable}."
-        ) from None
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
-        raise EnvironmentSetupError(
-            f"{what} is {python!r}, but that interpreter cannot import flinkish_spark ({last}). "
-            f"Spark workers would fail with 'Python worker failed to connect back'. Unset PYSPARK_PYTHON "
-            f"or set it to {sys.executable}, the interpreter that has the package."
-        )
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def check_session_workers(spark: "SparkSession") -> None:
     """On a local master, fail unless the session's worker interpreter has this package.
 
-    Workers of other masters run on other machines: their interpreter cannot be probed here.
+    Workers of other masters run on other machines, and the Python of a Spark Connect server
+    runs in the server's process: their interpreter cannot be probed here.
     """
+    if is_connect(spark):
+        return
     sc = spark.sparkContext
     if str(sc.master).startswith("local"):
         label = "PYSPARK_PYTHON" if os.environ.get("PYSPARK_PYTHON") else "the Spark workers' interpreter (PYSPARK_PYTHON unset)"
         check_worker_python(str(sc.pythonExec), label)
 
 
-def with_class_archive(master: str, conf: Mapping[str, str] | None) -> dict[str, str]:
-    """``conf`` with the driver JVM option that maps the class archive, for local masters that have one.
-
-    The user's own ``spark.driver.extraJavaOptions`` come after ours, so that theirs win.
-    """
-    out = dict(conf or {})
-    if master.startswith("local") and not master.startswith("local-cluster"):
-        archive = driver_java_options(java_executable(), os.environ.get("SPARK_HOME"))
-        if archive:
-            out["spark.driver.extraJavaOptions"] = f"{archive} {out.get('spark.driver.extraJavaOptions', '')}".strip()
-    return out
-
-
 def session(
     master: str = "local[2]",
     app_name: str = "flinkish",
     conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
 ) -> "SparkSession":
     """Start (or get) a SparkSession whose workers can run flinkish_spark, with sources registered.
 
@@ -126,40 +69,57 @@ def session(
     A local driver JVM maps Spark's classes from the archive that
     ``flinkish jvm-archive`` built, when there is one for this Java and
     Spark (see :mod:`flinkish_spark.jvm_archive`; ``FLINKISH_JVM_ARCHIVE=0`` to opt out).
+
+    ``remote``: a Spark Connect session instead (``master`` is then ignored).
+    ``"sc://host:port"`` connects to that server; ``conf`` entries are set on the session.
+    ``"local"`` or ``"local[N]"`` starts a Connect server with master ``local[N]`` in a child
+    process of this one (a free loopback port; ``conf`` goes to the server; the server stops
+    when this process exits) and connects to it.
     """
+    if remote is not None:
+        return _connect_session(remote, app_name, conf)
     check_java()
     python = os.environ.get("PYSPARK_PYTHON") or sys.executable
     check_worker_python(python)
-    os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local runs stay on loopback
-    # Workers that import the installed (compiled) pyspark instead of the zip start 1.5 s faster
-    # each; only for local masters, whose workers run this very interpreter.
-    home = fast_worker_spark_home(python) if master.startswith("local") else None
-    if home is not None:
-        os.environ["SPARK_HOME"] = home
-    elif master.startswith("local-cluster"):
-        import pyspark
-
-        os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+    os.environ.update(local_driver_environment(master, python))
 
     from pyspark.sql import SparkSession
 
-    conf = with_class_archive(master, conf)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .config("spark.executorEnv.PYSPARK_PYTHON", python)
-    )
-    for key, value in conf.items():
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in driver_conf(master, python, conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     from flinkish_spark import register
 
     register(spark, check_workers=False)  # checked above, before Spark started
+    return spark
+
+
+def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None) -> "SparkSession":
+    session_conf = dict(conf or {})
+    if remote == "local" or remote.startswith("local["):
+        from flinkish_spark.embedded.connect import start_connect_server
+
+        master = "local[*]" if remote == "local" else remote
+        server = start_connect_server(master, conf=session_conf, tie_to_this_process=True)
+        url, session_conf = server.url, {}
+    elif remote.startswith("sc://"):
+        url = remote
+    else:
+        raise ConfigError(
+            f"session(remote={remote!r}): expected a Spark Connect URL 'sc://host:port' or 'local[N]' "
+            "(a Connect server started for this process)"
+        )
+    from pyspark.sql import SparkSession
+
+    # Without the client libraries, pyspark itself names what to install (pip install
+    # 'flinkish_spark[connect]' brings them).
+    builder = SparkSession.builder.remote(url).appName(app_name)
+    for key, value in session_conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    from flinkish_spark import register
+
+    register(spark)
     return spark

@@ -89,3 +89,10 @@ def test_fast_worker_home_only_for_the_drivers_own_interpreter(monkeypatch, tmp_
     assert fast_worker_spark_home(str(tmp_path / "other-python")) is None
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "users-spark"))
     assert fast_worker_spark_home(sys.executable) is None
+
+
+def test_a_remote_that_is_no_spark_connect_url_is_refused() -> None:
+    from flinkish_spark.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"session\(remote='http://host:15002'\): expected a Spark Connect URL 'sc://host:port' or 'local\[N\]'"):
+        flinkish_spark.session(remote="http://host:15002")

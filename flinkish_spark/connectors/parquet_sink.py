@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Iterator
@@ -90,6 +91,21 @@ class StagedFilesCommitter(EpochCommitter[ParquetCommittable]):
 
     def staging_dir(self, epoch: int) -> str:
         return f"{self.path}/{STAGING}/{self.uid}/{epoch:012d}"
+
+    def committed_name(self) -> "re.Pattern[str]":
+        """A committed file's base name for this uid; group 1 is its epoch."""
+        return re.compile(rf"part-(\d{{12}})-\d{{5}}-\d{{4}}-{re.escape(self.uid)}\.parquet")
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch among this uid's committed file names below ``path`` (-1: none).
+
+        One recursive listing of the output: asked only when the sink's metadata is missing or
+        belongs to another query (see :mod:`flinkish_spark.sink.incarnation`).
+        """
+        pattern = self.committed_name()
+        epochs = [int(m.group(1)) for p in self.io.find(self.path) if f"/{STAGING}/" not in p
+                  for m in [pattern.fullmatch(p.rsplit("/", 1)[-1])] if m]
+        return max(epochs, default=-1)
 
     # -- commit / abort (driver) -------------------------------------------------------------
 

@@ -38,11 +38,30 @@ def with_primary_key(fields: Sequence[dict[str, Any]], key: Sequence[str]) -> St
     return StructType.fromJson({"type": "struct", "fields": out})
 
 
-def carried_key(schema: StructType) -> tuple[str, ...]:
-    """The primary key the stream's schema carries, in key order (empty: none)."""
+def key_marks(schema: StructType) -> list[tuple[int, str]]:
+    """(position in the key, column) of every column the schema marks, in key order."""
     marked = []
     for f in schema.fields:
         pos = (f.metadata or {}).get(PRIMARY_KEY_METADATA)
         if isinstance(pos, int) and not isinstance(pos, bool):
             marked.append((pos, f.name))
-    return tuple(name for _, name in sorted(marked))
+    return sorted(marked)
+
+
+def carried_key(schema: StructType) -> tuple[str, ...]:
+    """The primary key the stream's schema carries, in key order (empty: none).
+
+    Only a whole key counts: when the query dropped one of its columns (the marks are not
+    the positions 1..n), the rest is not a key -- rows the dropped column tells apart would
+    replace each other -- and this returns nothing (:func:`partial_key` says what is left).
+    """
+    marked = key_marks(schema)
+    if [p for p, _ in marked] != list(range(1, len(marked) + 1)):
+        return ()
+    return tuple(name for _, name in marked)
+
+
+def partial_key(schema: StructType) -> list[tuple[int, str]]:
+    """The marked columns of a key the query kept only part of (empty: a whole key, or none)."""
+    marked = key_marks(schema)
+    return [] if [p for p, _ in marked] == list(range(1, len(marked) + 1)) else marked

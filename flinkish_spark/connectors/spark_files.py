@@ -89,6 +89,9 @@ class SparkFilesSink(StagedFilesCommitter):
         self.partition_by = partition_by
         self.options = options
 
+    def committed_name(self) -> "re.Pattern[str]":
+        return re.compile(rf"part-(\d{{12}})-\d{{5}}-{re.escape(self.uid)}(\..*)?")
+
     def write_epoch(self, df: Any, epoch: int) -> list[ParquetCommittable]:
         """Prepare: Spark writes ``df`` into a fresh staging folder; return what it wrote."""
         # A fresh folder per call: a replay of an undecided epoch by a new run never meets
@@ -97,7 +100,7 @@ class SparkFilesSink(StagedFilesCommitter):
         writer = df.write.format(self.format).options(**{**self.options, COMMITTER_ALGORITHM: "1"})
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
-        writer.mode("errorifexists").save(target)
+        writer.mode("error").save(target)  # "errorifexists" in Classic; Spark Connect knows only "error"
         committable = self.listed(target, epoch)
         return [committable] if committable.files else []
 
@@ -152,6 +155,7 @@ def files_sink(
     storage_options: Mapping[str, str] | None = None,
     lease_timeout: float = DEFAULT_TIMEOUT_S,
     on_commit: Callable[[CommitResult], None] | None = None,
+    continue_after_epoch: int | None = None,
 ) -> Callable[[Any, int], None]:
     """A ``foreachBatch`` function that appends each batch to ``path`` exactly once, written by Spark.
 
@@ -160,7 +164,8 @@ def files_sink(
     partition columns. ``checkpoint``: where the decision log lives (any fsspec URL, S3
     included); ``storage_options``: fsspec options for ``path`` and ``checkpoint``
     (``endpointUrl``, ``region``, ``storageOptions``). ``path`` must be reachable by Spark's
-    Hadoop layer (local, ``file://``, HDFS, ``s3a://`` with the jars).
+    Hadoop layer (local, ``file://``, HDFS, ``s3a://`` with the jars). ``continue_after_epoch``:
+    as for :func:`~flinkish_spark.sink.foreach_batch.transactional` (after a reset checkpointLocation).
 
     Example::
 
@@ -194,7 +199,8 @@ def files_sink(
             checked.append(True)
         return sink.write_epoch(df, epoch)
 
-    return transactional_with(sink, prepare, uid, checkpoint, storage_options, lease_timeout, on_commit)
+    return transactional_with(sink, prepare, uid, checkpoint, storage_options, lease_timeout, on_commit,
+                              continue_after_epoch)
 
 
 __all__ = ["FORMATS", "STAGING", "SparkFilesSink", "check_spark_can_write", "files_sink"]

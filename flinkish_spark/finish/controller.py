@@ -21,6 +21,12 @@ missing part of FLIP-147 from the driver's Python process, where the
 
 Queries with a source that is not a flinkish source are never ended by it (such a
 source may be unbounded). Under AvailableNow, Spark ends the query itself.
+
+Under Spark Connect the listener runs in the client, fed with the server's events over
+gRPC; everything above works the same from there (the final notification runs on the
+server, see :mod:`flinkish_spark.finish.notify`). Spark may drop a client listener's events
+(after one failed send), so :func:`await_finished` also polls the query itself and never
+waits for an event.
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pyspark.sql.streaming import StreamingQueryListener
 
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.finish.notify import metadata_io, notify_all
 from flinkish_spark.finish.stop_request import lease_run_id, mark_done, read_request, release_lease, request_stop
 from flinkish_spark.finish.watermark import MARKER_THRESHOLD
-from flinkish_spark.io.fileio import FileIO, storage_options_from
+from flinkish_spark.session import is_connect
 from flinkish_spark.source.offset import SourceOffset
 
 if TYPE_CHECKING:
@@ -61,11 +68,6 @@ class Verdict:
     end: QueryEnd
     offsets: tuple[SourceOffset, ...]
     request_id: str | None = None
-
-
-def _io(off: SourceOffset) -> FileIO:
-    assert off.root is not None
-    return FileIO.for_url(off.root, storage_options_from(off.storage_options(), off.root), what="metadata root")
 
 
 def flinkish_offsets(progress: Any) -> tuple[SourceOffset, ...] | None:
@@ -122,7 +124,7 @@ def verdict(progress: Any) -> Verdict | None:
 def _request_is_live(off: SourceOffset, request_id: str) -> bool:
     assert off.root is not None
     try:
-        io = _io(off)
+        io = metadata_io(off)
         req = read_request(io, off.root, off.uid)
         return req is not None and req.id == request_id and req.state == "requested" and req.run_id == lease_run_id(io, off.root, off.uid)
     except Exception as exc:  # noqa: BLE001 - unreadable: not a stop we can vouch for; never stop on a guess
@@ -130,35 +132,15 @@ def _request_is_live(off: SourceOffset, request_id: str) -> bool:
         return False
 
 
-def notify_final_checkpoint(off: SourceOffset) -> bool:
-    """Deliver "checkpoint complete" for ``off``'s checkpoint to a rebuilt copy of its source.
-
-    Idempotent (a restart delivers it again from Spark's own ``latestOffset``); a failure
-    is logged, not raised: the notification is then deferred to the query's next start.
-    """
-    from flinkish_spark.source.datasource import SplitDataSource
-
-    if off.ckpt < 0 or off.root is None:
-        return True
+def _lease_holder(off: SourceOffset) -> str | None:
+    """The run holding source ``off.uid``'s lease; None when there is none or it cannot be read
+    (a client without access to the metadata root ends the query all the same)."""
+    assert off.root is not None
     try:
-        io = _io(off)
-        source = SplitDataSource.from_descriptor(io, off.root, off.uid, off.storage_options())
-        store = source.checkpoint_store()
-        ckpt = store.read(off.ckpt)
-        enumerator = source.create_enumerator()
-        enumerator.restore(ckpt.enumerator_state)
-        enumerator.on_checkpoint_complete(ckpt)
-        store.retain(source.retain, ckpt.ckpt_id)
-        return True
-    except Exception as exc:  # noqa: BLE001 - never fail a finished query over cleanup
-        log.warning(
-            "flinkish: final checkpoint notification for source uid %r (checkpoint %s) failed: %s; "
-            "it is delivered again when the query next starts",
-            off.uid,
-            off.ckpt,
-            exc,
-        )
-        return False
+        return lease_run_id(metadata_io(off), off.root, off.uid)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("flinkish: cannot read the lease of source uid %r: %s", off.uid, exc)
+        return None
 
 
 def _trigger_name(query: "StreamingQuery") -> str:
@@ -190,7 +172,17 @@ class FinishController(StreamingQueryListener):
         if isinstance(existing, FinishController):
             return existing
         controller = cls(spark)
-        spark.streams.addListener(controller)
+        if is_connect(spark):
+            # The Connect client receives listener events in a thread that it starts when the
+            # first listener is added; a thread inherits "daemon" from the one that starts it.
+            # Started from a non-daemon thread, it would keep the client process alive after
+            # the script's end (forever: it waits on the server's event stream).
+            adder = threading.Thread(target=spark.streams.addListener, args=(controller,), daemon=True,
+                                     name="flinkish-add-listener")
+            adder.start()
+            adder.join()
+        else:
+            spark.streams.addListener(controller)
         setattr(spark, cls._ATTR, controller)
         return controller
 
@@ -249,17 +241,17 @@ class FinishController(StreamingQueryListener):
             if run in self._finishing:
                 return
             thread = threading.Thread(target=self._finish, args=(qid, run, v), name=f"flinkish-finish-{run[:8]}", daemon=True)
+            self.finished_at[run] = time.time()
+            # Registered only once started, under the lock: a waiter that finds it can join it.
+            thread.start()
             self._finishing[run] = thread
-        self.finished_at[run] = time.time()
-        thread.start()
 
     def _finish(self, qid: str, run: str, v: Verdict) -> None:
         query = self._spark.streams.get(qid)
-        for off in v.offsets:
-            notify_final_checkpoint(off)
+        notify_all(self._spark, v.offsets)
         if query is None or str(query.runId) != run:
             return
-        leases = {off: lease_run_id(_io(off), off.root, off.uid) for off in v.offsets if off.root}
+        leases = {off: _lease_holder(off) for off in v.offsets if off.root}
         self.ended[run] = v.end
         if _trigger_name(query) not in ("AvailableNowTrigger", "OneTimeTrigger"):
             # Between triggers there is no batch to interrupt; a trigger that starts now finds
@@ -271,14 +263,17 @@ class FinishController(StreamingQueryListener):
             # them to expire (only leases still held by this run, never a newer one's).
             for off, holder in leases.items():
                 if holder is not None and off.root is not None:
-                    release_lease(_io(off), off.root, off.uid, holder)
+                    try:
+                        release_lease(metadata_io(off), off.root, off.uid, holder)
+                    except Exception as exc:  # noqa: BLE001 - a lease left behind only delays a restart
+                        log.warning("flinkish: could not release the lease of source uid %r: %s", off.uid, exc)
         else:
             query.awaitTermination()
         if v.request_id:
             for off in v.offsets:
                 try:
                     assert off.root is not None
-                    mark_done(_io(off), off.root, off.uid, v.request_id, v.end)
+                    mark_done(metadata_io(off), off.root, off.uid, v.request_id, v.end)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("flinkish: could not mark stop request %s done: %s", v.request_id, exc)
 
@@ -299,10 +294,18 @@ class FinishController(StreamingQueryListener):
                     query.awaitTermination(1)
                 except Exception:  # noqa: BLE001 - the query failed: reported below as "failed"
                     break
-            thread = self._finishing.get(qid)
+            # The final batch's event may still be on its way to the listener (or being decided
+            # in its thread right now): decide here too, so that the final notification is
+            # delivered before this returns.
+            self.consider(query.lastProgress)
+            with self._lock:
+                thread = self._finishing.get(qid)
             if thread is not None:
                 thread.join()
-            if not query.isActive and qid in self._seen_live:
+            # Only a Classic driver logs errors for events in flight to a Python process that is
+            # gone. A Connect client need not wait: and Spark may never send it the event (a
+            # client listener's events are dropped after one failed send), so it must not.
+            if not query.isActive and qid in self._seen_live and not is_connect(self._spark):
                 self.wait_terminated_event(qid)
             if bar is not None:
                 bar.update(query.lastProgress)
@@ -319,7 +322,12 @@ class FinishController(StreamingQueryListener):
         return "terminated"
 
 
-def _session() -> "SparkSession":
+def _session(query: "StreamingQuery") -> "SparkSession":
+    """The session ``query`` runs in: a Connect query knows its own (a process may hold a Classic
+    session and Connect sessions side by side); a Classic one runs in the active session."""
+    own = getattr(query, "_session", None)
+    if own is not None:
+        return own
     from pyspark.sql import SparkSession
 
     return SparkSession.active()
@@ -354,7 +362,7 @@ class _ProgressBar:
             if off.ckpt < 0 or off.root is None:
                 continue
             try:
-                ckpt = SourceCheckpointStore(_io(off), off.root, off.uid, kind="").read(off.ckpt)
+                ckpt = SourceCheckpointStore(metadata_io(off), off.root, off.uid, kind="").read(off.ckpt)
             except Exception:  # noqa: BLE001 - progress display is best effort
                 continue
             done += sum(1 for s in ckpt.splits if s.finished)
@@ -373,7 +381,7 @@ def await_finished(query: "StreamingQuery", timeout: float | None = None, progre
     last rows is committed (also under processing-time triggers); ``progress=True``
     shows finished splits and rows while waiting.
     """
-    return FinishController.install(_session()).wait(query, timeout, progress)
+    return FinishController.install(_session(query)).wait(query, timeout, progress)
 
 
 def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = None) -> QueryEnd:
@@ -384,7 +392,7 @@ def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = N
     source ends its input now (it is FINISHED from then on), the end-of-input watermark
     flush runs, the final epoch commits and the query ends; a restart adds nothing.
     """
-    controller = FinishController.install(_session())
+    controller = FinishController.install(_session(query))
     deadline = None if timeout is None else time.time() + timeout
     while query.isActive and query.lastProgress is None:
         # Before the first batch there is no offset that tells where the sources are.
@@ -403,6 +411,6 @@ def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = N
     for off in offs:
         if not off.finished:
             assert off.root is not None
-            request_stop(_io(off), off.root, off.uid, drain, request_id)
+            request_stop(metadata_io(off), off.root, off.uid, drain, request_id)
     remaining = None if deadline is None else max(0.0, deadline - time.time())
     return controller.wait(query, remaining)

@@ -8,7 +8,14 @@ Guarantees:
   (``link(2)`` fails if the target exists); on S3 it is a single PUT with
   ``If-None-Match: *``; on ``memory://`` it is an exclusive open.
 * A retried exclusive write whose earlier attempt landed is recognised (the
-  stored bytes equal ours) and reported as success, as pyiceberg does for commits.
+  stored bytes equal ours) and reported as success, as pyiceberg does for commits --
+  also when the retry was the S3 client's own (botocore and s3fs resend a PUT whose
+  answer was lost, and the resent one meets ``412``): on object stores a
+  ``FileExistsError`` is always checked against the stored bytes. Every exclusive write
+  of flinkish carries a run id or a timestamp, so another writer's object never equals ours.
+* ``409 ConditionalRequestConflict`` (another conditional write of the key in flight) is
+  retried like a transient failure: the retry writes, or finds the other writer's object
+  and answers :class:`~flinkish_spark.errors.AlreadyExistsError` ("taken").
 * Transient storage failures are retried with backoff for idempotent calls and
   surface as :class:`~flinkish_spark.errors.StorageUnavailableError` naming the
   endpoint; refusals surface as :class:`~flinkish_spark.errors.StorageAccessError`.
@@ -200,6 +207,11 @@ class FileIO:
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
+                if _is_conflict(exc):
+                    raise StorageUnavailableError(
+                        f"{what} {path!r} met a concurrent conditional write of the same object "
+                        f"(409 ConditionalRequestConflict at {self.endpoint}); retry"
+                    ) from exc
                 if transient:
                     raise StorageUnavailableError(
                         f"{what} {path!r} failed: the storage endpoint {self.endpoint} did not answer "
@@ -310,8 +322,10 @@ class FileIO:
                     self._call("writing", path, lambda: self.fs.pipe_file(stripped, data, mode="create"), idempotent=False)
                 return
             except FileExistsError:
-                # An earlier attempt of ours may have landed before its answer was lost.
-                if attempt > 1 and self._stored_equals(path, data):
+                # An earlier attempt of ours may have landed before its answer was lost -- ours,
+                # or on an object store the client's own resend of the PUT (it surfaces as 412).
+                remote = self.protocol not in ("file", "local")
+                if (attempt > 1 or remote) and self._stored_equals(path, data):
                     return
                 raise AlreadyExistsError(f"{path!r} already exists") from None
             except StorageUnavailableError:
@@ -531,6 +545,11 @@ def _is_transient(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(s in text for s in ("SlowDown", "ServiceUnavailable", "InternalError", "503"))
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    """S3's 409 ConditionalRequestConflict: a concurrent conditional write of the key; ours was not applied."""
+    return any("ConditionalRequestConflict" in str(e) for e in _chain(exc))
 
 
 def _is_missing_credentials(exc: BaseException) -> bool:

@@ -1,7 +1,10 @@
 """The driver side of two-phase commit: decide, commit, recognise replays, recover.
 
-For one epoch with the committables its tasks prepared:
+For one epoch (the *target* epoch: Spark's batch id plus the incarnation's offset, see
+:mod:`flinkish_spark.sink.incarnation`) with the committables its tasks prepared:
 
+0. one listing of the decision log; an undecided epoch below a decided one is refused
+   (Spark replays only its last batch: its checkpoint was reset);
 1. if the epoch is marked done: a replay of a committed epoch -> abort the replay's
    prepared output; outcome ``ALREADY_COMMITTED``;
 2. otherwise record the decision (put-if-absent). If a decision already exists, it is
@@ -9,7 +12,8 @@ For one epoch with the committables its tasks prepared:
    (recover-and-commit, outcome ``RECOVERED``);
 3. commit the decided committables with the sink (retrying ``RETRY_LATER``), then
    mark the epoch done;
-4. remove what no decided committable names (recover-and-abort of failed attempts).
+4. remove what no decided committable names (recover-and-abort of failed attempts);
+5. delete the records of done epochs beyond the newest ``retain`` (from the same listing).
 
 Crash points (see flinkish_spark.faults): ``sink.before_decision``,
 ``sink.after_decision``, ``sink.before_done``.
@@ -23,6 +27,7 @@ from typing import Any, Literal
 
 from flinkish_spark.errors import CommitFailedError, CommitRetryExhaustedError
 from flinkish_spark.sink.decisions import DecisionLog
+from flinkish_spark.sink.incarnation import check_not_behind
 from flinkish_spark.sink.protocol import EpochCommitter
 from flinkish_spark.faults import crash_point
 
@@ -43,14 +48,22 @@ def commit_epoch(
     prepared: list[Any],
     run_id: str,
     retries: int = 5,
+    retain: int = 0,
 ) -> CommitResult:
     ours = [c for c in prepared if c is not None]
     encoded = [sink.encode(c) for c in ours]
-    if log.is_done(epoch):
+    decided, done = log.epochs()
+    if epoch in done:
         decision = log.read(epoch)
         outcome: EpochOutcome = "ALREADY_COMMITTED"
         kept = set(decision.committables) if decision is not None else set()
     else:
+        if epoch not in decided:
+            try:
+                check_not_behind(log, epoch, decided)
+            except Exception:
+                sink.abort(ours, epoch)  # invisible output that will never be committed
+                raise
         crash_point("sink.before_decision")
         decision, recorded_now = log.record(epoch, encoded, run_id)
         crash_point("sink.after_decision")
@@ -63,6 +76,8 @@ def commit_epoch(
     if extra:
         sink.abort(extra, epoch)
     sink.cleanup(epoch, [sink.decode(b) for b in kept])
+    if retain > 0:
+        log.retain(retain, epoch, (sorted({*decided, epoch}), {*done, epoch}))
     return CommitResult(epoch, outcome, len(kept))
 
 

@@ -6,9 +6,16 @@ writer made by the :class:`TwoPhaseCommitDataSource` that ``start()`` created (o
 instance per run of the query, while the write side gets a new instance per batch).
 The per-run ``run_id`` made in ``__init__`` therefore identifies the committing run.
 
+Before any task of a batch writes, ``streamWriter`` (on the driver) renews the sink's
+lease -- a second live run of the query is fenced there -- and resolves the incarnation
+(:mod:`flinkish_spark.sink.incarnation`): the offset that maps Spark's batch ids to the
+target's epochs, or a refusal when Spark's checkpoint was reset under epochs the target
+already holds. Tasks and the commit see target epochs only.
+
 Common sink options: ``uid`` (required), ``checkpoint`` (metadata root; default
-``<checkpointLocation>/flinkish``), ``leaseTimeout`` (seconds, default 5), plus the
-storage options ``endpointUrl``, ``region``, ``storageOptions``.
+``<checkpointLocation>/flinkish``), ``leaseTimeout`` (seconds, default 5),
+``continueAfterEpoch`` (after a reset: number this query's epochs after that target epoch),
+plus the storage options ``endpointUrl``, ``region``, ``storageOptions``.
 """
 
 from __future__ import annotations
@@ -26,19 +33,22 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.checkpoint.layout import join
 from flinkish_spark.errors import CheckpointMismatchError, ConfigError
+from flinkish_spark.io.fileio import FileIO, protocol_of, storage_options_from
 from flinkish_spark.options import STORAGE_OPTIONS, Options
+from flinkish_spark.sink import incarnation
 from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
-from flinkish_spark.sink.lease import Lease
+from flinkish_spark.sink.incarnation import QUERY_FILE, Incarnation
+from flinkish_spark.sink.lease import HEARTBEATS_PER_TIMEOUT, Lease, driver_jvm
 from flinkish_spark.sink.protocol import PrepareContext, TwoPhaseCommitSink
 from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.faults import crash_point
 
 # Options Spark itself passes to a stream writer.
 SPARK_WRITER_OPTIONS = ("checkpointLocation", "queryName", "path")
-COMMON_SINK_OPTIONS = ("uid", "checkpoint", "leaseTimeout", "retainDecisions", *STORAGE_OPTIONS, *SPARK_WRITER_OPTIONS)
+COMMON_SINK_OPTIONS = ("uid", "checkpoint", "leaseTimeout", "retainDecisions", "continueAfterEpoch", *STORAGE_OPTIONS,
+                       *SPARK_WRITER_OPTIONS)
 DEFAULT_RETAIN = 10
-QUERY_FILE = "_query.json"
 
 
 @dataclass
@@ -48,19 +58,25 @@ class PreparedMessage(WriterCommitMessage):
     attempt: int
 
 
-def spark_query_id(location: str) -> str | None:
+def spark_query_id(location: str, options: dict[str, str] | None = None) -> str | None:
     """The id Spark keeps in ``<checkpointLocation>/metadata``; None where it cannot be read here.
 
-    Only local checkpoint locations are read (HDFS or s3a:// ones need Hadoop's
-    file systems, which the Python side does not have).
+    Local and ``s3a://`` checkpoint locations are read (the latter through fsspec with the
+    sink's storage options); HDFS ones need Hadoop's file systems, which the Python side
+    does not have.
     """
     path = location[len("file:"):] if location.startswith("file:") else location
-    if "://" in path:
-        return None
     try:
-        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
-            value = json.loads(f.readline()).get("id")
-    except (OSError, ValueError, AttributeError):
+        if "://" in path:
+            if protocol_of(path) != "s3":
+                return None
+            io = FileIO.for_url(path, storage_options_from(options or {}, path))
+            first = io.read_bytes(f"{path.rstrip('/')}/metadata").decode().splitlines()[0]
+        else:
+            with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+                first = f.readline()
+        value = json.loads(first).get("id")
+    except (OSError, ValueError, AttributeError, IndexError):
         return None
     return str(value) if value else None
 
@@ -69,7 +85,8 @@ def _without_metadata(schema: StructType) -> list[tuple[str, str, bool]]:
     return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
 
 
-def task_context(uid: str, epoch: int | None = None) -> PrepareContext:
+def task_context(uid: str, epoch: int | None = None, offset: int = 0) -> PrepareContext:
+    """Where a task runs; ``epoch`` defaults to Spark's batch id plus the incarnation's ``offset``."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -77,7 +94,7 @@ def task_context(uid: str, epoch: int | None = None) -> PrepareContext:
         return PrepareContext(uid, epoch if epoch is not None else -1, 0, 0)
     if epoch is None:
         raw = ctx.getLocalProperty("streaming.sql.batchId")
-        epoch = int(raw) if raw is not None else -1
+        epoch = int(raw) + offset if raw is not None else -1
     return PrepareContext(uid, epoch, ctx.partitionId(), ctx.attemptNumber())
 
 
@@ -103,6 +120,7 @@ class TwoPhaseCommitDataSource(DataSource):
         self.uid, self.checkpoint_root, self.io = settings.uid, settings.checkpoint_root, settings.io
         self.lease_timeout, self.raw_options = settings.lease_timeout, settings.raw_options
         self.retain = opts.integer("retainDecisions", DEFAULT_RETAIN, minimum=2) or DEFAULT_RETAIN
+        self.continue_after = opts.integer("continueAfterEpoch", None, minimum=0)
         self.configure(opts)
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
         # start() makes this instance on the driver: a renamed sink fails before any batch.
@@ -121,8 +139,21 @@ class TwoPhaseCommitDataSource(DataSource):
     def decision_log(self) -> DecisionLog:
         return DecisionLog(self.io, self.checkpoint_root, self.uid)
 
-    def lease(self) -> Lease:
-        return Lease(self.io, join(self.decision_log().directory, "_lease.json"), self.run_id, f"sink uid {self.uid!r}", self.lease_timeout)
+    def lease(self) -> Lease | None:
+        """The sink's lease, held by the driver JVM (the run: see :func:`~flinkish_spark.sink.lease.driver_jvm`);
+        None where that JVM cannot be found -- then :meth:`commit_lease` alone fences."""
+        jvm = driver_jvm()
+        if jvm is None:
+            return None
+        return Lease(self.io, self.lease_path(), jvm.run_id, f"sink uid {self.uid!r}", self.lease_timeout, live_pid=jvm.pid)
+
+    def commit_lease(self) -> Lease:
+        """The lease as the commit renews it: the driver JVM's, else this DataSource's run id (the
+        commit side keeps the one DataSource ``start()`` made; the planning side gets a new one per batch)."""
+        return self.lease() or Lease(self.io, self.lease_path(), self.run_id, f"sink uid {self.uid!r}", self.lease_timeout)
+
+    def lease_path(self) -> str:
+        return join(self.decision_log().directory, "_lease.json")
 
     def check_schema(self, schema: StructType) -> None:
         """Refuse to write a schema other than the one this sink uid started with."""
@@ -143,40 +174,19 @@ class TwoPhaseCommitDataSource(DataSource):
         path = join(self.decision_log().directory, "_schema.json")
         if not self.io.exists(path):
             self.io.write_bytes(path, schema.json().encode())
-        query = join(self.decision_log().directory, QUERY_FILE)
-        location = self.raw_options.get("checkpointLocation")
-        if location and not self.io.exists(query):
-            record = {"checkpointLocation": location, "queryId": spark_query_id(location)}
-            self.io.write_bytes(query, json.dumps(record).encode())
 
-    def check_same_query(self) -> None:
-        """Refuse to continue a decision log that belongs to an earlier incarnation of the query.
+    def incarnation(self, schema: StructType) -> Incarnation:
+        """The incarnation this run writes as (see :mod:`flinkish_spark.sink.incarnation`).
 
-        Spark numbers epochs from 0 again when its checkpointLocation is deleted or replaced.
-        This sink would then take the new epochs for replays of committed ones and skip
-        them: silently lost rows. Spark's query id (``<checkpointLocation>/metadata``)
-        tells the two apart.
+        Spark numbers epochs from 0 again when its checkpointLocation is deleted or replaced;
+        Spark's query id (``<checkpointLocation>/metadata``) and, when the sink's metadata is
+        gone or belongs to another query, the target's own record tell that apart.
         """
         location = self.raw_options.get("checkpointLocation")
-        current = spark_query_id(location) if location else None
-        if current is None:
-            return
-        try:
-            recorded = json.loads(self.io.read_bytes(join(self.decision_log().directory, QUERY_FILE)))
-        except FileNotFoundError:
-            return
-        except ValueError:
-            return  # a damaged control file costs this check, never a row
-        previous = recorded.get("queryId") if isinstance(recorded, dict) else None
-        if previous and previous != current:
-            decided, _ = self.decision_log().epochs()
-            raise CheckpointMismatchError(
-                f"sink uid {self.uid!r} committed epochs up to {decided[-1] if decided else '?'} for the "
-                f"streaming query {previous}, but the checkpointLocation {location} now belongs to the "
-                f"query {current}: it was deleted or replaced, so Spark restarts at epoch 0 and this sink "
-                "would skip those epochs as already committed. Restore the old checkpointLocation, or "
-                "give the sink a new 'uid' (and 'path') or a new 'checkpoint' for a fresh start."
-            )
+        return incarnation.resolve(
+            self.io, self.decision_log(), lambda: self.sink(schema).last_committed_epoch(),
+            spark_query_id(location, self.raw_options) if location else None, location, self.continue_after,
+            "continueAfterEpoch")
 
     def check_uid_unchanged(self) -> None:
         """Refuse a sink uid that is new to a query whose checkpoint another sink uid wrote.
@@ -203,25 +213,37 @@ class TwoPhaseCommitDataSource(DataSource):
                 )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> "TwoPhaseCommitStreamWriter":
-        # Runs on the driver before any task of the batch: refuse bad state before writing.
+        # Runs on the driver before any task of the batch (and again before its commit):
+        # refuse bad state, and a second live run, before anything is written.
         self.check_schema(schema)
-        self.check_same_query()
+        current = self.incarnation(schema)  # a refusal writes nothing, not even the lease
+        lease = self.lease()
+        if lease is not None:
+            lease.renew()
         decided = self.decision_log().check_pending()
-        return TwoPhaseCommitStreamWriter(self, schema, frozenset(decided))
+        return TwoPhaseCommitStreamWriter(self, schema, frozenset(decided), current.epoch_offset, lease)
 
 
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType, decided: frozenset[int] = frozenset()) -> None:
+    """Tasks and the driver's commit of one batch; every epoch here is the target's (batch id + offset)."""
+
+    def __init__(self, source: TwoPhaseCommitDataSource, schema: StructType, decided: frozenset[int] = frozenset(),
+                 epoch_offset: int = 0, lease: Lease | None = None) -> None:
         self.source = source
         self.schema = schema
         # Epochs with a recorded decision (a replay after a crash past the decision): their commit
         # uses the recorded committables, so tasks prepare nothing -- as transactional() does.
         # Writing them again would waste the work, and into a keyed PostgreSQL table it would
-        # wait on (or collide with) the decided rows.
+        # wait on (or collide with) the decided rows. Target epochs, as the decision log keeps them.
         self.decided = decided
+        self.epoch_offset = epoch_offset
+        self._lease = lease  # the driver's: the commit renews the one streamWriter held
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_lease": None}  # executors need no lease
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedMessage:
-        ctx = task_context(self.source.uid)
+        ctx = task_context(self.source.uid, offset=self.epoch_offset)  # the target epoch, as in ``decided``
         if ctx.epoch in self.decided:
             for _ in iterator:  # Spark's input is consumed, not written
                 pass
@@ -231,15 +253,16 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         src = self.source
-        src.lease().renew()
+        epoch = batchId + self.epoch_offset
+        # The commit worker's streamWriter renewed the lease a moment ago: that renewal stands.
+        (self._lease or src.commit_lease()).renew(unless_renewed_within_s=src.lease_timeout / HEARTBEATS_PER_TIMEOUT)
         src.record_schema(self.schema)
         prepared = [m.committable for m in messages if isinstance(m, PreparedMessage)]
-        log = src.decision_log()
-        commit_epoch(src.sink(self.schema), log, batchId, prepared, src.run_id)
-        log.retain(src.retain, batchId)
+        commit_epoch(src.sink(self.schema), src.decision_log(), epoch, prepared, src.run_id, retain=src.retain)
         crash_point("sink.after_commit")  # committed, Spark's commit log not yet written
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        batchId += self.epoch_offset
         sink = self.source.sink(self.schema)
         log = self.source.decision_log()
         decision = log.read(batchId)

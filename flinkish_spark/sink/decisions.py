@@ -6,7 +6,8 @@ Layout below the sink's metadata root::
     <root>/sinks/<uid>/decisions/<epoch, 12 digits>.done      made visible (empty marker)
     <root>/sinks/<uid>/_lease.json                             fencing (see lease.py)
     <root>/sinks/<uid>/_schema.json                            the schema the sink was started with
-    <root>/sinks/<uid>/_query.json                             the query's checkpointLocation (uid-rename check)
+    <root>/sinks/<uid>/_query.json                             the incarnation: Spark query id, checkpointLocation,
+                                                               epoch offset (see incarnation.py)
 
 Guarantees:
 
@@ -159,8 +160,9 @@ class DecisionLog:
                 self.read(epoch)
         return decided
 
-    def retain(self, keep: int, through_epoch: int) -> None:
-        """Delete records of done epochs older than the newest ``keep`` (Spark replays only the last)."""
-        decided, done = self.epochs()
+    def retain(self, keep: int, through_epoch: int, listing: tuple[list[int], set[int]] | None = None) -> None:
+        """Delete records of done epochs older than the newest ``keep`` (Spark replays only the last);
+        ``listing``: what :meth:`epochs` answered, when the caller has it already."""
+        decided, done = self.epochs() if listing is None else listing
         old = [e for e in decided if e in done and e <= through_epoch][:-keep] if keep > 0 else []
         self.io.delete_many([self.path(e) for e in old] + [self.done_path(e) for e in old])

@@ -13,6 +13,12 @@ Implement :class:`TwoPhaseCommitSink` for any transactional target:
   (failed epochs, replays whose epoch was already decided).
 * :meth:`~TwoPhaseCommitSink.cleanup` removes leftovers of an epoch that no committable
   names (failed task attempts, attempts of a crashed run) -- the recover-and-abort step.
+  It must never remove a file that a committed version of the target names.
+* :meth:`~EpochCommitter.last_committed_epoch` answers from the *target* which epoch of the
+  sink uid it holds last (its idempotence record). The framework asks it when the sink's
+  metadata is missing or belongs to another Spark query (a deleted checkpointLocation), so
+  that epochs already in the target are never taken for new ones
+  (:mod:`flinkish_spark.sink.incarnation`).
 
 The framework (:mod:`flinkish_spark.sink.committer`) owns the decision log, replay
 detection, fencing and retries; a sink only moves its own data.
@@ -58,7 +64,14 @@ class EpochCommitter(ABC, Generic[C]):
         """Remove prepared output that will not be committed. Idempotent."""
 
     def cleanup(self, epoch: int, keep: list[C]) -> None:
-        """Remove prepared output of ``epoch`` that no committable in ``keep`` names (default: none)."""
+        """Remove prepared output of ``epoch`` that no committable in ``keep`` names (default: none).
+
+        Never a file that a committed version of the target names, whatever ``keep`` says."""
+
+    def last_committed_epoch(self) -> int | None:
+        """The last epoch of this sink uid that the target holds, -1 for none; None when the
+        target cannot tell (the default: then only the sink's metadata guards against a reset)."""
+        return None
 
     def encode(self, committable: C) -> bytes:
         """Serialise a committable for the decision log (default: pickle)."""

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.postgres.rows import TableSchema, row_sql
+from flinkish_spark.testing.spark_log import committed_batches
 
 State = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
 
@@ -221,12 +222,6 @@ def delta_differences(root: str, source: State, schemas: dict[str, TableSchema])
     return target_differences(read, source, schemas)
 
 
-def spark_commits(checkpoint_location: str) -> int:
-    """How many batches Spark has committed (its commit log under ``checkpointLocation``)."""
-    folder = os.path.join(checkpoint_location, "commits")
-    return sum(1 for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else 0
-
-
 def slots_and_publications(url: str) -> tuple[int, list[str]]:
     """The database's replication slots (how many) and publications (names)."""
     import psycopg
@@ -255,9 +250,9 @@ def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: st
     try:
         rng = random.Random(seed)
         for kill in range(kills):
-            before = spark_commits(checkpoint_location)
+            before = len(committed_batches(checkpoint_location))
             delay = rng.uniform(2.0, 8.0)
-            run = run_pipeline(spec(), kill_after=delay, kill_when=lambda: spark_commits(checkpoint_location) > before + 1)
+            run = run_pipeline(spec(), kill_after=delay, kill_when=lambda: len(committed_batches(checkpoint_location)) > before + 1)
             assert run.killed, f"expected a kill {delay:.1f}s after a commit, got rc={run.returncode}:\n{run.output[-3000:]}"
             assert slots_and_publications(url) == (1, ["flinkish_mirror"]), kill  # one slot, one publication
         # Let the schema changes and the new table happen before the end (the writer starts them after two commits).

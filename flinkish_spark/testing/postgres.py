@@ -20,6 +20,7 @@ from flinkish_spark.connectors.postgres.source import PostgresReader, PostgresSo
 from flinkish_spark.faults import crash_point
 from flinkish_spark.options import Options
 from flinkish_spark.source.split import Split
+from flinkish_spark.testing.spark_log import committed_batches
 
 
 class CountingPostgresReader(PostgresReader):
@@ -64,8 +65,7 @@ def committed_checkpoint(checkpoint_location: str, meta_root: str, uid: str) -> 
     from flinkish_spark.io.fileio import FileIO
     from flinkish_spark.source.offset import SourceOffset
 
-    commits = os.path.join(checkpoint_location, "commits")
-    done = [int(n) for n in os.listdir(commits) if n.isdigit()] if os.path.isdir(commits) else []
+    done = committed_batches(checkpoint_location)
     if not done:
         return None
     with open(os.path.join(checkpoint_location, "offsets", str(max(done)))) as f:

@@ -1,11 +1,13 @@
 """DataFrame transforms for pipeline specs (``"map": ["flinkish_spark.testing.transforms:..."]``).
 
 They inject task failures into the Spark job that writes a batch, for sinks whose rows never
-pass through flinkish code (:func:`flinkish_spark.files_sink`).
+pass through flinkish code (:func:`flinkish_spark.files_sink`), or make batches slow.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -37,3 +39,29 @@ def fail_midway(df: Any) -> Any:
             first = False
 
     return df.mapInArrow(through, df.schema)
+
+
+SLOW_TASK_ENV = "FLINKISH_TASK_SECONDS"
+
+
+def slow_tasks(df: Any) -> Any:
+    """Pass ``df`` through a ``mapInArrow`` whose every task first sleeps ``FLINKISH_TASK_SECONDS``
+    (default 3): batches that last longer than a lease timeout, whatever the source."""
+    seconds = float(os.environ.get(SLOW_TASK_ENV, "3"))
+
+    def through(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        time.sleep(seconds)
+        yield from batches
+
+    return df.mapInArrow(through, df.schema)
+
+
+def windowed_counts(df: Any) -> Any:
+    """Rows per 10-second event-time window of ``ts`` (a flinkish.sequence with ``watermarkColumn=ts``),
+    through :func:`flinkish_spark.with_watermark`: ``start timestamp, n long``, append mode."""
+    from pyspark.sql import functions as F
+
+    from flinkish_spark.finish.watermark import with_watermark
+
+    return (with_watermark(df, "ts", "5 seconds").groupBy(F.window("ts", "10 seconds"))
+            .agg(F.count("*").alias("n")).select(F.col("window.start").alias("start"), "n"))

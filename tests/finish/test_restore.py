@@ -141,6 +141,7 @@ def test_sink_refuses_a_decision_log_of_an_earlier_incarnation_of_the_query(spar
     q = query("meta2")  # a fresh source: epochs start at 0 again, the sink's log says 0..2 are done
     assert flinkish_spark.await_finished(q, timeout=120) == "failed"
     message = str(q.exception())
-    assert re.search(r"sink uid 'out' committed epochs up to 2 for the streaming query \S+, but the "
-                     r"checkpointLocation \S+ now belongs to the query \S+: it was deleted or replaced", message), message
+    assert re.search(r"sink uid 'out' has last committed epoch 2 in its target, decisions up to epoch 2 in its decision "
+                     r"log; its epochs were written by the streaming query \S+, but the checkpointLocation \S+ now "
+                     r"belongs to the query \S+: it was deleted or replaced", message), message
     assert _snapshot(tmp_path / "sinkmeta", tmp_path / "out") == before

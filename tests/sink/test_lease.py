@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -73,3 +74,45 @@ def test_a_process_check_is_only_trusted_where_it_means_something(tmp_path: Path
     started = time.monotonic()
     lease(tmp_path, "second", pid_is_liveness=pid_is_liveness).acquire()
     assert time.monotonic() - started >= TIMEOUT
+
+
+# -- sink leases: renewed per commit from a fresh Lease object (a new Python worker each time) ----------
+
+
+def renew_as(tmp_path: Path, run_id: str) -> None:
+    """One renewal the way a sink commit makes it: a new Lease object, nothing kept in memory."""
+    lease(tmp_path, run_id).renew()
+
+
+def test_a_run_whose_lease_was_taken_over_is_fenced_at_its_next_commit(tmp_path: Path) -> None:
+    renew_as(tmp_path, "first")
+    time.sleep(2 * TIMEOUT + 0.1)  # a long batch: the first run looks dead
+    renew_as(tmp_path, "second")  # the second takes the lease over
+    with pytest.raises(FencedError, match=r"is in use by another live run of this query \(run second"):
+        renew_as(tmp_path, "first")  # the first must not take it back: it lost it
+    assert json.loads((tmp_path / "_lease.json").read_text())["run_id"] == "second"
+
+
+def test_a_holder_that_renews_at_its_own_slow_pace_is_alive(tmp_path: Path) -> None:
+    """A sink renews once per batch: batches of 3 leaseTimeouts are its pace, not its death."""
+    pace = 3 * TIMEOUT
+    for _ in range(3):
+        renew_as(tmp_path, "first")
+        time.sleep(pace)
+    stop = threading.Event()
+
+    def keep_committing() -> None:
+        while not stop.wait(pace):
+            renew_as(tmp_path, "first")
+
+    thread = threading.Thread(target=keep_committing, daemon=True)
+    renew_as(tmp_path, "first")
+    thread.start()
+    try:
+        time.sleep(2.2 * TIMEOUT)  # the second run comes when the lease is older than two timeouts
+        with pytest.raises(FencedError, match=r"is in use by another live run of this query \(run first"):
+            renew_as(tmp_path, "second")
+    finally:
+        stop.set()
+        thread.join()
+    assert json.loads((tmp_path / "_lease.json").read_text())["run_id"] == "first"

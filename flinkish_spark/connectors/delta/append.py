@@ -42,12 +42,15 @@ def prepare_append(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pr
 def commit_append(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> CommitOutcome:
     for _ in range(3):
         head = sink._head()
+        if head is not None and not sink.check_same_table():
+            head = None  # another table is at the path now: its caches were dropped
         if head is None:
             # First commit in this process, or the table changed: read the table once.
             head = sink.set_head(sink.validate(False, "flinkish.delta commit"))
         if head.log.txn >= epoch:
-            return "ALREADY_COMMITTED"
+            return "ALREADY_COMMITTED"  # from the same table as the head's: confirmed just above
         if not files:
+            sink._committed_here = {epoch: frozenset()}
             return "COMMITTED"  # an empty epoch adds no version
         if not head.blind_append:
             return _commit_with_delta_rs(sink, files, epoch)
@@ -62,6 +65,7 @@ def commit_append(sink: DeltaTarget, files: list[DeltaFile], epoch: int) -> Comm
             sink._forget_head()  # the put may have landed: the next attempt re-reads the log
             return "RETRY_LATER"
         if outcome == "COMMITTED":
+            sink._committed_here = {epoch: frozenset(f.path for f in files)}
             after_append(sink, head.log.version)
         return outcome
     return "RETRY_LATER"
@@ -111,6 +115,7 @@ def _commit_with_delta_rs(sink: DeltaTarget, files: list[DeltaFile], epoch: int)
         if committed_version(sink.table(), sink.uid) >= epoch:
             return "ALREADY_COMMITTED"
         return "RETRY_LATER"
+    sink._committed_here = {epoch: frozenset(f.path for f in files)}
     table.update_incremental()
     sink._forget_head()  # re-read with the table at the next commit
     after_append(sink, table.version())

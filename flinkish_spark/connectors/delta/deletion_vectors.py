@@ -160,6 +160,14 @@ class Descriptor:
         name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
         return f"{prefix}/{name}" if prefix else name
 
+    def stored_file(self) -> str | None:
+        """The file below the table this vector is stored in (``u``), None when none (inline,
+        absolute, or a malformed descriptor): what a cleanup must keep next to the data file."""
+        try:
+            return self.relative_file() or None
+        except CorruptMetadataError:
+            return None
+
 
 def inline_descriptor(data: bytes, cardinality: int) -> Descriptor:
     return Descriptor("i", z85_encode(data), None, len(data), cardinality)

@@ -22,10 +22,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from flinkish_spark.connectors.delta.live import forget_state, table_state
+from flinkish_spark.connectors.delta.live import LiveTarget, forget_state, table_state
 from flinkish_spark.connectors.delta.log import VersionTaken, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState
-from flinkish_spark.connectors.delta.table import DV_PROPERTY, DeltaTarget, deltalake
+from flinkish_spark.connectors.delta.table import DV_PROPERTY, deltalake
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, evolve_epoch
 from flinkish_spark.connectors.lakehouse.routing import routed_twice
 from flinkish_spark.errors import StorageUnavailableError, TableMismatchError
@@ -45,8 +45,11 @@ def _config(metadata: dict[str, Any]) -> dict[str, str]:
     return dict(raw) if not isinstance(raw, dict) else raw  # a checkpoint's map reads back as pairs
 
 
-class RoutedDeltaTarget(DeltaTarget):
-    """One source table's Delta table; validated for the keyed writes, not against one fixed schema."""
+class RoutedDeltaTarget(LiveTarget):
+    """One source table's Delta table; validated for the keyed writes, not against one fixed schema.
+
+    A table deleted and created again at its path drops every cache of it (:meth:`LiveTarget.forget_table`,
+    checked by :func:`~flinkish_spark.connectors.delta.live.table_state` on each call), as for one table."""
 
     def __init__(self, *args: Any, source_table: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -69,6 +72,10 @@ class RoutedDeltaTarget(DeltaTarget):
             return table_state(self)
         except dl.exceptions.TableNotFoundError:
             return None
+
+    def committed(self, epoch: int) -> bool:
+        state = self.existing_state()  # a target not created (yet, or no longer) holds no epoch
+        return state is not None and state.txn(self.uid) >= epoch
 
     def evolution(self, state: DeltaState | None, schemas: list[tuple[Any, bool]]) -> Evolution:
         """The target's schema after the epoch's source schemas (oldest first, each with whether a change

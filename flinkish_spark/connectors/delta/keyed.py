@@ -23,7 +23,9 @@
   literally: any concurrent commit means a new read).
 * **Files the commit writes itself** (the DV file, copies, rewrites) are below the
   epoch's folder under names that are the same in every attempt of the epoch (so a
-  later attempt overwrites, never orphans); cleanup keeps those the table names.
+  later attempt overwrites, never orphans); cleanup keeps those the table names now and
+  those the epoch's version named (a compaction right after it may have removed some,
+  but a reader of that version still reads them).
 
 Every ``compactEvery`` epochs the commit is followed by a compaction
 (:mod:`flinkish_spark.connectors.delta.compaction`); every ``checkpointInterval``
@@ -42,7 +44,7 @@ from flinkish_spark.connectors.delta.committables import KeyedCommittable, delta
 from flinkish_spark.connectors.delta.compaction import compact
 from flinkish_spark.connectors.delta.epoch_commit import EpochCommit, EpochExtra
 from flinkish_spark.connectors.delta.live import forget_state, remember_dv, table_state
-from flinkish_spark.connectors.delta.log import StaleHead, TableChanged, VersionTaken
+from flinkish_spark.connectors.delta.log import StaleHead, TableChanged, VersionTaken, stored_files
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.changes import check_rows
@@ -88,7 +90,7 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
         except StorageUnavailableError:
             return "RETRY_LATER"
         if state.txn(sink.uid) >= epoch:
-            return "ALREADY_COMMITTED"
+            return "ALREADY_COMMITTED"  # table_state() confirmed that the state is of the table on storage
         more = extra(state) if extra is not None else None
         built = EpochCommit(sink, state, changes, committables, epoch, more).build()
         version = state.version + 1
@@ -107,6 +109,7 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
             forget_state(sink)  # the put may have landed: the next attempt reads the log again
             return "RETRY_LATER"
         state.apply(version, built.actions, validated=version)  # a metaData action of ours is validated
+        sink._committed_here = {epoch: frozenset(stored_files(built.actions))}
         for (path, unique_id), positions in built.vectors.items():
             remember_dv(sink, path, unique_id, positions)
         crash_point("delta.keyed.after_version")

@@ -5,7 +5,11 @@ query in the same long-lived Python process): the state is brought up to date by
 only the commits written since (O(new commits) per epoch), a vector is read once per
 (file, vector) and the target remembers the vectors it writes itself. A metadata or
 protocol change of the table drops the state: the table is validated again and the
-state reloaded from its newest checkpoint.
+state reloaded from its newest checkpoint. A table deleted and created again at the path
+(found by :meth:`DeltaTarget.check_same_table` at each batch's start and on every
+call of :func:`table_state`, one GET) drops every cache of it:
+the states of all uids, the vectors, and the key indexes of its files -- the new table's
+files may reuse names the sink writes deterministically (an epoch's DV file, ``driver-copy-0000``).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import numpy as np
 from flinkish_spark.connectors.delta.deletion_vectors import read_vector
 from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
-from flinkish_spark.connectors.delta.table import DeltaTarget
-from flinkish_spark.errors import CorruptMetadataError
+from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
+from flinkish_spark.connectors.lakehouse.files import epoch_dir
+from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
 
 DV_CACHE_BYTES = 256 << 20
 
@@ -34,8 +39,14 @@ def table_state(target: DeltaTarget) -> DeltaState:
     key = target._head_key()
     with _STATES_LOCK:
         state = _STATES.get(key)
+    if state is not None and (target._head() is None or not target.check_same_table()):
+        # Not confirmed to be the table on storage (another table is there now: check_same_table
+        # dropped every cache of the old one; or the head it is checked by was dropped): read afresh.
+        forget_state(target)
+        state = None
     if state is None:
         table = target.validate(False, "flinkish.delta commit")
+        target.set_head(table)  # what the next call checks the state's table by
         try:
             state = load_state(target.log(), table.version())
         except TableChanged:
@@ -51,10 +62,22 @@ def table_state(target: DeltaTarget) -> DeltaState:
     return state
 
 
-def forget_state(target: DeltaTarget) -> None:
+def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
+    """Drop the uid's state; ``table_too``: another table is at the path now (deleted, created again),
+    whose files can reuse names the sink writes deterministically (``driver-copy-0000`` below an
+    epoch's folder, a vector at the same offset of the epoch's DV file): drop every cache of the old
+    table -- every uid's state and head, the delta-rs table, the vectors and the key indexes."""
     with _STATES_LOCK:
         _STATES.pop(target._head_key(), None)
-    target._forget_head()
+        if table_too:
+            for state_key in [k for k in _STATES if k[:2] == target._key()]:
+                _STATES.pop(state_key)
+    target._forget_head(table_too)
+    if table_too:
+        CACHE.forget(target.url(""))
+        with _DV_LOCK:
+            for dv_key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
+                del _DV_CACHE[dv_key]
 
 
 def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:
@@ -94,15 +117,51 @@ def _remember_dv(key: str, positions: np.ndarray) -> None:
 def live_references(target: DeltaTarget) -> set[str]:
     """Paths (relative, decoded) of live data files and of the DV files live files use."""
     state = table_state(target)
-    out = {f.relative_path for f in state.files.values()}
-    for f in state.files.values():
-        if f.dv is not None and f.dv.storage_type == "u":
-            try:
-                rel = f.dv.relative_file()
-            except CorruptMetadataError:
-                continue
-            if rel:
-                out.add(rel)
-    return out
+    return {name for f in state.files.values() for name in f.stored_files()}
 
 
+
+
+class LiveTarget(DeltaTarget):
+    """A target whose keyed mode (``plan``) answers from this module's per-process state: what the table
+    holds, its newest version, and -- for a table recreated at the path -- every cache to drop.
+    ``flinkish.delta``'s one-table sink and each routed target are one."""
+
+    def committed(self, epoch: int) -> bool:
+        if self.plan is not None:
+            return table_state(self).txn(self.uid) >= epoch
+        return super().committed(epoch)
+
+    def newest_version(self) -> int:
+        if self.plan is not None:
+            return table_state(self).version
+        return super().newest_version()
+
+    def forget_table(self) -> None:
+        forget_state(self, table_too=True)  # the keyed state, vectors and key indexes too
+
+    def cleanup_epoch(self, epoch: int, kept: set[str]) -> None:
+        """Delete the files of the epoch's folder that neither the table's commit of the epoch added, nor
+        -- keyed, once the table holds the epoch -- the table names now, nor (before) ``kept`` names
+        (relative paths). Nothing when the table holds the epoch but its commit cannot be read."""
+        folder = epoch_dir(self.path, DATA_PREFIX, self.uid, epoch)
+        on_storage = self.io.find(folder)
+        if not on_storage:
+            return
+        named = self.added_by_table(epoch)
+        if named is None:
+            # The table holds the epoch but its commit cannot be read (log cleanup): deleting
+            # by listing could remove committed data. Leave the folder.
+            return
+        root = self.io.strip(self.path).rstrip("/") + "/"
+        if self.plan is not None and self.committed(epoch):
+            # Keyed: the commit left out files whose rows all lost, and wrote files of its own
+            # (vectors, copies, compactions): what the table names now or the epoch's version
+            # named stays (a compaction right after the epoch may have removed some, but a reader
+            # of the epoch's version still reads them: VACUUM's job), nothing else -- whatever the
+            # decision says.
+            wanted = live_references(self) | named
+        else:
+            wanted = named | kept
+        self.io.delete_many([self.io.url(p) for p in on_storage if p[len(root):] not in wanted])
+        self.io.remove_empty_dirs(folder)

@@ -31,6 +31,10 @@ transaction of the same ``appId`` (what Spark's and delta-rs's conflict checkers
 * **Never on top of an unseen change.** A ``metaData`` or ``protocol`` action in a
   commit read forward raises :class:`TableChanged`: the caller re-reads and
   re-validates the table (delta-rs) before appending again.
+* **Never into another table.** The head keeps a digest of the commit it stands on; a table
+  folder deleted and created anew at the same path (a notebook) no longer has that commit
+  (:meth:`DeltaLog.same_table`), and the caller reloads instead of appending after the old
+  table's last version or taking the new table's epochs for committed ones.
 * **Never into a cleaned-up past.** If ``_last_checkpoint`` is at or beyond the version
   about to be written, log cleanup may have removed that version, and a put-if-absent
   would then succeed *behind* the table: the version is read instead, and if it is gone,
@@ -44,12 +48,14 @@ protocol), every ``checkpointInterval`` versions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from flinkish_spark.connectors.delta.deletion_vectors import Descriptor
 from flinkish_spark.errors import AlreadyExistsError
 from flinkish_spark.io.fileio import FileIO
 
@@ -71,10 +77,16 @@ class StaleHead(Exception):
 
 @dataclass
 class LogHead:
-    """What a writer of ``uid`` knows of the log: the newest version seen, and ``uid``'s txn there."""
+    """What a writer of ``uid`` knows of the log: the newest version seen, ``uid``'s txn there,
+    and a digest of that version's commit file (None until read) that tells the table apart."""
 
     version: int
     txn: int
+    digest: str | None = None
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def blind_append_supported(protocol: Any, schema: Any) -> bool:
@@ -117,11 +129,31 @@ class DeltaLog:
 
     def read(self, version: int) -> list[dict[str, Any]] | None:
         """The actions of one commit, None when there is no such version (yet)."""
+        data = self._read_bytes(version)
+        return None if data is None else _actions(data)
+
+    def _read_bytes(self, version: int) -> bytes | None:
         try:
-            data = self.io.read_bytes(self.commit_url(version))
+            return self.io.read_bytes(self.commit_url(version))
         except FileNotFoundError:
             return None
-        return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+    def digest(self, version: int) -> str | None:
+        """The digest of one commit file (None: no such version): what tells two tables apart."""
+        data = self._read_bytes(version)
+        return None if data is None else _digest(data)
+
+    def same_table(self, head: LogHead) -> bool:
+        """Whether the log still holds the commit ``head`` stands on, byte for byte (one GET).
+
+        False for a table deleted and created again at the path (its versions are other
+        commits, or fewer). A head without a digest learns it here.
+        """
+        digest = self.digest(head.version)
+        if head.digest is None:
+            head.digest = digest
+            return True
+        return digest is not None and digest == head.digest
 
     def last_checkpoint(self) -> int:
         """The version ``_last_checkpoint`` names, -1 without one."""
@@ -136,10 +168,10 @@ class DeltaLog:
         commits stays where it is; :meth:`append` finds that out before writing.
         """
         while True:
-            actions = self.read(head.version + 1)
-            if actions is None:
+            data = self._read_bytes(head.version + 1)
+            if data is None:
                 return
-            _apply(head, uid, head.version + 1, actions)
+            _apply(head, uid, head.version + 1, _actions(data), data)
 
     def last_checkpoint_info(self) -> dict[str, Any] | None:
         """``_last_checkpoint`` as written (``version``, optional ``parts``), None without one."""
@@ -161,21 +193,21 @@ class DeltaLog:
             if head.txn >= epoch:
                 return "ALREADY_COMMITTED"
             version = head.version + 1
-            passed = self.behind_checkpoint(version, checkpoint)
+            passed = self._passed_bytes(version, checkpoint)
             if passed is not None:
-                _apply(head, uid, version, passed)
+                _apply(head, uid, version, _actions(passed), passed)
                 continue
             payload = commit_payload(uid, epoch, actions, info, read_version=head.version, blind=True)
             try:
                 self.write_version(version, payload)
             except VersionTaken:
                 # Another writer took this version: read it, then try the next one.
-                winner = self.read(version)
+                winner = self._read_bytes(version)
                 if winner is None:  # cleaned up already: we are far behind
                     raise StaleHead(f"{self.root}: version {version} exists but could not be read") from None
-                _apply(head, uid, version, winner)
+                _apply(head, uid, version, _actions(winner), winner)
                 continue
-            head.version, head.txn = version, epoch
+            head.version, head.txn, head.digest = version, epoch, _digest(payload)
             return "COMMITTED"
 
     def behind_checkpoint(self, version: int, checkpoint: int) -> list[dict[str, Any]] | None:
@@ -185,9 +217,13 @@ class DeltaLog:
         Why: log cleanup may have removed that version, and a put-if-absent would then succeed
         *behind* the table.
         """
+        passed = self._passed_bytes(version, checkpoint)
+        return None if passed is None else _actions(passed)
+
+    def _passed_bytes(self, version: int, checkpoint: int) -> bytes | None:
         if checkpoint < version:
             return None
-        passed = self.read(version)
+        passed = self._read_bytes(version)
         if passed is None:
             raise StaleHead(f"{self.root}: version {version} is behind checkpoint {checkpoint} and gone")
         return passed
@@ -202,6 +238,34 @@ class DeltaLog:
             self.io.write_exclusive(self.commit_url(version), payload)
         except AlreadyExistsError:
             raise VersionTaken(version) from None
+
+    def added_by(self, uid: str, epoch: int, newest: int, limit: int = 1000) -> set[str] | None:
+        """The files (paths relative to the table, decoded: data files and deletion vector files)
+        that the commit holding ``txn(uid, epoch)`` added -- and the compactions of the epoch
+        after it (``flinkish.compaction``) -- searched back from version ``newest`` (one GET per
+        version passed; the epoch's own commit is normally the newest or the one before).
+
+        An empty set when the log shows that no commit holds the epoch (an older txn of
+        ``uid`` comes first); None when it cannot tell (a version on the way is gone, or more
+        than ``limit`` versions were read): then nothing of the epoch may be deleted.
+        """
+        found: set[str] = set()
+        for version in range(newest, max(-1, newest - limit), -1):
+            actions = self.read(version)
+            if actions is None:
+                return None
+            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if info.get("flinkish.uid") == uid and info.get("flinkish.compaction") == epoch:
+                found |= stored_files(actions)
+            for action in actions:
+                txn = action.get("txn")
+                if txn is None or txn.get("appId") != uid:
+                    continue
+                if int(txn["version"]) == epoch:
+                    return found | stored_files(actions)
+                if int(txn["version"]) < epoch:
+                    return set()
+        return set() if newest - limit < 0 else None
 
 
 class VersionTaken(Exception):
@@ -229,11 +293,31 @@ def commit_payload(uid: str, epoch: int | None, actions: list[dict[str, Any]], i
     return "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode() + b"\n"
 
 
-def _apply(head: LogHead, uid: str, version: int, actions: list[dict[str, Any]]) -> None:
+def stored_files(actions: list[dict[str, Any]]) -> set[str]:
+    """The files the ``add`` actions of one commit name (relative to the table, decoded): data
+    files, and the deletion vector files below the table (``u``) their vectors are stored in."""
+    out: set[str] = set()
+    for action in actions:
+        add = action.get("add")
+        if add is None:
+            continue
+        out.add(urllib.parse.unquote(add["path"]))
+        dv = add.get("deletionVector")
+        dv_file = Descriptor.from_json(dv).stored_file() if dv else None
+        if dv_file:
+            out.add(dv_file)
+    return out
+
+
+def _actions(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def _apply(head: LogHead, uid: str, version: int, actions: list[dict[str, Any]], data: bytes) -> None:
     for action in actions:
         if "metaData" in action or "protocol" in action:
             raise TableChanged(f"version {version} changed the table's {'metadata' if 'metaData' in action else 'protocol'}")
         txn = action.get("txn")
         if txn is not None and txn.get("appId") == uid:
             head.txn = max(head.txn, int(txn["version"]))
-    head.version = version
+    head.version, head.digest = version, _digest(data)

@@ -36,12 +36,11 @@ from flinkish_spark.connectors.delta.committables import KeyedCommittable, decod
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
 from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
-from flinkish_spark.connectors.delta.live import live_references, table_state
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
-from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL
+from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
-from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
+from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
@@ -90,6 +89,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
         self.create_table = create_table
         self.resnapshots = Resnapshots(metadata_io or io, metadata_dir) if metadata_dir else None
+        self._committed_here: dict[str, dict[int, frozenset[str]]] = {}  # per source table, as DeltaTarget's
 
     def target(self, table: str, schema: TableSchema, columns: pa.Schema | None = None) -> RoutedDeltaTarget:
         """``columns``: the data columns of the rows to write when they are not the newest schema's
@@ -136,6 +136,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             outcome = commit_keyed(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch))
             if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
                 return outcome
+            self._committed_here[t.table] = target._committed_here  # the files its version named: cleanup spares them
             if t.end and self.resnapshots is not None:
                 self.resnapshots.finish(target.path)
         return "COMMITTED"
@@ -162,25 +163,12 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         self.io.delete_many(urls)
 
     def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
-        """Per table the decision names: files of the epoch's folder that the table does not name (it has
-        the epoch) or that no kept part names (it does not yet). Tables no decided part names are not
-        listed: the per-epoch cost stays with the tables the epoch changed."""
+        """Per table the decision names, what :meth:`LiveTarget.cleanup_epoch` deletes for one table. Tables no
+        decided part names are not listed: the per-epoch cost stays with the tables the epoch changed."""
         for t in self._tables(keep):
             target = self.target(t.table, t.schemas()[-1])
-            folder = epoch_dir(target.path, DATA_PREFIX, self.uid, epoch)
-            on_storage = self.io.find(folder)
-            if not on_storage:
-                continue
-            state = target.existing_state()
-            root = self.io.strip(target.path).rstrip("/") + "/"
-            if state is not None and state.txn(self.uid) >= epoch:
-                live = live_references(target)
-                doomed = [p for p in on_storage if p[len(root):] not in live]
-            else:
-                wanted = {self.io.strip(target.url(f.path)) for k in t.keyed() for f in k.files}
-                doomed = [p for p in on_storage if p not in wanted]
-            self.io.delete_many([self.io.url(p) for p in doomed])
-            self.io.remove_empty_dirs(folder)
+            target._committed_here = self._committed_here.get(t.table, {})
+            target.cleanup_epoch(epoch, {f.path for k in t.keyed() for f in k.files})
 
     def encode(self, committable: RoutedCommittable) -> bytes:
         return encode_routed(committable)

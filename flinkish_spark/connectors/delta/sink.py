@@ -14,7 +14,14 @@ writes one Delta version with the files and ``txn(appId = uid, version = epoch)`
 (*commit*). The txn makes the commit idempotent: a replayed epoch, or a commit of ours
 whose answer was lost, is recognised in the log and not applied again. *Abort/cleanup*
 deletes files of the epoch's folder that the table does not name (failed task
-attempts, a crashed run's prepare).
+attempts, a crashed run's prepare) -- never a file that the table's commit of the epoch
+added (or its compaction), whatever the decision says: when the table holds the epoch,
+that commit is read from the log (or known, when this object wrote it), and when it
+cannot be found nothing of the epoch is deleted.
+
+*The target's record* (:meth:`DeltaTarget.last_committed_epoch`): the uid's txn version, in
+append and keyed modes alike, which the framework asks when the sink's metadata is missing
+or belongs to another Spark query (see :mod:`flinkish_spark.sink.incarnation`).
 
 Every ``checkpointInterval`` table versions (default 10) the driver writes a Delta
 checkpoint (O(live files): delta-rs lists them all). ``compactEvery`` (default 0: off):
@@ -40,14 +47,14 @@ from flinkish_spark.connectors.delta.committables import (
     KEYED_MAGIC, DeltaCommittable, DeltaFile, KeyedCommittable, decode_files, decode_keyed, encode_files, encode_keyed,
 )
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
-from flinkish_spark.connectors.delta.live import live_references, table_state
+from flinkish_spark.connectors.delta.live import LiveTarget
 from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
-from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget, Head, deltalake
+from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, Head, deltalake
 from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, ChangePlan, KeyedOptions, parse_keyed_options, plan_changes,
 )
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
-from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
+from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.io.fileio import FileIO, storage_options_from
@@ -75,7 +82,7 @@ def keyed_plan(keyed: KeyedOptions, schema: StructType, partition_by: tuple[str,
     return plan_changes(keyed, schema, arrow_schema(schema), component)
 
 
-class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
+class DeltaSink(LiveTarget, TwoPhaseCommitSink[Committable]):
     def __init__(self, io: FileIO, path: str, uid: str, schema: pa.Schema, partition_by: tuple[str, ...],
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, compact_every: int = 0,
                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
@@ -123,30 +130,7 @@ class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
         self.io.delete_many([self.url(f.path) for c in committables for f in c.files])
 
     def cleanup(self, epoch: int, keep: list[Committable]) -> None:
-        if not keep and self.committed(epoch):
-            # The table has the epoch but we no longer know its files (decision retained
-            # away): deleting by listing could remove committed data. Leave the folder.
-            return
-        folder = epoch_dir(self.path, DATA_PREFIX, self.uid, epoch)
-        on_storage = self.io.find(folder)
-        if not on_storage:
-            return
-        if self.plan is not None and keep and self.committed(epoch):
-            # Keyed: the commit left out files whose rows all lost, and wrote files of its own
-            # (vectors, copies, compactions): what the table names stays, nothing else.
-            root = self.io.strip(self.path).rstrip("/") + "/"
-            live = live_references(self)
-            doomed = [p for p in on_storage if p[len(root):] not in live]
-        else:
-            wanted = {self.io.strip(self.url(f.path)) for c in keep for f in c.files}
-            doomed = [p for p in on_storage if p not in wanted]
-        self.io.delete_many([self.io.url(p) for p in doomed])
-        self.io.remove_empty_dirs(folder)
-
-    def committed(self, epoch: int) -> bool:
-        if self.plan is not None:
-            return table_state(self).txn(self.uid) >= epoch
-        return super().committed(epoch)
+        self.cleanup_epoch(epoch, {f.path for c in keep for f in c.files})
 
     def encode(self, committable: Committable) -> bytes:
         if isinstance(committable, KeyedCommittable):

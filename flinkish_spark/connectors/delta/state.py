@@ -69,6 +69,15 @@ class LiveFile:
                 self._parsed = {}
         return self._parsed
 
+    def stored_files(self) -> list[str]:
+        """The files (relative, decoded) this logical file is stored in: the data file, and its DV file
+        when the vector is in one below the table (``u``; a malformed descriptor names none)."""
+        out = [self.relative_path]
+        dv_file = None if self.dv is None else self.dv.stored_file()
+        if dv_file:
+            out.append(dv_file)
+        return out
+
     @property
     def num_records(self) -> int | None:
         value = self.parsed_stats().get("numRecords")

@@ -9,6 +9,19 @@ query's key with the table's key type, and in ``mergeOnRead`` deletion vectors (
 tables the sink creates get them; an existing table is upgraded by its owner (the error
 says how) -- and no feature whose rules a keyed writer would break (column mapping, row
 tracking, change data feed, append-only, constraints).
+
+The caches of a driver process (the delta-rs table, each uid's log head) belong to one
+table: a folder deleted and created again at the same path (a notebook) is another table.
+The head keeps a digest of the commit it stands on; :meth:`DeltaTarget.check_same_table`
+compares it with the log (one GET) -- at a batch's start (:meth:`DeltaTarget.ensure_table`),
+before an append commit, before the keyed state answers, in
+:meth:`DeltaTarget.last_committed_epoch` -- and drops every cache of the table when it
+differs (:meth:`DeltaTarget.forget_table`): the one mechanism for a recreated table.
+
+What the table holds of a uid, for the framework (:mod:`flinkish_spark.sink.incarnation`):
+:meth:`DeltaTarget.last_committed_epoch`, its txn version -- also the txn of a keyed epoch
+that changed nothing -- and for cleanup the files the epoch's commit added
+(:meth:`DeltaTarget.added_by_table`).
 """
 
 from __future__ import annotations
@@ -87,6 +100,8 @@ class DeltaTarget:
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.storage_options = delta_storage_options(io.storage_options) if io.protocol == "s3" else {}
+        # The epoch this object last made visible, with the files its commit named (cleanup spares them).
+        self._committed_here: dict[int, frozenset[str]] = {}
 
     @property
     def table_uri(self) -> str:
@@ -125,9 +140,36 @@ class DeltaTarget:
         with _TABLES_LOCK:
             return _HEADS.get(self._head_key())
 
-    def _forget_head(self) -> None:
+    def _forget_head(self, table_too: bool = False) -> None:
+        """Drop this uid's head; ``table_too``: also the delta-rs table and every uid's head (another table at this path)."""
         with _TABLES_LOCK:
             _HEADS.pop(self._head_key(), None)
+            if table_too:
+                _TABLES.pop(self._key(), None)
+                for key in [k for k in _HEADS if k[:2] == self._key()]:
+                    _HEADS.pop(key)
+
+    def forget_table(self) -> None:
+        """Drop every cache of this process for the table at this path: another table is there now."""
+        self._forget_head(table_too=True)
+
+    def check_same_table(self) -> bool:
+        """Whether this process's caches of the table may still answer for the folder (one GET).
+
+        Spark reuses the driver's Python workers across queries, and a notebook deletes a table and
+        writes it again: a cache filled before describes another table then -- its txn would call
+        the new table's epochs committed, the next version written would leave a gap in the new
+        log, and names the sink writes deterministically would be looked up in the old files'
+        indexes. The head keeps a digest of the commit it stands on; when the log no longer holds
+        that commit byte for byte (deleted, created again -- with any number of versions -- or
+        log cleanup passed it), every cache of the table is dropped (:meth:`forget_table`) and
+        False returned: the caller reads the table afresh. True without a head (nothing cached).
+        """
+        head = self._head()
+        if head is None or self.log().same_table(head.log):
+            return True
+        self.forget_table()
+        return False
 
     def shape(self) -> tuple[str, tuple[str, ...]]:
         return self.schema.to_string(), self.partition_by
@@ -137,11 +179,13 @@ class DeltaTarget:
 
         Raises TableMismatchError for a folder that is not a Delta table, another schema or
         other partition columns; nothing is written then. Once validated in this process,
-        a later call only reads the commits other writers added since (O(their number)),
-        and validates again only if one of them changed the metadata or protocol.
+        a later call only checks that the head's commit is still there (one GET: a table
+        deleted and created again is reloaded, with every cache of the old one dropped) and
+        reads the commits other writers added since (O(their number)), and validates again
+        only if one of them changed the metadata or protocol.
         """
         head = self._head()
-        if head is not None and head.validated == self.shape():
+        if head is not None and head.validated == self.shape() and self.check_same_table():
             try:
                 if head.blind_append:
                     self.log().catch_up(head.log, self.uid)
@@ -153,7 +197,10 @@ class DeltaTarget:
 
     def set_head(self, table: Any) -> Head:
         blind = self.plan is None and blind_append_supported(table.protocol(), table.schema())
-        head = Head(LogHead(table.version(), committed_version(table, self.uid)), blind, self.shape())
+        # The digest now: a keyed head stays at this version for the life of the process, and
+        # must tell the table it was validated on from one created again later.
+        version = int(table.version())
+        head = Head(LogHead(version, committed_version(table, self.uid), self.log().digest(version)), blind, self.shape())
         with _TABLES_LOCK:
             _HEADS[self._head_key()] = head
         return head
@@ -254,11 +301,36 @@ class DeltaTarget:
 
     def committed(self, epoch: int) -> bool:
         """Whether the table holds ``epoch`` of this uid, read from the log's newest state."""
+        return self.last_committed_epoch() >= epoch
+
+    def last_committed_epoch(self) -> int:
+        """The table's txn version of this uid, read from the log's newest state (-1: none, or no table).
+
+        Keyed tables included: an epoch that changed nothing still wrote its txn."""
+        self.check_same_table()
         head = self._head()
         if head is not None and head.blind_append:
             try:
                 self.log().catch_up(head.log, self.uid)
-                return head.log.txn >= epoch
+                return head.log.txn
             except (TableChanged, StaleHead):
                 self._forget_head()
-        return committed_version(self.table(), self.uid) >= epoch
+        try:
+            return committed_version(self.table(), self.uid)
+        except deltalake().exceptions.TableNotFoundError:
+            return -1
+
+    def newest_version(self) -> int:
+        """The newest version of the log this process knows (after :meth:`committed` brought it up to date)."""
+        head = self._head()
+        return head.log.version if head is not None and head.blind_append else int(self.table().version())
+
+    def added_by_table(self, epoch: int) -> set[str] | None:
+        """The files (relative, decoded) the table's commit of ``epoch`` added -- data and deletion
+        vector files, with the epoch's compactions: none when the table does not hold the epoch,
+        None when it does but its commit cannot be read (then nothing of the epoch may be deleted)."""
+        if epoch in self._committed_here:
+            return set(self._committed_here[epoch])
+        if not self.committed(epoch):
+            return set()
+        return self.log().added_by(self.uid, epoch, self.newest_version())

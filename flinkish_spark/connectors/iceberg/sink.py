@@ -24,6 +24,13 @@ Iceberg table with pyiceberg (no JVM jar).
 * **Abort / cleanup**: files of an epoch's folder that the table does not name once it has
   the epoch -- or, before, that no decided committable names (failed task attempts, a
   crashed run's prepare, a refused attempt's delete files) -- are deleted by listing it.
+  Never a file that the epoch's snapshots added (data, position delete and compaction
+  files, read from their manifests), whatever the decision says; when the table holds the
+  epoch and its snapshots are gone (expired), nothing of the epoch is deleted.
+* **The target's record** (:meth:`IcebergSink.last_committed_epoch`): the ancestry walk
+  above -- in keyed modes a marker snapshot of an epoch that changed nothing counts -- which
+  the framework asks when the sink's metadata is missing or belongs to another Spark query
+  (see :mod:`flinkish_spark.sink.incarnation`).
 
 Catalog: see :mod:`.catalog` (``catalog`` / ``catalogUri`` + ``warehouse`` / embedded,
 ``catalogName``).
@@ -79,6 +86,7 @@ from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEF
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
+from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO, storage_options_from
 from flinkish_spark.options import Options
 from flinkish_spark.sink.datasource import TwoPhaseCommitDataSource
@@ -220,6 +228,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
 
         keyed = [c for c in committables if isinstance(c, KeyedCommittable)]
         files = [f for c in committables if isinstance(c, IcebergCommittable) for f in c.files]
+        cached = TableCache.get(self._table_key()) is not None
         table = self.table(refresh=False)
         marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         for attempt in range(10):
@@ -227,6 +236,12 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
             # main still points where it pointed here, so a stale cached table can only
             # make the commit fail (and be re-checked), never apply an epoch twice.
             if committed_epoch(table, self.uid) >= epoch:
+                if cached:
+                    # ... but "already committed" from the cache is confirmed in the catalog: Spark reuses
+                    # the commit worker across queries, and the table may have been dropped and created again.
+                    cached = False
+                    table = self.table(refresh=True)
+                    continue
                 return "ALREADY_COMMITTED"
             if self.plan is None and not files:
                 return "COMMITTED"  # an empty append epoch adds no snapshot
@@ -237,6 +252,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
                     # The lookup reads the snapshot the commit asserts: positions are never stale.
                     plan = plan_epoch(self._target(), table, keyed, epoch)
                     written = plan.written
+                    crash_point("iceberg.keyed.before_snapshot")  # delete files and copies written, no snapshot
                     commit_snapshot(self.catalog(), table, plan.changes, spec_id, marker,
                                     retain=self.retain_snapshots, protect_property=UID_PROPERTY,
                                     delete_files=self._delete_quietly)
@@ -308,6 +324,16 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
         folder = epoch_folder(self.info, self.uid, epoch)
         self.io.delete_many([self.io.url(p) for p in self.io.find(folder) if p not in wanted])
         self.io.remove_empty_dirs(folder)
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in the table's snapshots (-1: none, or no table yet); read
+        from the catalog, never from this process's cache of the table."""
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return committed_epoch(self.table(), self.uid)
+        except NoSuchTableError:
+            return -1
 
 
 def _paths(c: Committable) -> list[str]:

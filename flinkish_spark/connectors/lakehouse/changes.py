@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import StructType
 
-from flinkish_spark.connectors.primary_key import carried_key
+from flinkish_spark.connectors.primary_key import carried_key, partial_key
 from flinkish_spark.errors import ChangeDataError, ConfigError
 from flinkish_spark.options import Options
 
@@ -127,6 +127,14 @@ def plan_changes(options: KeyedOptions, schema: StructType, arrow_input: pa.Sche
     mode: Literal["upsert", "history"] = "history" if options.mode == "history" else "upsert"
     names = arrow_input.names
     key = options.key or carried_key(schema)
+    partial = [] if options.key else partial_key(schema)
+    if partial:
+        raise ConfigError(
+            f"{component}: the query's columns carry only part of a primary key "
+            f"({', '.join(f'{name!r} is column {pos} of it' for pos, name in partial)}): a column of the source "
+            "table's key was dropped, and the rest would make rows it tells apart replace each other. Keep every "
+            "key column in the query, or set .option('key', 'col1,col2') to the key the target table should have."
+        )
     if not key:
         raise ConfigError(
             f"{component}: mode '{mode}' needs a key, and the query's columns carry no primary key "

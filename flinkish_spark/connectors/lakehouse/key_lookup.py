@@ -132,6 +132,12 @@ class KeyIndexCache:
             self._entries.clear()
             self._bytes = 0
 
+    def forget(self, url_prefix: str) -> None:
+        """Drop the indexes of files below ``url_prefix`` (a table deleted: new files may reuse names)."""
+        with self._lock:
+            for key in [k for k in self._entries if str(k[0]).startswith(url_prefix)]:
+                self._bytes -= self._entries.pop(key).nbytes
+
     @property
     def nbytes(self) -> int:
         return self._bytes
@@ -147,9 +153,10 @@ class KeyLookup:
                  cache: KeyIndexCache = CACHE) -> None:
         self.io, self.key, self.live_column, self.cache = io, key, live_column, cache
         self.files_read = 0  # cold indexes built by the last find() (for tests and benchmarks)
+        self.types: pa.Schema | None = None  # the query's key types: a file's keys are read as these
 
     def index(self, f: CandidateFile) -> FileKeys:
-        cache_key = (f.url, f.size, self.key, self.live_column)
+        cache_key = (f.url, f.size, self.key, self.live_column, self.types)
         found = self.cache.get(cache_key)
         if found is None:
             found = self._build(f)
@@ -161,6 +168,11 @@ class KeyLookup:
         with self.io.fs.open(self.io.strip(f.url), "rb") as handle:
             table = pq.read_table(handle, columns=columns)
         keys = table.select(list(self.key))
+        if self.types is not None and keys.schema != self.types:
+            # Another writer's file may store the key in another type (Spark's INT96 timestamps read
+            # back as ns, large_string): codes and hashes must be those of the query's values.
+            keys = pa.table([pc.cast(keys.column(k), self.types.field(k).type, safe=False) for k in self.key],
+                            schema=self.types)
         live = None
         for k in self.key:
             if keys.column(k).null_count:
@@ -189,6 +201,7 @@ class KeyLookup:
     def find(self, keys: pa.Table, files: Sequence[CandidateFile]) -> Matches:
         """Live rows of ``keys`` (unique, sorted by the key columns) in ``files``."""
         self.files_read = 0
+        self.types = pa.schema([pa.field(k, keys.schema.field(k).type) for k in self.key])
         if keys.num_rows == 0 or not files:
             return Matches({})
         candidates = self._prune(keys, files)
@@ -197,17 +210,21 @@ class KeyLookup:
         query = key_codes(keys.columns)
         order = np.argsort(query, kind="stable")
         query, query_index = query[order], order.astype(np.int64)
-        cold = [f for f in candidates if self.cache.get((f.url, f.size, self.key, self.live_column)) is None]
+        # The indexes built here are held for this lookup: the cache may be smaller than they are.
+        built: dict[int, FileKeys] = {}
+        cold = [i for i, f in enumerate(candidates)
+                if self.cache.get((f.url, f.size, self.key, self.live_column, self.types)) is None]
         self.files_read = len(cold)
         if len(cold) > 1:
             with ThreadPoolExecutor(min(READ_THREADS, len(cold))) as pool:
-                list(pool.map(self.index, cold))
+                built.update(zip(cold, pool.map(lambda i: self.index(candidates[i]), cold)))
         exact = exact_codes([c.type for c in keys.columns])
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for f in candidates:
-            positions, key_index = _search(self.index(f), query, query_index)
+        for i, f in enumerate(candidates):
+            index = built.pop(i, None) or self.index(f)
+            positions, key_index = _search(index, query, query_index)
             if len(positions) and not exact:
-                positions, key_index = _verify(self.index(f), keys, positions, key_index)
+                positions, key_index = _verify(index, keys, positions, key_index)
             if len(positions) and f.deleted is not None:
                 deleted = f.deleted()
                 if len(deleted):

@@ -44,6 +44,8 @@ E_LSN, E_PART, E_ROW = "_e_lsn", "_e_part", "_e_row"  # the change's order
 E_KIND = "_e_kind"  # KIND_VERSION: a row was written (at E_POS); KIND_DELETE: none
 E_POS = "_e_pos"  # position of the written row among the task's rows (-1 for a delete)
 E_FROM_DELETE = "_e_from_delete"  # soft: the row written holds the delete's own values
+E_DELETED = "_e_deleted"  # soft: the row written is a soft delete (_deleted = true)
+E_VLSN, E_VROW = "_e_vlsn", "_e_vrow"  # soft: the order of the version whose values the row holds
 E_TS, E_VALID_TO, E_CURRENT = "_e_ts", "_e_valid_to", "_e_current"  # history: as written
 E_TASK = "_e_task"  # added by resolve_epoch: index of the committable
 KIND_VERSION, KIND_DELETE = 0, 1
@@ -108,7 +110,11 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
         rows = data.take(pa.array(source)).append_column(DELETED, pa.array(win_delete))
         from_delete = win_delete & (source == win)
         entries = _entries(keys, work, win, np.full(len(win), KIND_VERSION), np.arange(len(win)))
-        entries = entries.append_column(E_FROM_DELETE, pa.array(from_delete))
+        at = pa.array(source, pa.int64())
+        entries = (entries.append_column(E_FROM_DELETE, pa.array(from_delete))
+                   .append_column(E_DELETED, pa.array(win_delete))
+                   .append_column(E_VLSN, work.column(E_LSN).take(at))
+                   .append_column(E_VROW, work.column(E_ROW).take(at)))
         return TaskChanges(rows, entries)
     versions = win[~win_delete]
     kinds = np.where(win_delete, KIND_DELETE, KIND_VERSION)
@@ -244,20 +250,7 @@ class EpochChanges:
         soft_copy = np.zeros(len(self.starts), dtype=np.bool_)  # key -> its soft row is copied from elsewhere
         needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)
         if self.plan.deletes == "soft":
-            from_delete = np.asarray(self.entries.column(E_FROM_DELETE).to_numpy(zero_copy_only=False), dtype=np.bool_)
-            # A soft delete whose task knew no earlier version keeps the values of the epoch's last
-            # version before it (another task's; a soft row of another task holds such values too) ...
-            soft = winners[from_delete[winners]]
-            last_real = np.maximum.accumulate(np.where(~from_delete, np.arange(len(self.group)), -1))
-            earlier = np.where(soft > 0, last_real[np.maximum(soft - 1, 0)], -1)
-            has_earlier = (earlier >= self.starts[self.group[soft]]) if len(soft) else np.zeros(0, dtype=np.bool_)
-            if has_earlier.any():
-                sources = earlier[has_earlier]
-                self._copy_entries(out, sources, {DELETED: pa.array(np.ones(len(sources), dtype=np.bool_))})
-                self._drop(out, soft[has_earlier])
-                soft_copy[self.group[soft[has_earlier]]] = True
-            # ... else the table's row of the key (found below), else its own (the delete's) values.
-            needs_table_row[self.group[soft[~has_earlier]]] = True
+            self._soft_sources(out, winners, soft_copy, needs_table_row)
         self._drop(out, losers)
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
@@ -268,6 +261,41 @@ class EpochChanges:
                     out.copies.append(RowCopy(path, -1, positions[take],
                                               {DELETED: pa.array(np.ones(int(take.sum()), dtype=np.bool_))}))
                     self._drop(out, winners[key_index[take]])
+
+    def _soft_sources(self, out: Apply, winners: np.ndarray, soft_copy: np.ndarray, needs_table_row: np.ndarray) -> None:
+        """Where a soft-deleted key's values come from: the epoch's last *version* of the key before
+        the delete, whichever task wrote it -- a task's soft row holds the task's own last version,
+        but another task may hold a later one (every entry says which version its values are:
+        ``E_VLSN``/``E_PART``/``E_VROW``) -- else the table's row (found by the lookup), else the
+        delete's own values."""
+        assert self.entries is not None
+        col = self.entries.column
+        n = len(self.group)
+        from_delete = np.asarray(col(E_FROM_DELETE).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        is_deleted = np.asarray(col(E_DELETED).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        # Rank every entry by the order of the version its values are (-1: no version, the delete's own values).
+        by_values = np.lexsort((np.asarray(col(E_VROW).to_numpy(), dtype=np.int64),
+                                np.asarray(col(E_PART).to_numpy(), dtype=np.int64),
+                                np.asarray(col(E_VLSN).to_numpy(), dtype=np.int64)))
+        rank = np.empty(n, dtype=np.int64)
+        rank[by_values] = np.arange(n)
+        rank[from_delete] = -1
+        # Running maximum of the rank within each key's entries (the key's base keeps groups apart).
+        base = self.group.astype(np.int64) * (n + 1)
+        running = np.maximum.accumulate(base + rank + 1)
+        soft = winners[is_deleted[winners]]
+        if not len(soft):
+            return
+        before = soft - 1
+        has_before = before >= self.starts[self.group[soft]]
+        best = np.where(has_before, running[np.maximum(before, 0)] - base[soft] - 1, -1)
+        use_other = best > rank[soft]  # a later version than the winner's own (none: -1)
+        if use_other.any():
+            sources = by_values[best[use_other]]
+            self._copy_entries(out, sources, {DELETED: pa.array(np.ones(len(sources), dtype=np.bool_))})
+            self._drop(out, soft[use_other])
+            soft_copy[self.group[soft[use_other]]] = True
+        needs_table_row[self.group[soft[~use_other & from_delete[soft]]]] = True
 
     def _history(self, matches: Matches, out: Apply) -> None:
         assert self.entries is not None

@@ -65,6 +65,14 @@ class Route:
                               "PostgreSQL's 63 bytes; use a shorter 'table' template")
         return name
 
+    def matches(self, name: str) -> bool:
+        """Whether ``name`` is a target this route can name (some schema and table put in): how a sink
+        finds its targets without the source's table list (e.g. the last epoch any of them holds)."""
+        part = {"path": "[A-Za-z0-9_.$-]+", "iceberg": "[^.]+"}.get(self.kind, ".+")
+        regex = "".join(part if piece in PLACEHOLDERS else re.escape(piece)
+                        for piece in re.split("(\\{schema\\}|\\{table\\})", self.template))
+        return re.fullmatch(regex, name) is not None
+
     def _invalid(self, part: str) -> str | None:
         if self.kind == "path" and not _PATH_SAFE.match(part):
             return f"{part!r} holds a character other than letters, digits, '_', '-', '.', '$'"

@@ -499,6 +499,14 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 if parsed.epoch == epoch or parsed.epoch in committed:
                     c.execute(f"ROLLBACK PREPARED '{gid}'")
 
+    def last_committed_epoch(self) -> int:
+        """The newest epoch ``flinkish_commits`` records for this uid and target (-1: none): what a
+        reset checkpointLocation is checked against (see :mod:`flinkish_spark.sink.incarnation`)."""
+        with connect(self.plan.conn, autocommit=True) as c:
+            row = c.execute(f"SELECT max(epoch) FROM {self.plan.commits} WHERE sink_uid = %s AND target = %s",
+                            (self.uid, f"{self.plan.schema}.{self.plan.table}")).fetchone()
+        return -1 if row is None or row[0] is None else int(row[0])
+
     def encode(self, committable: PostgresCommittable) -> bytes:
         kind = "prepared" if isinstance(committable, PreparedXact) else "staged"
         return json.dumps({"kind": kind, **asdict(committable)}, sort_keys=True).encode()

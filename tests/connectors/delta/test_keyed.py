@@ -152,6 +152,23 @@ def test_soft_delete_keeps_the_last_known_values_when_two_tasks_delete_a_key(tmp
                                      {"id": 2, "v": "newer", "n": 5, "_deleted": True}]
 
 
+def test_soft_delete_keeps_the_epochs_last_version_also_when_another_task_holds_it(tmp_path: Path) -> None:
+    """Task 2 updates key 29 (lsn 301, 327) and deletes it (349); task 3 updated it at lsn 339, between
+    task 2's last version and its delete. The soft row keeps the last version before the delete:
+    task 3's (e3-48), not the one task 2 saw last (e3-622). Found by a seed sweep of the model test."""
+    path = tmp_path / "t"
+    sink = sink_at(path, deletes="soft")
+    run_epoch(sink, 0, [Change(29, "r", "s29", None)])
+    run_epoch(sink, 1, [Change(29, "c", "e3-305", 278, part=1, row=0),
+                        Change(29, "u", "e3-362", 301, part=2, row=0), Change(29, "u", "e3-622", 327, part=2, row=1),
+                        Change(29, "d", None, 349, part=2, row=2), Change(29, "u", "e3-48", 339, part=3, row=0)])
+    assert read_table(str(path)) == [{"id": 29, "v": "e3-48", "n": 5, "_deleted": True}]
+    # and the other way round: the delete's own task holds the later version -- that one stays
+    run_epoch(sink, 2, [Change(29, "u", "early", 400, part=0, row=0),
+                        Change(29, "u", "late", 410, part=1, row=0), Change(29, "d", None, 420, part=1, row=1)])
+    assert read_table(str(path)) == [{"id": 29, "v": "late", "n": 4, "_deleted": True}]
+
+
 @pytest.mark.s3
 def test_on_s3_vectors_are_read_back_from_storage(s3_proc: str) -> None:
     """On moto S3, with the process's caches dropped before each epoch (as after a driver restart):

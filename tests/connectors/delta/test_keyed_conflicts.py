@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -150,14 +151,15 @@ def test_the_sinks_compaction_is_abandoned_when_another_writer_changes_its_files
 
 
 COMPACTOR = r'''
-import sys, time, deltalake
-path, stop = sys.argv[1], sys.argv[2]
-import os
+import os, sys, time, deltalake
+path, ready, stop, done = sys.argv[1:5]
 n = 0
+open(ready, "w").close()
 while not os.path.exists(stop):
     try:
-        deltalake.DeltaTable(path).optimize.compact()
-        n += 1
+        metrics = deltalake.DeltaTable(path).optimize.compact()
+        n += metrics["numFilesRemoved"] > 0  # nothing to compact commits nothing
+        open(done, "w").write(str(n))
     except Exception as e:  # a conflict with the sink's commit: delta-rs refuses, try again
         pass
     time.sleep(0.05)
@@ -165,24 +167,44 @@ print(n)
 '''
 
 
+def _compactions(done: Path) -> int:
+    try:
+        return int(done.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def test_compactions_of_another_process_racing_the_sinks_commits_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    # The sink keeps committing until the other process has compacted at least twice in between
+    # (at least 24 epochs, at most 80): on a fast machine 24 epochs can end before the other
+    # process has imported delta-rs, and then nothing raced.
     path = tmp_path / "t"
     sink = sink_at(path, rows_per_file=100)
     model = Model("upsert", "true")
-    epochs = random_epochs(seed=13, epochs=25, keys=400, per_epoch=120, tasks=3)
+    epochs = random_epochs(seed=13, epochs=80, keys=400, per_epoch=120, tasks=3)
     run_epoch(sink, 0, epochs[0])
     model.apply(epochs[0])
-    stop = tmp_path / "stop"
-    proc = subprocess.Popen([sys.executable, "-c", COMPACTOR, str(path), str(stop)], stdout=subprocess.PIPE, text=True)
+    ready, stop, done = tmp_path / "ready", tmp_path / "stop", tmp_path / "done"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMPACTOR, str(path), str(ready), str(stop), str(done)], stdout=subprocess.PIPE, text=True
+    )
+    last = 0
     try:
-        for epoch in range(1, 25):
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the compacting process did not start"
+        for epoch in range(1, 80):
             assert run_epoch(sink, epoch, epochs[epoch]) == "COMMITTED"
             model.apply(epochs[epoch])
+            last = epoch
+            if epoch >= 24 and _compactions(done) >= 2:
+                break
     finally:
         stop.touch()
         out, _ = proc.communicate(timeout=120)
-    assert int(out.strip()) > 0  # the other process did compact meanwhile
+    assert int(out.strip()) >= 2  # the other process did compact meanwhile
     history = [h["operation"] for h in deltalake.DeltaTable(str(path)).history()]
-    assert history.count("OPTIMIZE") > 0
+    assert history.count("OPTIMIZE") >= 2
     assert read_table(path) == model.table()
-    assert deltalake.DeltaTable(str(path)).transaction_version("u") == 24
+    assert deltalake.DeltaTable(str(path)).transaction_version("u") == last

@@ -24,6 +24,7 @@ import pytest
 
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.testing.delta_log import log_mentions, unreferenced
+from flinkish_spark.testing.spark_log import committed_batches
 
 deltalake = pytest.importorskip("deltalake")
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -36,10 +37,6 @@ SEED = int(os.environ.get("FLINKISH_TEST_SEED", "17"))
 SLOT = "flinkish_mirror"
 
 
-
-def commits(tmp_path: Path) -> int:
-    folder = tmp_path / "cp" / "commits"
-    return sum(1 for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else 0
 
 
 def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
@@ -71,9 +68,9 @@ def test_postgres_mirror_into_delta_through_kills_and_drain(pg_url, run_pipeline
         kills = 0
         while kills < KILLS or (not change_epoch_committed(tmp_path) and kills < MAX_KILLS):
             delay = rng.uniform(0.0, 5.0)
-            before = commits(tmp_path)
+            before = len(committed_batches(tmp_path / "cp"))
             run = run_pipeline(spec(tmp_path, pg_url, s3_proc), kill_after=delay,
-                               kill_when=lambda: commits(tmp_path) > before)
+                               kill_when=lambda: len(committed_batches(tmp_path / "cp")) > before)
             assert run.killed, f"expected a kill {delay:.1f}s after a commit, got rc={run.returncode}:\n{run.output[-3000:]}"
             kills += 1
         assert change_epoch_committed(tmp_path), f"{kills} kills never reached a committed change epoch"

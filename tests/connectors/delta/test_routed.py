@@ -303,3 +303,23 @@ def test_two_source_tables_routed_to_one_target_are_refused_naming_both(tmp_path
     with pytest.raises(ConfigError, match=r"public\.x and sales\.x both route to .*lake/x"):
         m2.epoch(s.snapshot(sales_x, [{"id": 2}]).batch())  # in a later epoch
     assert [r["id"] for r in pa.table(deltalake.DeltaTable(str(tmp_path / "2" / "lake" / "x")).scan()).to_pylist()] == [1]
+
+
+def test_a_target_deleted_while_running_is_created_again_not_written_behind_its_old_log(tmp_path: Path) -> None:
+    """The driver's caches of a target (state, head) belong to the table they were read from: a target folder
+    deleted between two epochs of one process is created again (version 0, then the epoch), never written as
+    version N+1 of a log that no longer exists (the head's digest check, as for one table)."""
+    import shutil
+
+    m = Mirror(tmp_path)
+    s = StreamBuilder()
+    s.snapshot(A, [{"id": i, "v": f"a{i}"} for i in range(1, 6)])
+    m.epoch(s.batch())
+    s.transaction((A, "u", {"id": 1, "v": "one"}))
+    m.epoch(s.batch())  # this process's caches now hold the target at version 1
+    shutil.rmtree(m.path("public.a"))  # the user drops the target
+    s.transaction((A, "u", {"id": 2, "v": "two"}), (A, "c", {"id": 7, "v": "seven"}))
+    m.epoch(s.batch())
+    assert m.rows("public.a", "id") == [{"id": 2, "v": "two"}, {"id": 7, "v": "seven"}]
+    assert m.version("public.a") == 1  # created, then the epoch
+

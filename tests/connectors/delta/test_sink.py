@@ -269,6 +269,25 @@ def test_blind_append_never_writes_behind_a_cleaned_up_log(tmp_path: Path) -> No
     assert read_delta(path) == _rows(range(4))
 
 
+def test_a_table_deleted_between_two_queries_of_one_process_gets_the_second_querys_rows(tmp_path: Path) -> None:
+    """Spark reuses the driver's Python workers across queries: the second query's sink (a new
+    checkpoint, epochs from 0 again) finds the first one's head in the process. It must create the
+    table again and append, not answer 'already committed' from the deleted table's txn."""
+    import shutil
+
+    from flinkish_spark.connectors import delta
+
+    path = str(tmp_path / "t")
+    first = delta.DeltaSink.at(path, uid="u", schema=_schema(), checkpoint_interval=0)
+    for epoch in range(3):
+        assert first.commit(_epoch(first, epoch), epoch) == "COMMITTED"
+    shutil.rmtree(path)
+    second = delta.DeltaSink.at(path, uid="u", schema=_schema(), checkpoint_interval=0)
+    for epoch in range(2):
+        assert second.commit(_epoch(second, epoch), epoch) == "COMMITTED"
+    assert read_delta(path) == _rows(range(2)) and txn_versions(path, "u") == [0, 1]
+
+
 def test_compact_every_compacts_files_and_rows_stay_exactly_once(tmp_path: Path) -> None:
     from flinkish_spark.connectors.delta import DeltaSink
 

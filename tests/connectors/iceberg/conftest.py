@@ -49,11 +49,11 @@ CHAIN = ["sink.before_decision", "sink.after_decision", "sink.before_done", "sin
 
 
 def _kill_at_each_point(run_pipeline: Any, spec: dict[str, Any], table: S3Table, cp: Path,
-                       env: dict[str, str] | None = None) -> None:
+                       env: dict[str, str] | None = None, chain: list[str] = CHAIN) -> None:
     """Run ``spec`` once per protocol point, killed (-9) at the point's second pass -- run k in epoch k --
     and check what each kill left: decided / done in the decision log, the epoch in the table or not."""
     log = DecisionLog(FileIO.for_url(str(cp)), str(cp / "flinkish"), table.uid)
-    for epoch, point in enumerate(CHAIN, start=1):
+    for epoch, point in enumerate(chain, start=1):
         run = run_pipeline(spec, crash_at=f"{point}:2", env=env)
         assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
         decided, done = log.epochs()
@@ -61,6 +61,9 @@ def _kill_at_each_point(run_pipeline: Any, spec: dict[str, Any], table: S3Table,
             assert epoch not in decided and table.epoch_files(epoch) and table.last_epoch() == epoch - 1
         elif point == "sink.after_decision":
             assert epoch in decided and epoch not in done and table.last_epoch() == epoch - 1
+        elif point == "iceberg.keyed.before_snapshot":  # the driver wrote the epoch's delete files, no snapshot
+            assert epoch in decided and epoch not in done and table.last_epoch() == epoch - 1
+            assert any("/deletes/" in f for f in table.epoch_files(epoch)), table.epoch_files(epoch)
         elif point == "sink.before_done":
             assert epoch not in done and table.last_epoch() == epoch
         else:

@@ -274,3 +274,29 @@ def test_a_compaction_racing_commits_loses_nothing_and_duplicates_nothing(tmp_pa
         thread.join()
     assert rows(sink) == sorted(state.items(), key=repr)
     assert compactions and any(compactions)
+
+
+def test_a_table_dropped_and_created_again_is_not_answered_from_the_process_cache(tmp_path: Path) -> None:
+    """Spark reuses the driver's Python workers across queries: the commit worker of a second query
+    (a new checkpoint, epochs from 0 again) remembers the first query's table. After the table was
+    dropped and created again, its epochs must land in the new table, not be called committed."""
+    from flinkish_spark.connectors.iceberg import IcebergSink
+
+    first = sink_at(tmp_path)
+    for n in range(3):
+        assert epoch(first, n, [(n, f"old{n}", "c", 10 + n)]) == "COMMITTED"
+    catalog = first.catalog()
+    catalog.drop_table("db.t")
+    # The second query's driver creates the table (another process: this one's cache is not told).
+    fresh = catalog.create_table("db.t", schema=_iceberg_schema(first), properties={"format-version": "2"})
+    from flinkish_spark.connectors.iceberg.table import info_of
+
+    second = IcebergSink(first.catalog_properties, "db.t", "u", schema(), (), first.io, info_of(fresh), plan=first.plan)
+    assert epoch(second, 0, [(7, "new", "c", 1)]) == "COMMITTED"
+    assert rows(second) == [(7, "new")]
+
+
+def _iceberg_schema(sink):
+    from flinkish_spark.connectors.iceberg.schema import iceberg_schema, keyed_table_schema
+
+    return iceberg_schema(keyed_table_schema(sink.spark_schema, sink.plan.table_schema.names))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.testing.spark_log import committed_batches
 
 pyiceberg = pytest.importorskip("pyiceberg")
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -50,10 +51,6 @@ with psycopg.connect(url, autocommit=True) as conn:
 '''
 
 
-def commits(tmp_path: Path) -> int:
-    folder = tmp_path / "cp" / "commits"
-    return sum(1 for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else 0
-
 
 def spec(tmp_path: Path, url: str, s3: str, **extra: object) -> dict:
     return {
@@ -83,13 +80,13 @@ def test_postgres_mirror_into_iceberg_through_kills_and_drain_equals_the_source(
     try:
         rng = random.Random(SEED)
         for _ in range(KILLS):
-            before = commits(tmp_path)
+            before = len(committed_batches(tmp_path / "cp"))
             run = run_pipeline(spec(tmp_path, pg_url, s3_proc), kill_after=rng.uniform(0.0, 5.0),
-                               kill_when=lambda: commits(tmp_path) > before)
+                               kill_when=lambda: len(committed_batches(tmp_path / "cp")) > before)
             assert run.killed, run.output[-3000:]
         # one more run long enough to reach the change stream
         run = run_pipeline(spec(tmp_path, pg_url, s3_proc), kill_after=rng.uniform(0.0, 3.0),
-                           kill_when=lambda: commits(tmp_path) >= ROWS // (2 * SPLIT) + 3)
+                           kill_when=lambda: len(committed_batches(tmp_path / "cp")) >= ROWS // (2 * SPLIT) + 3)
         assert run.killed, run.output[-3000:]
     finally:
         stop_file.touch()

@@ -40,6 +40,20 @@ def test_the_primary_key_travels_in_column_metadata() -> None:
     assert plan_changes(opts, marked, to_arrow_schema(marked), "t").key == ("v",)
 
 
+def test_a_query_that_keeps_only_part_of_the_carried_key_gets_one_clear_error() -> None:
+    """Primary key (tenant, id); the query selected id but dropped tenant: id alone is not the key --
+    rows of different tenants would replace each other. The sink must not guess."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    partial = StructType([StructField("id", LongType(), True, {PRIMARY_KEY_METADATA: 2}), StructField("v", StringType())])
+    opts = parse_keyed_options(Options({"mode": "upsert"}, "t", KEYED_SINK_OPTIONS))
+    with pytest.raises(ConfigError, match=r"carry only part of a primary key.*'id' is column 2 of it.*option\('key'"):
+        plan_changes(opts, partial, to_arrow_schema(partial), "t")
+    # naming the key explicitly is the way out
+    opts = parse_keyed_options(Options({"mode": "upsert", "key": "id"}, "t", KEYED_SINK_OPTIONS))
+    assert plan_changes(opts, partial, to_arrow_schema(partial), "t").key == ("id",)
+
+
 def test_table_columns_per_mode() -> None:
     assert plan(key="id").table_schema.names == ["id", "v", "n"]
     assert plan(key="id", deletes="soft").table_schema.names == ["id", "v", "n", "_deleted"]

@@ -74,3 +74,42 @@ def test_the_cache_is_bounded_in_bytes(tmp_path: Path) -> None:
     assert lookup.files_read == 5 and cache.nbytes <= 3 * 8 * 1000  # two of five indexes evicted
     lookup.find(pa.table({"id": pa.array([5], pa.int64())}), files)
     assert lookup.files_read == 2
+
+
+def test_keys_stored_in_another_physical_type_are_found(tmp_path: Path) -> None:
+    """A table file written by another writer may hold the key in another Arrow type than the query's:
+    Spark's Parquet writer stores timestamps as INT96 (read back as nanoseconds), delta-rs and pyiceberg
+    write strings as large_string. The rows are found all the same -- one key alone and in a composite key."""
+    io = FileIO.for_url(str(tmp_path))
+    utc = dt.timezone.utc
+    stamps = [dt.datetime(2024, 1, 1, tzinfo=utc) + dt.timedelta(seconds=s, microseconds=7) for s in range(5)]
+    path = str(tmp_path / "int96.parquet")
+    pq.write_table(pa.table({"ts": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+                             "name": pa.array([f"k{i}" for i in range(5)], pa.large_string())}),
+                   path, use_deprecated_int96_timestamps=True)
+    assert pq.read_table(path).schema.field("ts").type.unit == "ns"  # what a reader gets back
+    files = [CandidateFile("f", path, 0)]
+    query = pa.table({"ts": pa.array([stamps[3]], pa.timestamp("us", tz="UTC"))})
+    found = KeyLookup(io, ("ts",), cache=KeyIndexCache()).find(query, files)
+    assert {f: p.tolist() for f, (p, _) in found.by_file.items()} == {"f": [3]}
+    query = pa.table({"name": pa.array(["k2"], pa.string()), "ts": pa.array([stamps[2]], pa.timestamp("us", tz="UTC"))})
+    found = KeyLookup(io, ("name", "ts"), cache=KeyIndexCache()).find(query, files)
+    assert {f: p.tolist() for f, (p, _) in found.by_file.items()} == {"f": [2]}
+
+
+def test_a_cache_smaller_than_the_candidates_indexes_reads_each_file_once_per_lookup(tmp_path: Path, monkeypatch) -> None:
+    """When the indexes of one lookup's candidates do not fit the cache (a large table, or the cache
+    off), each candidate file is still read once -- not again for the search and again for the
+    hash verification after the cache evicted what the reader threads built."""
+    io = FileIO.for_url(str(tmp_path))
+    files = []
+    for i in range(4):
+        names = [f"k{j:05d}" for j in range(i * 100, (i + 1) * 100)]
+        files.append(CandidateFile(f"f{i}", write(tmp_path, f"f{i}.parquet", pa.table({"name": names})), 0))
+    reads: list[str] = []
+    build = KeyLookup._build
+    monkeypatch.setattr(KeyLookup, "_build", lambda self, f: reads.append(f.path) or build(self, f))
+    lookup = KeyLookup(io, ("name",), cache=KeyIndexCache(max_bytes=0))
+    found = lookup.find(pa.table({"name": ["k00007", "k00150", "k00399"]}), files)
+    assert {f: p.tolist() for f, (p, _) in found.by_file.items()} == {"f0": [7], "f1": [50], "f3": [99]}
+    assert sorted(reads) == ["f0", "f1", "f2", "f3"]

@@ -24,6 +24,7 @@ import pytest
 
 from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
 from flinkish_spark.testing.postgres import committed_checkpoint
+from flinkish_spark.testing.spark_log import committed_batches
 
 pytestmark = pytest.mark.slow
 
@@ -68,11 +69,6 @@ def slot_confirmed(url: str) -> int | None:
     return None if row is None else parse_lsn(row[0])
 
 
-def commits(tmp_path: Path) -> int:
-    """How many batches Spark has committed (its commit log)."""
-    folder = tmp_path / "cp" / "commits"
-    return sum(1 for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else 0
-
 
 def spec(tmp_path: Path, url: str, **extra: object) -> dict:
     return {
@@ -105,8 +101,8 @@ def test_mirror_through_kills_and_drain_equals_the_source(pg_url, run_pipeline, 
         reached_changes = False
         while kills < KILLS or (not reached_changes and kills < MAX_KILLS):
             delay = rng.uniform(0.0, 6.0)
-            before = commits(tmp_path)
-            run = run_pipeline(spec(tmp_path, pg_url), kill_after=delay, kill_when=lambda: commits(tmp_path) > before)
+            before = len(committed_batches(tmp_path / "cp"))
+            run = run_pipeline(spec(tmp_path, pg_url), kill_after=delay, kill_when=lambda: len(committed_batches(tmp_path / "cp")) > before)
             assert run.killed, f"expected a kill {delay:.1f}s after a commit, got rc={run.returncode}:\n{run.output[-3000:]}"
             kills += 1
             confirmed = slot_confirmed(pg_url)
