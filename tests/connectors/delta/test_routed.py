@@ -323,3 +323,29 @@ def test_a_target_deleted_while_running_is_created_again_not_written_behind_its_
     assert m.rows("public.a", "id") == [{"id": 2, "v": "two"}, {"id": 7, "v": "seven"}]
     assert m.version("public.a") == 1  # created, then the epoch
 
+
+def test_the_last_committed_epoch_is_the_newest_in_any_target_and_a_reset_is_refused(tmp_path: Path) -> None:
+    """What a reset checkpointLocation is checked against (flinkish_spark/sink/incarnation.py): the newest
+    epoch of the uid in any target the route names -- also one the current epoch's tables do not include."""
+    import shutil
+
+    from flinkish_spark.errors import CheckpointMismatchError
+    from flinkish_spark.sink import incarnation
+
+    m = Mirror(tmp_path)
+    assert m.sink().last_committed_epoch() == -1  # no target yet
+    s = StreamBuilder()
+    s.snapshot(A, [{"id": 1, "v": "a"}]).snapshot(B, [{"k": "x", "n": 1.5}])
+    m.epoch(s.batch())
+    s.transaction((B, "u", {"k": "x", "n": 2.5}))
+    m.epoch(s.batch())  # epoch 1 changes only public.b
+    s.transaction((A, "u", {"id": 1, "v": "b"}))
+    os.makedirs(tmp_path / "lake" / "elsewhere")  # not a Delta table: not read
+    assert m.sink().last_committed_epoch() == 1
+    assert Mirror(tmp_path, uid="another").sink().last_committed_epoch() == -1
+
+    shutil.rmtree(m.meta)  # the sink's metadata went with a deleted checkpointLocation
+    with pytest.raises(CheckpointMismatchError, match="sink uid 'm' has last committed epoch 1 in its target"):
+        incarnation.resolve(FileIO.for_url(m.meta), m.log(), m.sink().last_committed_epoch, "q-new", "cp", None,
+                            "continueAfterEpoch")
+    assert not os.path.exists(m.meta) or not os.listdir(m.meta)  # nothing written

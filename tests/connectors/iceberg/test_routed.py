@@ -460,3 +460,29 @@ def test_another_writer_committing_first_makes_the_epoch_look_its_keys_up_again(
     # the retry saw their row 2 and replaced it: one row per key
     assert m.rows("public.a", "id") == [{"id": 1, "v": "one"}, {"id": 2, "v": "ours"}]
     assert m.epochs_of("public.a") == [0, 1]
+
+
+def test_the_last_committed_epoch_is_the_newest_in_any_target_and_a_reset_is_refused(tmp_path: Path) -> None:
+    """What a reset checkpointLocation is checked against (flinkish_spark/sink/incarnation.py): the newest
+    epoch of the uid in any catalog table the route names -- also one the current epoch's tables do not include."""
+    import shutil
+
+    from flinkish_spark.errors import CheckpointMismatchError
+    from flinkish_spark.sink import incarnation
+
+    m = Mirror(tmp_path)
+    assert m.sink().last_committed_epoch() == -1  # no target yet
+    s = StreamBuilder()
+    s.snapshot(A, [{"id": 1, "v": "a"}]).snapshot(B, [{"k": "x", "n": 1.5}])
+    m.epoch(s.batch())
+    s.transaction((B, "u", {"k": "x", "n": 2.5}))
+    m.epoch(s.batch())  # epoch 1 changes only public.b
+    m.catalog().create_namespace_if_not_exists("other")
+    m.catalog().create_table("other.public_b", m.table("public.b").schema())  # not a target of the route: not read
+    assert m.sink().last_committed_epoch() == 1
+    assert Mirror(tmp_path, uid="another").sink().last_committed_epoch() == -1
+
+    shutil.rmtree(m.meta)  # the sink's metadata went with a deleted checkpointLocation
+    with pytest.raises(CheckpointMismatchError, match="sink uid 'm' has last committed epoch 1 in its target"):
+        incarnation.resolve(FileIO.for_url(m.meta), m.log(), m.sink().last_committed_epoch, "q-new", "cp", None,
+                            "continueAfterEpoch")
