@@ -18,6 +18,11 @@
   table's txn moves only when the table changes, and epochs commit in order, so a txn at a
   later epoch means this one is in it), the others are committed. Crash point
   ``sink.between_tables``: after the first table's version, before the next.
+* **Recreated targets, reset checkpoints**: each target is a
+  :class:`~flinkish_spark.connectors.delta.live.LiveTarget` -- a target folder deleted and created
+  again drops every cache of it (the head's digest check) -- and the sink's
+  :meth:`RoutedDeltaSink.last_committed_epoch` is the newest txn of the uid in any Delta table
+  below the route's pattern (:mod:`flinkish_spark.sink.incarnation` asks it at start).
 * **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
   no read, no commit and no marker.
 """
@@ -38,7 +43,7 @@ from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_act
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
-from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL
+from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
@@ -169,6 +174,18 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             target = self.target(t.table, t.schemas()[-1])
             target._committed_here = self._committed_here.get(t.table, {})
             target.cleanup_epoch(epoch, {f.path for k in t.keyed() for f in k.files})
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in any target the route can name (-1: none): each Delta table below
+        the route's pattern is read (delta-rs, its txn of the uid). Asked only at a query's start when the
+        sink's metadata is missing or belongs to another Spark query (:mod:`flinkish_spark.sink.incarnation`)."""
+        stripped = Route(self.io.strip(self.route.template), self.route.kind)
+        pattern = self.route.template.replace("{schema}", "*").replace("{table}", "*")
+        logs = {p.rsplit("/_delta_log/", 1)[0] for name in ("_last_checkpoint", "0" * 20 + ".json")
+                for p in self.io.glob(f"{pattern}/_delta_log/{name}")}
+        epochs = [DeltaTarget(self.io, self.io.url(p), self.uid, pa.schema([]), ()).last_committed_epoch()
+                  for p in sorted(logs) if stripped.matches(p)]
+        return max(epochs, default=-1)
 
     def encode(self, committable: RoutedCommittable) -> bytes:
         return encode_routed(committable)

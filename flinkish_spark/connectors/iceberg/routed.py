@@ -24,6 +24,9 @@
   commit in order), the others are committed. A schema update without its data snapshot (a
   crash between the two, crash point ``iceberg.routed.after_schema``) is no change the next
   time. Crash point ``sink.between_tables``: after the first table's snapshot, before the next.
+* **Reset checkpoints**: :meth:`RoutedIcebergSink.last_committed_epoch` is the newest epoch of
+  the uid in any catalog table the route can name (:mod:`flinkish_spark.sink.incarnation`).
+  Targets are loaded from the catalog on every commit: no cache to outlive a dropped table.
 * **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
   no read, no commit and no snapshot.
 """
@@ -335,6 +338,41 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                 log.warning("flinkish.iceberg: could not delete %d unused metadata files: %s", len(paths), exc)
 
         return delete
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in any target the route can name (-1: none): the catalog's tables in
+        the namespaces the route can name, each read from the catalog (its snapshots' ``flinkish.uid`` /
+        ``flinkish.epoch``). Asked only at a query's start when the sink's metadata is missing or belongs to
+        another Spark query (:mod:`flinkish_spark.sink.incarnation`)."""
+        pyiceberg()
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        catalog = self.catalog()
+        depth = self.route.template.count(".")  # namespace levels: every dot but the name's
+        namespaces: list[tuple[str, ...]] = [()]
+        for _ in range(depth):
+            below: list[tuple[str, ...]] = []
+            for ns in namespaces:
+                try:
+                    below += [tuple(n) for n in catalog.list_namespaces(ns)]
+                except NoSuchNamespaceError:
+                    continue
+            namespaces = below
+        best = -1
+        for ns in namespaces:
+            try:
+                identifiers = catalog.list_tables(ns)
+            except NoSuchNamespaceError:
+                continue
+            for identifier in identifiers:
+                name = ".".join(identifier)
+                if not self.route.matches(name):
+                    continue
+                try:
+                    best = max(best, committed_epoch(catalog.load_table(name), self.uid))
+                except NoSuchTableError:
+                    continue  # dropped meanwhile
+        return best
 
     # -- abort / cleanup (driver) ----------------------------------------------------------------
 
