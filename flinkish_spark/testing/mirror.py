@@ -233,10 +233,11 @@ def slots_and_publications(url: str) -> tuple[int, list[str]]:
 
 
 def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: str, work_dir: str,
-                 kills: int, seed: int) -> None:
+                 kills: int, seed: int, crash_at: str | None = None) -> None:
     """:data:`SETUP`, then :data:`WRITER` running while ``spec(**extra)`` (a ``run_pipeline`` spec with a
     1-second trigger, ``end = timeout``) is killed ``kills`` times at random moments after a commit (one
-    slot and one publication after each kill), runs 25 s more, and is stopped with drain."""
+    slot and one publication after each kill) -- and once more at the named point ``crash_at`` when
+    given --, runs 25 s more, and is stopped with drain."""
     import random
     import subprocess
     import sys
@@ -255,6 +256,10 @@ def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: st
             run = run_pipeline(spec(), kill_after=delay, kill_when=lambda: len(committed_batches(checkpoint_location)) > before + 1)
             assert run.killed, f"expected a kill {delay:.1f}s after a commit, got rc={run.returncode}:\n{run.output[-3000:]}"
             assert slots_and_publications(url) == (1, ["flinkish_mirror"]), kill  # one slot, one publication
+        if crash_at is not None:
+            run = run_pipeline(spec(), crash_at=crash_at)
+            assert run.killed, f"expected a kill at {crash_at}, got rc={run.returncode}:\n{run.output[-3000:]}"
+            assert slots_and_publications(url) == (1, ["flinkish_mirror"]), crash_at
         # Let the schema changes and the new table happen before the end (the writer starts them after two commits).
         run = run_pipeline(spec(runSeconds=25))
         assert run.returncode == 0, run.output[-3000:]

@@ -165,35 +165,42 @@ def _array_literal(v: Any) -> str:
 
 
 def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[pa.Table, tuple[RoutedPart, ...]]:
-    """A task's stream rows as staging rows, and per (table, schema) what the commit needs to know."""
+    """A task's stream rows as staging rows, and per table what the commit needs to know: the task's newest
+    schema of it (the one its target is evolved to, as the lakehouse routing sinks do: rows of an older schema
+    in the same task fit it -- a change in between widened it, or was refused), the largest ``_lsn``, the rows
+    and the truncate / re-snapshot markers."""
     schemas: dict[str, TableSchema] = {}
     for r in table.filter(pc.equal(table.column("_op"), "s")).to_pylist():
         s = TableSchema.from_json(r["row"])
         schemas[s.schema_id] = s
     cols: dict[str, list[Any]] = {k: [] for k in ("_table", "_op", "_lsn", "_seq", "_row")}
-    parts: dict[tuple[str, str], dict[str, Any]] = {}
-    flags: dict[str, set[str]] = {}
+    newest: dict[str, tuple[tuple[int, int, int], str]] = {}  # table -> (position, schema id) of its newest schema
+    info: dict[str, dict[str, Any]] = {}
     for r in table.to_pylist():
-        op = r["_op"]
+        op, lsn, seq = r["_op"], r["_lsn"], r["_seq"]
+        position = (0, 0, 0) if lsn is None else (1, int(lsn), int(seq or 0))
         if op == "s":
-            s = schemas[TableSchema.from_json(r["row"]).schema_id]
-            parts.setdefault((s.table, s.schema_id), {"lsn": -1, "rows": 0})
+            sid = TableSchema.from_json(r["row"]).schema_id
+            name = schemas[sid].table
+        else:
+            sid, name = r["_schema_id"], r["_table"]
+        t = info.setdefault(name, {"lsn": -1, "rows": 0, "ops": set()})
+        if sid and sid in schemas and (name not in newest or position >= newest[name][0]):
+            newest[name] = (position, sid)
+        if op == "s":
             continue
-        name = r["_table"]
         row = None
         if op in _DATA_OPS:
-            schema = schemas.get(r["_schema_id"])
+            schema = schemas.get(sid)
             if schema is None:
-                raise ValueError(f"a row of {name} names schema {r['_schema_id']} without an 's' row in the same task")
+                raise ValueError(f"a row of {name} names schema {sid} without an 's' row in the same task")
             row = pg_text_row(r["row"], schema)
-            part = parts.setdefault((name, schema.schema_id), {"lsn": -1, "rows": 0})
-            part["rows"] += 1
-            if r["_lsn"] is not None:
-                part["lsn"] = max(part["lsn"], int(r["_lsn"]))
+            t["rows"] += 1
         else:
-            flags.setdefault(name, set()).add(op)
-            parts.setdefault((name, ""), {"lsn": -1, "rows": 0})
-        for k, v in (("_table", name), ("_op", op), ("_lsn", r["_lsn"]), ("_seq", r["_seq"]), ("_row", row)):
+            t["ops"].add(op)
+        if lsn is not None:
+            t["lsn"] = max(t["lsn"], int(lsn))
+        for k, v in (("_table", name), ("_op", op), ("_lsn", lsn), ("_seq", seq), ("_row", row)):
             cols[k].append(v)
     n = len(cols["_op"])
     staged = pa.table({
@@ -203,12 +210,13 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         "_lsn": pa.array(cols["_lsn"], pa.int64()), "_seq": pa.array(cols["_seq"], pa.int32()),
         "_row": pa.array(cols["_row"], pa.string()),
     })
-    out = []
-    for (name, sid), info in sorted(parts.items()):
-        f = flags.get(name, set())
-        out.append(RoutedPart(name, schemas[sid].to_json() if sid else "", info["lsn"], "t" in f, "B" in f, "E" in f,
-                              info["rows"]))
-    return staged, tuple(out)
+    parts = tuple(RoutedPart(name, schemas[newest[name][1]].to_json() if name in newest else "", t["lsn"],
+                             "t" in t["ops"], "B" in t["ops"], "E" in t["ops"], t["rows"])
+                  for name, t in sorted(info.items()))
+    return staged, parts
+
+
+ROUTED_PREFIX = b'{"kind":"routed"'  # how a routed committable's encoding starts (flinkish orphans tells them apart)
 
 
 def encode_staged(c: RoutedStaged) -> bytes:

@@ -556,16 +556,16 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
         return PostgresSink(self.plan(schema), self.uid, self.run_id[:8], self.lock_timeout_s or 0)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        record: dict[str, Any]
         if self.route is not None:
             routed = self.routed_plan(schema)  # on the driver: the input and the bookkeeping tables before any task runs
             record = {"sink": self.KIND, "url": self.conn.masked, "table": self.route.template, "mode": "routed",
                       "commitMode": "staged", "stagingTable": f"{routed.schema}.{routed.staging_table}"}
-            self.io.write_bytes(join(self.decision_log().directory, TARGET_FILE), json.dumps(record).encode())
-            return super().streamWriter(schema, overwrite)
-        plan = self.plan(schema)  # on the driver: check the target before any task runs
-        record = {"sink": self.KIND, "url": self.conn.masked, "table": f"{plan.schema}.{plan.table}", "mode": plan.mode,
-                  "key": list(plan.key), "commitMode": plan.commit_mode, "commitModeOption": self.commit_mode_option,
-                  "stagingTable": f"{plan.schema}.{plan.staging_table}" if plan.commit_mode == "staged" else None}
+        else:
+            plan = self.plan(schema)  # on the driver: check the target before any task runs
+            record = {"sink": self.KIND, "url": self.conn.masked, "table": f"{plan.schema}.{plan.table}", "mode": plan.mode,
+                      "key": list(plan.key), "commitMode": plan.commit_mode, "commitModeOption": self.commit_mode_option,
+                      "stagingTable": f"{plan.schema}.{plan.staging_table}" if plan.commit_mode == "staged" else None}
         path = join(self.decision_log().directory, TARGET_FILE)
         self.io.write_bytes(path, json.dumps(record).encode())
         return super().streamWriter(schema, overwrite)

@@ -131,6 +131,11 @@ def test_a_narrowed_type_ends_the_epoch_with_nothing_written_and_after_alter_the
     assert "ALTER TABLE mirror.public_a ALTER COLUMN n TYPE numeric(12,2)" in text
     assert m.rows("public_b", "k") == [("x", 1.0, True)]  # nothing of the epoch in any table
     assert m.commits() == [(0, "mirror.public_a"), (0, "mirror.public_b")]
+    from flinkish_spark.connectors.postgres.connection import parse_url
+    from flinkish_spark.connectors.postgres.orphans import scan
+
+    staged = scan(parse_url(pg_url), m.log())  # what `flinkish orphans` shows meanwhile: the decided epoch's rows
+    assert staged and {(e.kind, e.epoch, e.state) for e in staged} == {("staged", 1, "decided")}
 
     with psycopg.connect(pg_url, autocommit=True) as c:
         c.execute("ALTER TABLE mirror.public_a ALTER COLUMN n TYPE numeric(12,2)")  # what the error says
@@ -204,3 +209,4 @@ def test_the_last_committed_epoch_is_the_newest_of_any_target_and_a_reset_is_ref
     with pytest.raises(CheckpointMismatchError, match="sink uid 'm' has last committed epoch 1 in its target"):
         incarnation.resolve(FileIO.for_url(m.meta), m.log(), m.sink().last_committed_epoch, "q-new", "cp", None,
                             "continueAfterEpoch")
+
