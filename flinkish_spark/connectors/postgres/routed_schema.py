@@ -15,6 +15,11 @@ a PostgreSQL target gets exactly the source's types, and the rules of
   primary key -- raises :class:`~flinkish_spark.errors.SchemaChangeError` naming the table, the
   column, both types and the fix. Snapshot rows' schema (``announced`` False) may be older
   than a change the target followed: a narrower type there is no change.
+* Snapshot chunks and changes are read side by side, so a chunk read after a widening ``ALTER``
+  can widen the target *ahead* of changes from before the ``ALTER``, which still announce the
+  older type. Such a column carries the comment :data:`AHEAD` with the type it had; an announced
+  type between that one and the target's is no narrowing, and the comment goes once the changes
+  announce the target's type. Only a type narrower than what the changes announced before is one.
 
 Every statement runs in the epoch's commit transaction (PostgreSQL's DDL is transactional), so
 a refused change leaves nothing of the epoch in any table, and an evolution is committed
@@ -24,7 +29,7 @@ exactly when the epoch's rows are.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flinkish_spark.connectors.lakehouse.evolution import check_key
@@ -62,12 +67,18 @@ def widens(old: str, new: str) -> bool:
     return old == "character varying" and new == "text"
 
 
+#: The comment on a column a snapshot chunk widened ahead of the change stream (see :func:`evolve`).
+AHEAD = "flinkish.postgres: widened by a snapshot ahead of the changes, from "
+
+
 @dataclass(frozen=True)
 class TargetColumns:
-    """A target table as the catalog describes it: columns (name -> ``format_type``) and primary key."""
+    """A target table as the catalog describes it: columns (name -> ``format_type``), primary key, and
+    the columns a snapshot widened ahead of the change stream (name -> the type before)."""
 
     columns: dict[str, str]
     key: tuple[str, ...] | None  # None: no primary key
+    ahead: dict[str, str] = field(default_factory=dict)
 
 
 def read_target(c: Any, schema: str, table: str) -> TargetColumns | None:
@@ -75,14 +86,16 @@ def read_target(c: Any, schema: str, table: str) -> TargetColumns | None:
     name = qualified(schema, table)
     if c.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is None:
         return None
-    columns = dict(c.execute(
-        "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (name,)).fetchall())
+    described = c.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod), col_description(a.attrelid, a.attnum) FROM pg_attribute a "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (name,)).fetchall()
+    columns = {r[0]: r[1] for r in described}
+    ahead = {r[0]: r[2][len(AHEAD):] for r in described if r[2] and r[2].startswith(AHEAD)}
     row = c.execute(
         "SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum)) FROM pg_index i "
         "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
         "WHERE i.indrelid = to_regclass(%s) AND i.indisprimary", (name,)).fetchone()
-    return TargetColumns(columns, tuple(row[0]) if row and row[0] else None)
+    return TargetColumns(columns, tuple(row[0]) if row and row[0] else None, ahead)
 
 
 def evolve(c: Any, schema: str, table: str, source_table: str, schemas: list[tuple[TableSchema, bool]],
@@ -116,20 +129,39 @@ def evolve(c: Any, schema: str, table: str, source_table: str, schemas: list[tup
             f"source table {source_table}: its target {shown} has no primary key, and a mirror writes it keyed by "
             f"({', '.join(newest.key)}). Nothing of this epoch was written. Add it: ALTER TABLE {shown} ADD PRIMARY KEY "
             f"({', '.join(map(_plain, newest.key))}) and restart.")
-    columns = dict(current.columns)
+    columns, ahead = dict(current.columns), dict(current.ahead)
     for source, announced in schemas:
         check_key(source_table, shown, current.key, source.key, key_fix)
         for col in source.columns:
             have = columns.get(col.name)
+            column = quote_ident(col.name)
             if have is None:
-                c.execute(f"ALTER TABLE {name} ADD COLUMN {quote_ident(col.name)} {col.type}")
+                c.execute(f"ALTER TABLE {name} ADD COLUMN {column} {col.type}")
                 columns[col.name] = col.type
-            elif created or have == col.type or (not announced and widens(col.type, have)):
-                # created now with the newest types: an older schema's rows of the epoch fit them
-                continue
+            elif created or (not announced and widens(col.type, have)):
+                continue  # rows of an older schema than the target's: they fit
+            elif have == col.type or (announced and col.name in ahead and widens(col.type, have) and (
+                    col.type == ahead[col.name] or widens(ahead[col.name], col.type))):
+                # The same type -- or, for a column a snapshot widened ahead of the change stream, a
+                # change from before that widening (its type between the one the target had and its own).
+                if announced and col.name in ahead:
+                    if have == col.type:
+                        c.execute(f"COMMENT ON COLUMN {name}.{column} IS NULL")  # the changes caught up
+                        del ahead[col.name]
+                    elif col.type != ahead[col.name]:
+                        c.execute(f"COMMENT ON COLUMN {name}.{column} IS '{_literal_safe(AHEAD + col.type)}'")
+                        ahead[col.name] = col.type
             elif widens(have, col.type):
-                c.execute(f"ALTER TABLE {name} ALTER COLUMN {quote_ident(col.name)} TYPE {col.type}")
+                c.execute(f"ALTER TABLE {name} ALTER COLUMN {column} TYPE {col.type}")
                 columns[col.name] = col.type
+                if not announced and col.name not in ahead:
+                    # Snapshot chunks and changes are read side by side: a chunk read after a widening
+                    # ALTER comes ahead of the changes from before it, whose older type is no narrowing.
+                    c.execute(f"COMMENT ON COLUMN {name}.{column} IS '{_literal_safe(AHEAD + have)}'")
+                    ahead[col.name] = have
+                elif announced and col.name in ahead:
+                    c.execute(f"COMMENT ON COLUMN {name}.{column} IS NULL")
+                    del ahead[col.name]
             else:
                 kind = "a narrower type" if widens(col.type, have) else "another kind of type"
                 raise SchemaChangeError(
@@ -138,7 +170,7 @@ def evolve(c: Any, schema: str, table: str, source_table: str, schemas: list[tup
                     f"target column yourself if its rows fit (ALTER TABLE {shown} ALTER COLUMN {_plain(col.name)} "
                     f"TYPE {col.type}) and restart; or mirror the table to a new target (exclude it here, mirror it "
                     "with a new sink uid).")
-    return TargetColumns(columns, current.key)
+    return TargetColumns(columns, current.key, ahead)
 
 
 def _plain(name: str) -> str:
