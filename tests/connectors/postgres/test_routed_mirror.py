@@ -65,3 +65,46 @@ def test_pattern_mirror_into_routed_postgres_through_kills_schema_changes_and_ne
     assert mirrored == {"m_a", "m_b", "m_c", "m_drop", "m_new"}  # never 'other'
     assert epochs[0] == epochs[1]  # each (epoch, target) committed once
     assert slots_and_publications(pg_url) == (0, [])
+
+
+NARROW_SETUP = """
+CREATE TABLE n_a (id int PRIMARY KEY, big bigint, v text);
+CREATE TABLE n_b (id int PRIMARY KEY, w varchar(5));
+INSERT INTO n_a SELECT g, g * 1000, 'a' || g FROM generate_series(1, 300) g;
+INSERT INTO n_b SELECT g, 'b' FROM generate_series(1, 100) g;
+"""
+
+
+def test_a_narrowed_column_ends_the_mirror_with_the_fix_named_and_after_it_the_restart_finishes_exactly(
+        pg_url, run_pipeline, tmp_path: Path) -> None:
+    def narrow_spec(**extra: object) -> dict:
+        s = spec(tmp_path, pg_url, **extra)
+        s["source"]["options"]["tables"] = "public.n_*"
+        return s
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(NARROW_SETUP)
+    first = run_pipeline(narrow_spec(runSeconds=20))
+    assert first.returncode == 0, first.output[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE n_a SET big = big + 1 WHERE id <= 10")
+        conn.execute("ALTER TABLE n_b ALTER COLUMN w TYPE text")  # a widening: followed
+        conn.execute("UPDATE n_b SET w = 'longer than five' WHERE id = 1")
+        conn.execute("ALTER TABLE n_a ALTER COLUMN big TYPE integer")  # a narrowing: the mirror must stop
+        conn.execute("UPDATE n_a SET big = -big, v = 'after' WHERE id <= 20")
+        conn.execute("DELETE FROM n_a WHERE id = 300")
+    stopped = run_pipeline(narrow_spec(runSeconds=60))
+    assert "SchemaChangeError" in stopped.output and "QUERY_END=failed" in stopped.output, stopped.output[-3000:]
+    assert "source table public.n_a: column 'big' is now integer, but its target mirror.n_a holds bigint" in stopped.output
+    assert "ALTER TABLE mirror.n_a ALTER COLUMN big TYPE integer" in stopped.output
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE mirror.n_a ALTER COLUMN big TYPE integer")  # what the error says to do
+    last = run_pipeline(narrow_spec(end="drain", stopAfterBatches=2))
+    assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.n_a", "public.n_b"])
+        target, target_schemas = table_states(conn, ["mirror.n_a", "mirror.n_b"])
+    assert differences({t: target[t.replace("public.", "mirror.")] for t in source}, source, schemas) == {}
+    assert [c.type for c in target_schemas["mirror.n_b"].columns] == ["integer", "text"]  # widened by the mirror
+    assert slots_and_publications(pg_url) == (0, [])
