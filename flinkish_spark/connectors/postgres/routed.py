@@ -45,7 +45,7 @@ from flinkish_spark.connectors.postgres.resnapshot import apply_markers
 from flinkish_spark.connectors.postgres.routed_schema import evolve, read_target
 from flinkish_spark.connectors.postgres.rows import Column, TableSchema
 from flinkish_spark.connectors.postgres.staging import (
-    COMMITS_TABLE, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, chunks, clear_staged, create_commits_table, staging_table_name,
+    Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, chunks, clear_staged, create_commits_table, staging_table_name,
 )
 from flinkish_spark.errors import CommitFailedError, ConfigError, DatabaseUnavailableError, TargetWriteError
 from flinkish_spark.faults import crash_point, fail_point
@@ -92,7 +92,7 @@ class RoutedStaged:
 
 
 @dataclass(frozen=True)
-class RoutedPlan:
+class RoutedPlan(Bookkeeping):
     """What the driver resolved; pickled into tasks (no password)."""
 
     conn: ConnectionInfo
@@ -101,13 +101,6 @@ class RoutedPlan:
     staging_table: str
     create_table: bool
 
-    @property
-    def staging(self) -> str:
-        return qualified(self.schema, self.staging_table)
-
-    @property
-    def commits(self) -> str:
-        return qualified(self.schema, COMMITS_TABLE)
 
 
 def resolve_routed_plan(conn: ConnectionInfo, route: Route, uid: str, create_table: bool, component: str) -> RoutedPlan:

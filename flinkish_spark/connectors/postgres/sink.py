@@ -55,7 +55,7 @@ from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed,
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.connectors.postgres.routed import RoutedPlan, RoutedPostgresSink, check_template, resolve_routed_plan
 from flinkish_spark.connectors.postgres.staging import (
-    COMMITS_TABLE, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, chunks, clear_staged, create_commits_table, staging_table_name,
+    Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, chunks, clear_staged, create_commits_table, staging_table_name,
 )
 from flinkish_spark.errors import (
     CommitFailedError, ConfigError, DatabaseUnavailableError, TargetSchemaError, TargetWriteError,
@@ -103,7 +103,7 @@ PostgresCommittable = Union[PreparedXact, StagedRows]
 
 
 @dataclass(frozen=True)
-class PostgresPlan:
+class PostgresPlan(Bookkeeping):
     """What the driver resolved against the server; pickled into tasks (holds no password)."""
 
     conn: ConnectionInfo
@@ -121,13 +121,6 @@ class PostgresPlan:
     def target(self) -> str:
         return qualified(self.schema, self.table)
 
-    @property
-    def staging(self) -> str:
-        return qualified(self.schema, self.staging_table)
-
-    @property
-    def commits(self) -> str:
-        return qualified(self.schema, COMMITS_TABLE)
 
 
 def resolve_plan(

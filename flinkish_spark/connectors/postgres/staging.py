@@ -23,6 +23,21 @@ COMMITS_TABLE = "flinkish_commits"
 S_EPOCH, S_ATTEMPT, S_PART, S_ROW = "_flinkish_epoch", "_flinkish_attempt", "_flinkish_part", "_flinkish_row"
 
 
+class Bookkeeping:
+    """Where a plan's bookkeeping tables are, from its ``schema`` and ``staging_table``."""
+
+    schema: str
+    staging_table: str
+
+    @property
+    def staging(self) -> str:
+        return qualified(self.schema, self.staging_table)
+
+    @property
+    def commits(self) -> str:
+        return qualified(self.schema, COMMITS_TABLE)
+
+
 def staging_table_name(uid: str, table: str) -> str:
     digest = hashlib.sha1(f"{uid}\0{table}".encode()).hexdigest()[:10]
     return f"flinkish_staging_{''.join(c if c.isalnum() else '_' for c in uid)[:30]}_{digest}".lower()
