@@ -45,9 +45,9 @@ from flinkish_spark.connectors.postgres.resnapshot import apply_markers
 from flinkish_spark.connectors.postgres.routed_schema import evolve, read_target
 from flinkish_spark.connectors.postgres.rows import Column, TableSchema
 from flinkish_spark.connectors.postgres.staging import (
-    Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, chunks, clear_staged, create_commits_table, staging_table_name,
+    Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, check_staged, chunks, clear_staged, create_commits_table, staging_table_name,
 )
-from flinkish_spark.errors import CommitFailedError, ConfigError, DatabaseUnavailableError, TargetWriteError
+from flinkish_spark.errors import ConfigError, DatabaseUnavailableError, TargetWriteError
 from flinkish_spark.faults import crash_point, fail_point
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
 
@@ -281,14 +281,8 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
                 if done:
                     clear_staged(c, plan.staging, epoch)
                     return "ALREADY_COMMITTED"
-                have = c.execute(f"SELECT count(*) FROM {plan.staging} WHERE {S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s)",
-                                 (epoch, ids)).fetchone()[0]
                 want = sum(s.rows for s in committables)
-                if have != want:
-                    raise CommitFailedError(
-                        f"epoch {epoch} of sink uid {self.uid!r}: the staging table {plan.schema}.{plan.staging_table} "
-                        f"holds {have} of the epoch's {want} decided rows and {plan.commits} has no record of the "
-                        "epoch: staged rows were deleted by hand. The epoch's data is lost from the sink and must be rewritten")
+                check_staged(c, plan, self.uid, epoch, ids, want)
                 tables = tables_of((p for s in committables for p in s.parts), plan.route, "table")
                 for i, t in enumerate(tables):
                     if i:

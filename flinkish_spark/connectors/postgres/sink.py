@@ -55,7 +55,7 @@ from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed,
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.connectors.postgres.routed import RoutedPlan, RoutedPostgresSink, check_template, resolve_routed_plan
 from flinkish_spark.connectors.postgres.staging import (
-    Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, chunks, clear_staged, create_commits_table, staging_table_name,
+    Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, check_staged, chunks, clear_staged, create_commits_table, staging_table_name,
 )
 from flinkish_spark.errors import (
     CommitFailedError, ConfigError, DatabaseUnavailableError, TargetSchemaError, TargetWriteError,
@@ -387,15 +387,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 if done:
                     self._clear_staged(c, epoch)
                     return "ALREADY_COMMITTED"
-                have = c.execute(f"SELECT count(*) FROM {plan.staging} WHERE {S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s)",
-                                 (epoch, ids)).fetchone()[0]
                 want = sum(s.rows for s in staged)
-                if have != want:
-                    raise CommitFailedError(
-                        f"epoch {epoch} of sink uid {self.uid!r}: the staging table {plan.schema}.{plan.staging_table} holds "
-                        f"{have} of the epoch's {want} decided rows and {plan.commits} has no record of the epoch: staged "
-                        "rows were deleted by hand. The epoch's data is lost from the sink and must be rewritten"
-                    )
+                check_staged(c, plan, self.uid, epoch, ids, want)
                 psycopg = require_psycopg()
                 try:
                     c.execute(self._move_sql(), (epoch, ids))

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from flinkish_spark.connectors.postgres.connection import qualified
+from flinkish_spark.errors import CommitFailedError
 
 COMMITS_TABLE = "flinkish_commits"
 # Staging-table bookkeeping columns: which attempt wrote a row, and its order in the epoch.
@@ -49,6 +50,19 @@ def create_commits_table(c: Any, schema: str) -> None:
         "part text NOT NULL, target text NOT NULL, commit_mode text NOT NULL, rows bigint NOT NULL, "
         "written_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink_uid, epoch, part))"
     )
+
+
+def check_staged(c: Any, plan: Bookkeeping, uid: str, epoch: int, attempt_ids: list[str], want: int) -> None:
+    """Raise CommitFailedError unless the staging table holds the ``want`` rows the decision names
+    (in the commit's transaction, after ``flinkish_commits`` showed the epoch is not committed)."""
+    have = c.execute(f"SELECT count(*) FROM {plan.staging} WHERE {S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s)",
+                     (epoch, attempt_ids)).fetchone()[0]
+    if have != want:
+        raise CommitFailedError(
+            f"epoch {epoch} of sink uid {uid!r}: the staging table {plan.schema}.{plan.staging_table} holds "
+            f"{have} of the epoch's {want} decided rows and {plan.commits} has no record of the epoch: staged "
+            "rows were deleted by hand. The epoch's data is lost from the sink and must be rewritten"
+        )
 
 
 def clear_staged(c: Any, staging: str, epoch: int) -> None:
