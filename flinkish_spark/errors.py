@@ -136,3 +136,9 @@ class TableMismatchError(TargetSchemaError):
 class ChangeDataError(TerminalError):
     """A row of a change stream cannot be applied by key (a null key column, an ``_op`` other than r/c/u/d);
     nothing of the epoch is visible."""
+
+
+class SchemaChangeError(TargetSchemaError):
+    """A source table's schema changed in a way its routed target cannot follow (a narrowed type, a type of
+    another kind, a changed primary key); raised before anything of the epoch is written, naming the table,
+    the column and what to do."""

@@ -22,7 +22,10 @@ Points (see docs/guarantees.md):
 * ``source.read`` -- on an executor, after the first batch of a split was produced (mid-batch);
 * ``sink.before_decision`` / ``sink.after_decision`` / ``sink.before_done`` -- the driver's commit
   (:mod:`flinkish_spark.sink.committer`); ``sink.mid_commit`` -- inside a sink's commit, some output
-  visible; ``sink.after_commit`` -- committed, Spark's commit log not yet written.
+  visible; ``sink.after_commit`` -- committed, Spark's commit log not yet written;
+  ``sink.between_tables`` -- a routing sink's commit (docs/mirror.md), after the first table
+  has the epoch and before the next one; ``iceberg.routed.after_schema`` -- the routed Iceberg sink
+  created a target or updated its schema, the epoch's data snapshot not yet written.
 """
 
 from __future__ import annotations

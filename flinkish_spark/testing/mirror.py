@@ -17,13 +17,83 @@ import glob
 import json
 import os
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.postgres.rows import TableSchema, row_sql
+from flinkish_spark.testing.spark_log import committed_batches
 
 State = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
+
+#: Tables m_a, m_b, m_c, m_drop (matching ``public.m_*``) and ``other``, with exact types and rows.
+SETUP = """
+CREATE TABLE m_a (id bigint PRIMARY KEY, v text, n numeric(40,10), ts timestamptz, b bytea, tags text[]);
+CREATE TABLE m_b (k text PRIMARY KEY, j jsonb, d date, nn numeric);
+CREATE TABLE m_c (id int PRIMARY KEY, amount numeric(12,2), f float8);
+CREATE TABLE m_drop (id int PRIMARY KEY, v text);
+CREATE TABLE other (id int PRIMARY KEY, v text);
+INSERT INTO m_a SELECT g, 'a' || g, g * 1234567.0123456789, timestamptz '2024-01-01 00:00:00+00' + g * interval '1.000001 s',
+  decode(md5(g::text), 'hex'), ARRAY['t' || g % 7, 'x y'] FROM generate_series(1, 3000) g;
+INSERT INTO m_b SELECT 'k' || g, jsonb_build_object('g', g, 'big', 1.000000000000000000000000000000000000001),
+  date '2020-01-01' + g, 12345678901234567890123456789012345678901234567890.5 + g FROM generate_series(1, 1500) g;
+INSERT INTO m_c SELECT g, g / 100.0, g * 0.1 FROM generate_series(1, 1000) g;
+INSERT INTO m_drop SELECT g, 'd' FROM generate_series(1, 100) g;
+INSERT INTO other SELECT g, 'o' FROM generate_series(1, 100) g;
+"""
+
+#: A writer process (argv: url, stop file, Spark commits folder): changes every table until the stop file
+#: exists; after two committed epochs it adds m_a.extra, widens m_c.amount, creates m_new, drops m_drop.
+WRITER = r'''
+import os, random, sys, time, psycopg
+url, stop_file, commits_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+rnd = random.Random(7)
+next_id = 1_000_000
+ddl_at, ddl_done = None, 0
+def committed():
+    return sum(1 for n in os.listdir(commits_dir) if n.isdigit()) if os.path.isdir(commits_dir) else 0
+with psycopg.connect(url, autocommit=True) as conn:
+    while not os.path.exists(stop_file):
+        if ddl_at is None and committed() >= 2:
+            ddl_at = time.time()  # the pipeline runs: schema changes and new tables from now on
+        if ddl_at is not None and ddl_done < 4 and time.time() - ddl_at > 2 * ddl_done:
+            [lambda: conn.execute("ALTER TABLE m_a ADD COLUMN extra int"),
+             lambda: conn.execute("ALTER TABLE m_c ALTER COLUMN amount TYPE numeric(14,2)"),
+             lambda: (conn.execute("CREATE TABLE m_new (id int PRIMARY KEY, u uuid, iv interval, f float8)"),
+                      conn.execute("INSERT INTO m_new SELECT g, gen_random_uuid(), g * interval '1.5 day', g / 3.0 "
+                                   "FROM generate_series(1, 700) g")),
+             lambda: conn.execute("DROP TABLE m_drop")][ddl_done]()
+            ddl_done += 1
+        k = rnd.randint(1, 3000)
+        op = rnd.random()
+        with conn.transaction():
+            if op < 0.3:
+                conn.execute("INSERT INTO m_a (id, v, n, ts, b, tags) VALUES (%s, 'new', 1.5, now(), '\\x00', '{a}')", (next_id,))
+                next_id += 1
+            elif op < 0.5:
+                conn.execute("UPDATE m_a SET v = v || '+', n = n * 3, tags = tags || 'u'::text WHERE id = %s", (k,))
+                if ddl_done >= 1:
+                    conn.execute("UPDATE m_a SET extra = %s WHERE id = %s", (k, k + 1))
+            elif op < 0.6:
+                conn.execute("UPDATE m_a SET id = %s WHERE id = %s", (next_id, k))  # a key change
+                next_id += 1
+            elif op < 0.7:
+                conn.execute("DELETE FROM m_a WHERE id = %s", (k,))
+            elif op < 0.8:
+                conn.execute("UPDATE m_b SET j = j || '{\"u\": 1}', nn = nn * 2 WHERE k = %s", (f"k{k % 1500}",))
+                conn.execute("DELETE FROM m_b WHERE k = %s", (f"k{(k * 7) % 1500}",))
+            elif op < 0.9:
+                conn.execute("UPDATE m_c SET amount = amount + 0.01, f = f / 3 WHERE id = %s", (k % 1000,))
+                conn.execute("UPDATE other SET v = v || '+' WHERE id = %s", (k % 100,))
+                if ddl_done < 4:
+                    conn.execute("UPDATE m_drop SET v = v || '+' WHERE id = %s", (k % 100,))
+            elif ddl_done >= 3:
+                conn.execute("UPDATE m_new SET f = f * 2, iv = iv + interval '1 s' WHERE id = %s", (k % 700,))
+                conn.execute("INSERT INTO m_new VALUES (%s, gen_random_uuid(), '1 hour', 0.5)", (next_id,))
+                next_id += 1
+        time.sleep(0.004)
+'''
+
 
 
 def _key(row: dict[str, Any], key: Iterable[str]) -> tuple[Any, ...]:
@@ -110,3 +180,91 @@ def differences(replayed: State, source: State, schemas: dict[str, TableSchema])
             out[table] = {"missing": missing[:5], "extra": extra[:5], "wrong": wrong[:3],
                           "counts": (len(mine), len(theirs))}
     return out
+
+
+def target_differences(read: Callable[[str], Any], source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
+    """Per source table, what differs between its routed target (``read(table)``: its rows as an Arrow table
+    as a reader of the format sees them, None when there is no target) and the server's rows decoded to the
+    stream's Arrow types."""
+    from flinkish_spark.connectors.postgres.rows import decode_rows
+
+    def by_key(rows: list[dict[str, Any]], key: Iterable[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        return {tuple(repr(r[k]) for k in key): r for r in rows}
+
+    out: dict[str, Any] = {}
+    for table, rows in source.items():
+        schema = schemas[table]
+        theirs = by_key(decode_rows([json.dumps(r) for r in rows.values()], schema).to_pylist(), schema.key)
+        target = read(table)
+        if target is None:
+            out[table] = "no target"
+            continue
+        mine = by_key(target.select(list(schema.names)).to_pylist(), schema.key)
+        if mine != theirs:
+            wrong = [(k, mine[k], theirs[k]) for k in theirs if k in mine and mine[k] != theirs[k]]
+            out[table] = {"missing": [k for k in theirs if k not in mine][:5], "extra": [k for k in mine if k not in theirs][:5],
+                          "wrong": wrong[:3], "counts": (len(mine), len(theirs))}
+    return out
+
+
+def delta_differences(root: str, source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
+    """:func:`target_differences` of the routed Delta targets ``root/<schema>/<table>`` (delta-rs's scan,
+    deletion vectors applied)."""
+    import deltalake
+    import pyarrow as pa
+
+    def read(table: str) -> Any:
+        try:
+            return pa.table(deltalake.DeltaTable(os.path.join(root, *table.split(".", 1))).scan())
+        except deltalake.exceptions.TableNotFoundError:
+            return None
+
+    return target_differences(read, source, schemas)
+
+
+def slots_and_publications(url: str) -> tuple[int, list[str]]:
+    """The database's replication slots (how many) and publications (names)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        slots = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").fetchone()
+        pubs = [r[0] for r in conn.execute("SELECT pubname FROM pg_publication").fetchall()]
+    return int(slots[0]) if slots else 0, pubs
+
+
+def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: str, work_dir: str,
+                 kills: int, seed: int, crash_at: str | None = None) -> None:
+    """:data:`SETUP`, then :data:`WRITER` running while ``spec(**extra)`` (a ``run_pipeline`` spec with a
+    1-second trigger, ``end = timeout``) is killed ``kills`` times at random moments after a commit (one
+    slot and one publication after each kill) -- and once more at the named point ``crash_at`` when
+    given --, runs 25 s more, and is stopped with drain."""
+    import random
+    import subprocess
+    import sys
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    stop_file = os.path.join(work_dir, "stop-writer")
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, url, stop_file, os.path.join(checkpoint_location, "commits")])
+    try:
+        rng = random.Random(seed)
+        for kill in range(kills):
+            before = len(committed_batches(checkpoint_location))
+            delay = rng.uniform(2.0, 8.0)
+            run = run_pipeline(spec(), kill_after=delay, kill_when=lambda: len(committed_batches(checkpoint_location)) > before + 1)
+            assert run.killed, f"expected a kill {delay:.1f}s after a commit, got rc={run.returncode}:\n{run.output[-3000:]}"
+            assert slots_and_publications(url) == (1, ["flinkish_mirror"]), kill  # one slot, one publication
+        if crash_at is not None:
+            run = run_pipeline(spec(), crash_at=crash_at)
+            assert run.killed, f"expected a kill at {crash_at}, got rc={run.returncode}:\n{run.output[-3000:]}"
+            assert slots_and_publications(url) == (1, ["flinkish_mirror"]), crash_at
+        # Let the schema changes and the new table happen before the end (the writer starts them after two commits).
+        run = run_pipeline(spec(runSeconds=25))
+        assert run.returncode == 0, run.output[-3000:]
+    finally:
+        open(stop_file, "w").close()
+        writer.wait(timeout=60)
+    last = run_pipeline(spec(end="drain", stopAfterBatches=2))
+    assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]

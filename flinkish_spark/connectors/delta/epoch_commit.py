@@ -31,8 +31,17 @@ from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
-from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges
+from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches
 from flinkish_spark.faults import crash_point
+
+@dataclass(frozen=True)
+class EpochExtra:
+    """What a routed epoch adds to a keyed commit: actions first (a new schema), a truncate, and rows gone."""
+
+    before: tuple[dict[str, Any], ...] = ()  # e.g. the metaData action of an evolved schema
+    drop_all: bool = False  # a truncate: remove every live file before the epoch's rows
+    gone: dict[str, np.ndarray] | None = None  # table file -> positions to delete besides the lookup's (re-snapshot end)
+
 
 @dataclass
 class Built:
@@ -70,8 +79,9 @@ class EpochCommit:
     """One attempt's Delta version for an epoch, computed against ``state``."""
 
     def __init__(self, sink: DeltaTarget, state: DeltaState, changes: EpochChanges,
-                 committables: list[KeyedCommittable], epoch: int) -> None:
+                 committables: list[KeyedCommittable], epoch: int, extra: EpochExtra | None = None) -> None:
         self.sink, self.state, self.changes, self.committables, self.epoch = sink, state, changes, committables, epoch
+        self.extra = extra or EpochExtra()
         self.folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, epoch)
         self.relative_folder = f"{DATA_PREFIX}/{sink.uid}/e{epoch:012d}"
         self.now = int(time.time() * 1000)
@@ -98,11 +108,21 @@ class EpochCommit:
     def build(self) -> Built:
         plan = self.sink.plan
         assert plan is not None
-        lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
-        matches = lookup.find(self.changes.keys(), self.candidates())
+        self.actions.extend(self.extra.before)
+        if self.extra.drop_all:  # a truncate: every live row goes, the epoch's rows come after it
+            matches = Matches({})
+            deleted = sum(self._drop_file(f) for f in list(self.state.files.values()))
+        else:
+            lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
+            matches = lookup.find(self.changes.keys(), self.candidates())
         apply = self.changes.apply(matches)
+        if self.extra.gone is not None:
+            for path, positions in self.extra.gone.items():
+                have = apply.table_deletes.get(path)
+                apply.table_deletes[path] = positions if have is None else np.union1d(have, positions)
         added = self._copies(apply)
-        deleted = self._table_deletes(apply)
+        deleted = 0 if not self.extra.drop_all else deleted
+        deleted += self._table_deletes(apply)
         added += self._new_files(apply)
         if not self.dvs.empty:
             self.sink.io.write_bytes(self.sink.url(self.dvs.relative_path), self.dvs.bytes())
@@ -211,6 +231,13 @@ class EpochCommit:
             self.actions.append(add)
             self.vectors[(f.path, dv.unique_id)] = union
         return deleted
+
+    def _drop_file(self, f: LiveFile) -> int:
+        rows = f.num_records
+        if rows is None:
+            rows = _footer_rows(self.sink, self._file_url(f))
+        self.actions.append(f.remove_action(self.now))
+        return rows - len(deleted_positions(self.sink, f))
 
     def _rewrite(self, f: LiveFile, drop: np.ndarray, rows: int, n: int) -> None:
         """copyOnWrite: the file again without the dropped rows (a new file; the old one is removed)."""

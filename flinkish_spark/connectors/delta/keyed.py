@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, delta_files, ipc_bytes
 from flinkish_spark.connectors.delta.compaction import compact
-from flinkish_spark.connectors.delta.epoch_commit import EpochCommit
+from flinkish_spark.connectors.delta.epoch_commit import EpochCommit, EpochExtra
 from flinkish_spark.connectors.delta.live import forget_state, remember_dv, table_state
 from flinkish_spark.connectors.delta.log import StaleHead, TableChanged, VersionTaken, stored_files
 from flinkish_spark.connectors.delta.state import DeltaState
@@ -78,7 +78,9 @@ def prepare_keyed(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pre
                             tuple(s for _, s in written), ipc_bytes(resolved.entries))
 
 
-def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch: int) -> CommitOutcome:
+def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch: int,
+                 extra: Callable[[DeltaState], EpochExtra] | None = None) -> CommitOutcome:
+    """``extra``: computed against each attempt's state (routing: a new schema, a truncate, a re-snapshot's end)."""
     plan = sink.plan
     assert plan is not None
     changes = resolve_epoch(plan, [(c.partition, c.entries_table()) for c in committables])
@@ -89,7 +91,8 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
             return "RETRY_LATER"
         if state.txn(sink.uid) >= epoch:
             return "ALREADY_COMMITTED"  # table_state() confirmed that the state is of the table on storage
-        built = EpochCommit(sink, state, changes, committables, epoch).build()
+        more = extra(state) if extra is not None else None
+        built = EpochCommit(sink, state, changes, committables, epoch, more).build()
         version = state.version + 1
         try:
             passed = sink.log().behind_checkpoint(version, sink.log().last_checkpoint())
@@ -105,7 +108,7 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
         except StorageUnavailableError:
             forget_state(sink)  # the put may have landed: the next attempt reads the log again
             return "RETRY_LATER"
-        state.apply(version, built.actions)
+        state.apply(version, built.actions, validated=version)  # a metaData action of ours is validated
         sink._committed_here = {epoch: frozenset(stored_files(built.actions))}
         for (path, unique_id), positions in built.vectors.items():
             remember_dv(sink, path, unique_id, positions)

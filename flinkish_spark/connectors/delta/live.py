@@ -22,7 +22,8 @@ import numpy as np
 from flinkish_spark.connectors.delta.deletion_vectors import read_vector
 from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
-from flinkish_spark.connectors.delta.table import DeltaTarget
+from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
+from flinkish_spark.connectors.lakehouse.files import epoch_dir
 from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
 
 DV_CACHE_BYTES = 256 << 20
@@ -119,3 +120,48 @@ def live_references(target: DeltaTarget) -> set[str]:
     return {name for f in state.files.values() for name in f.stored_files()}
 
 
+
+
+class LiveTarget(DeltaTarget):
+    """A target whose keyed mode (``plan``) answers from this module's per-process state: what the table
+    holds, its newest version, and -- for a table recreated at the path -- every cache to drop.
+    ``flinkish.delta``'s one-table sink and each routed target are one."""
+
+    def committed(self, epoch: int) -> bool:
+        if self.plan is not None:
+            return table_state(self).txn(self.uid) >= epoch
+        return super().committed(epoch)
+
+    def newest_version(self) -> int:
+        if self.plan is not None:
+            return table_state(self).version
+        return super().newest_version()
+
+    def forget_table(self) -> None:
+        forget_state(self, table_too=True)  # the keyed state, vectors and key indexes too
+
+    def cleanup_epoch(self, epoch: int, kept: set[str]) -> None:
+        """Delete the files of the epoch's folder that neither the table's commit of the epoch added, nor
+        -- keyed, once the table holds the epoch -- the table names now, nor (before) ``kept`` names
+        (relative paths). Nothing when the table holds the epoch but its commit cannot be read."""
+        folder = epoch_dir(self.path, DATA_PREFIX, self.uid, epoch)
+        on_storage = self.io.find(folder)
+        if not on_storage:
+            return
+        named = self.added_by_table(epoch)
+        if named is None:
+            # The table holds the epoch but its commit cannot be read (log cleanup): deleting
+            # by listing could remove committed data. Leave the folder.
+            return
+        root = self.io.strip(self.path).rstrip("/") + "/"
+        if self.plan is not None and self.committed(epoch):
+            # Keyed: the commit left out files whose rows all lost, and wrote files of its own
+            # (vectors, copies, compactions): what the table names now or the epoch's version
+            # named stays (a compaction right after the epoch may have removed some, but a reader
+            # of the epoch's version still reads them: VACUUM's job), nothing else -- whatever the
+            # decision says.
+            wanted = live_references(self) | named
+        else:
+            wanted = named | kept
+        self.io.delete_many([self.io.url(p) for p in on_storage if p[len(root):] not in wanted])
+        self.io.remove_empty_dirs(folder)

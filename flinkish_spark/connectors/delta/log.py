@@ -276,13 +276,17 @@ class VersionTaken(Exception):
         self.version = version
 
 
-def commit_payload(uid: str, epoch: int | None, actions: list[dict[str, Any]], info: dict[str, Any], read_version: int,
-                   blind: bool, operation: str = "STREAMING UPDATE", output_mode: str = "Append") -> bytes:
-    """The bytes of one commit: commitInfo, ``txn(uid, epoch)`` (none for epoch None), then ``actions``."""
+def commit_payload(uid: str, epoch: int | None, actions: list[dict[str, Any]], info: dict[str, Any],
+                   read_version: int | None, blind: bool, operation: str = "STREAMING UPDATE",
+                   output_mode: str = "Append") -> bytes:
+    """The bytes of one commit: commitInfo, ``txn(uid, epoch)`` (none for epoch None), then ``actions``.
+
+    ``read_version`` None: no ``readVersion`` (version 0 read nothing; delta-rs's history() refuses -1)."""
     now = int(time.time() * 1000)
     parameters = {"outputMode": output_mode, "queryId": uid, "epochId": str(epoch)} if epoch is not None else {}
     commit_info = {"timestamp": now, "operation": operation, "operationParameters": parameters,
-                   "readVersion": read_version, "isolationLevel": "Serializable", "isBlindAppend": blind,
+                   **({} if read_version is None else {"readVersion": read_version}),
+                   "isolationLevel": "Serializable", "isBlindAppend": blind,
                    "engineInfo": ENGINE_INFO if blind else KEYED_ENGINE_INFO, **info}
     txn = [{"txn": {"appId": uid, "version": epoch, "lastUpdated": now}}] if epoch is not None else []
     lines = [{"commitInfo": commit_info}, *txn, *actions]

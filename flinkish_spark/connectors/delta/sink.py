@@ -47,12 +47,14 @@ from flinkish_spark.connectors.delta.committables import (
     KEYED_MAGIC, DeltaCommittable, DeltaFile, KeyedCommittable, decode_files, decode_keyed, encode_files, encode_keyed,
 )
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
-from flinkish_spark.connectors.delta.live import forget_state, live_references, table_state
-from flinkish_spark.connectors.delta.table import DATA_PREFIX, DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget, Head, deltalake
+from flinkish_spark.connectors.delta.live import LiveTarget
+from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
+from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, Head, deltalake
 from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, ChangePlan, KeyedOptions, parse_keyed_options, plan_changes,
 )
-from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE, epoch_dir
+from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
+from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.io.fileio import FileIO, storage_options_from
@@ -80,7 +82,7 @@ def keyed_plan(keyed: KeyedOptions, schema: StructType, partition_by: tuple[str,
     return plan_changes(keyed, schema, arrow_schema(schema), component)
 
 
-class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
+class DeltaSink(LiveTarget, TwoPhaseCommitSink[Committable]):
     def __init__(self, io: FileIO, path: str, uid: str, schema: pa.Schema, partition_by: tuple[str, ...],
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, compact_every: int = 0,
                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
@@ -128,40 +130,7 @@ class DeltaSink(DeltaTarget, TwoPhaseCommitSink[Committable]):
         self.io.delete_many([self.url(f.path) for c in committables for f in c.files])
 
     def cleanup(self, epoch: int, keep: list[Committable]) -> None:
-        folder = epoch_dir(self.path, DATA_PREFIX, self.uid, epoch)
-        on_storage = self.io.find(folder)
-        if not on_storage:
-            return
-        named = self.added_by_table(epoch)
-        if named is None:
-            # The table holds the epoch but its commit cannot be read (log cleanup): deleting
-            # by listing could remove committed data. Leave the folder.
-            return
-        root = self.io.strip(self.path).rstrip("/") + "/"
-        if self.plan is not None and self.committed(epoch):
-            # Keyed: the commit left out files whose rows all lost, and wrote files of its own
-            # (vectors, copies, compactions): what the table names now or the epoch's version
-            # named stays (a compaction right after the epoch may have removed some, but a reader
-            # of the epoch's version still reads them: VACUUM's job), nothing else -- whatever the
-            # decision says.
-            wanted = live_references(self) | named
-        else:
-            wanted = named | {f.path for c in keep for f in c.files}
-        self.io.delete_many([self.io.url(p) for p in on_storage if p[len(root):] not in wanted])
-        self.io.remove_empty_dirs(folder)
-
-    def committed(self, epoch: int) -> bool:
-        if self.plan is not None:
-            return table_state(self).txn(self.uid) >= epoch
-        return super().committed(epoch)
-
-    def newest_version(self) -> int:
-        if self.plan is not None:
-            return table_state(self).version
-        return super().newest_version()
-
-    def forget_table(self) -> None:
-        forget_state(self, table_too=True)  # the keyed state, vectors and key indexes too
+        self.cleanup_epoch(epoch, {f.path for c in keep for f in c.files})
 
     def encode(self, committable: Committable) -> bytes:
         if isinstance(committable, KeyedCommittable):
@@ -183,6 +152,12 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
 
     def configure(self, opts: Options) -> None:
         self.path = opts.required("path", "the Delta table's folder, e.g. .option('path', 's3://b/tables/orders')").rstrip("/")
+        self.route = parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None
+        if self.route is not None:
+            refuse_keyed_options(opts.has, opts.component, "path")
+            if opts.has("compactEvery"):
+                raise ConfigError(f"{opts.component}: option 'compactEvery' is not available with routing "
+                                  "('{table}' in 'path') yet; drop it")
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)
@@ -190,13 +165,24 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         self.compact_every = opts.integer("compactEvery", 0, minimum=0) or 0
         self.rows_per_file = opts.integer("rowsPerFile", DEFAULT_ROWS_PER_FILE, minimum=1) or DEFAULT_ROWS_PER_FILE
         self.target_file_size = parse_size(opts, "targetFileSize", DEFAULT_TARGET_FILE_SIZE)
-        self.keyed = parse_keyed_options(opts)
-        self.data_io = FileIO.for_url(self.path, storage_options_from(self.raw_options, self.path), what="option 'path'")
-        self.data_io.check_writable_root(self.path, "option 'path'")
+        self.keyed = (parse_keyed_options(opts) if self.route is None else
+                      KeyedOptions("upsert", (), "true", opts.choice("mergeMode", ("mergeOnRead", "copyOnWrite"), "mergeOnRead")))
+        root = self.path if self.route is None else self.path[:self.path.index("{")].rstrip("/")
+        if self.route is not None and (not root or root.endswith(":/") or root.endswith(":")):
+            raise ConfigError(f"{opts.component}: option 'path' = {self.path!r} needs a folder before its first "
+                              "placeholder (e.g. s3://bucket/lake/{schema}/{table})")
+        self.data_io = FileIO.for_url(root, storage_options_from(self.raw_options, root), what="option 'path'")
+        self.data_io.check_writable_root(root, "option 'path'")
         deltalake()  # a missing package fails at start(), not in the first batch
 
-    def sink(self, schema: StructType) -> DeltaSink:
+    def sink(self, schema: StructType) -> Any:
         component = f"{self.name()} sink uid {self.uid!r}"
+        if self.route is not None:
+            check_stream(schema.fieldNames(), component, "path")
+            return RoutedDeltaSink(self.data_io, self.route, self.uid, self.keyed.merge_mode,
+                                   DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval,
+                                   self.rows_per_file, self.target_file_size, self.create_table,
+                                   self.io, self.decision_log().directory)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
@@ -209,5 +195,8 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # On the driver before any task of the batch: a wrong table fails with nothing written.
-        self.sink(schema).ensure_table(self.create_table, f"{self.name()} sink")
+        # (Routed targets are checked and created in the commit: only the rows name them.)
+        sink = self.sink(schema)
+        if isinstance(sink, DeltaSink):
+            sink.ensure_table(self.create_table, f"{self.name()} sink")
         return super().streamWriter(schema, overwrite)

@@ -123,6 +123,7 @@ class DeltaState:
     version: int
     files: dict[str, LiveFile]
     txns: dict[str, int]
+    metadata: dict[str, Any] | None = None  # the newest metaData action (routing: the target's schema)
 
     def txn(self, uid: str) -> int:
         return self.txns.get(uid, -1)
@@ -142,6 +143,8 @@ class DeltaState:
             if "add" in action:
                 f = LiveFile.from_add(action["add"])
                 self.files[f.path] = f
+            elif "metaData" in action:
+                self.metadata = dict(action["metaData"])
             elif "txn" in action:
                 txn = action["txn"]
                 self.txns[str(txn["appId"])] = max(self.txns.get(str(txn["appId"]), -1), int(txn["version"]))
@@ -172,6 +175,8 @@ def load_state(log: DeltaLog, validated: int) -> DeltaState:
                 if kind == "add":
                     f = LiveFile.from_add(row)
                     state.files[f.path] = f
+                elif kind == "metaData":
+                    state.metadata = row
                 else:
                     state.txns[str(row["appId"])] = int(row["version"])
         state.version = checkpoint
@@ -217,7 +222,7 @@ def _checkpoint_rows(log: DeltaLog, url: str) -> Iterator[tuple[str, dict[str, A
             if "sidecar" in names and pf.read(columns=["sidecar"]).column("sidecar").null_count < pf.metadata.num_rows:
                 raise TableMismatchError(f"{url} is a V2 checkpoint with sidecar files, which the flinkish.delta "
                                          "sink's keyed modes do not read yet")
-            table = pf.read(columns=[c for c in ("add", "txn") if c in names])
+            table = pf.read(columns=[c for c in ("add", "txn", "metaData") if c in names])
     except (OSError, ValueError) as exc:
         raise CorruptMetadataError(f"the Delta checkpoint {url} could not be read: {exc}") from None
     for name in table.column_names:

@@ -116,7 +116,8 @@ def _grouped(rows: pa.Table, entries: pa.Table, partition_by: tuple[str, ...]) -
                                                           pa.array(new_pos, pa.int64()))
 
 
-def _entries(c: KeyedCommittable) -> pa.Table:
+def entries_of(c: KeyedCommittable) -> pa.Table:
+    """The task's resolve entries."""
     with pa.ipc.open_stream(c.entries) as reader:
         return reader.read_all()
 
@@ -128,11 +129,16 @@ class EpochPlan:
     matched: int = 0  # live table rows the epoch replaced or deleted
 
 
-def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable], epoch: int) -> EpochPlan:
-    """Driver side: the snapshot that applies the epoch's changes to ``table``'s current snapshot."""
+def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable], epoch: int,
+               truncate: bool = False, gone: dict[str, np.ndarray] | None = None) -> EpochPlan:
+    """Driver side: the snapshot that applies the epoch's changes to ``table``'s current snapshot.
+
+    ``truncate``: the epoch empties the table first (every live file removed, the keys looked up in
+    no file). ``gone``: rows of table files to delete besides the lookup's (data file -> positions).
+    """
     plan = target.plan
-    epoch_changes = resolve_epoch(plan, [(c.partition, _entries(c)) for c in committables])
-    live = LiveFiles(table)
+    epoch_changes = resolve_epoch(plan, [(c.partition, entries_of(c)) for c in committables])
+    live = LiveFiles(table, empty=truncate)
     key_field = table.schema().find_field(plan.key[0])
     matches = KeyLookup(target.io, plan.key, plan.live_column).find(epoch_changes.keys(),
                                                                   live.candidates(target.io, key_field))
@@ -153,6 +159,10 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
         for path, positions in applied.table_deletes.items():
             f = live.by_path[path]
             doomed[path] = (positions, f.spec_id, f.partition)
+        for path, positions in (gone or {}).items():  # (no truncate: then every file goes)
+            f = live.by_path[path]
+            before = doomed.get(path, (np.zeros(0, dtype=np.int64),))[0]
+            doomed[path] = (np.union1d(before, positions), f.spec_id, f.partition)
         for task, positions in applied.new_deletes.items():
             c = committables[task]
             which = np.searchsorted(np.asarray(c.first_rows), positions, side="right") - 1
@@ -168,6 +178,13 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
             written += [f.file_path for f in rewritten]
             data_files = [d for d in data_files if d.file_path not in replaced] + rewritten
             changes = Changes(data_files=data_files, removed=removed)
+        if truncate:
+            everything: dict[str, set[str]] = {}
+            whole = LiveFiles(table)
+            for f in (*whole.data, *whole.deletes):
+                everything.setdefault(f.manifest, set()).add(f.path)
+            changes = Changes(changes.data_files, changes.delete_files,
+                              {m: frozenset(p) for m, p in everything.items()})
         return EpochPlan(changes, written, sum(len(p) for p in applied.table_deletes.values()))
     except BaseException:
         target.io.delete_many(written)

@@ -82,11 +82,12 @@ class LiveFile:
 class LiveFiles:
     """The live data and position delete files of one snapshot."""
 
-    def __init__(self, table: Any, snapshot: Any | None = None) -> None:
+    def __init__(self, table: Any, snapshot: Any | None = None, empty: bool = False) -> None:
+        """``empty``: no live file (what an epoch that truncates the table looks its keys up in)."""
         from pyiceberg.manifest import DataFileContent, ManifestContent
         from pyiceberg.table.delete_file_index import DeleteFileIndex
 
-        snapshot = snapshot if snapshot is not None else table.current_snapshot()
+        snapshot = None if empty else snapshot if snapshot is not None else table.current_snapshot()
         self.snapshot_id = snapshot.snapshot_id if snapshot is not None else None
         self.data: list[LiveFile] = []
         self.deletes: list[LiveFile] = []

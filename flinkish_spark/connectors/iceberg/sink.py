@@ -35,7 +35,8 @@ Iceberg table with pyiceberg (no JVM jar).
 Catalog: see :mod:`.catalog` (``catalog`` / ``catalogUri`` + ``warehouse`` / embedded,
 ``catalogName``).
 
-Options: ``uid``, ``table`` (``namespace.name``), ``catalog`` / ``catalogUri`` /
+Options: ``uid``, ``table`` (``namespace.name``; with ``{schema}``/``{table}`` placeholders the
+multi-table stream is routed, one keyed table per source table: :mod:`.routed`), ``catalog`` / ``catalogUri`` /
 ``warehouse`` / ``catalogName``, ``partitionBy`` (identity partitions), ``createTable`` (default true),
 ``checkpoint``, ``rowsPerFile``, ``targetFileSize``, ``retainSnapshots`` (default 100: each
 commit expires all but the newest N snapshots, never the newest of any flinkish uid -- its
@@ -60,6 +61,7 @@ from flinkish_spark.connectors.iceberg.catalog import catalog_properties, identi
 from flinkish_spark.connectors.iceberg.commit import append_snapshot, commit_snapshot
 from flinkish_spark.connectors.iceberg.compact import compact
 from flinkish_spark.connectors.iceberg.keyed import KeyedCommittable, Target, plan_epoch, prepare
+from flinkish_spark.connectors.iceberg.routed import RoutedIcebergSink
 from flinkish_spark.connectors.iceberg.datafiles import IcebergFile, epoch_folder, to_data_file, write_data_files
 from flinkish_spark.connectors.iceberg.schema import iceberg_schema, keyed_table_schema, shape
 from flinkish_spark.connectors.iceberg.table import (
@@ -81,6 +83,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
     plan_changes,
 )
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
+from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
@@ -356,7 +359,16 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
-        self.identifier = identifier(opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'"), component)
+        table = opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'")
+        self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
+        if self.route is not None:
+            refuse_keyed_options(opts.has, component, "table")
+            if opts.has("compactEvery"):
+                raise ConfigError(f"{component}: option 'compactEvery' is not available with routing "
+                                  "('{table}' in 'table') yet; drop it")
+        # A template is checked as a name it makes (each placeholder one part of a name).
+        identifier(table.replace("{schema}", "s").replace("{table}", "t"), component)
+        self.identifier = table
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)
@@ -370,11 +382,17 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         warehouse = self.catalog_props.get("warehouse") or self.checkpoint_root
         self.data_io = FileIO.for_url(warehouse, storage_options_from(self.raw_options, warehouse), what="option 'warehouse'")
         self.data_io.check_writable_root(warehouse, "option 'warehouse'")
-        self.keyed = parse_keyed_options(opts)
+        self.keyed = (parse_keyed_options(opts) if self.route is None else
+                      KeyedOptions("upsert", (), "true", opts.choice("mergeMode", ("mergeOnRead", "copyOnWrite"), "mergeOnRead")))
         self.compact_every = opts.integer("compactEvery", 0, minimum=0) or 0
         self.info: TableInfo | None = None
 
-    def sink(self, schema: StructType) -> IcebergSink:
+    def sink(self, schema: StructType) -> Any:
+        if self.route is not None:
+            check_stream(schema.fieldNames(), f"{self.name()} sink uid {self.uid!r}", "table")
+            return RoutedIcebergSink(self.catalog_props, self.route, self.uid, self.raw_options, self.keyed.merge_mode,
+                                     self.rows_per_file, self.target_file_size, self.retain_snapshots,
+                                     self.create_table, self.io, self.decision_log().directory)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")
@@ -385,8 +403,12 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # On the driver before any task: resolve (or create) the table; executors get its
-        # location, schema and spec with the writer, never touching the catalog.
-        self.info = self.sink(schema).ensure_table(self.create_table, f"{self.name()} sink")
+        # location, schema and spec with the writer, never touching the catalog. (Routed targets
+        # are checked and created in the commit: only the rows name them.)
+        sink = self.sink(schema)
+        if isinstance(sink, RoutedIcebergSink):
+            return super().streamWriter(schema, overwrite)
+        self.info = sink.ensure_table(self.create_table, f"{self.name()} sink")
         location = self.info.location
         self.data_io = FileIO.for_url(location, storage_options_from(self.raw_options, location), what="table location")
         return super().streamWriter(schema, overwrite)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, qualified
+from flinkish_spark.connectors.postgres.routed import ROUTED_PREFIX, decode_staged
 from flinkish_spark.connectors.postgres.sink import GID_PREFIX, S_ATTEMPT, S_EPOCH, decode_committable, staging_table_name
 from flinkish_spark.sink.decisions import DecisionLog
 
@@ -40,7 +41,7 @@ def _state(epoch: int, ident: str, log: DecisionLog, decided: list[int], done: s
         named = set()
         if decision is not None:
             for raw in decision.committables:
-                c = decode_committable(raw)
+                c = decode_staged(raw) if raw.startswith(ROUTED_PREFIX) else decode_committable(raw)
                 named.add(getattr(c, "gid", None) or getattr(c, "attempt_id", None))
         return "decided" if ident in named else "orphan"
     return "orphan" if decided and epoch < decided[-1] else "pending"

@@ -33,7 +33,6 @@ only by the driver's ``COMMIT PREPARED``, which waits for the second task.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import uuid
@@ -52,7 +51,12 @@ from flinkish_spark.connectors.postgres.connection import (
 from flinkish_spark.connectors.postgres.prepared import (
     GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
 )
+from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, refuse_keyed_options
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
+from flinkish_spark.connectors.postgres.routed import RoutedPlan, RoutedPostgresSink, check_template, resolve_routed_plan
+from flinkish_spark.connectors.postgres.staging import (
+    Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, check_staged, chunks, clear_staged, create_commits_table, staging_table_name,
+)
 from flinkish_spark.errors import (
     CommitFailedError, ConfigError, DatabaseUnavailableError, TargetSchemaError, TargetWriteError,
 )
@@ -67,12 +71,9 @@ Mode = Literal["append", "upsert"]
 CommitMode = Literal["prepared", "staged"]
 CommitModeOption = Literal["auto", "prepared", "staged"]
 
-COMMITS_TABLE = "flinkish_commits"
 DEFAULT_LOCK_TIMEOUT_S = 60  # how long a task waits for a row or table lock before it fails with the holders named
 #: Columns of a change stream (issue 11's CDC source) that are never written to the target.
 CHANGE_COLUMNS = ("_op", "_lsn", "_commit_ts")
-# Staging-table bookkeeping columns: which attempt wrote a row, and its order in the epoch.
-S_EPOCH, S_ATTEMPT, S_PART, S_ROW = "_flinkish_epoch", "_flinkish_attempt", "_flinkish_part", "_flinkish_row"
 CHUNK_ROWS = 262_144  # rows per COPY inside one task transaction (bounds the task's memory)
 TARGET_FILE = "_target.json"  # in the sink's metadata directory: what flinkish inspect shows
 PREPARED_DEADLOCK = (
@@ -102,7 +103,7 @@ PostgresCommittable = Union[PreparedXact, StagedRows]
 
 
 @dataclass(frozen=True)
-class PostgresPlan:
+class PostgresPlan(Bookkeeping):
     """What the driver resolved against the server; pickled into tasks (holds no password)."""
 
     conn: ConnectionInfo
@@ -120,18 +121,6 @@ class PostgresPlan:
     def target(self) -> str:
         return qualified(self.schema, self.table)
 
-    @property
-    def staging(self) -> str:
-        return qualified(self.schema, self.staging_table)
-
-    @property
-    def commits(self) -> str:
-        return qualified(self.schema, COMMITS_TABLE)
-
-
-def staging_table_name(uid: str, table: str) -> str:
-    digest = hashlib.sha1(f"{uid}\0{table}".encode()).hexdigest()[:10]
-    return f"flinkish_staging_{''.join(c if c.isalnum() else '_' for c in uid)[:30]}_{digest}".lower()
 
 
 def resolve_plan(
@@ -195,11 +184,7 @@ def resolve_plan(
         if mode == "upsert":
             _check_unique_key(c, pg_schema, pg_table, key, component)
         chosen = _choose_commit_mode(c, conn, mode, commit_mode, component)
-        c.execute(
-            f"CREATE TABLE IF NOT EXISTS {qualified(pg_schema, COMMITS_TABLE)} (sink_uid text NOT NULL, epoch bigint NOT NULL, "
-            "part text NOT NULL, target text NOT NULL, commit_mode text NOT NULL, rows bigint NOT NULL, "
-            "written_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink_uid, epoch, part))"
-        )
+        create_commits_table(c, pg_schema)
         staging = staging_table_name(uid, pg_table)
         if chosen == "staged":
             cols = ", ".join(f"{quote_ident(f.name)} {target_types[f.name]}" for f in fields)
@@ -294,7 +279,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 earlier = clear_the_way(plan.conn, me)
                 if earlier is not None:  # this task's earlier attempt prepared these rows: report it
                     return PreparedXact(earlier, sum(b.num_rows for b in batches))  # (the input is drained)
-            for chunk in _chunks(batches, CHUNK_ROWS):
+            for chunk in chunks(batches, CHUNK_ROWS):
                 table = self._shape(chunk, ctx, attempt_id, rows) if staged else self._cast(chunk)
                 if conn is None:
                     conn = adbc_connect(plan.conn)
@@ -402,15 +387,8 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
                 if done:
                     self._clear_staged(c, epoch)
                     return "ALREADY_COMMITTED"
-                have = c.execute(f"SELECT count(*) FROM {plan.staging} WHERE {S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s)",
-                                 (epoch, ids)).fetchone()[0]
                 want = sum(s.rows for s in staged)
-                if have != want:
-                    raise CommitFailedError(
-                        f"epoch {epoch} of sink uid {self.uid!r}: the staging table {plan.schema}.{plan.staging_table} holds "
-                        f"{have} of the epoch's {want} decided rows and {plan.commits} has no record of the epoch: staged "
-                        "rows were deleted by hand. The epoch's data is lost from the sink and must be rewritten"
-                    )
+                check_staged(c, plan, self.uid, epoch, ids, want)
                 psycopg = require_psycopg()
                 try:
                     c.execute(self._move_sql(), (epoch, ids))
@@ -432,18 +410,7 @@ class PostgresSink(TwoPhaseCommitSink[PostgresCommittable]):
         return "COMMITTED"
 
     def _clear_staged(self, c: Any, epoch: int) -> None:
-        """Delete the epoch's staged rows, in the commit's transaction.
-
-        TRUNCATE (no dead tuples, no VACUUM debt) when the table holds nothing else, which is
-        the normal case: Spark runs the next epoch's tasks only after this commit, and
-        leftovers of other epochs are removed by their own cleanup.
-        """
-        plan = self.plan
-        other = c.execute(f"SELECT 1 FROM {plan.staging} WHERE {S_EPOCH} <> %s LIMIT 1", (epoch,)).fetchone()
-        if other is None:
-            c.execute(f"TRUNCATE {plan.staging}")
-        else:
-            c.execute(f"DELETE FROM {plan.staging} WHERE {S_EPOCH} = %s", (epoch,))
+        clear_staged(c, self.plan.staging, epoch)
 
     def _move_sql(self) -> str:
         plan = self.plan
@@ -521,22 +488,6 @@ def decode_committable(data: bytes) -> PostgresCommittable:
     return PreparedXact(**d) if kind == "prepared" else StagedRows(**d)
 
 
-def _chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
-    """Spark's small Arrow batches gathered into tables of about ``rows`` rows (one COPY each)."""
-    pending: list[pa.RecordBatch] = []
-    count = 0
-    for b in batches:
-        if b.num_rows == 0:
-            continue
-        pending.append(b)
-        count += b.num_rows
-        if count >= rows:
-            yield pa.Table.from_batches(pending)
-            pending, count = [], 0
-    if pending:
-        yield pa.Table.from_batches(pending)
-
-
 class PostgresSinkDataSource(TwoPhaseCommitDataSource):
     """``df.writeStream.format("flinkish.postgres")``."""
 
@@ -547,11 +498,19 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
     def configure(self, opts: Options) -> None:
         self.conn = parse_url(opts.required("url", "a libpq URI such as postgresql://user@host:5432/db"), opts.get("passwordEnv"))
         self.table = opts.required("table", "the target table, 'schema.table'")
-        split_table(self.table)
+        self.route = check_template(self.table, opts.component) if is_routed(self.table) else None
+        self._routed: RoutedPlan | None = None
+        if self.route is not None:
+            refuse_keyed_options(opts.has, opts.component, "table")
+            if opts.get("commitMode") == "prepared":
+                raise ConfigError(f"{opts.component}: commitMode 'prepared' cannot be used with routing ('{{table}}' in "
+                                  "'table'): every epoch commits in one driver transaction (staged). Drop the option")
+        else:
+            split_table(self.table)
         self.mode: Mode = opts.choice("mode", ("append", "upsert"), "append")
         raw_key = opts.get("key") or ""
         self.key = tuple(k.strip() for k in raw_key.split(",") if k.strip())
-        self.create_table = _flag(opts, "createTable")
+        self.create_table = _flag(opts, "createTable", "true" if self.route is not None else "false")
         self.deletes = _flag(opts, "deletes")
         self.commit_mode_option: CommitModeOption = opts.choice("commitMode", ("auto", "prepared", "staged"), "auto")
         self.lock_timeout_s = opts.integer("lockTimeout", DEFAULT_LOCK_TIMEOUT_S, minimum=0)
@@ -569,18 +528,34 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
             self._plans[schema.json()] = cached
         return cached
 
-    def sink(self, schema: StructType) -> PostgresSink:
+    def routed_plan(self, schema: StructType) -> RoutedPlan:
+        assert self.route is not None
+        if self._routed is None:
+            component = f"{self.name()} sink uid {self.uid!r}"
+            check_stream(schema.fieldNames(), component, "table")
+            self._routed = resolve_routed_plan(self.conn, self.route, self.uid, self.create_table, component)
+        return self._routed
+
+    def sink(self, schema: StructType) -> Any:
+        if self.route is not None:
+            return RoutedPostgresSink(self.routed_plan(schema), self.uid, self.lock_timeout_s or 0)
         return PostgresSink(self.plan(schema), self.uid, self.run_id[:8], self.lock_timeout_s or 0)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        plan = self.plan(schema)  # on the driver: check the target before any task runs
-        record = {"sink": self.KIND, "url": self.conn.masked, "table": f"{plan.schema}.{plan.table}", "mode": plan.mode,
-                  "key": list(plan.key), "commitMode": plan.commit_mode, "commitModeOption": self.commit_mode_option,
-                  "stagingTable": f"{plan.schema}.{plan.staging_table}" if plan.commit_mode == "staged" else None}
+        record: dict[str, Any]
+        if self.route is not None:
+            routed = self.routed_plan(schema)  # on the driver: the input and the bookkeeping tables before any task runs
+            record = {"sink": self.KIND, "url": self.conn.masked, "table": self.route.template, "mode": "routed",
+                      "commitMode": "staged", "stagingTable": f"{routed.schema}.{routed.staging_table}"}
+        else:
+            plan = self.plan(schema)  # on the driver: check the target before any task runs
+            record = {"sink": self.KIND, "url": self.conn.masked, "table": f"{plan.schema}.{plan.table}", "mode": plan.mode,
+                      "key": list(plan.key), "commitMode": plan.commit_mode, "commitModeOption": self.commit_mode_option,
+                      "stagingTable": f"{plan.schema}.{plan.staging_table}" if plan.commit_mode == "staged" else None}
         path = join(self.decision_log().directory, TARGET_FILE)
         self.io.write_bytes(path, json.dumps(record).encode())
         return super().streamWriter(schema, overwrite)
 
 
-def _flag(opts: Options, name: str) -> bool:
-    return opts.choice(name, ("true", "false"), "false") == "true"
+def _flag(opts: Options, name: str, default: str = "false") -> bool:
+    return opts.choice(name, ("true", "false"), default) == "true"

@@ -1,0 +1,195 @@
+"""``flinkish.delta`` with ``{schema}``/``{table}`` in ``path``: the multi-table stream, one keyed Delta table per source table.
+
+* **Prepare** (executors): a task splits its rows per table
+  (:func:`~flinkish_spark.connectors.postgres.rows.split_tables`: typed with the table's schema
+  of each row), and for each table writes what the keyed prepare writes for one table
+  (:func:`~flinkish_spark.connectors.delta.keyed.prepare_keyed`: files below the table's
+  ``flinkish/<uid>/e<epoch>/`` and the task's entries), plus the task's newest schema of the
+  table, a truncate and re-snapshot markers (:class:`RoutedPart`). Nothing reads a target here.
+* **Commit** (driver, after the decision names every table's part): first, for every table
+  the epoch changed and that does not hold the epoch yet, the target's evolution is computed
+  (:mod:`flinkish_spark.connectors.delta.evolve`) -- a change it cannot follow raises
+  :class:`~flinkish_spark.errors.SchemaChangeError` before any table is written. Then table
+  by table (sorted by name) one Delta version each: an evolved schema's ``metaData`` action,
+  the keyed commit's actions (a truncate removes every live file first; a re-snapshot's end
+  deletes the rows it did not deliver) and ``txn(appId = uid, version = epoch)``.
+* **Exactly once across tables**: each table's txn makes its commit idempotent on its own. A
+  restart commits the decided epoch again: tables whose txn is >= the epoch are skipped (a
+  table's txn moves only when the table changes, and epochs commit in order, so a txn at a
+  later epoch means this one is in it), the others are committed. Crash point
+  ``sink.between_tables``: after the first table's version, before the next.
+* **Recreated targets, reset checkpoints**: each target is a
+  :class:`~flinkish_spark.connectors.delta.live.LiveTarget` -- a target folder deleted and created
+  again drops every cache of it (the head's digest check) -- and the sink's
+  :meth:`RoutedDeltaSink.last_committed_epoch` is the newest txn of the uid in any Delta table
+  below the route's pattern (:mod:`flinkish_spark.sink.incarnation` asks it at start).
+* **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
+  no read, no commit and no marker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
+from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
+from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
+from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
+from flinkish_spark.connectors.delta.resnapshot import Resnapshots
+from flinkish_spark.connectors.delta.state import DeltaState
+from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget
+from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
+from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
+from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
+from flinkish_spark.connectors.postgres.rows import TableSchema
+from flinkish_spark.faults import crash_point
+from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
+
+log = logging.getLogger(__name__)
+
+ROUTED_MAGIC = b"FRD1"
+
+
+@dataclass(frozen=True)
+class RoutedPart(TablePart):
+    """One table's share of one task: :class:`~flinkish_spark.connectors.lakehouse.routing.TablePart` and the keyed files."""
+
+    keyed: KeyedCommittable | None
+
+
+@dataclass(frozen=True)
+class RoutedCommittable:
+    partition: int
+    parts: tuple[RoutedPart, ...]
+
+
+def encode_routed(c: RoutedCommittable) -> bytes:
+    parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
+              "end": p.end, "keyed": None if p.keyed is None else base64.b64encode(encode_keyed(p.keyed)).decode()}
+             for p in c.parts]
+    return ROUTED_MAGIC + json.dumps({"partition": c.partition, "parts": parts}, separators=(",", ":")).encode()
+
+
+def decode_routed(data: bytes) -> RoutedCommittable:
+    d = json.loads(data[len(ROUTED_MAGIC):])
+    return RoutedCommittable(int(d["partition"]), tuple(
+        RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
+                   None if p["keyed"] is None else decode_keyed(base64.b64decode(p["keyed"])))
+        for p in d["parts"]))
+
+
+class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
+    def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
+                 checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+                 target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
+                 metadata_io: FileIO | None = None, metadata_dir: str | None = None) -> None:
+        self.io, self.route, self.uid, self.merge_mode = io, route, uid, merge_mode
+        self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
+        self.create_table = create_table
+        self.resnapshots = Resnapshots(metadata_io or io, metadata_dir) if metadata_dir else None
+        self._committed_here: dict[str, dict[int, frozenset[str]]] = {}  # per source table, as DeltaTarget's
+
+    def target(self, table: str, schema: TableSchema, columns: pa.Schema | None = None) -> RoutedDeltaTarget:
+        """``columns``: the data columns of the rows to write when they are not the newest schema's
+        (a column dropped within the epoch: the rows written before the drop keep its values)."""
+        plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode)
+        return RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
+                                 self.checkpoint_interval, 0, self.rows_per_file, self.target_file_size,
+                                 source_table=table)
+
+    # -- prepare (executors) -----------------------------------------------------------------
+
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
+        parts = []
+        for name, schema, data in task_tables(batches):
+            keyed = None
+            if data.changes.num_rows:
+                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN)])
+                target = self.target(name, schema, columns)
+                keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
+            parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed))
+        return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
+
+    # -- commit (driver) -------------------------------------------------------------------------
+
+    def _tables(self, committables: list[RoutedCommittable]) -> list[TableEpoch[RoutedPart]]:
+        return tables_of((p for c in committables for p in c.parts), self.route, "path")
+
+    def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
+        pending = []
+        for t in self._tables(committables):
+            schemas = t.schemas()
+            target = self.target(t.table, schemas[-1])
+            state = target.existing_state()
+            if state is not None and state.txn(self.uid) >= epoch:
+                continue  # this table has the epoch (a recovered commit)
+            # Every table's evolution is checked before the first table is written: a change
+            # that cannot be followed ends the query with nothing of the epoch visible.
+            evolution = target.evolution(state, t.announced())
+            pending.append((t, target, evolution))
+        for i, (t, target, evolution) in enumerate(pending):
+            if i:
+                crash_point("sink.between_tables")  # earlier tables have the epoch, this one not yet
+            created = target.ensure_created(evolution, self.create_table)
+            outcome = commit_keyed(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch))
+            if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
+                return outcome
+            self._committed_here[t.table] = target._committed_here  # the files its version named: cleanup spares them
+            if t.end and self.resnapshots is not None:
+                self.resnapshots.finish(target.path)
+        return "COMMITTED"
+
+    def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
+        def extra(state: DeltaState) -> EpochExtra:
+            before = () if created else schema_actions(target, state, evolution)
+            gone = None
+            if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
+                gone = self.resnapshots.step_delta(target, state, t.begin, t.end, t.keyed(), epoch)
+            return EpochExtra(tuple(before), t.truncate, gone)
+
+        return extra
+
+    # -- abort / cleanup (driver) ----------------------------------------------------------------
+
+    def abort(self, committables: list[RoutedCommittable], epoch: int) -> None:
+        urls = []
+        for c in committables:
+            for p in c.parts:
+                if p.keyed is not None:
+                    path = self.route.target(p.table)
+                    urls += [f"{path}/{f.path}" for f in p.keyed.files]
+        self.io.delete_many(urls)
+
+    def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
+        """Per table the decision names, what :meth:`LiveTarget.cleanup_epoch` deletes for one table. Tables no
+        decided part names are not listed: the per-epoch cost stays with the tables the epoch changed."""
+        for t in self._tables(keep):
+            target = self.target(t.table, t.schemas()[-1])
+            target._committed_here = self._committed_here.get(t.table, {})
+            target.cleanup_epoch(epoch, {f.path for k in t.keyed() for f in k.files})
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in any target the route can name (-1: none): each Delta table below
+        the route's pattern is read (delta-rs, its txn of the uid). Asked only at a query's start when the
+        sink's metadata is missing or belongs to another Spark query (:mod:`flinkish_spark.sink.incarnation`)."""
+        stripped = Route(self.io.strip(self.route.template), self.route.kind)
+        pattern = self.route.template.replace("{schema}", "*").replace("{table}", "*")
+        logs = {p.rsplit("/_delta_log/", 1)[0] for name in ("_last_checkpoint", "0" * 20 + ".json")
+                for p in self.io.glob(f"{pattern}/_delta_log/{name}")}
+        epochs = [DeltaTarget(self.io, self.io.url(p), self.uid, pa.schema([]), ()).last_committed_epoch()
+                  for p in sorted(logs) if stripped.matches(p)]
+        return max(epochs, default=-1)
+
+    def encode(self, committable: RoutedCommittable) -> bytes:
+        return encode_routed(committable)
+
+    def decode(self, data: bytes) -> RoutedCommittable:
+        return decode_routed(data)
+

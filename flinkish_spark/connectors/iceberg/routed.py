@@ -1,0 +1,409 @@
+"""``flinkish.iceberg`` with ``{schema}``/``{table}`` in ``table``: the multi-table stream, one keyed Iceberg table per source table.
+
+* **Prepare** (executors): a task splits its rows per table
+  (:func:`~flinkish_spark.connectors.postgres.rows.split_tables`) and for each table writes what
+  the keyed prepare writes for one table (:func:`~flinkish_spark.connectors.iceberg.keyed.prepare`:
+  data files below the target's ``data/flinkish/<uid>/e<epoch>/`` and the task's entries), with
+  the field ids the columns will have once the epoch commits
+  (:func:`~.routed_target.write_schema`: the task loads the target from the catalog, read only;
+  a target that does not exist yet gets its files below the location the commit creates it at).
+  The part also carries the task's newest schema of the table, a truncate and re-snapshot
+  markers (:class:`RoutedPart`). Nothing is visible to a reader.
+* **Commit** (driver, after the decision names every table's part): first, for every table
+  the epoch changed that does not hold the epoch yet, the target's evolution is computed
+  (:mod:`flinkish_spark.connectors.lakehouse.evolution`, on Iceberg's types and promotions) --
+  a change it cannot follow raises :class:`~flinkish_spark.errors.SchemaChangeError` before any
+  table is written. Then table by table (sorted by name): the target is created, or its schema
+  updated (one metadata commit: columns added, types promoted), then one snapshot applies the
+  epoch's changes (:func:`~flinkish_spark.connectors.iceberg.keyed.plan_epoch`: a truncate
+  removes every live file first; a re-snapshot's end deletes the rows it did not deliver) with
+  the summary properties ``flinkish.uid`` / ``flinkish.epoch``.
+* **Exactly once across tables**: each table's snapshot marker makes its commit idempotent on
+  its own. A restart commits the decided epoch again: tables whose newest epoch of the uid is
+  >= the epoch are skipped (a table's marker moves only when the table changes, and epochs
+  commit in order), the others are committed. A schema update without its data snapshot (a
+  crash between the two, crash point ``iceberg.routed.after_schema``) is no change the next
+  time. Crash point ``sink.between_tables``: after the first table's snapshot, before the next.
+* **Reset checkpoints**: :meth:`RoutedIcebergSink.last_committed_epoch` is the newest epoch of
+  the uid in any catalog table the route can name (:mod:`flinkish_spark.sink.incarnation`).
+  Targets are loaded from the catalog on every commit: no cache to outlive a dropped table.
+* **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
+  no read, no commit and no snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+
+from flinkish_spark.connectors.iceberg.catalog import load, pyiceberg
+from flinkish_spark.connectors.iceberg.commit import commit_snapshot
+from flinkish_spark.connectors.iceberg.datafiles import epoch_folder, write_data_files
+from flinkish_spark.connectors.iceberg.keyed import DRIVER_PARTITION, KeyedCommittable, Target, entries_of, plan_epoch, prepare
+from flinkish_spark.connectors.iceberg.resnapshot import gone_rows
+from flinkish_spark.connectors.iceberg.routed_target import (
+    KEY_PROPERTY,
+    SOURCE_PROPERTY,
+    check_promotions,
+    evolve_table,
+    fitted_schema,
+    iceberg_arrow,
+    misfits,
+    read_file,
+    table_arrow,
+    write_schema,
+)
+from flinkish_spark.connectors.iceberg.table import (
+    CREATED_TABLE_PROPERTIES,
+    EPOCH_PROPERTY,
+    UID_PROPERTY,
+    TableInfo,
+    committed_epoch,
+    files_added_by,
+    info_of,
+    keyed_properties,
+)
+from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
+from flinkish_spark.connectors.lakehouse.evolution import Evolution, evolve_epoch
+from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
+from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
+from flinkish_spark.connectors.lakehouse.routing import (
+    Route,
+    TableEpoch,
+    TablePart,
+    routed_twice,
+    table_plan,
+    tables_of,
+    task_tables,
+)
+from flinkish_spark.errors import ConfigError, TableMismatchError
+from flinkish_spark.faults import crash_point
+from flinkish_spark.io.fileio import FileIO, storage_options_from
+from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "flinkish.iceberg sink"
+_WHOLE_FILE = 1 << 62  # rows / bytes: a rewritten file stays one file (its row positions are kept)
+
+
+@dataclass(frozen=True)
+class RoutedPart(TablePart):
+    """One table's share of one task: :class:`~flinkish_spark.connectors.lakehouse.routing.TablePart` and the keyed files."""
+
+    keyed: KeyedCommittable | None
+    location: str = ""  # the target location the files are below
+    files_schema: str = ""  # the Iceberg schema (field ids) the files were written with
+
+
+@dataclass(frozen=True)
+class RoutedCommittable:
+    partition: int
+    parts: tuple[RoutedPart, ...]
+
+
+def _unpartitioned() -> str:
+    from pyiceberg.partitioning import PartitionSpec
+
+    return PartitionSpec().model_dump_json()
+
+
+class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
+    def __init__(self, catalog_properties: dict[str, str], route: Route, uid: str, options: Mapping[str, str] | None = None,
+                 merge_mode: MergeMode = "mergeOnRead", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
+                 target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = 100,
+                 create_table: bool = True, metadata_io: FileIO | None = None, metadata_dir: str | None = None) -> None:
+        self.catalog_properties, self.route, self.uid = catalog_properties, route, uid
+        self.options = dict(options or {})
+        self.merge_mode, self.rows_per_file, self.target_file_size = merge_mode, rows_per_file, target_file_size
+        self.retain_snapshots, self.create_table = retain_snapshots, create_table
+        self.resnapshots = ResnapshotKeys(metadata_io, metadata_dir) if metadata_io is not None and metadata_dir else None
+
+    # -- the targets ---------------------------------------------------------------------------
+
+    def catalog(self) -> Any:
+        return load(self.catalog_properties)
+
+    def io_for(self, location: str) -> FileIO:
+        return FileIO.for_url(location, storage_options_from(self.options, location), what="table location")
+
+    def load_target(self, identifier: str) -> Any | None:
+        pyiceberg()
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog().load_table(identifier)
+        except NoSuchTableError:
+            return None
+
+    def default_location(self, identifier: str) -> str:
+        """Where a target the sink creates lives: ``<warehouse>/<namespace>/<name>`` (pyiceberg's convention)."""
+        warehouse = self.catalog_properties.get("warehouse") or self.catalog().properties.get("warehouse")
+        if not warehouse:
+            raise ConfigError(f"{COMPONENT} uid {self.uid!r}: routing creates its targets below the catalog's warehouse, "
+                              "but neither the option 'warehouse' nor the catalog sets one; set 'warehouse'")
+        namespace, name = identifier.rsplit(".", 1)
+        return f"{warehouse.rstrip('/')}/{namespace}/{name}"
+
+    # -- prepare (executors) -----------------------------------------------------------------
+
+    def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
+        parts = []
+        for name, schema, data in task_tables(batches):
+            part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None)
+            if data.changes.num_rows:
+                part = self._prepare_table(part, schema.key, data.changes, ctx)
+            parts.append(part)
+        return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
+
+    def _prepare_table(self, part: RoutedPart, key: tuple[str, ...], changes: pa.Table, ctx: PrepareContext) -> RoutedPart:
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        identifier = self.route.target(part.table)
+        table = self.load_target(identifier)
+        columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN)])
+        schema = write_schema(table, columns)
+        types = schema_to_pyarrow(schema, include_field_ids=False)
+        plan = table_plan(types, key, self.merge_mode)
+        changes = changes.cast(plan.input_schema)
+        if table is None:
+            info = TableInfo(self.default_location(identifier), schema.model_dump_json(), _unpartitioned(),
+                             tuple(sorted(self._created_properties(key, part.table).items())))
+        else:
+            info = dataclasses.replace(info_of(table), schema_json=schema.model_dump_json())
+        target = Target(self.io_for(info.location), info, self.uid, plan, (), self.rows_per_file, self.target_file_size)
+        keyed = prepare(target, iter(changes.to_batches()), ctx, f"{COMPONENT} uid {self.uid!r} (source table {part.table})")
+        return dataclasses.replace(part, keyed=keyed, location=info.location, files_schema=schema.model_dump_json())
+
+    def _created_properties(self, key: tuple[str, ...], source_table: str) -> dict[str, str]:
+        return {**CREATED_TABLE_PROPERTIES, **keyed_properties(self.merge_mode), KEY_PROPERTY: ",".join(key),
+                SOURCE_PROPERTY: source_table}
+
+    # -- commit (driver) -------------------------------------------------------------------------
+
+    def _tables(self, committables: list[RoutedCommittable]) -> list[TableEpoch[RoutedPart]]:
+        return tables_of((p for c in committables for p in c.parts), self.route, "table")
+
+    def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
+        pyiceberg()
+        pending = []
+        for t in self._tables(committables):
+            identifier = self.route.target(t.table)
+            table = self.load_target(identifier)
+            if table is not None and committed_epoch(table, self.uid) >= epoch:
+                continue  # this table has the epoch (a recovered commit)
+            # Every table's evolution is checked before the first table is written: a change
+            # that cannot be followed ends the query with nothing of the epoch visible.
+            pending.append((t, identifier, table, self.evolution(t, identifier, table)))
+        for i, (t, identifier, table, evolution) in enumerate(pending):
+            if i:
+                crash_point("sink.between_tables")  # earlier tables have the epoch, this one not yet
+            changed = table is None or evolution.changes
+            table = self.ensure(t, identifier, table, evolution)
+            if changed:
+                crash_point("iceberg.routed.after_schema")  # created or updated, the epoch's snapshot not yet
+            outcome = self.commit_table(t, identifier, table, epoch)
+            if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
+                return outcome
+        return "COMMITTED"
+
+    def evolution(self, t: TableEpoch[RoutedPart], identifier: str, table: Any | None) -> Evolution:
+        """The target's schema after the epoch's source schemas; raises SchemaChangeError."""
+        current, key = pa.schema([]), None
+        if table is not None:
+            current = table_arrow(table.schema())
+            recorded = table.properties.get(KEY_PROPERTY)
+            key = tuple(recorded.split(",")) if recorded else None
+            mirrored = table.properties.get(SOURCE_PROPERTY)
+            if mirrored and mirrored != t.table:
+                raise routed_twice(sorted((mirrored, t.table)), identifier, "table")
+        name = f"the Iceberg table {identifier}"
+        fix = ("Rewrite the target with the column cast to the new type (e.g. create the table anew with pyiceberg "
+               "with that type and append its rows cast) and restart, or mirror the table to a new target with a new "
+               "sink uid.")
+        key_fix = (f"Mirror the table to a new target with a new sink uid; or, if its rows are unique by the new key, "
+                   f"set the table property {KEY_PROPERTY!r} to the new key (comma-separated; pyiceberg: "
+                   f"`with table.transaction() as tx: tx.set_properties({{'{KEY_PROPERTY}': '...'}})`) and restart.")
+        evolution = evolve_epoch(t.table, name, current, key,
+                                 [(iceberg_arrow(s.arrow_schema()), s.key, announced) for s, announced in t.announced()],
+                                 fix, key_fix)
+        check_promotions(t.table, name, evolution)
+        return evolution
+
+    def ensure(self, t: TableEpoch[RoutedPart], identifier: str, table: Any | None, evolution: Evolution) -> Any:
+        """The target, created with the evolved schema or its schema updated to it."""
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+        from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+
+        if table is not None:
+            self._check_target(identifier, table)
+            return evolve_table(table, evolution)
+        if not self.create_table:
+            raise TableMismatchError(
+                f"{COMPONENT} uid {self.uid!r}: there is no Iceberg table {identifier!r} for source table {t.table} "
+                "and createTable is false; create it, or set createTable to true")
+        catalog = self.catalog()
+        try:
+            catalog.create_namespace(identifier.rsplit(".", 1)[0])
+        except NamespaceAlreadyExistsError:
+            pass
+        key = t.schemas()[-1].key
+        try:
+            return catalog.create_table(identifier, schema=_pyarrow_to_schema_without_ids(evolution.schema),
+                                        location=self.default_location(identifier),
+                                        properties=self._created_properties(key, t.table))
+        except TableAlreadyExistsError:  # our earlier attempt, or another writer: checked as an existing target
+            table = catalog.load_table(identifier)
+            self._check_target(identifier, table)
+            return evolve_table(table, self.evolution(t, identifier, table))
+
+    def _check_target(self, identifier: str, table: Any) -> None:
+        if table.spec().fields:
+            raise TableMismatchError(
+                f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} is partitioned; routing writes "
+                "unpartitioned targets. Mirror the table to a new target, or write it with a sink of its own.")
+        if self.merge_mode == "mergeOnRead" and table.metadata.format_version < 2:
+            raise TableMismatchError(
+                f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} has format version "
+                f"{table.metadata.format_version}; mergeMode 'mergeOnRead' writes position delete files, which need "
+                "version 2. Upgrade it (pyiceberg: tx.upgrade_table_version(format_version=2)), or set mergeMode to "
+                "copyOnWrite.")
+
+    def commit_table(self, t: TableEpoch[RoutedPart], identifier: str, table: Any, epoch: int) -> CommitOutcome:
+        from pyiceberg.exceptions import CommitFailedException
+
+        table = self.catalog().load_table(identifier)
+        key = t.schemas()[-1].key
+        keyed = [self._fitted(p, table, epoch) for p in t.counted() if p.keyed is not None]
+        marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
+        io = self.io_for(table.location())
+        for attempt in range(10):
+            if committed_epoch(table, self.uid) >= epoch:
+                return "ALREADY_COMMITTED"
+            plan = table_plan(table_arrow(table.schema()), key, self.merge_mode)
+            target = Target(io, info_of(table), self.uid, plan, (), self.rows_per_file, self.target_file_size)
+            written: list[str] = []
+            try:
+                gone = None
+                if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(identifier)):
+                    seen = self.resnapshots.step(identifier, key, [entries_of(k) for k in keyed], t.begin, t.end, epoch)
+                    gone = None if seen is None or t.truncate else gone_rows(target, table, seen)
+                planned = plan_epoch(target, table, keyed, epoch, truncate=t.truncate, gone=gone)
+                written = planned.written
+                commit_snapshot(self.catalog(), table, planned.changes, target.spec_id, marker,
+                                retain=self.retain_snapshots, protect_property=UID_PROPERTY,
+                                delete_files=self._delete_quietly(io))
+                if t.end and self.resnapshots is not None:
+                    self.resnapshots.finish(identifier)
+                return "COMMITTED"
+            except CommitFailedException:
+                # Another writer came first: re-read the table, check again, look the keys up again.
+                io.delete_many(written)
+                time.sleep(min(0.05 * 2 ** attempt, 2.0))
+                table = self.catalog().load_table(identifier)
+        return "RETRY_LATER"
+
+    def _fitted(self, part: RoutedPart, table: Any, epoch: int) -> KeyedCommittable:
+        """The part's files, rewritten when their field ids or types are not the target's (see :mod:`.routed_target`)."""
+        from pyiceberg.schema import Schema
+
+        assert part.keyed is not None
+        files_schema = Schema.model_validate_json(part.files_schema)
+        if not misfits(files_schema, table.schema()):
+            return part.keyed
+        fitted = fitted_schema(files_schema, table.schema())
+        info = dataclasses.replace(info_of(table), location=part.location, schema_json=fitted.model_dump_json())
+        io = self.io_for(part.location)
+        files = []
+        for f in part.keyed.files:
+            rows = read_file(io, f.path)
+            new = write_data_files(io, info, self.uid, iter(rows.to_batches()),
+                                   PrepareContext(self.uid, epoch, DRIVER_PARTITION, 1), (), _WHOLE_FILE, _WHOLE_FILE)
+            assert len(new) == 1, "a rewritten file is one file"
+            files.append(new[0])
+        log.info("flinkish.iceberg: %d file(s) of %s rewritten with the target's field ids", len(files), part.table)
+        return dataclasses.replace(part.keyed, files=tuple(files))
+
+    @staticmethod
+    def _delete_quietly(io: FileIO) -> Any:
+        def delete(paths: list[str]) -> None:
+            try:
+                io.delete_many(paths)
+            except Exception as exc:  # noqa: BLE001 - orphan cleanup (table maintenance) removes it
+                log.warning("flinkish.iceberg: could not delete %d unused metadata files: %s", len(paths), exc)
+
+        return delete
+
+    def last_committed_epoch(self) -> int:
+        """The newest epoch of this uid in any target the route can name (-1: none): the catalog's tables in
+        the namespaces the route can name, each read from the catalog (its snapshots' ``flinkish.uid`` /
+        ``flinkish.epoch``). Asked only at a query's start when the sink's metadata is missing or belongs to
+        another Spark query (:mod:`flinkish_spark.sink.incarnation`)."""
+        pyiceberg()
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        catalog = self.catalog()
+        depth = self.route.template.count(".")  # namespace levels: every dot but the name's
+        namespaces: list[tuple[str, ...]] = [()]
+        for _ in range(depth):
+            below: list[tuple[str, ...]] = []
+            for ns in namespaces:
+                try:
+                    below += [tuple(n) for n in catalog.list_namespaces(ns)]
+                except NoSuchNamespaceError:
+                    continue
+            namespaces = below
+        best = -1
+        for ns in namespaces:
+            try:
+                identifiers = catalog.list_tables(ns)
+            except NoSuchNamespaceError:
+                continue
+            for identifier in identifiers:
+                name = ".".join(identifier)
+                if not self.route.matches(name):
+                    continue
+                try:
+                    best = max(best, committed_epoch(catalog.load_table(name), self.uid))
+                except NoSuchTableError:
+                    continue  # dropped meanwhile
+        return best
+
+    # -- abort / cleanup (driver) ----------------------------------------------------------------
+
+    def abort(self, committables: list[RoutedCommittable], epoch: int) -> None:
+        for c in committables:
+            for p in c.parts:
+                if p.keyed is not None:
+                    self.io_for(p.location).delete_many([f.path for f in p.keyed.files])
+
+    def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
+        """Per table the decision names: files of the epoch's folder that the table does not name (it has
+        the epoch) or that no kept part names (it does not yet). Tables no decided part names are not
+        listed: the per-epoch cost stays with the tables the epoch changed."""
+        for t in self._tables(keep):
+            locations = {p.location for p in t.parts if p.location}
+            table = self.load_target(self.route.target(t.table))
+            if table is not None:
+                locations.add(table.location())
+            for location in locations:
+                io = self.io_for(location)
+                info = TableInfo(location, "", "", ())
+                folder = epoch_folder(info, self.uid, epoch)
+                on_storage = io.find(folder)
+                if not on_storage:
+                    continue
+                if table is not None and committed_epoch(table, self.uid) >= epoch:
+                    added = files_added_by(table, self.uid, epoch)
+                    if added is None:
+                        continue  # the epoch is in an expired snapshot: its files are unknown, never delete by listing
+                    wanted = {io.strip(p) for p in added}
+                else:
+                    wanted = {io.strip(f.path) for k in t.keyed() for f in k.files}
+                io.delete_many([io.url(p) for p in on_storage if p not in wanted])
+                io.remove_empty_dirs(folder)

@@ -1,0 +1,255 @@
+"""Routing the multi-table stream: one target per source table, keyed by the table's primary key.
+
+Format-independent (``flinkish.delta``, ``flinkish.iceberg`` and ``flinkish.postgres`` use it):
+
+* :class:`Route` -- a target name with ``{schema}`` / ``{table}`` placeholders, and the target
+  of each source table (names that cannot be part of a target name are refused, naming the table);
+* :func:`check_stream` -- the input must be the multi-table stream
+  (:data:`flinkish_spark.connectors.postgres.rows.STREAM_DDL`);
+* :func:`table_input` -- one table's rows of a task as a keyed change input (the table's columns,
+  ``_op``, ``_lsn``) plus what is not a row change: a truncate (rows before it dropped) and the
+  re-snapshot markers ``B`` / ``E``;
+* :func:`table_plan` -- the :class:`ChangePlan` of one table: upsert by its primary key, deletes applied;
+* :func:`tables_of` / :class:`TableEpoch` -- a decided epoch's parts per source table (what the
+  commit applies to each target), two tables routed to one target refused.
+
+The guarantee it serves: applying a table's rows by key in stream order -- snapshot rows
+first, then changes in ``(_lsn, _seq)`` order, a truncate emptying the target -- leaves the
+target equal to the table (docs/postgres-source.md, "Why the result is exact").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flinkish_spark.connectors.lakehouse.changes import LSN, OP, ChangePlan, MergeMode
+from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
+from flinkish_spark.errors import ConfigError
+
+PLACEHOLDERS = ("{schema}", "{table}")
+STREAM_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id", "row")
+#: The options a routing sink refuses: it is always keyed by each table's primary key, deletes applied.
+NOT_WITH_ROUTING = ("mode", "key", "deletes", "partitionBy")
+_PATH_SAFE = re.compile(r"^[A-Za-z0-9_.$-]+$")
+
+
+def is_routed(value: str | None) -> bool:
+    """Whether a target option asks for routing (holds ``{table}``)."""
+    return value is not None and "{table}" in value
+
+
+@dataclass(frozen=True)
+class Route:
+    """A target template: ``template.format(schema=..., table=...)`` per source table."""
+
+    template: str
+    kind: str  # "path" | "postgres" | "iceberg": what a resolved name must be valid as
+
+    def target(self, source_table: str) -> str:
+        schema, _, table = source_table.partition(".")
+        for part in (schema, table):
+            bad = self._invalid(part)
+            if bad:
+                raise ConfigError(
+                    f"source table {source_table!r} cannot be routed to {self.template!r}: {bad}. Exclude it in the "
+                    f"source's 'tables' option (!{source_table}), or mirror it with a sink of its own"
+                )
+        name = self.template.replace("{schema}", schema).replace("{table}", table)
+        if self.kind == "postgres" and any(len(p.encode()) > 63 for p in name.split(".")):
+            raise ConfigError(f"source table {source_table!r} routes to {name!r}, whose name is longer than "
+                              "PostgreSQL's 63 bytes; use a shorter 'table' template")
+        return name
+
+    def matches(self, name: str) -> bool:
+        """Whether ``name`` is a target this route can name (some schema and table put in): how a sink
+        finds its targets without the source's table list (e.g. the last epoch any of them holds)."""
+        part = {"path": "[A-Za-z0-9_.$-]+", "iceberg": "[^.]+"}.get(self.kind, ".+")
+        regex = "".join(part if piece in PLACEHOLDERS else re.escape(piece)
+                        for piece in re.split("(\\{schema\\}|\\{table\\})", self.template))
+        return re.fullmatch(regex, name) is not None
+
+    def _invalid(self, part: str) -> str | None:
+        if self.kind == "path" and not _PATH_SAFE.match(part):
+            return f"{part!r} holds a character other than letters, digits, '_', '-', '.', '$'"
+        if self.kind == "iceberg" and "." in part:
+            return f"{part!r} holds a '.', which would be another Iceberg namespace level"
+        return None
+
+
+def parse_route(template: str, kind: str, option: str, component: str) -> Route:
+    if "{table}" not in template:
+        raise ConfigError(f"{component}: option {option!r} needs '{{table}}' to route tables ({template!r})")
+    rest = template.replace("{schema}", "").replace("{table}", "")
+    if "{" in rest or "}" in rest:
+        raise ConfigError(f"{component}: option {option!r} = {template!r} has a placeholder other than "
+                          "{schema} and {table}")
+    return Route(template, kind)
+
+
+def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str) -> None:
+    given = [o for o in NOT_WITH_ROUTING if has(o)]
+    if given:
+        raise ConfigError(
+            f"{component}: option {', '.join(repr(g) for g in given)} cannot be combined with routing "
+            f"('{{table}}' in {option!r}): each table is written keyed by its primary key with deletes "
+            "applied (docs/mirror.md). Drop the option."
+        )
+
+
+def check_stream(names: list[str], component: str, option: str) -> None:
+    """Refuse an input that is not the multi-table stream."""
+    if list(names) != list(STREAM_COLUMNS):
+        raise ConfigError(
+            f"{component}: '{{table}}' in {option!r} routes the multi-table stream of a flinkish.postgres source "
+            f"read with the option 'tables' (columns {', '.join(STREAM_COLUMNS)}), but the query writes "
+            f"{', '.join(names)}. Read with .option('tables', ...), or name one target without placeholders."
+        )
+
+
+def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode) -> ChangePlan:
+    """The keyed plan of one table: upsert by ``key``, deletes applied, ``_op`` and ``_lsn`` steering."""
+    input_schema = pa.schema(list(data) + [pa.field(OP, pa.string()), pa.field(LSN, pa.int64())])
+    return ChangePlan("upsert", tuple(key), "true", merge_mode, input_schema, data)
+
+
+@dataclass(frozen=True)
+class TableInput:
+    """One table's rows of one task, as a keyed target takes them."""
+
+    changes: pa.Table  # the data columns, _op (r/c/u/d) and _lsn, in stream order, after the last truncate
+    truncate: bool  # the task's rows hold a truncate: the target is emptied before ``changes``
+    begin: bool  # a re-snapshot begins (B)
+    end: bool  # ... ends (E): delete the keys no row since B carried
+    lsn: int  # the largest _lsn of the rows (-1: snapshot rows only)
+
+
+def table_input(rows: pa.Table) -> TableInput:
+    """From :attr:`TableRows.rows <flinkish_spark.connectors.postgres.rows.TableRows.rows>`."""
+    ops = rows.column("_op")
+    markers = set(pc.unique(pc.filter(ops, pc.is_in(ops, pa.array(["B", "E"])))).to_pylist())
+    truncates = pc.indices_nonzero(pc.equal(ops, "t"))
+    truncate = len(truncates) > 0
+    if truncate:
+        rows = rows.slice(truncates[-1].as_py() + 1)
+    rows = rows.filter(pc.is_in(rows.column("_op"), pa.array(["r", "c", "u", "d"])))
+    lsn = pc.max(rows.column("_lsn")).as_py() if rows.num_rows else None
+    data = [n for n in rows.column_names if n not in ("_op", "_lsn", "_seq", "_commit_ts")]
+    changes = rows.select(data).append_column(OP, rows.column("_op")).append_column(LSN, rows.column("_lsn").cast(pa.int64()))
+    return TableInput(changes, truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn))
+
+
+def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchema, TableInput]]:
+    """A task's rows per source table (sorted by name): the table's newest schema in the task and its input."""
+    got = [b for b in batches if b.num_rows]
+    if not got:
+        return []
+    return [(name, rows.schema, table_input(rows.rows))
+            for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items())]
+
+
+@dataclass(frozen=True)
+class TablePart:
+    """One table's share of one task, what every format's part carries besides its files."""
+
+    table: str  # the source table, schema.table
+    schema: str  # its newest TableSchema JSON in the task
+    lsn: int  # the largest _lsn of the task's rows of the table (-1: snapshot rows only)
+    truncate: bool
+    begin: bool
+    end: bool
+
+
+class PartLike(Protocol):
+    """One table's share of one task (each format's committable part has these, read only)."""
+
+    @property
+    def table(self) -> str: ...  # the source table, schema.table
+
+    @property
+    def schema(self) -> str: ...  # its newest TableSchema JSON in the task
+
+    @property
+    def lsn(self) -> int: ...  # the largest _lsn of the task's rows of the table (-1: snapshot rows only)
+
+    @property
+    def truncate(self) -> bool: ...
+
+    @property
+    def begin(self) -> bool: ...
+
+    @property
+    def end(self) -> bool: ...
+
+    @property
+    def keyed(self) -> Any: ...
+
+
+P = TypeVar("P", bound=PartLike)
+
+
+@dataclass
+class TableEpoch(Generic[P]):
+    """Every task's part of one table in one epoch (committable order)."""
+
+    table: str
+    parts: list[P]
+
+    def schemas(self) -> list[TableSchema]:
+        """The tasks' schemas, oldest first: snapshot tasks, then by LSN."""
+        return [s for s, _ in self.announced()]
+
+    def announced(self) -> list[tuple[TableSchema, bool]]:
+        """:meth:`schemas`, each with whether a change task carried it (False: snapshot rows only,
+        whose schema is the one the table joined with and may be older than a change's)."""
+        seen: dict[str, tuple[TableSchema, bool]] = {}
+        for p in sorted(self.parts, key=lambda p: p.lsn):
+            s = TableSchema.from_json(p.schema)
+            had = seen.pop(s.schema_id, (s, False))[1]
+            seen[s.schema_id] = (s, had or p.lsn >= 0)
+        return list(seen.values())
+
+    @property
+    def begin(self) -> bool:
+        return any(p.begin for p in self.parts)
+
+    @property
+    def end(self) -> bool:
+        return any(p.end for p in self.parts)
+
+    @property
+    def truncate(self) -> bool:
+        return any(p.truncate for p in self.parts)
+
+    def counted(self) -> list[P]:
+        """The parts whose rows count: after a truncate only the tasks that saw it -- the others hold
+        snapshot rows, which come before every change (and so before the truncate)."""
+        return [p for p in self.parts if p.truncate] if self.truncate else list(self.parts)
+
+    def keyed(self) -> list[Any]:
+        return [p.keyed for p in self.counted() if p.keyed is not None]
+
+
+def tables_of(parts: Iterable[P], route: Route, option: str) -> list[TableEpoch[P]]:
+    """The epoch's parts by source table (sorted by name); two tables routed to one target are refused
+    before anything is written."""
+    by_table: dict[str, TableEpoch[P]] = {}
+    for p in parts:
+        by_table.setdefault(p.table, TableEpoch(p.table, [])).parts.append(p)
+    by_target: dict[str, list[str]] = {}
+    for name in by_table:
+        by_target.setdefault(route.target(name), []).append(name)
+    for target, names in by_target.items():
+        if len(names) > 1:
+            raise routed_twice(sorted(names), target, option)
+    return [by_table[t] for t in sorted(by_table)]
+
+
+def routed_twice(tables: list[str], target: str, option: str) -> ConfigError:
+    example = ".../{schema}/{table}" if option == "path" else "<namespace>.{schema}_{table}"
+    return ConfigError(f"source tables {' and '.join(tables)} both route to {target}: put {{schema}} in the sink's "
+                       f"{option!r} (e.g. {example}), or exclude one of them in the source's 'tables' option")

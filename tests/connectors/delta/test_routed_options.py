@@ -1,0 +1,46 @@
+"""flinkish.delta routing options: what is refused at start(), with nothing written (the sink's DataSource, no Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
+from flinkish_spark.connectors.delta.sink import DeltaSinkDataSource
+from flinkish_spark.connectors.lakehouse.routing import STREAM_COLUMNS
+from flinkish_spark.errors import ConfigError
+
+pytest.importorskip("deltalake")
+
+STREAM = StructType([StructField(n, LongType() if n == "_lsn" else StringType()) for n in STREAM_COLUMNS])
+
+
+def source(tmp_path: Path, **options: str) -> DeltaSinkDataSource:
+    return DeltaSinkDataSource({"uid": "m", "checkpoint": str(tmp_path / "meta"),
+                                "path": str(tmp_path / "lake" / "{schema}" / "{table}"), **options})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"mode": "upsert"}, r"option 'mode' cannot be combined with routing"),
+    ({"key": "id", "deletes": "true"}, r"option 'key', 'deletes' cannot be combined with routing"),
+    ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
+    ({"compactEvery": "4"}, r"option 'compactEvery' is not available with routing"),
+    ({"path": "{schema}/{table}"}, r"needs a folder before its first placeholder"),
+    ({"path": "/lake/{db}/{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
+])
+def test_options_routing_refuses(tmp_path: Path, options: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        source(tmp_path, **options)
+    assert not (tmp_path / "lake").exists()
+
+
+def test_routing_takes_only_the_multi_table_stream(tmp_path: Path) -> None:
+    ds = source(tmp_path, mergeMode="copyOnWrite")
+    sink = ds.sink(STREAM)
+    assert isinstance(sink, RoutedDeltaSink) and sink.merge_mode == "copyOnWrite"
+    plain = StructType([StructField("id", LongType()), StructField("v", StringType())])
+    with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v"):
+        ds.sink(plain)
+    assert not (tmp_path / "lake").exists()

@@ -1,0 +1,63 @@
+"""Routing a multi-table stream (connectors/lakehouse/routing.py): target names, refused options and inputs,
+one table's rows as a keyed input (truncate, re-snapshot markers)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from flinkish_spark.connectors.lakehouse.routing import (
+    STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input,
+)
+from flinkish_spark.connectors.postgres.rows import split_tables
+from flinkish_spark.errors import ConfigError
+from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
+
+
+def test_placeholders_become_the_source_tables_schema_and_name() -> None:
+    route = parse_route("s3://lake/{schema}/{table}", "path", "path", "flinkish.delta sink")
+    assert is_routed("s3://lake/{table}") and not is_routed("s3://lake/orders") and not is_routed(None)
+    assert route.target("public.orders") == "s3://lake/public/orders"
+    assert Route("mirror.{schema}_{table}", "iceberg").target("sales.order_lines") == "mirror.sales_order_lines"
+
+
+def test_names_that_cannot_be_part_of_the_target_are_refused_naming_the_table_and_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"'public\.a b'.*'a b' holds a character.*!public\.a b"):
+        Route("s3://lake/{schema}/{table}", "path").target("public.a b")
+    with pytest.raises(ConfigError, match=r"'public\.x\.y'.*another Iceberg namespace"):
+        Route("mirror.{table}", "iceberg").target("public.x.y")
+    with pytest.raises(ConfigError, match="longer than PostgreSQL's 63 bytes"):
+        Route("{schema}.mirror_{table}", "postgres").target("public." + "t" * 60)
+
+
+def test_a_template_without_table_or_with_another_placeholder_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"needs '\{table\}'"):
+        parse_route("s3://lake/{schema}", "path", "path", "c")
+    with pytest.raises(ConfigError, match=r"placeholder other than \{schema\} and \{table\}"):
+        parse_route("s3://lake/{db}/{table}", "path", "path", "c")
+
+
+def test_keyed_options_and_other_inputs_are_refused_with_routing() -> None:
+    with pytest.raises(ConfigError, match=r"option 'mode', 'key' cannot be combined with routing"):
+        refuse_keyed_options(lambda o: o in ("mode", "key"), "flinkish.delta sink", "path")
+    refuse_keyed_options(lambda o: o == "mergeMode", "flinkish.delta sink", "path")
+    check_stream(list(STREAM_COLUMNS), "c", "path")
+    with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v.*option\('tables'"):
+        check_stream(["id", "v"], "flinkish.delta sink", "path")
+
+
+def test_one_tables_rows_keep_only_what_follows_the_last_truncate_and_report_the_markers() -> None:
+    a = table_schema("public.a", [("id", "int"), ("v", "text")], ("id",))
+    s = StreamBuilder()
+    s.marker(a, "B").snapshot(a, [{"id": 1, "v": "snap"}])
+    s.transaction((a, "c", {"id": 2, "v": "x"}))
+    s.transaction((a, "t", None))
+    s.transaction((a, "c", {"id": 3, "v": "y"}), (a, "d", {"id": 3}))
+    got = table_input(split_tables(s.batch())["public.a"].rows)
+    assert got.truncate and got.begin and not got.end
+    assert got.changes.column_names == ["id", "v", "_op", "_lsn"]
+    assert got.changes.select(["id", "_op"]).to_pylist() == [{"id": 3, "_op": "c"}, {"id": 3, "_op": "d"}]
+    assert got.lsn == got.changes.column("_lsn")[-1].as_py()
+    only_snapshot = table_input(split_tables(StreamBuilder().snapshot(a, [{"id": 1, "v": "s"}]).marker(a, "E").batch())["public.a"].rows)
+    assert only_snapshot.end and only_snapshot.lsn == -1 and only_snapshot.changes.column("_lsn").null_count == 1
+    assert pa.types.is_int64(only_snapshot.changes.schema.field("_lsn").type)

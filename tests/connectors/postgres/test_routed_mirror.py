@@ -1,0 +1,123 @@
+"""``tables = 'public.m_*'`` mirrored into one PostgreSQL table per source table (``table = mirror.{table}``)
+through kill -9 (at random moments and inside the commit transaction, between two tables), schema
+changes, a new and a dropped table, and a drain.
+
+The workload of tests/connectors/postgres/test_source_tables_mirror.py (flinkish_spark.testing.mirror:
+a writer changing every table; after two epochs ``ADD COLUMN`` on m_a, ``numeric(12,2) ->
+numeric(14,2)`` on m_c, a new table m_new, ``DROP TABLE m_drop``), into the routed
+``flinkish.postgres`` sink on the same server: after the kills and the drain every target, read
+back as the server's own text of each value (the same JSON rows the source writes), equals its
+source table -- exact types (numeric(40,10), a 50-digit numeric, timestamptz, bytea, text[],
+jsonb, uuid, interval), the new column and the new table included --; the targets have the
+source's column types (m_c.amount widened in place); no table outside the pattern has a target;
+there was one slot while running and none after the drain.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from flinkish_spark.testing.mirror import differences, run_workload, slots_and_publications, table_states
+
+pytestmark = pytest.mark.slow
+
+KILLS = 1
+SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
+TABLES = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
+
+
+def spec(tmp_path: Path, url: str, **extra: object) -> dict:
+    return {
+        "source": {"format": "flinkish.postgres", "options": {
+            "uid": "mirror", "checkpoint": str(tmp_path / "meta"), "url": url, "tables": "public.m_*",
+            "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1}},
+        "sink": {"format": "flinkish.postgres", "checkpointLocation": str(tmp_path / "cp"), "options": {
+            "uid": "replica", "checkpoint": str(tmp_path / "meta"), "url": url, "table": "mirror.{table}"}},
+        "trigger": "1 second",
+        "end": "timeout",
+        "runSeconds": 200,
+        **extra,
+    }
+
+
+def test_pattern_mirror_into_routed_postgres_through_kills_schema_changes_and_new_tables(pg_url, run_pipeline,
+                                                                                         tmp_path: Path) -> None:
+    run_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, **extra), pg_url, str(tmp_path / "cp"),
+                 str(tmp_path), KILLS, SEED, crash_at="sink.between_tables:3")
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, TABLES)
+        target, target_schemas = table_states(conn, [t.replace("public.", "mirror.") for t in TABLES])
+        mirrored = {r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'mirror' AND tablename NOT LIKE 'flinkish%'").fetchall()}
+        epochs = conn.execute("SELECT count(*), count(DISTINCT (epoch, target)) FROM mirror.flinkish_commits").fetchone()
+    assert "extra" in schemas["public.m_a"].names
+    replica = {t: target[t.replace("public.", "mirror.")] for t in TABLES}
+    assert differences(replica, source, schemas) == {}
+    for t in TABLES:  # the source's own column types
+        assert [(c.name, c.type) for c in target_schemas[t.replace("public.", "mirror.")].columns] == \
+               [(c.name, c.type) for c in schemas[t].columns], t
+    assert dict((c.name, c.type) for c in target_schemas["mirror.m_c"].columns)["amount"] == "numeric(14,2)"
+    assert mirrored == {"m_a", "m_b", "m_c", "m_drop", "m_new"}  # never 'other'
+    assert epochs[0] == epochs[1]  # each (epoch, target) committed once
+    assert slots_and_publications(pg_url) == (0, [])
+
+
+NARROW_SETUP = """
+CREATE TABLE n_a (id int PRIMARY KEY, big bigint, v text);
+CREATE TABLE n_b (id int PRIMARY KEY, w varchar(5));
+INSERT INTO n_a SELECT g, g * 1000, 'a' || g FROM generate_series(1, 300) g;
+INSERT INTO n_b SELECT g, 'b' FROM generate_series(1, 100) g;
+"""
+
+
+def test_a_narrowed_column_ends_the_mirror_with_the_fix_named_and_after_it_the_restart_finishes_exactly(
+        pg_url, run_pipeline, tmp_path: Path) -> None:
+    def narrow_spec(**extra: object) -> dict:
+        s = spec(tmp_path, pg_url, **extra)
+        s["source"]["options"]["tables"] = "public.n_*"
+        return s
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(NARROW_SETUP)
+    def snapshot_mirrored() -> bool:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            if conn.execute("SELECT to_regclass('mirror.n_a'), to_regclass('mirror.n_b')").fetchone().count(None):
+                return False
+            return conn.execute("SELECT (SELECT count(*) FROM mirror.n_a), (SELECT count(*) FROM mirror.n_b)").fetchone() == (300, 100)
+
+    # Running until both targets hold the snapshot (then killed): the targets have the old types.
+    first = run_pipeline(narrow_spec(), kill_after=0.0, kill_when=snapshot_mirrored)
+    assert first.killed, first.output[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE n_a SET big = big + 1 WHERE id <= 10")
+        conn.execute("ALTER TABLE n_b ALTER COLUMN w TYPE text")  # a widening: followed
+        conn.execute("UPDATE n_b SET w = 'longer than five' WHERE id = 1")
+        conn.execute("ALTER TABLE n_a ALTER COLUMN big TYPE integer")  # a narrowing: the mirror must stop
+        conn.execute("UPDATE n_a SET big = -big, v = 'after' WHERE id <= 20")
+        conn.execute("DELETE FROM n_a WHERE id = 300")
+    stopped = run_pipeline(narrow_spec(end="drain", stopAfterBatches=2))  # a drain reads every change made so far
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        seen = (conn.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                             "'mirror.n_a'::regclass AND attnum > 0").fetchall(),
+                conn.execute("SELECT epoch, target, rows FROM mirror.flinkish_commits ORDER BY 1").fetchall(),
+                conn.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                             "'public.n_a'::regclass AND attnum > 0").fetchall())
+    assert "SchemaChangeError" in stopped.output and "QUERY_END=failed" in stopped.output, (seen, stopped.output[-3000:])
+    assert "source table public.n_a: column 'big' is now integer, but its target mirror.n_a holds bigint" in stopped.output
+    assert "ALTER TABLE mirror.n_a ALTER COLUMN big TYPE integer" in stopped.output
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE mirror.n_a ALTER COLUMN big TYPE integer")  # what the error says to do
+    last = run_pipeline(narrow_spec(end="drain", stopAfterBatches=2))
+    assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.n_a", "public.n_b"])
+        target, target_schemas = table_states(conn, ["mirror.n_a", "mirror.n_b"])
+    assert differences({t: target[t.replace("public.", "mirror.")] for t in source}, source, schemas) == {}
+    assert [c.type for c in target_schemas["mirror.n_b"].columns] == ["integer", "text"]  # widened by the mirror
+    assert slots_and_publications(pg_url) == (0, [])
