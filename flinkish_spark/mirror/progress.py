@@ -1,0 +1,191 @@
+"""What ``flinkish mirror`` shows while it runs: a live table on a terminal, plain lines otherwise.
+
+Read, per committed batch (Spark's progress events, ``query.recentProgress``):
+
+* from the source's checkpoint of the batch -- the metadata ``flinkish inspect`` reads -- the
+  followed tables and their state (the registry: joining, snapshot, streaming) and the rows each
+  table's snapshot chunks delivered in the batch;
+* from Spark's observed metrics of the batch (``df.observe``, see
+  :func:`flinkish_spark.mirror.pipeline.start_query`) the rows, the changes and the commit time
+  of the newest change in it.
+
+So the figures are those of committed epochs: the lag is ``now - commit time of the newest
+change the targets hold`` (it grows while the database is idle: it is the age of the newest
+change, not a queue length). Per-table figures count snapshot rows; changes are counted for all
+tables together (a per-table count would need a per-table aggregate in every batch). Reading
+the metadata is best effort: a progress view never stops a mirror.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flinkish_spark.mirror.config import MirrorConfig
+
+OBSERVED = "flinkish_mirror"
+_MAX_TABLE_ROWS = 15
+
+
+@dataclass
+class TableProgress:
+    state: str = "joining"
+    snapshot_rows: int = 0
+
+
+@dataclass
+class MirrorState:
+    """What the committed batches so far say (this run)."""
+
+    epoch: int | None = None
+    epoch_at: float | None = None
+    rows: int = 0
+    changes: int = 0
+    last_commit_us: int | None = None
+    tables: dict[str, TableProgress] = field(default_factory=dict)
+    seen_batches: set[int] = field(default_factory=set)
+    _registry_name: str | None = None
+    _tids: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def snapshotted(self) -> int:
+        return sum(1 for t in self.tables.values() if t.state == "streaming")
+
+    def lag_s(self, now: float | None = None) -> float | None:
+        if self.last_commit_us is None:
+            return None
+        return max(0.0, (now or time.time()) - self.last_commit_us / 1e6)
+
+    def update(self, query: Any) -> bool:
+        """Take in the progress events not seen yet; whether anything new came."""
+        new = False
+        for p in list(getattr(query, "recentProgress", None) or []):
+            batch = int(p.batchId)
+            if batch in self.seen_batches:
+                continue
+            self.seen_batches.add(batch)
+            new = True
+            self._take(p)
+        return new
+
+    def _take(self, p: Any) -> None:
+        if self.epoch is None or p.batchId >= self.epoch:
+            self.epoch, self.epoch_at = int(p.batchId), time.time()
+        metrics = (getattr(p, "observedMetrics", None) or {}).get(OBSERVED)
+        if metrics is not None:
+            m = metrics.asDict() if hasattr(metrics, "asDict") else dict(metrics)
+            self.rows += int(m.get("rows") or 0)
+            self.changes += int(m.get("changes") or 0)
+            ts = m.get("last_commit_us")
+            if ts is not None and (self.last_commit_us is None or int(ts) > self.last_commit_us):
+                self.last_commit_us = int(ts)
+        try:
+            self._read_checkpoint(p)
+        except Exception:  # noqa: BLE001 - best effort (see the module docstring)
+            pass
+
+    def _read_checkpoint(self, p: Any) -> None:
+        from flinkish_spark.checkpoint.store import SourceCheckpointStore
+        from flinkish_spark.connectors.postgres.source import registry
+        from flinkish_spark.connectors.postgres.source.splits import table_of_chunk
+        from flinkish_spark.finish.controller import flinkish_offsets
+        from flinkish_spark.io.fileio import FileIO, storage_options_from
+
+        offs = flinkish_offsets(p)
+        if not offs or offs[0].ckpt < 0 or offs[0].root is None:
+            return
+        off = offs[0]
+        io = FileIO.for_url(off.root, storage_options_from(off.storage_options(), off.root), what="metadata root")
+        store = SourceCheckpointStore(io, off.root, off.uid, kind="")
+        ckpt = store.read(off.ckpt)
+        reg = registry.of_state(io, store.directory, ckpt.enumerator_state)
+        if reg is not None and reg.file_name != self._registry_name:
+            self._registry_name = reg.file_name
+            self._tids = {e.tid: e.name for e in reg.entries}
+            for e in reg.entries:
+                self.tables.setdefault(e.name, TableProgress()).state = e.state
+            for name in set(self.tables) - {e.name for e in reg.entries}:
+                self.tables[name].state = "left"
+        for s in ckpt.splits:
+            if s.split_id.startswith("snapshot-") and "-t" in s.split_id:
+                name = self._tids.get(table_of_chunk(s.split_id))
+                if name is not None:
+                    self.tables.setdefault(name, TableProgress("snapshot")).snapshot_rows += s.rows_in_epoch
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
+class Progress:
+    """Plain lines: one per committed batch with news, and notes. For pipes, logs, CI."""
+
+    def __init__(self, config: MirrorConfig) -> None:
+        self.config = config
+        self.state = MirrorState()
+
+    @staticmethod
+    def for_stdout(config: MirrorConfig) -> "Progress":
+        return LiveProgress(config) if sys.stdout.isatty() else Progress(config)
+
+    def summary(self) -> str:
+        s = self.state
+        followed = [t for t in s.tables.values() if t.state != "left"]
+        return (f"epoch {s.epoch if s.epoch is not None else '-'}: tables snapshotted {s.snapshotted}/{len(followed)}, "
+                f"rows {s.rows} (changes {s.changes}), lag {_age(s.lag_s())}")
+
+    def update(self, query: Any) -> None:
+        if self.state.update(query):
+            print(self.summary(), flush=True)
+
+    def note(self, text: str) -> None:
+        print(f"flinkish mirror: {text}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class LiveProgress(Progress):
+    """A rich live view: the summary and one line per table (snapshot rows, state)."""
+
+    def __init__(self, config: MirrorConfig) -> None:
+        super().__init__(config)
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console()
+        self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+        self.live.start()
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        s = self.state
+        table = Table(title=f"flinkish mirror {self.config.name}: {self.summary()}", title_justify="left")
+        for col in ("table", "state", "snapshot rows"):
+            table.add_column(col, justify="right" if col == "snapshot rows" else "left")
+        items = sorted(s.tables.items())
+        for name, t in items[:_MAX_TABLE_ROWS]:
+            table.add_row(name, t.state, str(t.snapshot_rows))
+        if len(items) > _MAX_TABLE_ROWS:
+            table.add_row(f"... {len(items) - _MAX_TABLE_ROWS} more", "", "")
+        return table
+
+    def update(self, query: Any) -> None:
+        self.state.update(query)
+        self.live.update(self._render())  # the lag moves with the clock: redraw every poll
+
+    def note(self, text: str) -> None:
+        self.console.print(f"flinkish mirror: {text}")
+
+    def close(self) -> None:
+        if self.live.is_started:
+            self.live.stop()
