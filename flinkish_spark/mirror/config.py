@@ -381,7 +381,7 @@ def _source_tables(src: Mapping[str, Any]) -> str:
     return _check_tables(tables, "pipeline file: source.tables")
 
 
-def _route_target(rules: Any, tables: str, fmt: Format, sink_target: str | None) -> str | None:
+def _route_target(rules: Any, tables: tuple[str, ...], fmt: Format, sink_target: str | None) -> str | None:
     """The target template a ``route`` section gives (None without one)."""
     if rules is None:
         return None
@@ -396,9 +396,9 @@ def _route_target(rules: Any, tables: str, fmt: Format, sink_target: str | None)
         if key not in _ROUTE_KEYS:
             raise _unknown(str(key), _ROUTE_KEYS, "pipeline file: route[0]")
     source_table = _text(rule, "source-table", "route[0]", required=True)
-    if source_table is not None and source_table.replace(" ", "") != tables.replace(" ", ""):
+    if source_table is not None and source_table.replace(" ", "") not in {t.replace(" ", "") for t in tables}:
         raise ConfigError(
-            f"pipeline file: route[0].source-table {source_table!r} differs from source.tables {tables!r}; the one "
+            f"pipeline file: route[0].source-table {source_table!r} differs from source.tables {tables[0]!r}; the one "
             "rule routes every mirrored table: give it the same value")
     sink_table = _text(rule, "sink-table", "route[0]", required=True)
     assert sink_table is not None
@@ -485,7 +485,7 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
     if fmt == "postgres":
         sink_extra["url"], sink_password = _connection_url(sink, "sink")
     sink_target = _text(sink, target_key, "sink")
-    target = _route_target(doc.get("route"), tables, fmt, sink_target) or sink_target
+    target = _route_target(doc.get("route"), (str(src["tables"]), tables), fmt, sink_target) or sink_target
     if target is None:
         if fmt == "delta":
             raise ConfigError("pipeline file: sink.path missing: the folder the Delta tables go to, e.g. "

@@ -31,8 +31,14 @@ _MAX_TABLE_ROWS = 15
 
 @dataclass
 class TableProgress:
+    #: the registry's state (joining, snapshot, streaming), ``copied`` for a table whose snapshot is read
+    #: while the source reads no changes (``--stop-after-snapshot``), ``left`` for a dropped table
     state: str = "joining"
     snapshot_rows: int = 0
+
+    @property
+    def snapshotted(self) -> bool:
+        return self.state in ("streaming", "copied")
 
 
 @dataclass
@@ -51,7 +57,7 @@ class MirrorState:
 
     @property
     def snapshotted(self) -> int:
-        return sum(1 for t in self.tables.values() if t.state == "streaming")
+        return sum(1 for t in self.tables.values() if t.snapshotted)
 
     def lag_s(self, now: float | None = None) -> float | None:
         if self.last_commit_us is None:
@@ -101,18 +107,28 @@ class MirrorState:
         store = SourceCheckpointStore(io, off.root, off.uid, kind="")
         ckpt = store.read(off.ckpt)
         reg = registry.of_state(io, store.directory, ckpt.enumerator_state)
-        if reg is not None and reg.file_name != self._registry_name:
+        if reg is None:
+            return
+        if reg.file_name != self._registry_name:
             self._registry_name = reg.file_name
             self._tids = {e.tid: e.name for e in reg.entries}
-            for e in reg.entries:
-                self.tables.setdefault(e.name, TableProgress()).state = e.state
             for name in set(self.tables) - {e.name for e in reg.entries}:
                 self.tables[name].state = "left"
+        # A table stays 'snapshot' in the registry when no change split follows (startup=snapshot):
+        # its snapshot is read once no chunk of it is left unfinished.
+        reading = {table_of_chunk(s.split_id) for s in ckpt.splits if _is_table_chunk(s.split_id) and not s.finished}
+        for e in reg.entries:
+            state = "copied" if e.state == "snapshot" and e.tid not in reading else e.state
+            self.tables.setdefault(e.name, TableProgress()).state = state
         for s in ckpt.splits:
-            if s.split_id.startswith("snapshot-") and "-t" in s.split_id:
+            if _is_table_chunk(s.split_id):
                 name = self._tids.get(table_of_chunk(s.split_id))
                 if name is not None:
                     self.tables.setdefault(name, TableProgress("snapshot")).snapshot_rows += s.rows_in_epoch
+
+
+def _is_table_chunk(split_id: str) -> bool:
+    return split_id.startswith("snapshot-") and "-t" in split_id
 
 
 def _age(seconds: float | None) -> str:
