@@ -15,12 +15,15 @@ Two processes:
   (:meth:`~flinkish_spark.mirror.config.MirrorConfig.source_options`) -- and shows the progress.
 
 Stopping: the first SIGTERM/SIGINT calls ``flinkish_spark.stop(query, drain=True)``: the
-sources end their input at the current WAL position, the final epoch commits, the slot and
-publication are dropped, and the process exits 0. A second one stops without drain
-(``query.stop()``: the running batch is abandoned, nothing it wrote is visible, a restart with the
-same command continues from the checkpoint exactly once) and exits 130. With
-``--stop-after-snapshot`` the source reads the snapshot only (``startup=snapshot``) and the
-query ends by itself once its last epoch is committed (exit 0).
+source ends its input at the current WAL position (during the snapshot: after the remaining
+chunks), the final epoch commits, the slot and publication are dropped, and the process exits 0.
+A drained mirror is finished for good (as a Flink job stopped with ``--drain``): the same command
+again reports that and ends. A second signal exits at once (``query.stop()``: the running batch
+is abandoned, nothing of it is visible; exit 130); the next start of the same command recovers
+exactly once -- and completes the drain if its final epoch was already planned. A stop *without*
+drain that keeps the mirror resumable is ``flinkish stop CHECKPOINT`` from another shell (exit 0),
+or killing the process. With ``--stop-after-snapshot`` the source reads the snapshot only
+(``startup=snapshot``) and the query ends by itself once its last epoch is committed (exit 0).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any
 from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
 from flinkish_spark.mirror.progress import OBSERVED
 
-#: Exit codes: 0 drained or finished (everything committed), 1 failed, 130 stopped without drain.
+#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 130 stopped at once.
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
 
 
@@ -143,48 +146,55 @@ def run(config: MirrorConfig) -> int:
         assert query is not None
         _report_failure(config, query.exception())
         return EXIT_FAILED
-    print(f"flinkish mirror: {how}" + {"drained": ": every change up to the stop is committed; slot and publication dropped",
-                                       "finished": ": the snapshot is copied",
-                                       "stopped": " without drain: restart the same command to continue"}.get(how, ""),
-          flush=True)
+    code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
+    if how == "finished" and not config.stop_after_snapshot:
+        text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
+                "nothing more to read. A new --uid starts a new mirror with a new snapshot")
+    print(f"flinkish mirror: {text}", flush=True)
     spark.stop()
-    return EXIT_OK if how in ("drained", "finished") else EXIT_STOPPED
+    return code
 
 
 def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> str:
-    """Poll until the query ends; act on signals. How it ended (a QueryEnd, or ``stopped``)."""
+    """Poll until the query ends; act on signals. How it ended: a QueryEnd, or ``interrupted`` (stopped at once)."""
     import flinkish_spark
 
     drain: list[str] = []
     drainer: threading.Thread | None = None
-    stopped = False
     while query.isActive:
         progress.update(query)
-        if os.getppid() != parent and not stopped:  # the command is gone (killed): stop, resumable
-            signals.count = max(signals.count, 2)
-        if signals.count >= 1 and drainer is None:
-            progress.note("stopping with drain: reading the changes up to now, committing them"
-                          + (" (Ctrl-C again to stop without drain)" if not stopped else ""))
+        orphaned = os.getppid() != parent  # the command was killed: stop at once, without a drain request
+        if signals.count >= 1 and drainer is None and not orphaned:
+            progress.note("stopping with drain: reading the changes up to now and committing them; the mirror "
+                          "ends for good (Ctrl-C again: exit at once, the next start completes the drain)")
             drainer = threading.Thread(target=lambda: drain.append(flinkish_spark.stop(query, drain=True)),
                                        name="flinkish-mirror-drain", daemon=True)
             drainer.start()
-        if signals.count >= 2 and not stopped:
-            progress.note("stopping without drain")
-            stopped = True
+        if signals.count >= 2 or orphaned:
+            progress.note("stopping at once")
+            query.sparkSession.sparkContext.setLogLevel("OFF")  # the cancelled batch's task errors are expected
             query.stop()
-            break
+            return "interrupted" if query.exception() is None else "failed"
         try:
             query.awaitTermination(0.5)
         except Exception:  # noqa: BLE001 - the query failed: reported by the caller
             break
     progress.update(query)
-    if stopped:
-        return "stopped" if query.exception() is None else "failed"
     if drainer is not None:
         drainer.join(timeout=60)
         if drain and drain[0] in ("drained", "finished"):
             return drain[0]
     return str(flinkish_spark.await_finished(query, timeout=0))
+
+
+_ENDINGS = {
+    "drained": (EXIT_OK, "drained: every change up to the stop is committed; slot and publication dropped. The "
+                         "mirror is finished: the same command again does nothing (a new --uid starts a new one)"),
+    "finished": (EXIT_OK, "finished: every table is copied"),
+    "stopped": (EXIT_OK, "stopped (flinkish stop, no drain): run the same command to continue"),
+    "interrupted": (EXIT_STOPPED, "stopped at once: run the same command to continue from the last committed epoch"),
+    "terminated": (EXIT_STOPPED, "the query ended: run the same command to continue"),
+}
 
 
 def _report_failure(config: MirrorConfig, exc: Any) -> None:

@@ -102,9 +102,9 @@ class MirrorState:
         offs = flinkish_offsets(p)
         if not offs or offs[0].ckpt < 0 or offs[0].root is None:
             return
-        off = offs[0]
-        io = FileIO.for_url(off.root, storage_options_from(off.storage_options(), off.root), what="metadata root")
-        store = SourceCheckpointStore(io, off.root, off.uid, kind="")
+        off, root = offs[0], offs[0].root
+        io = FileIO.for_url(root, storage_options_from(off.storage_options(), root), what="metadata root")
+        store = SourceCheckpointStore(io, root, off.uid, kind="")
         ckpt = store.read(off.ckpt)
         reg = registry.of_state(io, store.directory, ckpt.enumerator_state)
         if reg is None:
@@ -122,9 +122,9 @@ class MirrorState:
             self.tables.setdefault(e.name, TableProgress()).state = state
         for s in ckpt.splits:
             if _is_table_chunk(s.split_id):
-                name = self._tids.get(table_of_chunk(s.split_id))
-                if name is not None:
-                    self.tables.setdefault(name, TableProgress("snapshot")).snapshot_rows += s.rows_in_epoch
+                table = self._tids.get(table_of_chunk(s.split_id))
+                if table is not None:
+                    self.tables.setdefault(table, TableProgress("snapshot")).snapshot_rows += s.rows_in_epoch
 
 
 def _is_table_chunk(split_id: str) -> bool:

@@ -2,7 +2,7 @@
 
 * While a writer changes every table of ``public.m_*`` (and, once the mirror runs, adds a
   column, widens a numeric, creates a table and drops one: flinkish_spark.testing.mirror's
-  workload), two SIGTERMs stop the command without drain (exit 130, the slot stays); the same
+  workload), ``flinkish stop`` stops the command without drain (exit 0, the slot stays); the same
   command started again continues from the checkpoint; after the writer stopped, one SIGTERM
   drains it (exit 0). Every Delta target then equals its source table, ``other`` has no target,
   and no slot or publication is left.
@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import psycopg
 import pytest
@@ -55,7 +57,7 @@ def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
-def wait_for(what: str, check, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:  # type: ignore[no-untyped-def]
+def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while not check():
         assert proc.poll() is None, f"the mirror ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
@@ -77,23 +79,29 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
         conn.execute(SETUP)
     spark_cp = str(tmp_path / "meta" / "spark")
     stop_writer = tmp_path / "stop-writer"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_writer), os.path.join(spark_cp, "commits")])
+    # The writer's schema changes start once this folder holds two numbered files: opened below when the
+    # snapshot is complete (a widening during the snapshot is another case: test_widening_during_the_snapshot).
+    gate = tmp_path / "ddl-gate"
+    gate.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_writer), str(gate)])
     try:
         log1 = tmp_path / "run1.log"
         run1 = start(command(with_password(pg_url), tmp_path), log1)
         wait_for("3 committed epochs", lambda: spark_commits(spark_cp) >= 3, run1, log1)
-        run1.send_signal(signal.SIGTERM)  # drain ...
-        time.sleep(0.5)
-        run1.send_signal(signal.SIGTERM)  # ... no: stop now, without drain
+        stop = subprocess.run([*flinkish(), "stop", str(tmp_path / "meta")], capture_output=True, text=True, timeout=300)
+        assert stop.returncode == 0, stop.stdout + stop.stderr  # a stop without drain: resumable
         rc, out = ended(run1, log1)
-        assert rc == 130 and "stopped without drain" in out, out[-4000:]
+        assert rc == 0 and "flinkish mirror: stopped (flinkish stop, no drain)" in out, out[-4000:]
         assert slots_and_publications(pg_url) == (1, ["flinkish_mirror"])  # kept for the restart
 
         log2 = tmp_path / "run2.log"
         run2 = start(command(with_password(pg_url), tmp_path), log2)  # the same command
         before = spark_commits(spark_cp)
-        # The writer's schema changes and the new table happen 2 s apart once it runs: give them time.
-        wait_for("12 more epochs", lambda: spark_commits(spark_cp) >= before + 12, run2, log2)
+        wait_for("the snapshot's end", lambda: "tables snapshotted 4/4" in log2.read_text(), run2, log2)
+        (gate / "0").touch()
+        (gate / "1").touch()
+        # The writer's schema changes and the new table happen 2 s apart from now: give them time.
+        wait_for("12 more epochs", lambda: spark_commits(spark_cp) >= before + 14, run2, log2)
         stop_writer.touch()
         writer.wait(timeout=60)
         run2.send_signal(signal.SIGTERM)
@@ -125,3 +133,37 @@ def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, t
         source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
     assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
     assert slots_and_publications(pg_url) == (0, [])
+
+
+@pytest.mark.xfail(strict=True, reason="defect of the routing sinks (branch mirror-sinks): a column widened while its "
+                   "table's snapshot is read -- the chunk brings the new type to the target, then the change stream "
+                   "replays the older changes under the old, narrower type, which the sink refuses as a narrowing "
+                   "(SchemaChangeError) although the rows fit")
+def test_widening_during_the_snapshot(pg_url: str, tmp_path: Path) -> None:
+    """``numeric(12,2) -> numeric(14,2)`` after the slot exists and before the table's chunk is read: the mirror
+    must go on (the older changes fit the wider column) and end equal to the source."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_big (id int PRIMARY KEY, v text);"
+                     "INSERT INTO m_big SELECT g, 'b' || g FROM generate_series(1, 3000) g;"
+                     "CREATE TABLE m_z (id int PRIMARY KEY, amount numeric(12,2));"
+                     "INSERT INTO m_z SELECT g, g / 3.0 FROM generate_series(1, 10) g;")
+    spark_cp = str(tmp_path / "meta" / "spark")
+    log = tmp_path / "run.log"
+    # One 500-row chunk per epoch: m_big's six chunks (tid 0) come before m_z's (tid 1).
+    cmd = command(pg_url, tmp_path)
+    cmd[cmd.index("maxRowsPerTrigger=2000")] = "maxRowsPerTrigger=500"
+    run = start(cmd, log)
+    wait_for("the first epoch", lambda: spark_commits(spark_cp) >= 1, run, log)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE m_z SET amount = amount + 1 WHERE id = 1")  # a change under numeric(12,2) ...
+        for i in range(1, 1201):  # ... then more transactions than one epoch takes (maxRowsPerTrigger=500) ...
+            conn.execute("UPDATE m_big SET v = v || '+' WHERE id = %s", (i,))
+        conn.execute("ALTER TABLE m_z ALTER COLUMN amount TYPE numeric(14,2)")  # ... so the first change epoch has m_z's old schema only
+        conn.execute("UPDATE m_z SET amount = 123456789012.5 WHERE id = 2")  # needs (14,2)
+    wait_for("the changes", lambda: re.search(r"\(changes [1-9]", log.read_text()) is not None, run, log)
+    run.send_signal(signal.SIGTERM)
+    rc, out = ended(run, log)
+    assert rc == 0 and "flinkish mirror: drained" in out, out[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.m_big", "public.m_z"])
+    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
