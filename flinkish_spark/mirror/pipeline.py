@@ -44,8 +44,27 @@ from flinkish_spark.mirror.progress import OBSERVED
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
 
 
+def preflight(config: MirrorConfig) -> None:
+    """Connect to the source (and a PostgreSQL target) once before Spark starts: a wrong password, host or
+    database is one clear error (:class:`~flinkish_spark.errors.DatabaseAccessError` /
+    ``DatabaseUnavailableError``, password masked) in a second instead of after the JVM's start."""
+    from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
+
+    targets = [(config.source_url, config.source_password, dict(config.source_extra).get("passwordEnv"))]
+    if config.format == "postgres":
+        sink = dict(config.sink_extra)
+        targets.append((sink["url"], config.sink_password, sink.get("passwordEnv")))
+    for url, password, password_env in targets:
+        info = parse_url(url, password_env)
+        if password is not None:
+            info = ConnectionInfo(info.url, None, password)
+        with connect(info, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+
+
 def supervise(config: MirrorConfig) -> int:
     """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code."""
+    preflight(config)
     env = {**os.environ, **config.password_env()}
     child = subprocess.Popen([sys.executable, "-m", "flinkish_spark.mirror.pipeline"], stdin=subprocess.PIPE,
                              env=env, start_new_session=True)

@@ -172,20 +172,22 @@ class Progress:
 class LiveProgress(Progress):
     """A rich live view: the summary and one line per table (snapshot rows, state)."""
 
-    def __init__(self, config: MirrorConfig) -> None:
+    def __init__(self, config: MirrorConfig, console: Any = None) -> None:
         super().__init__(config)
         from rich.console import Console
         from rich.live import Live
 
-        self.console = Console()
+        self.console = console or Console()
         self.live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
         self.live.start()
 
     def _render(self) -> Any:
+        from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
 
         s = self.state
-        table = Table(title=f"flinkish mirror {self.config.name}: {self.summary()}", title_justify="left")
+        table = Table()
         for col in ("table", "state", "snapshot rows"):
             table.add_column(col, justify="right" if col == "snapshot rows" else "left")
         items = sorted(s.tables.items())
@@ -193,7 +195,7 @@ class LiveProgress(Progress):
             table.add_row(name, t.state, str(t.snapshot_rows))
         if len(items) > _MAX_TABLE_ROWS:
             table.add_row(f"... {len(items) - _MAX_TABLE_ROWS} more", "", "")
-        return table
+        return Group(Text(f"flinkish mirror {self.config.name}: {self.summary()}", style="bold"), table)
 
     def update(self, query: Any) -> None:
         self.state.update(query)
