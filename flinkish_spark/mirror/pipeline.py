@@ -28,13 +28,11 @@ or killing the process. With ``--stop-after-snapshot`` the source reads the snap
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
@@ -75,7 +73,7 @@ def supervise(config: MirrorConfig) -> int:
         signals += 1
         try:
             if signals <= 2:
-                os.kill(child.pid, signal.SIGTERM)  # 1: drain, 2: stop without drain
+                os.kill(child.pid, signal.SIGTERM)  # 1: drain, 2: exit at once
             else:
                 os.killpg(child.pid, signal.SIGKILL)  # 3: the pipeline does not end: kill it (a restart recovers)
         except ProcessLookupError:
@@ -143,12 +141,12 @@ def run(config: MirrorConfig) -> int:
     parent = os.getppid()
     progress = Progress.for_stdout(config)
     progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}")
-    spark = flinkish_spark.session(master=config.master, app_name=f"flinkish-mirror-{config.uid}")
-    spark.sparkContext.setLogLevel("ERROR")
-    flinkish_spark.register(spark)
     query = None
     how = "failed"
     try:
+        spark = flinkish_spark.session(master=config.master, app_name=f"flinkish-mirror-{config.uid}")
+        spark.sparkContext.setLogLevel("ERROR")
+        flinkish_spark.register(spark)
         query = start_query(spark, config)
         progress.note(f"mirroring {config.tables} -> {config.sink_format} {config.target}"
                       + (" (snapshot only)" if config.stop_after_snapshot else ""))
