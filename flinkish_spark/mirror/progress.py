@@ -3,16 +3,17 @@
 Read, per committed batch (Spark's progress events, ``query.recentProgress``):
 
 * from the source's checkpoint of the batch -- the metadata ``flinkish inspect`` reads -- the
-  followed tables and their state (the registry: joining, snapshot, streaming) and the rows each
-  table's snapshot chunks delivered in the batch;
+  followed tables and their state (the registry: joining, snapshot, streaming) and each table's
+  snapshot chunks read and left (a chunk is a split of length 1: the checkpoint counts chunks,
+  not their rows);
 * from Spark's observed metrics of the batch (``df.observe``, see
   :func:`flinkish_spark.mirror.pipeline.start_query`) the rows, the changes and the commit time
   of the newest change in it.
 
 So the figures are those of committed epochs: the lag is ``now - commit time of the newest
 change the targets hold`` (it grows while the database is idle: it is the age of the newest
-change, not a queue length). Per-table figures count snapshot rows; changes are counted for all
-tables together (a per-table count would need a per-table aggregate in every batch). Reading
+change, not a queue length). Rows and changes are counted for all tables together: a per-table
+count would need a per-table aggregate in every batch, or the sinks to report it. Reading
 the metadata is best effort: a progress view never stops a mirror.
 """
 
@@ -34,7 +35,13 @@ class TableProgress:
     #: the registry's state (joining, snapshot, streaming), ``copied`` for a table whose snapshot is read
     #: while the source reads no changes (``--stop-after-snapshot``), ``left`` for a dropped table
     state: str = "joining"
-    snapshot_rows: int = 0
+    chunks_done: set[str] = field(default_factory=set)  # ids of the snapshot chunks read (committed)
+    chunks_left: int = 0  # planned, not read yet (in the newest checkpoint)
+
+    @property
+    def chunks(self) -> str:
+        total = len(self.chunks_done) + self.chunks_left
+        return f"{len(self.chunks_done)}/{total}" if total else "-"
 
     @property
     def snapshotted(self) -> bool:
@@ -119,12 +126,17 @@ class MirrorState:
         reading = {table_of_chunk(s.split_id) for s in ckpt.splits if _is_table_chunk(s.split_id) and not s.finished}
         for e in reg.entries:
             state = "copied" if e.state == "snapshot" and e.tid not in reading else e.state
-            self.tables.setdefault(e.name, TableProgress()).state = state
+            progress = self.tables.setdefault(e.name, TableProgress())
+            progress.state, progress.chunks_left = state, 0
+        # A chunk is a split of length 1 (its rows are not counted in the checkpoint): count chunks.
         for s in ckpt.splits:
-            if _is_table_chunk(s.split_id):
-                table = self._tids.get(table_of_chunk(s.split_id))
-                if table is not None:
-                    self.tables.setdefault(table, TableProgress("snapshot")).snapshot_rows += s.rows_in_epoch
+            table = self._tids.get(table_of_chunk(s.split_id)) if _is_table_chunk(s.split_id) else None
+            if table is not None:
+                progress = self.tables.setdefault(table, TableProgress("snapshot"))
+                if s.finished:
+                    progress.chunks_done.add(s.split_id)
+                else:
+                    progress.chunks_left += 1
 
 
 def _is_table_chunk(split_id: str) -> bool:
@@ -170,7 +182,7 @@ class Progress:
 
 
 class LiveProgress(Progress):
-    """A rich live view: the summary and one line per table (snapshot rows, state)."""
+    """A rich live view: the summary and one line per table (state, snapshot chunks read / planned)."""
 
     def __init__(self, config: MirrorConfig, console: Any = None) -> None:
         super().__init__(config)
@@ -188,14 +200,14 @@ class LiveProgress(Progress):
 
         s = self.state
         table = Table()
-        for col in ("table", "state", "snapshot rows"):
-            table.add_column(col, justify="right" if col == "snapshot rows" else "left")
+        for col in ("table", "state", "snapshot chunks read"):
+            table.add_column(col, justify="right" if col.startswith("snapshot") else "left")
         items = sorted(s.tables.items())
         for name, t in items[:_MAX_TABLE_ROWS]:
-            table.add_row(name, t.state, str(t.snapshot_rows))
+            table.add_row(name, t.state, t.chunks)
         if len(items) > _MAX_TABLE_ROWS:
             table.add_row(f"... {len(items) - _MAX_TABLE_ROWS} more", "", "")
-        return Group(Text(f"flinkish mirror {self.config.name}: {self.summary()}", style="bold"), table)
+        return Group(Text(f"{self.config.name} -- {self.summary()}", style="bold"), table)
 
     def update(self, query: Any) -> None:
         self.state.update(query)

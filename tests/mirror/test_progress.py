@@ -38,8 +38,9 @@ def test_rows_changes_and_lag_add_up_over_batches_each_counted_once() -> None:
 
 def test_plain_lines_and_the_live_table(capsys: pytest.CaptureFixture[str]) -> None:
     plain = Progress(CONFIG)
-    plain.state.tables = {"public.a": TableProgress("streaming", 10), "public.b": TableProgress("snapshot", 5),
-                          "public.c": TableProgress("left", 1)}
+    plain.state.tables = {"public.a": TableProgress("streaming", {"snapshot-0-t0-00000"}),
+                          "public.b": TableProgress("snapshot", {"snapshot-0-t1-00000"}, 2),
+                          "public.c": TableProgress("left")}
     plain.update(query(event(7, 16, 4, time.time() - 2)))
     line = capsys.readouterr().out.strip()
     assert line.startswith("epoch 7: tables snapshotted 1/2, rows 16 (changes 4), lag 2.")
@@ -51,4 +52,4 @@ def test_plain_lines_and_the_live_table(capsys: pytest.CaptureFixture[str]) -> N
     live.update(query(event(7, 16, 4, None)))
     live.close()
     text = out.getvalue()
-    assert "public.b" in text and "snapshot" in text and "tables snapshotted 1/2" in text
+    assert "public.b" in text and "1/3" in text and "tables snapshotted 1/2" in text
