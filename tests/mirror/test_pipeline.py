@@ -121,6 +121,11 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
     assert slots_and_publications(pg_url) == (0, [])
     assert files_holding(tmp_path / "meta", SECRET) == [] and files_holding(tmp_path / "lake", SECRET) == []
 
+    log3 = tmp_path / "run3.log"  # the same command once more: a drained mirror is finished for good
+    rc, out = ended(start(command(pg_url, tmp_path), log3), log3)
+    assert rc == 0 and "this mirror was drained before" in out, out[-3000:]
+    assert slots_and_publications(pg_url) == (0, [])  # nothing created again
+
 
 def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -129,6 +134,41 @@ def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, t
     rc, out = ended(start(command(pg_url, tmp_path, "--stop-after-snapshot"), log), log)
     assert rc == 0 and "flinkish mirror: finished" in out, out[-4000:]
     assert "tables snapshotted 4/4" in out, out[-4000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
+    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
+    assert slots_and_publications(pg_url) == (0, [])
+
+
+def test_ctrl_c_twice_in_a_terminal_exits_at_once_and_the_same_command_recovers(pg_url: str, tmp_path: Path) -> None:
+    """Ctrl-C reaches the terminal's foreground process group: here the command's group (its own session, as a
+    shell gives it); Spark's processes are in another one and never see it. Twice: exit 130 at once."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    spark_cp = str(tmp_path / "meta" / "spark")
+    log = tmp_path / "run1.log"
+    run = subprocess.Popen(command(pg_url, tmp_path), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    wait_for("the first epoch", lambda: spark_commits(spark_cp) >= 1, run, log)
+    os.killpg(run.pid, signal.SIGINT)
+    time.sleep(0.3)
+    os.killpg(run.pid, signal.SIGINT)
+    rc, out = ended(run, log)
+    assert rc == 130 and "flinkish mirror: stopped at once" in out, out[-3000:]
+    assert "KeyboardInterrupt" not in out and "Traceback" not in out, out[-3000:]
+
+    log2 = tmp_path / "run2.log"
+    run2 = start(command(pg_url, tmp_path), log2)
+    # The first Ctrl-C asked for a drain: if its final epoch was planned before the second one, the restart
+    # completes it and ends by itself; otherwise the mirror goes on until it is drained now.
+    deadline = time.time() + 300
+    while run2.poll() is None and "tables snapshotted 4/4" not in log2.read_text():
+        assert time.time() < deadline, log2.read_text()[-3000:]
+        time.sleep(0.5)
+    if run2.poll() is None:
+        run2.send_signal(signal.SIGTERM)
+    rc, out = ended(run2, log2)
+    assert rc == 0 and ("flinkish mirror: drained" in out or "flinkish mirror: finished" in out), out[-3000:]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
     assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
