@@ -134,15 +134,34 @@ class _Signals:
 
 def run(config: MirrorConfig) -> int:
     """Run the mirror in this process until it is drained, finished, stopped or failed; the exit code."""
-    import flinkish_spark
     from flinkish_spark.mirror.progress import Progress
 
     signals = _Signals()
     parent = os.getppid()
     progress = Progress.for_stdout(config)
     progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}")
+    try:
+        how, failure = _run_query(config, signals, parent, progress)
+    finally:
+        progress.close()
+    if how == "failed":
+        _report_failure(config, failure)
+        code = EXIT_FAILED
+    else:
+        code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
+        if how == "finished" and not config.stop_after_snapshot:
+            text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
+                    "nothing more to read. A new --uid starts a new mirror with a new snapshot")
+        print(f"flinkish mirror: {text}", flush=True)
+    _stop_spark()
+    return code
+
+
+def _run_query(config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> tuple[str, Any]:
+    """Start Spark and the query, wait for its end: (how it ended, the failure if it failed)."""
+    import flinkish_spark
+
     query = None
-    how = "failed"
     try:
         spark = flinkish_spark.session(master=config.master, app_name=f"flinkish-mirror-{config.uid}")
         spark.sparkContext.setLogLevel("ERROR")
@@ -151,25 +170,20 @@ def run(config: MirrorConfig) -> int:
         progress.note(f"mirroring {config.tables} -> {config.sink_format} {config.target}"
                       + (" (snapshot only)" if config.stop_after_snapshot else ""))
         how = _wait(query, config, signals, parent, progress)
+        return how, query.exception() if how == "failed" else None
     except Exception as exc:  # noqa: BLE001 - reported as one line, the process exits 1
-        progress.close()
-        _report_failure(config, exc)
-        return EXIT_FAILED
+        return "failed", exc
     finally:
-        progress.close()
         if query is not None and query.isActive:
             query.stop()
-    if how == "failed":
-        assert query is not None
-        _report_failure(config, query.exception())
-        return EXIT_FAILED
-    code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
-    if how == "finished" and not config.stop_after_snapshot:
-        text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
-                "nothing more to read. A new --uid starts a new mirror with a new snapshot")
-    print(f"flinkish mirror: {text}", flush=True)
-    spark.stop()
-    return code
+
+
+def _stop_spark() -> None:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is not None:
+        spark.stop()
 
 
 def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> str:
@@ -189,7 +203,7 @@ def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, prog
             drainer.start()
         if signals.count >= 2 or orphaned:
             progress.note("stopping at once")
-            query.sparkSession.sparkContext.setLogLevel("OFF")  # the cancelled batch's task errors are expected
+            _quiet()  # the cancelled batch's task errors are expected: not the user's business
             query.stop()
             return "interrupted" if query.exception() is None else "failed"
         try:
@@ -202,6 +216,12 @@ def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, prog
         if drain and drain[0] in ("drained", "finished"):
             return drain[0]
     return str(flinkish_spark.await_finished(query, timeout=0))
+
+
+def _quiet() -> None:
+    from pyspark.sql import SparkSession
+
+    SparkSession.active().sparkContext.setLogLevel("OFF")
 
 
 _ENDINGS = {
