@@ -52,7 +52,9 @@ def config_of(args: argparse.Namespace) -> Any:
         if given:
             raise ConfigError(f"flinkish mirror: {', '.join(given)} cannot be combined with a pipeline file; set "
                               "them in the file (only --stop-after-snapshot may be added)")
-        return config.from_yaml(args.pipeline, stop_after_snapshot=args.stop_after_snapshot)
+        from flinkish_spark.mirror.pipeline_file import from_yaml
+
+        return from_yaml(args.pipeline, stop_after_snapshot=args.stop_after_snapshot)
     return config.from_args(source=args.source, tables=args.tables, to=args.to, fmt=args.fmt,
                             checkpoint=args.checkpoint, trigger=args.trigger,
                             stop_after_snapshot=args.stop_after_snapshot, uid=args.uid,
