@@ -5,10 +5,12 @@ The end-to-end companion of ``multi_table_source.py`` (which drives the source a
 embedded PostgreSQL, N small tables ``bench.t_<i>`` (``id int primary key, v bigint, s text``,
 ``--rows`` rows each) are mirrored by one Spark query. The initial snapshot is timed from
 ``start()`` until every target has its first version. Then a writer process runs two phases of
-``--seconds`` each: ``--rate`` changes/s spread over all tables (each transaction changes one
-row -- an update or an insert -- in each of ``--per-txn`` distinct random tables and sets ``v`` to
-the transaction's number), then ``--quiet-rate`` changes/s (few tables changed per epoch: what an
-epoch costs when most tables did not change). Measured per epoch, after the query stopped:
+``--seconds`` each, spread over all tables (each transaction changes one row -- an update or an
+insert -- in each of ``--per-txn`` distinct random tables and sets ``v`` to the transaction's
+number): first "quiet", ``--quiet-rate`` changes/s (few tables changed per epoch: what an epoch
+costs when most tables did not change), then "busy", ``--rate`` changes/s. The query is stopped
+once it has caught up (an epoch without rows) or after ``--catch-up`` seconds. Measured per
+epoch, after the query stopped:
 
 * ``latestOffset``: Spark's ``durationMs.latestOffset`` (the Python source's call, seen from Spark);
 * sink commit: the sink's decision record's mtime to its ``.done`` marker's mtime -- the driver's
@@ -17,6 +19,7 @@ epoch costs when most tables did not change). Measured per epoch, after the quer
   table registry, the sink's decision log) written in the epoch (mtime between the previous
   epoch's ``.done`` and this one's); Spark's ``offsets/N`` and ``commits/N`` separately; the Delta
   log bytes (``_delta_log/*.json`` of the targets) as a third column;
+* tables changed: the target versions written in the epoch (one per changed table);
 * lag: for every (table, transaction) change, the first target version whose added files hold
   the row with ``v`` = the transaction number, its log file's mtime minus the writer's time right
   after ``COMMIT`` returned. A change overwritten by a later one of the same key within one epoch
@@ -108,8 +111,8 @@ def epoch_metadata(meta: str, cp: str, lake: str, sink_uid: str) -> list[dict[st
     """Per sink epoch: commit seconds (decision -> .done), flinkish/Spark/Delta-log bytes written in it."""
     decisions = os.path.join(meta, "sinks", sink_uid, "decisions")
     epochs = sorted(int(n.split(".")[0]) for n in os.listdir(decisions) if n.endswith(".done"))
-    files = [(os.path.getmtime(p), os.path.getsize(p)) for p in glob.glob(os.path.join(meta, "**", "*"), recursive=True)
-             if os.path.isfile(p)]
+    files = [(os.path.getmtime(p), os.path.getsize(p), "sink" if os.path.relpath(p, meta).startswith("sinks") else "source")
+             for p in glob.glob(os.path.join(meta, "**", "*"), recursive=True) if os.path.isfile(p)]
     delta_logs = [(os.path.getmtime(p), os.path.getsize(p)) for p in glob.glob(os.path.join(lake, "t_*", "_delta_log", "*.json"))]
     out, previous_done = [], 0.0
     for e in epochs:
@@ -118,11 +121,36 @@ def epoch_metadata(meta: str, cp: str, lake: str, sink_uid: str) -> list[dict[st
         spark = sum(os.path.getsize(p) for p in (os.path.join(cp, "offsets", str(e)), os.path.join(cp, "commits", str(e)))
                     if os.path.exists(p))
         out.append({"epoch": e, "commit_s": done - decided, "done_at": done,
-                    "flinkish_bytes": sum(s for m, s in files if previous_done < m <= done),
+                    "flinkish_bytes": sum(s for m, s, _ in files if previous_done < m <= done),
+                    "source_bytes": sum(s for m, s, k in files if previous_done < m <= done and k == "source"),
+                    "sink_bytes": sum(s for m, s, k in files if previous_done < m <= done and k == "sink"),
                     "spark_bytes": spark,
-                    "delta_log_bytes": sum(s for m, s in delta_logs if previous_done < m <= done)})
+                    "delta_log_bytes": sum(s for m, s in delta_logs if previous_done < m <= done),
+                    "tables_changed": sum(1 for m, _ in delta_logs if previous_done < m <= done)})
         previous_done = done
     return out
+
+
+def wait_caught_up(q: Any, trigger: float, limit: float) -> float | None:
+    """Seconds after the writer ended until an epoch read no rows (None: not within ``limit``)."""
+    t0 = time.time()
+    seen = len(q.recentProgress)
+    while time.time() - t0 < limit:
+        progress = q.recentProgress
+        if len(progress) > seen and progress[-1].numInputRows == 0:
+            return round(time.time() - t0, 1)
+        if len(progress) > seen and time.time() - t0 > 2 * trigger + 12:  # Spark runs no epoch without new input
+            if progress[-1].timestamp and time.time() - last_epoch_end(progress[-1]) > 2 * trigger + 10:
+                return round(time.time() - t0, 1)
+        time.sleep(0.5)
+    return None
+
+
+def last_epoch_end(p: Any) -> float:
+    from datetime import datetime
+
+    start = datetime.strptime(p.timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp() - time.timezone
+    return start + (p.durationMs or {}).get("triggerExecution", 0) / 1000
 
 
 def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]:
@@ -150,12 +178,12 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
     snapshot_epochs = len(q.recentProgress)
     print(f"{n} tables: snapshot {snapshot_s:.1f} s in {snapshot_epochs} epochs", flush=True)
     time.sleep(2 * args.trigger)
-    phases = [(args.seconds, args.rate), (args.seconds, args.quiet_rate)]
+    phases = [(args.seconds, args.quiet_rate), (args.seconds, args.rate)]
     committed_file = os.path.join(work, f"committed-{n}.json")
     phase_start = time.time()
     subprocess.run([sys.executable, "-c", WRITER, url, str(n), str(args.rows), str(args.per_txn), json.dumps(phases),
                     committed_file], check=True)
-    time.sleep(3 * args.trigger + 2)
+    caught_up = wait_caught_up(q, args.trigger, args.catch_up)
     end = flinkish_spark.stop(q, drain=False, timeout=300)
     progress = [p for p in q.recentProgress]
     spark.stop()
@@ -164,7 +192,7 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
         conn.execute(f"DROP PUBLICATION flinkish_src{n}")
 
     committed = json.load(open(committed_file))
-    quiet_from = next((c[1] for c in committed if c[1] - phase_start >= args.seconds), float("inf"))
+    busy_from = next((c[1] for c in committed if c[1] - phase_start >= args.seconds), float("inf"))
     visible = versions_visible(os.path.join(lake, "bench"))
     lags: dict[str, list[float]] = {"busy": [], "quiet": []}
     changes = 0
@@ -172,18 +200,20 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
         for t in tables:
             changes += 1
             if (t, seq) in visible:
-                lags["busy" if at < quiet_from else "quiet"].append(visible[(t, seq)] - at)
+                lags["quiet" if at < busy_from else "busy"].append(visible[(t, seq)] - at)
     epochs = epoch_metadata(meta, cp, os.path.join(lake, "bench"), "lake")
     latest = {p.batchId: (p.durationMs or {}).get("latestOffset", 0) / 1000 for p in progress}
+    add_batch = {p.batchId: (p.durationMs or {}).get("addBatch", 0) / 1000 for p in progress}
+    trigger = {p.batchId: (p.durationMs or {}).get("triggerExecution", 0) / 1000 for p in progress}
     rows = {p.batchId: p.numInputRows for p in progress}
     for e in epochs:
         e["latest_offset_s"] = latest.get(e["epoch"])
         e["rows"] = rows.get(e["epoch"])
-        e["phase"] = ("snapshot" if e["done_at"] < phase_start else "busy" if e["done_at"] < quiet_from + args.trigger
-                      else "quiet")
+        e["add_batch_s"], e["trigger_s"] = add_batch.get(e["epoch"]), trigger.get(e["epoch"])
+        e["phase"] = "snapshot" if e["done_at"] < phase_start else "quiet" if e["done_at"] < busy_from else "busy"
     result: dict[str, Any] = {"tables": n, "snapshot_s": round(snapshot_s, 1), "snapshot_epochs": snapshot_epochs,
-                              "changes": changes, "end": str(end), "phases": {}}
-    for phase in ("busy", "quiet"):
+                              "changes": changes, "caught_up_s": caught_up, "end": str(end), "phases": {}}
+    for phase in ("quiet", "busy"):
         es = [e for e in epochs if e["phase"] == phase and e["rows"]]
         lo = [e["latest_offset_s"] for e in es if e["latest_offset_s"] is not None]
         commit = [e["commit_s"] for e in es]
@@ -192,7 +222,12 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
             "epochs": len(es),
             "latest_offset_ms_p50": round(1000 * percentile(lo, 0.5)), "latest_offset_ms_p99": round(1000 * percentile(lo, 0.99)),
             "commit_ms_p50": round(1000 * percentile(commit, 0.5)), "commit_ms_p99": round(1000 * percentile(commit, 0.99)),
+            "add_batch_ms_p50": round(1000 * percentile([e["add_batch_s"] or 0.0 for e in es], 0.5)),
+            "batch_ms_p50": round(1000 * percentile([e["trigger_s"] or 0.0 for e in es], 0.5)),
+            "tables_changed_p50": round(percentile([float(e["tables_changed"]) for e in es], 0.5)),
             "flinkish_bytes_p50": round(percentile([e["flinkish_bytes"] for e in es], 0.5)),
+            "source_bytes_p50": round(percentile([e["source_bytes"] for e in es], 0.5)),
+            "sink_bytes_p50": round(percentile([e["sink_bytes"] for e in es], 0.5)),
             "spark_bytes_p50": round(percentile([e["spark_bytes"] for e in es], 0.5)),
             "delta_log_bytes_p50": round(percentile([e["delta_log_bytes"] for e in es], 0.5)),
             "rows_per_epoch_p50": round(percentile([float(e["rows"]) for e in es], 0.5)),
@@ -212,6 +247,7 @@ def main() -> None:
     ap.add_argument("--per-txn", type=int, default=3, help="tables changed per transaction")
     ap.add_argument("--rows", type=int, default=20, help="rows per table at the start")
     ap.add_argument("--trigger", type=float, default=1.0, help="processing-time trigger, seconds")
+    ap.add_argument("--catch-up", type=float, default=600, help="at most this long waiting for the mirror to catch up")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from flinkish_spark.embedded.postgres import start_postgres
@@ -228,17 +264,19 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nmirror flinkish.postgres (tables=bench.*) -> flinkish.delta {{schema}}/{{table}}, local disk, "
           f"{args.trigger:g} s trigger, {args.rows} rows per table, {args.per_txn} tables per transaction; "
-          f"{args.seconds:g} s at {args.rate:g} changes/s (busy), then {args.seconds:g} s at {args.quiet_rate:g} (quiet); "
+          f"{args.seconds:g} s at {args.quiet_rate:g} changes/s (quiet), then {args.seconds:g} s at {args.rate:g} (busy); "
           f"load average at start {load[0]:.1f} on {os.cpu_count()} cpus\n")
     rows = []
     for r in results:
         for phase, p in r["phases"].items():
             rows.append((r["tables"], r["snapshot_s"], phase, p["epochs"], p["rows_per_epoch_p50"],
                          f"{p['latest_offset_ms_p50']} / {p['latest_offset_ms_p99']}",
-                         f"{p['commit_ms_p50']} / {p['commit_ms_p99']}", p["flinkish_bytes_p50"], p["spark_bytes_p50"],
+                         f"{p['commit_ms_p50']} / {p['commit_ms_p99']}", p["add_batch_ms_p50"], p["batch_ms_p50"],
+                         p["tables_changed_p50"],
+                         f"{p['flinkish_bytes_p50']} ({p['source_bytes_p50']} + {p['sink_bytes_p50']})", p["spark_bytes_p50"],
                          p["delta_log_bytes_p50"], f"{p['lag_ms_p50']} / {p['lag_ms_p99']}", p["lag_samples"]))
     print_table(["tables", "snapshot s", "phase", "epochs", "rows/epoch", "latestOffset ms p50/p99",
-                 "sink commit ms p50/p99", "flinkish B/epoch", "Spark B/epoch", "Delta log B/epoch", "lag ms p50/p99",
+                 "sink commit ms p50/p99", "addBatch ms p50", "batch ms p50", "tables changed/epoch", "flinkish B/epoch (source + sink)", "Spark B/epoch", "Delta log B/epoch", "lag ms p50/p99",
                  "changes seen"], rows)
     print("\nwrote", write_results("mirror_scale", {"args": vars(args), "load_at_start": load, "results": results}))
 
