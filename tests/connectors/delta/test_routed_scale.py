@@ -59,3 +59,51 @@ def test_an_epoch_changing_one_table_writes_the_same_metadata_for_2_and_40_mirro
         assert outside == [], outside  # no other target, no other metadata touched
         assert any(p.startswith("lake/public/t_001/_delta_log/") for p in written)
         assert any(p.startswith("meta/sinks/m/decisions/") for p in written)
+
+
+def test_an_epoch_changing_many_tables_commits_each_once_also_after_a_crash_after_the_first(tmp_path: Path,
+                                                                                             monkeypatch) -> None:
+    """The tables after the first are committed several at once (routed.COMMIT_THREADS): every one
+    gets the epoch's rows in one version, and a restart after a crash past the first table
+    commits the others and leaves the first as it was."""
+    import deltalake
+    import pyarrow as pa
+
+    from flinkish_spark.connectors.delta import routed
+    from flinkish_spark.connectors.lakehouse.routing import Route
+
+    meta = str(tmp_path / "meta")
+    log = DecisionLog(FileIO.for_url(meta), meta, "m")
+    sink = routed.RoutedDeltaSink(FileIO.for_url(str(tmp_path)), Route(str(tmp_path / "lake" / "{schema}" / "{table}"), "path"),
+                                  "m", metadata_io=FileIO.for_url(meta), metadata_dir=log.directory)
+    schemas = [table_schema(f"public.t_{i:03d}", [("id", "int"), ("v", "text")], ("id",)) for i in range(20)]
+    s = StreamBuilder()
+    for schema in schemas:
+        s.snapshot(schema, [{"id": 1, "v": "a"}])
+    commit_epoch(sink, log, 0, [sink.prepare(iter(s.batch().to_batches()), PrepareContext("m", 0, 0, 0))], "run")
+    s.transaction(*[(schema, "u", {"id": 1, "v": f"b{i}"}) for i, schema in enumerate(schemas)])
+    s.transaction(*[(schema, "c", {"id": 2, "v": "new"}) for schema in schemas])
+    prepared = [sink.prepare(iter(s.batch().to_batches()), PrepareContext("m", 1, 0, 0))]
+
+    class Killed(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "sink.between_tables":
+            raise Killed
+
+    monkeypatch.setattr(routed, "crash_point", crash)
+    with pytest.raises(Killed):
+        commit_epoch(sink, log, 1, prepared, "run")
+    monkeypatch.undo()
+
+    def table(i: int) -> deltalake.DeltaTable:
+        return deltalake.DeltaTable(str(tmp_path / "lake" / "public" / f"t_{i:03d}"))
+
+    base = table(1).version()  # after the snapshot epoch
+    assert [table(i).version() for i in range(20)] == [base + 1] + [base] * 19  # the first table only
+    commit_epoch(sink, log, 1, prepared, "run")  # the restart: recover-and-commit of the decision
+    assert [table(i).version() for i in range(20)] == [base + 1] * 20  # one version each, the first not again
+    for i in range(20):
+        rows = sorted(pa.table(table(i).scan()).to_pylist(), key=lambda r: r["id"])
+        assert rows == [{"id": 1, "v": f"b{i}"}, {"id": 2, "v": "new"}]
