@@ -135,7 +135,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             pending.append((t, target, evolution))
         if not pending:
             return "COMMITTED"
-        outcome = self._commit_table(*pending[0], epoch)
+        t, target, evolution = pending[0]
+        outcome = self._commit_table(t, target, evolution, epoch)
         if outcome != "COMMITTED" or len(pending) == 1:
             return outcome
         crash_point("sink.between_tables")  # the first table has the epoch, the others not yet
@@ -143,7 +144,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         # and its time is waiting on storage -- the fsyncs of a local log, the requests to S3
         # (measured in benchmarks/mirror_scale.py: 2 fsyncs per table were half of the commit).
         with ThreadPoolExecutor(min(COMMIT_THREADS, len(pending) - 1), thread_name_prefix="flinkish-routed") as pool:
-            outcomes = list(pool.map(lambda p: self._commit_table(*p, epoch), pending[1:]))
+            outcomes = list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending[1:]))
         return next((o for o in outcomes if o != "COMMITTED"), "COMMITTED")
 
     def _commit_table(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, epoch: int) -> CommitOutcome:
