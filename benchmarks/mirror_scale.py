@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import print_table, write_results  # noqa: E402
-from multi_table_source import percentile  # noqa: E402
+from multi_table_source import create_tables, percentile  # noqa: E402
 
 WRITER = r'''
 import json, os, random, sys, time, psycopg
@@ -73,19 +73,6 @@ with psycopg.connect(url, autocommit=True) as conn:
 with open(out, "w") as f:
     json.dump(committed, f)
 '''
-
-
-def create_tables(url: str, n: int, rows: int) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP SCHEMA IF EXISTS bench CASCADE")
-        conn.execute("CREATE SCHEMA bench")
-        conn.execute(f"""DO $$ BEGIN FOR i IN 0..{n - 1} LOOP
-            EXECUTE format('CREATE TABLE bench.t_%s (id int PRIMARY KEY, v bigint, s text)', lpad(i::text, 5, '0'));
-            EXECUTE format('INSERT INTO bench.t_%s SELECT g, 0, ''row '' || g FROM generate_series(1, {rows}) g',
-                           lpad(i::text, 5, '0'));
-            END LOOP; END $$""")
 
 
 def versions_visible(lake: str) -> dict[tuple[str, int], float]:
@@ -158,7 +145,7 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
 
     import flinkish_spark
 
-    create_tables(url, n, args.rows)
+    create_tables(url, n, args.rows, "bigint")
     meta, cp, lake = (os.path.join(work, f"{x}-{n}") for x in ("meta", "cp", "lake"))
     spark = flinkish_spark.session(app_name=f"bench-mirror-{n}", conf={
         "spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "2g"})

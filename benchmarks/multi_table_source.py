@@ -55,20 +55,27 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
+def create_tables(url: str, n: int, rows: int, v_type: str = "int") -> None:
+    """Schema ``bench`` (dropped first) with ``bench.t_00000`` ... of ``rows`` rows each: (id int primary key, v, s text)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS bench CASCADE")
+        conn.execute("CREATE SCHEMA bench")
+        conn.execute(f"""DO $$ BEGIN FOR i IN 0..{n - 1} LOOP
+            EXECUTE format('CREATE TABLE bench.t_%s (id int PRIMARY KEY, v {v_type}, s text)', lpad(i::text, 5, '0'));
+            EXECUTE format('INSERT INTO bench.t_%s SELECT g, 0, ''row '' || g FROM generate_series(1, {rows}) g',
+                           lpad(i::text, 5, '0'));
+            END LOOP; END $$""")
+
+
 def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]:
     import psycopg
     from pyspark.sql.streaming.datasource import ReadAllAvailable
     from flinkish_spark.connectors.postgres.rows import stream_schema
     from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP SCHEMA IF EXISTS bench CASCADE")
-        conn.execute("CREATE SCHEMA bench")
-        conn.execute(f"""DO $$ BEGIN FOR i IN 0..{n - 1} LOOP
-            EXECUTE format('CREATE TABLE bench.t_%s (id int PRIMARY KEY, v int, s text)', lpad(i::text, 5, '0'));
-            EXECUTE format('INSERT INTO bench.t_%s SELECT g, 0, ''row '' || g FROM generate_series(1, {args.rows}) g',
-                           lpad(i::text, 5, '0'));
-            END LOOP; END $$""")
+    create_tables(url, n, args.rows)
     meta = os.path.join(work, f"meta-{n}")
     src = PostgresSourceDataSource({"uid": f"bench{n}", "checkpoint": meta, "url": url, "tables": "bench.*",
                                     "retainCheckpoints": "1000", "discoveryInterval": "10"})
