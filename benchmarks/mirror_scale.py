@@ -34,16 +34,14 @@ import argparse
 import glob
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import print_table, write_results  # noqa: E402
+from _common import per_table_count, print_table, write_results  # noqa: E402
 from multi_table_source import create_tables, percentile  # noqa: E402
 
 WRITER = r'''
@@ -237,18 +235,8 @@ def main() -> None:
     ap.add_argument("--catch-up", type=float, default=600, help="at most this long waiting for the mirror to catch up")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from flinkish_spark.embedded.postgres import start_postgres
-
     load = os.getloadavg()
-    work = tempfile.mkdtemp(prefix="flinkish-bench-mirror-")
-    pg = start_postgres(os.path.join(work, "data"))
-    results = []
-    try:
-        for n in (int(x) for x in args.tables.split(",")):
-            results.append(run_one(pg.uri, n, args, work))
-    finally:
-        pg.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    results = per_table_count(args.tables, "flinkish-bench-mirror-", lambda url, n, work: run_one(url, n, args, work))
     print(f"\nmirror flinkish.postgres (tables=bench.*) -> flinkish.delta {{schema}}/{{table}}, local disk, "
           f"{args.trigger:g} s trigger, {args.rows} rows per table, {args.per_txn} tables per transaction; "
           f"{args.seconds:g} s at {args.quiet_rate:g} changes/s (quiet), then {args.seconds:g} s at {args.rate:g} (busy); "

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import print_table, write_results  # noqa: E402
+from _common import per_table_count, print_table, write_results  # noqa: E402
 
 WRITER = r'''
 import random, sys, time, psycopg
@@ -164,20 +162,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10)
     ap.add_argument("--burst", type=int, default=50_000)
     args = ap.parse_args()
-    from flinkish_spark.embedded.postgres import start_postgres
 
-    work = tempfile.mkdtemp(prefix="flinkish-bench-multi-")
-    pg = start_postgres(os.path.join(work, "data"))
-    results = []
-    try:
-        for n in (int(x) for x in args.tables.split(",")):
-            results.append(run_one(pg.uri, n, args, work))
-            r = results[-1]
-            print(f"{n} tables: latestOffset p50 {r['latest_offset_ms_p50']} ms, checkpoint {r['checkpoint_bytes_per_epoch']} B",
-                  flush=True)
-    finally:
-        pg.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    def one(url: str, n: int, work: str) -> dict[str, Any]:
+        r = run_one(url, n, args, work)
+        print(f"{n} tables: latestOffset p50 {r['latest_offset_ms_p50']} ms, checkpoint {r['checkpoint_bytes_per_epoch']} B",
+              flush=True)
+        return r
+
+    results = per_table_count(args.tables, "flinkish-bench-multi-", one)
     print(f"\nmulti-table source, {args.rows} rows per table, {args.rate:.0f} changed rows/s over all tables, "
           f"{args.epochs} one-second epochs\n")
     print_table(
