@@ -34,7 +34,6 @@ import argparse
 import glob
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
