@@ -7,7 +7,9 @@ import os
 import platform
 import subprocess
 import time
-from typing import Any, Sequence
+import shutil
+import tempfile
+from typing import Any, Callable, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,3 +48,20 @@ def write_results(name: str, payload: dict[str, Any]) -> str:
     with open(path, "w") as f:
         json.dump({"machine": machine(), **payload}, f, indent=2)
     return path
+
+
+def per_table_count(counts: str, prefix: str, run: Callable[[str, int, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """``run(url, n, work)`` for each n of ``counts`` ("10,100,1000") on one embedded PostgreSQL in a
+    temporary folder ``work``, removed afterwards."""
+    from flinkish_spark.embedded.postgres import start_postgres
+
+    work = tempfile.mkdtemp(prefix=prefix)
+    pg = start_postgres(os.path.join(work, "data"))
+    results = []
+    try:
+        for n in (int(x) for x in counts.split(",")):
+            results.append(run(pg.uri, n, work))
+    finally:
+        pg.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return results

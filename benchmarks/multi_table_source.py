@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import print_table, write_results  # noqa: E402
+from _common import per_table_count, print_table, write_results  # noqa: E402
 
 WRITER = r'''
 import random, sys, time, psycopg
@@ -55,20 +53,27 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
+def create_tables(url: str, n: int, rows: int, v_type: str = "int") -> None:
+    """Schema ``bench`` (dropped first) with ``bench.t_00000`` ... of ``rows`` rows each: (id int primary key, v, s text)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS bench CASCADE")
+        conn.execute("CREATE SCHEMA bench")
+        conn.execute(f"""DO $$ BEGIN FOR i IN 0..{n - 1} LOOP
+            EXECUTE format('CREATE TABLE bench.t_%s (id int PRIMARY KEY, v {v_type}, s text)', lpad(i::text, 5, '0'));
+            EXECUTE format('INSERT INTO bench.t_%s SELECT g, 0, ''row '' || g FROM generate_series(1, {rows}) g',
+                           lpad(i::text, 5, '0'));
+            END LOOP; END $$""")
+
+
 def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]:
     import psycopg
     from pyspark.sql.streaming.datasource import ReadAllAvailable
     from flinkish_spark.connectors.postgres.rows import stream_schema
     from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DROP SCHEMA IF EXISTS bench CASCADE")
-        conn.execute("CREATE SCHEMA bench")
-        conn.execute(f"""DO $$ BEGIN FOR i IN 0..{n - 1} LOOP
-            EXECUTE format('CREATE TABLE bench.t_%s (id int PRIMARY KEY, v int, s text)', lpad(i::text, 5, '0'));
-            EXECUTE format('INSERT INTO bench.t_%s SELECT g, 0, ''row '' || g FROM generate_series(1, {args.rows}) g',
-                           lpad(i::text, 5, '0'));
-            END LOOP; END $$""")
+    create_tables(url, n, args.rows)
     meta = os.path.join(work, f"meta-{n}")
     src = PostgresSourceDataSource({"uid": f"bench{n}", "checkpoint": meta, "url": url, "tables": "bench.*",
                                     "retainCheckpoints": "1000", "discoveryInterval": "10"})
@@ -157,20 +162,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10)
     ap.add_argument("--burst", type=int, default=50_000)
     args = ap.parse_args()
-    from flinkish_spark.embedded.postgres import start_postgres
 
-    work = tempfile.mkdtemp(prefix="flinkish-bench-multi-")
-    pg = start_postgres(os.path.join(work, "data"))
-    results = []
-    try:
-        for n in (int(x) for x in args.tables.split(",")):
-            results.append(run_one(pg.uri, n, args, work))
-            r = results[-1]
-            print(f"{n} tables: latestOffset p50 {r['latest_offset_ms_p50']} ms, checkpoint {r['checkpoint_bytes_per_epoch']} B",
-                  flush=True)
-    finally:
-        pg.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    def one(url: str, n: int, work: str) -> dict[str, Any]:
+        r = run_one(url, n, args, work)
+        print(f"{n} tables: latestOffset p50 {r['latest_offset_ms_p50']} ms, checkpoint {r['checkpoint_bytes_per_epoch']} B",
+              flush=True)
+        return r
+
+    results = per_table_count(args.tables, "flinkish-bench-multi-", one)
     print(f"\nmulti-table source, {args.rows} rows per table, {args.rate:.0f} changed rows/s over all tables, "
           f"{args.epochs} one-second epochs\n")
     print_table(

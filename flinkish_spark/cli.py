@@ -1,4 +1,5 @@
-"""The ``flinkish`` command: ``demo`` (a real pipeline on local Spark and a local S3 server),
+"""The ``flinkish`` command: ``mirror`` (a PostgreSQL database into one Delta / Iceberg / PostgreSQL
+target per table, see :mod:`flinkish_spark.mirror`), ``demo`` (a real pipeline on local Spark and a local S3 server),
 ``inspect`` (what a checkpoint metadata root says, as a table or JSON), ``stop`` (stop a
 running query at an epoch boundary, with or without drain, from any process) and
 ``orphans`` (staged sink output that a crash left behind)."""
@@ -153,6 +154,12 @@ def _pg_orphans(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mirror(args: argparse.Namespace) -> int:
+    from flinkish_spark.mirror.cli import run_mirror
+
+    return run_mirror(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from flinkish_spark.demo import run_demo
 
@@ -202,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     o.add_argument("--password-env", help="flinkish.postgres: a variable holding the password (default: the URL's, or PGPASSWORD)")
     o.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     o.set_defaults(func=_orphans)
+
+    from flinkish_spark.mirror.cli import add_parser as add_mirror_parser
+
+    add_mirror_parser(sub).set_defaults(func=_mirror)
 
     d = sub.add_parser("demo", help="run a real pipeline on local Spark and a local S3 server")
     d.add_argument("--workdir", default="demo-output", help="where the demo writes (default ./demo-output)")

@@ -9,10 +9,11 @@
 * **Commit** (driver, after the decision names every table's part): first, for every table
   the epoch changed and that does not hold the epoch yet, the target's evolution is computed
   (:mod:`flinkish_spark.connectors.delta.evolve`) -- a change it cannot follow raises
-  :class:`~flinkish_spark.errors.SchemaChangeError` before any table is written. Then table
-  by table (sorted by name) one Delta version each: an evolved schema's ``metaData`` action,
-  the keyed commit's actions (a truncate removes every live file first; a re-snapshot's end
-  deletes the rows it did not deliver) and ``txn(appId = uid, version = epoch)``.
+  :class:`~flinkish_spark.errors.SchemaChangeError` before any table is written. Then one
+  Delta version per table: an evolved schema's ``metaData`` action, the keyed commit's actions
+  (a truncate removes every live file first; a re-snapshot's end deletes the rows it did not
+  deliver) and ``txn(appId = uid, version = epoch)`` -- the first table (by name) alone, then
+  the others :data:`COMMIT_THREADS` at a time (independent logs; the time is storage waits).
 * **Exactly once across tables**: each table's txn makes its commit idempotent on its own. A
   restart commits the decided epoch again: tables whose txn is >= the epoch are skipped (a
   table's txn moves only when the table changes, and epochs commit in order, so a txn at a
@@ -32,6 +33,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -55,6 +57,8 @@ from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhase
 log = logging.getLogger(__name__)
 
 ROUTED_MAGIC = b"FRD1"
+#: Tables of one epoch committed at once (after the first one, see :meth:`RoutedDeltaSink.commit`).
+COMMIT_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -134,16 +138,28 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             # that cannot be followed ends the query with nothing of the epoch visible.
             evolution = target.evolution(state, t.announced())
             pending.append((t, target, evolution))
-        for i, (t, target, evolution) in enumerate(pending):
-            if i:
-                crash_point("sink.between_tables")  # earlier tables have the epoch, this one not yet
-            created = target.ensure_created(evolution, self.create_table)
-            outcome = commit_keyed(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch))
-            if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
-                return outcome
-            self._committed_here[t.table] = target._committed_here  # the files its version named: cleanup spares them
-            if t.end and self.resnapshots is not None:
-                self.resnapshots.finish(target.path)
+        if not pending:
+            return "COMMITTED"
+        t, target, evolution = pending[0]
+        outcome = self._commit_table(t, target, evolution, epoch)
+        if outcome != "COMMITTED" or len(pending) == 1:
+            return outcome
+        crash_point("sink.between_tables")  # the first table has the epoch, the others not yet
+        # The other tables at once: each table's version is independent (its own log, its own txn),
+        # and its time is waiting on storage -- the fsyncs of a local log, the requests to S3
+        # (measured in benchmarks/mirror_scale.py: 2 fsyncs per table were half of the commit).
+        with ThreadPoolExecutor(min(COMMIT_THREADS, len(pending) - 1), thread_name_prefix="flinkish-routed") as pool:
+            outcomes = list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending[1:]))
+        return next((o for o in outcomes if o != "COMMITTED"), "COMMITTED")
+
+    def _commit_table(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, epoch: int) -> CommitOutcome:
+        created = target.ensure_created(evolution, self.create_table)
+        outcome = commit_keyed(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch))
+        if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
+            return outcome
+        self._committed_here[t.table] = target._committed_here  # the files its version named: cleanup spares them
+        if t.end and self.resnapshots is not None:
+            self.resnapshots.finish(target.path)
         return "COMMITTED"
 
     def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:

@@ -1,0 +1,68 @@
+"""The ``flinkish mirror`` subcommand's flags (added to the ``flinkish`` parser by :mod:`flinkish_spark.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flinkish_spark.errors import ConfigError
+
+USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'public.*' --to PATH_TEMPLATE
+                       --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
+       flinkish mirror pipeline.yaml [--stop-after-snapshot]"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    m = sub.add_parser(
+        "mirror", usage=USAGE,
+        help="mirror PostgreSQL tables into one Delta / Iceberg / PostgreSQL target per table (flags or a pipeline file)",
+        description="Mirror the PostgreSQL tables matching --tables into one target per table, exactly once, with "
+                    "live progress. Ctrl-C or SIGTERM stops with drain (a second one: without drain); the same "
+                    "command continues from the checkpoint. See docs/mirror.md, 'flinkish mirror'.")
+    m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags)")
+    m.add_argument("--from", dest="source", help="the source database, postgresql://user@host:5432/db "
+                   "(password: PGPASSWORD, ~/.pgpass or in the URL)")
+    m.add_argument("--tables", help="names and patterns, e.g. 'public.*, sales.order_*, !public.audit_log'")
+    m.add_argument("--to", help="the targets: a folder or path template (delta, iceberg: a table template such as "
+                   "'mirror.{schema}_{table}'), or postgresql://... (format postgres)")
+    m.add_argument("--format", dest="fmt", choices=("delta", "iceberg", "postgres"),
+                   help="the target format (default: postgres for a postgresql:// --to, else delta)")
+    m.add_argument("--checkpoint", help="the metadata root (local folder or s3://...); keep it for restarts")
+    m.add_argument("--trigger", help="how often an epoch is committed, e.g. 10s (default), 1m")
+    m.add_argument("--stop-after-snapshot", action="store_true", help="copy the tables as they are and end")
+    m.add_argument("--uid", help="names the pipeline's state: slot and publication flinkish_<uid> (default mirror)")
+    m.add_argument("--spark-checkpoint", help="Spark's own checkpoint folder (local; default <checkpoint>/spark "
+                   "for a local --checkpoint, else a folder under ~/.local/state/flinkish_spark/mirror)")
+    m.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a flinkish.postgres source option, e.g. splitSize=50000 (repeatable)")
+    m.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
+    return m
+
+
+def config_of(args: argparse.Namespace) -> Any:
+    """The :class:`~flinkish_spark.mirror.config.MirrorConfig` the flags describe (nothing started yet)."""
+    from flinkish_spark.mirror import config
+
+    if args.pipeline:
+        given = [f for f, v in (("--from", args.source), ("--tables", args.tables), ("--to", args.to),
+                                ("--format", args.fmt), ("--checkpoint", args.checkpoint), ("--trigger", args.trigger),
+                                ("--uid", args.uid), ("--spark-checkpoint", args.spark_checkpoint),
+                                ("--source-option", args.source_option), ("--sink-option", args.sink_option)) if v]
+        if given:
+            raise ConfigError(f"flinkish mirror: {', '.join(given)} cannot be combined with a pipeline file; set "
+                              "them in the file (only --stop-after-snapshot may be added)")
+        from flinkish_spark.mirror.pipeline_file import from_yaml
+
+        return from_yaml(args.pipeline, stop_after_snapshot=args.stop_after_snapshot)
+    return config.from_args(source=args.source, tables=args.tables, to=args.to, fmt=args.fmt,
+                            checkpoint=args.checkpoint, trigger=args.trigger,
+                            stop_after_snapshot=args.stop_after_snapshot, uid=args.uid,
+                            spark_checkpoint=args.spark_checkpoint, source_option=args.source_option,
+                            sink_option=args.sink_option)
+
+
+def run_mirror(args: argparse.Namespace) -> int:
+    from flinkish_spark.mirror.pipeline import supervise
+
+    return supervise(config_of(args))

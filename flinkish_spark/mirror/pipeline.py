@@ -1,0 +1,257 @@
+"""Running ``flinkish mirror``: the streaming query, and stopping it with drain on Ctrl-C / SIGTERM.
+
+Two processes:
+
+* the **command** (:func:`supervise`, the ``flinkish`` process in the terminal) starts the
+  **pipeline process** (``python -m flinkish_spark.mirror.pipeline``) in a session of its own and
+  forwards signals to it. Why: Ctrl-C in a terminal sends SIGINT to the whole foreground process
+  group, and Spark's Python workers (forked by the JVM) turn SIGINT into ``KeyboardInterrupt``,
+  failing the running tasks -- the batch would fail instead of draining. In its own session only
+  the pipeline process gets the signal, from the command. The configuration travels on stdin
+  (JSON without passwords); the passwords in environment variables named by the connectors'
+  ``passwordEnv`` (never on a command line, which ``ps`` shows).
+* the **pipeline process** (:func:`run`) starts a local Spark session, reads ``flinkish.postgres``
+  with ``tables`` and writes the routing sink -- the options a Python user passes
+  (:meth:`~flinkish_spark.mirror.config.MirrorConfig.source_options`) -- and shows the progress.
+
+Stopping: the first SIGTERM/SIGINT calls ``flinkish_spark.stop(query, drain=True)``: the
+source ends its input at the current WAL position (during the snapshot: after the remaining
+chunks), the final epoch commits, the slot and publication are dropped, and the process exits 0.
+A drained mirror is finished for good (as a Flink job stopped with ``--drain``): the same command
+again reports that and ends. A second signal exits at once (``query.stop()``: the running batch
+is abandoned, nothing of it is visible; exit 130); the next start of the same command recovers
+exactly once -- and completes the drain if its final epoch was already planned. A stop *without*
+drain that keeps the mirror resumable is ``flinkish stop CHECKPOINT`` from another shell (exit 0),
+or killing the process. With ``--stop-after-snapshot`` the source reads the snapshot only
+(``startup=snapshot``) and the query ends by itself once its last epoch is committed (exit 0).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
+from flinkish_spark.mirror.progress import OBSERVED
+
+#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 130 stopped at once.
+EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
+
+
+def preflight(config: MirrorConfig) -> None:
+    """Connect to the source (and a PostgreSQL target) once before Spark starts: a wrong password, host or
+    database is one clear error (:class:`~flinkish_spark.errors.DatabaseAccessError` /
+    ``DatabaseUnavailableError``, password masked) in a second instead of after the JVM's start."""
+    from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
+
+    targets = [(config.source_url, config.source_password, dict(config.source_extra).get("passwordEnv"))]
+    if config.format == "postgres":
+        sink = dict(config.sink_extra)
+        targets.append((sink["url"], config.sink_password, sink.get("passwordEnv")))
+    for url, password, password_env in targets:
+        info = parse_url(url, password_env)
+        if password is not None:
+            info = ConnectionInfo(info.url, None, password)
+        with connect(info, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+
+
+def supervise(config: MirrorConfig) -> int:
+    """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code."""
+    preflight(config)
+    env = {**os.environ, **config.password_env()}
+    child = subprocess.Popen([sys.executable, "-m", "flinkish_spark.mirror.pipeline"], stdin=subprocess.PIPE,
+                             env=env, start_new_session=True)
+    signals = 0
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal signals
+        signals += 1
+        try:
+            if signals <= 2:
+                os.kill(child.pid, signal.SIGTERM)  # 1: drain, 2: exit at once
+            else:
+                os.killpg(child.pid, signal.SIGKILL)  # 3: the pipeline does not end: kill it (a restart recovers)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert child.stdin is not None
+        child.stdin.write(config.to_json().encode())
+        child.stdin.close()
+        while True:
+            try:
+                return child.wait()
+            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
+                continue
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _observe(df: Any) -> Any:
+    """The stream with Spark observed metrics per batch: rows, snapshot rows, newest change's commit time."""
+    from pyspark.sql import functions as F
+
+    op = F.col("_op")
+    return df.observe(
+        OBSERVED,
+        F.count(F.lit(1)).alias("rows"),
+        F.count_if(op == "r").alias("snapshot_rows"),
+        F.count_if(op.isin("c", "u", "d", "t")).alias("changes"),
+        F.max(F.when(op.isin("c", "u", "d", "t"), F.unix_micros(F.col("_commit_ts")))).alias("last_commit_us"),
+    )
+
+
+def start_query(spark: Any, config: MirrorConfig) -> Any:
+    """The mirror's streaming query, started: ``flinkish.postgres`` (``tables``) -> the routing sink."""
+    reader = spark.readStream.format("flinkish.postgres")
+    for key, value in config.source_options().items():
+        reader = reader.option(key, value)
+    writer = _observe(reader.load()).writeStream.format(config.sink_format)
+    for key, value in config.sink_options().items():
+        writer = writer.option(key, value)
+    writer = writer.option("checkpointLocation", config.spark_checkpoint)
+    return writer.trigger(processingTime=f"{config.trigger_s:g} seconds").queryName(config.uid).start()
+
+
+class _Signals:
+    """SIGTERM/SIGINT counted; the main loop acts on them (a handler must not call into Spark)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, self._on)
+
+    def _on(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+
+def run(config: MirrorConfig) -> int:
+    """Run the mirror in this process until it is drained, finished, stopped or failed; the exit code."""
+    from flinkish_spark.mirror.progress import Progress
+
+    signals = _Signals()
+    parent = os.getppid()
+    progress = Progress.for_stdout(config)
+    progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}")
+    try:
+        how, failure = _run_query(config, signals, parent, progress)
+    finally:
+        progress.close()
+    if how == "failed":
+        _report_failure(config, failure)
+        code = EXIT_FAILED
+    else:
+        code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
+        if how == "finished" and not config.stop_after_snapshot:
+            text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
+                    "nothing more to read. A new --uid starts a new mirror with a new snapshot")
+        print(f"flinkish mirror: {text}", flush=True)
+    _stop_spark()
+    return code
+
+
+def _run_query(config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> tuple[str, Any]:
+    """Start Spark and the query, wait for its end: (how it ended, the failure if it failed)."""
+    import flinkish_spark
+
+    query = None
+    try:
+        spark = flinkish_spark.session(master=config.master, app_name=f"flinkish-mirror-{config.uid}")
+        spark.sparkContext.setLogLevel("ERROR")
+        flinkish_spark.register(spark)
+        query = start_query(spark, config)
+        progress.note(f"mirroring {config.tables} -> {config.sink_format} {config.target}"
+                      + (" (snapshot only)" if config.stop_after_snapshot else ""))
+        how = _wait(query, config, signals, parent, progress)
+        return how, query.exception() if how == "failed" else None
+    except Exception as exc:  # noqa: BLE001 - reported as one line, the process exits 1
+        return "failed", exc
+    finally:
+        if query is not None and query.isActive:
+            query.stop()
+
+
+def _stop_spark() -> None:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is not None:
+        spark.stop()
+
+
+def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> str:
+    """Poll until the query ends; act on signals. How it ended: a QueryEnd, or ``interrupted`` (stopped at once)."""
+    import flinkish_spark
+
+    drain: list[str] = []
+    drainer: threading.Thread | None = None
+    while query.isActive:
+        progress.update(query)
+        orphaned = os.getppid() != parent  # the command was killed: stop at once, without a drain request
+        if signals.count >= 1 and drainer is None and not orphaned:
+            progress.note("stopping with drain: reading the changes up to now and committing them; the mirror "
+                          "ends for good (Ctrl-C again: exit at once, the next start completes the drain)")
+            drainer = threading.Thread(target=lambda: drain.append(flinkish_spark.stop(query, drain=True)),
+                                       name="flinkish-mirror-drain", daemon=True)
+            drainer.start()
+        if signals.count >= 2 or orphaned:
+            progress.note("stopping at once")
+            _quiet()  # the cancelled batch's task errors are expected: not the user's business
+            query.stop()
+            return "interrupted" if query.exception() is None else "failed"
+        try:
+            query.awaitTermination(0.5)
+        except Exception:  # noqa: BLE001 - the query failed: reported by the caller
+            break
+    progress.update(query)
+    if drainer is not None:
+        drainer.join(timeout=60)
+        if drain and drain[0] in ("drained", "finished"):
+            return drain[0]
+    return str(flinkish_spark.await_finished(query, timeout=0))
+
+
+def _quiet() -> None:
+    from pyspark.sql import SparkSession
+
+    SparkSession.active().sparkContext.setLogLevel("OFF")
+
+
+_ENDINGS = {
+    "drained": (EXIT_OK, "drained: every change up to the stop is committed; slot and publication dropped. The "
+                         "mirror is finished: the same command again does nothing (a new --uid starts a new one)"),
+    "finished": (EXIT_OK, "finished: every table is copied"),
+    "stopped": (EXIT_OK, "stopped (flinkish stop, no drain): run the same command to continue"),
+    "interrupted": (EXIT_STOPPED, "stopped at once: run the same command to continue from the last committed epoch"),
+    "terminated": (EXIT_STOPPED, "the query ended: run the same command to continue"),
+}
+
+
+def _report_failure(config: MirrorConfig, exc: Any) -> None:
+    text = str(exc) if exc is not None else "the query ended without a reason"
+    for secret in (config.source_password, config.sink_password):
+        if secret:
+            text = text.replace(secret, "***")
+    # Spark wraps the flinkish error in its own; the line with the error class is what the user needs.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    flinkish = [ln for ln in lines if "Error: " in ln and "flinkish" in ln.lower() or ln.startswith("flinkish_spark.")]
+    print(f"flinkish mirror: failed: {(flinkish or lines or [text])[0][:2000]}", file=sys.stderr, flush=True)
+    print("flinkish mirror: fix the cause and run the same command again: it continues from the checkpoint",
+          file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    config = MirrorConfig.from_json(sys.stdin.read(), os.environ.get(SOURCE_PASSWORD_ENV),
+                                    os.environ.get(SINK_PASSWORD_ENV))
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

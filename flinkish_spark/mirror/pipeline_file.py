@@ -1,0 +1,255 @@
+"""``flinkish mirror pipeline.yaml``: a pipeline file in Flink CDC 3's YAML shape -> :class:`MirrorConfig`.
+
+Sections ``source`` (``type: postgres``, ``hostname`` / ``port`` / ``username`` / ``password`` /
+``database-name`` or ``url``, ``tables``, ``tables.exclude``, Flink CDC's ``slot.name``,
+``scan.startup.mode``, ``scan.incremental.snapshot.chunk.size`` and the source's own options),
+``sink`` (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (one rule:
+``source-table``, ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``uid``,
+``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``).
+The same guarantees as :mod:`flinkish_spark.mirror.config`: every unknown key and bad value is
+one :class:`ConfigError` naming it and the fix, no value of a key is ever quoted where it could be
+a password, and a YAML syntax error names its line and column, not the line's text.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any, Mapping, cast
+
+from flinkish_spark.errors import ConfigError
+from flinkish_spark.mirror.config import (
+    bounded,
+    check_spark_checkpoint,
+    check_tables,
+    check_target,
+    check_uid,
+    default_spark_checkpoint,
+    DEFAULT_TRIGGER_S,
+    DEFAULT_UID,
+    delta_target,
+    Format,
+    FORMATS,
+    MirrorConfig,
+    parse_trigger,
+    SINK_OPTIONS,
+    SOURCE_FLINK_NAMES,
+    SOURCE_OPTIONS,
+    split_password,
+    startup_mode,
+    TARGET_OPTION,
+    unknown_key,
+)
+
+_TOP = ("source", "sink", "route", "pipeline")
+_CONNECTION = ("hostname", "port", "username", "password", "database-name", "url")
+_SOURCE_KEYS = ("type", "name", "tables", "tables.exclude", *_CONNECTION, *SOURCE_OPTIONS, *SOURCE_FLINK_NAMES)
+_PIPELINE_KEYS = ("name", "uid", "checkpoint", "spark-checkpoint", "trigger", "parallelism", "schema.change.behavior",
+                  "stop-after-snapshot")
+_ROUTE_KEYS = ("source-table", "sink-table", "replace-symbol", "description")
+
+
+def _section(doc: Mapping[str, Any], key: str, required: bool) -> dict[str, Any]:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"pipeline file: section {key!r} missing (a pipeline has source, sink and pipeline; "
+                              "route is optional)")
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"pipeline file: {key!r} must be a mapping of keys to values, got {type(value).__name__}")
+    return value
+
+
+def _text(section: Mapping[str, Any], key: str, where: str, required: bool = False) -> str | None:
+    value = section.get(key)
+    if value is None:
+        if required:
+            raise ConfigError(f"pipeline file: {where}.{key} missing")
+        return None
+    if isinstance(value, (dict, list)):
+        # Never print the value: it may be a password.
+        raise ConfigError(f"pipeline file: {where}.{key} must be a single value, not a {type(value).__name__}")
+    return str(value)
+
+
+def _connection_url(section: Mapping[str, Any], where: str) -> tuple[str, str | None]:
+    """``url`` or ``hostname``/``port``/``username``/``password``/``database-name`` -> (URI without password, password)."""
+    url = _text(section, "url", where)
+    parts = [k for k in ("hostname", "port", "username", "database-name") if k in section]
+    if url is not None:
+        if parts:
+            raise ConfigError(f"pipeline file: {where} has 'url' and {', '.join(parts)}: give one of the two")
+        uri, password = split_password(url, f"pipeline file: {where}.url")
+        given = _text(section, "password", where)
+        if given is not None and password is not None:
+            raise ConfigError(f"pipeline file: {where} has a password in 'url' and in 'password': give it once")
+        return uri, given if given is not None else password
+    host = _text(section, "hostname", where)
+    if host is None:
+        raise ConfigError(f"pipeline file: {where} needs 'hostname' (with port, username, database-name) or 'url' "
+                          "(postgresql://user@host:5432/db)")
+    port = _text(section, "port", where) or "5432"
+    if not port.isdigit():
+        raise ConfigError(f"pipeline file: {where}.port must be a number, got {port!r}")
+    user = _text(section, "username", where)
+    db = _text(section, "database-name", where)
+    if user is None or db is None:
+        raise ConfigError(f"pipeline file: {where} needs 'username' and 'database-name' with 'hostname'")
+    q = urllib.parse.quote
+    return f"postgresql://{q(user, safe='')}@{host}:{port}/{q(db, safe='')}", _text(section, "password", where)
+
+
+def _source_tables(src: Mapping[str, Any]) -> str:
+    tables = _text(src, "tables", "source", required=True)
+    assert tables is not None
+    exclude = _text(src, "tables.exclude", "source")
+    if exclude:
+        tables += ", " + ", ".join("!" + e.strip() for e in exclude.split(",") if e.strip())
+    return check_tables(tables, "pipeline file: source.tables")
+
+
+def _route_target(rules: Any, tables: tuple[str, ...], fmt: Format, sink_target: str | None) -> str | None:
+    """The target template a ``route`` section gives (None without one)."""
+    if rules is None:
+        return None
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise ConfigError("pipeline file: 'route' must be a list of rules (- source-table: ..., sink-table: ...)")
+    if len(rules) != 1:
+        raise ConfigError(
+            f"pipeline file: route has {len(rules)} rules; a mirror routes every table of source.tables through one "
+            "rule (one target template with {schema}/{table}). Merge the rules, or run one mirror per rule")
+    rule = rules[0]
+    for key in rule:
+        if key not in _ROUTE_KEYS:
+            raise unknown_key(str(key), _ROUTE_KEYS, "pipeline file: route[0]")
+    source_table = _text(rule, "source-table", "route[0]", required=True)
+    if source_table is not None and source_table.replace(" ", "") not in {t.replace(" ", "") for t in tables}:
+        raise ConfigError(
+            f"pipeline file: route[0].source-table {source_table!r} differs from source.tables {tables[0]!r}; the one "
+            "rule routes every mirrored table: give it the same value")
+    sink_table = _text(rule, "sink-table", "route[0]", required=True)
+    assert sink_table is not None
+    symbol = _text(rule, "replace-symbol", "route[0]")
+    if symbol:
+        sink_table = sink_table.replace(symbol, "{table}")
+    if fmt == "delta":
+        if sink_target is not None and "{table}" in sink_target:
+            raise ConfigError("pipeline file: sink.path has placeholders and route[0].sink-table names the target "
+                              "too: give the template once")
+        if sink_target is not None and "://" not in sink_table and not sink_table.startswith("/"):
+            return sink_target.rstrip("/") + "/" + sink_table  # relative to the sink's folder
+        return sink_table
+    if sink_target is not None:
+        raise ConfigError(f"pipeline file: sink.{TARGET_OPTION[fmt]} and route[0].sink-table both name the target: "
+                          "give it once")
+    return sink_table
+
+
+def from_yaml(path: str, stop_after_snapshot: bool = False) -> MirrorConfig:
+    """The configuration of ``flinkish mirror pipeline.yaml``."""
+    try:
+        import yaml
+    except ImportError:
+        from flinkish_spark.errors import EnvironmentSetupError
+
+        raise EnvironmentSetupError("a pipeline file needs PyYAML: pip install 'flinkish_spark[mirror]'") from None
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"pipeline file {path!r} cannot be read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        # Only the position and the problem: the offending line may hold a password.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"pipeline file {path!r} is not valid YAML{where}: {getattr(exc, 'problem', None) or 'syntax error'}") from None
+    return from_document(doc, stop_after_snapshot)
+
+
+def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
+    """The configuration a parsed pipeline file describes."""
+    if not isinstance(doc, dict):
+        raise ConfigError("pipeline file: the top level must be a mapping with source, sink, route and pipeline")
+    for key in doc:
+        if key == "transform":
+            raise ConfigError("pipeline file: 'transform' is not supported: a mirror copies tables as they are "
+                              "(project and filter the mirrored tables with Spark SQL, or write the pipeline in Python)")
+        if key not in _TOP:
+            raise unknown_key(str(key), _TOP, "pipeline file")
+    src, sink, pipe = _section(doc, "source", True), _section(doc, "sink", True), _section(doc, "pipeline", True)
+
+    for key in src:
+        if key not in _SOURCE_KEYS:
+            raise unknown_key(str(key), _SOURCE_KEYS, "pipeline file: source")
+    if _text(src, "type", "source", required=True) not in ("postgres", "postgresql"):
+        raise ConfigError(f"pipeline file: source.type {src['type']!r} is not supported; use 'postgres'")
+    source_url, source_password = _connection_url(src, "source")
+    tables = _source_tables(src)
+    src_extra: dict[str, str] = {}
+    for key, value in src.items():
+        name = SOURCE_FLINK_NAMES.get(key, key)
+        if name in SOURCE_OPTIONS:
+            if name in src_extra:
+                raise ConfigError(f"pipeline file: source sets {name!r} twice (also by its Flink CDC name)")
+            src_extra[name] = _text(src, key, "source") or ""
+    if "startup" in src_extra:
+        src_extra["startup"] = startup_mode(src_extra["startup"], f"pipeline file: source.{'scan.startup.mode' if 'scan.startup.mode' in src else 'startup'}")
+    stop_after_snapshot = bounded(src_extra, stop_after_snapshot, "pipeline file: source.scan.startup.mode")
+
+    fmt_raw = _text(sink, "type", "sink", required=True)
+    if fmt_raw not in FORMATS:
+        raise ConfigError(f"pipeline file: sink.type {fmt_raw!r} is not one of {', '.join(FORMATS)}")
+    fmt = cast(Format, fmt_raw)
+    target_key = TARGET_OPTION[fmt]
+    sink_keys = ("type", "name", target_key, *SINK_OPTIONS[fmt], *(_CONNECTION if fmt == "postgres" else ()))
+    for key in sink:
+        if key not in sink_keys:
+            raise unknown_key(str(key), sink_keys, f"pipeline file: sink (type {fmt})",
+                           " The target is named by the sink's "
+                           f"{target_key!r} or by route[0].sink-table; uid and checkpoint are the pipeline's.")
+    sink_extra = {k: _text(sink, k, "sink") or "" for k in SINK_OPTIONS[fmt] if k in sink}
+    sink_password = None
+    if fmt == "postgres":
+        sink_extra["url"], sink_password = _connection_url(sink, "sink")
+    sink_target = _text(sink, target_key, "sink")
+    target = _route_target(doc.get("route"), (str(src["tables"]), tables), fmt, sink_target) or sink_target
+    if target is None:
+        if fmt == "delta":
+            raise ConfigError("pipeline file: sink.path missing: the folder the Delta tables go to, e.g. "
+                              "s3://lake/{schema}/{table} (or s3://lake: {schema}/{table} is appended)")
+        target = "{schema}.{table}"
+    if fmt == "delta":
+        target = delta_target(target)
+
+    for key in pipe:
+        if key not in _PIPELINE_KEYS:
+            raise unknown_key(str(key), _PIPELINE_KEYS, "pipeline file: pipeline")
+    checkpoint = _text(pipe, "checkpoint", "pipeline", required=True)
+    assert checkpoint is not None
+    uid = check_uid(_text(pipe, "uid", "pipeline") or DEFAULT_UID, "pipeline file: pipeline.uid")
+    behavior = _text(pipe, "schema.change.behavior", "pipeline")
+    if behavior is not None and behavior != "lenient":
+        raise ConfigError(
+            f"pipeline file: pipeline.schema.change.behavior {behavior!r} is not available: a mirror follows schema "
+            "changes as Flink CDC's 'lenient' does (added columns added, dropped ones kept and null, widened types "
+            "widened; a change a target cannot follow stops at an epoch boundary). Drop the key or set 'lenient'")
+    parallelism = _text(pipe, "parallelism", "pipeline")
+    if parallelism is not None and (not parallelism.isdigit() or int(parallelism) < 1):
+        raise ConfigError(f"pipeline file: pipeline.parallelism must be a whole number >= 1, got {parallelism!r}")
+    stop_raw = pipe.get("stop-after-snapshot", False)
+    if not isinstance(stop_raw, bool):
+        raise ConfigError(f"pipeline file: pipeline.stop-after-snapshot must be true or false, got {stop_raw!r}")
+    trigger = _text(pipe, "trigger", "pipeline")
+    return MirrorConfig(
+        uid=uid, name=_text(pipe, "name", "pipeline") or uid, source_url=source_url, tables=tables, format=fmt,
+        target=check_target(fmt, target, f"pipeline file: sink.{target_key} / route[0].sink-table"),
+        checkpoint=checkpoint,
+        spark_checkpoint=check_spark_checkpoint(
+            _text(pipe, "spark-checkpoint", "pipeline") or default_spark_checkpoint(checkpoint, uid),
+            "pipeline file: pipeline.spark-checkpoint"),
+        trigger_s=parse_trigger(trigger, "pipeline file: pipeline.trigger") if trigger else DEFAULT_TRIGGER_S,
+        stop_after_snapshot=stop_after_snapshot or stop_raw,
+        master=f"local[{parallelism}]" if parallelism else "local[2]",
+        source_extra=tuple(sorted(src_extra.items())), sink_extra=tuple(sorted(sink_extra.items())),
+        source_password=source_password, sink_password=sink_password,
+    )

@@ -1,0 +1,210 @@
+"""``flinkish mirror`` end to end: the command as a subprocess on the embedded PostgreSQL into local Delta tables.
+
+* While a writer changes every table of ``public.m_*`` (and, once the mirror runs, adds a
+  column, widens a numeric, creates a table and drops one: flinkish_spark.testing.mirror's
+  workload), ``flinkish stop`` stops the command without drain (exit 0, the slot stays); the same
+  command started again continues from the checkpoint; after the writer stopped, one SIGTERM
+  drains it (exit 0). Every Delta target then equals its source table, ``other`` has no target,
+  and no slot or publication is left.
+* ``--stop-after-snapshot`` copies the tables and ends by itself (exit 0) with nothing left on
+  the server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import psycopg
+import pytest
+
+from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, spark_commits, table_states
+
+pytest.importorskip("deltalake")
+pytestmark = pytest.mark.slow
+
+TABLES = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
+#: The embedded server trusts local connections; a password in the URL lets the test look for it everywhere.
+SECRET = "s3cr3t-pw"
+
+
+def with_password(url: str) -> str:
+    return url.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@", 1)
+
+
+def files_holding(root: Path, text: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def flinkish() -> list[str]:
+    script = os.path.join(os.path.dirname(sys.executable), "flinkish")  # the console script users run
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "flinkish_spark.cli"]
+
+
+def command(url: str, tmp_path: Path, *extra: str) -> list[str]:
+    return [*flinkish(), "mirror", "--from", url, "--tables", "public.m_*", "--to", str(tmp_path / "lake"),
+            "--checkpoint", str(tmp_path / "meta"), "--trigger", "1s", "--source-option", "splitSize=500",
+            "--source-option", "maxRowsPerTrigger=2000", "--source-option", "discoveryInterval=1", *extra]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+
+
+def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert proc.poll() is None, f"the mirror ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
+        assert time.time() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.5)
+
+
+def ended(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> tuple[int, str]:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the mirror did not end within {timeout}s:\n{log.read_text()[-4000:]}") from None
+    return rc, log.read_text()
+
+
+def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drain(pg_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    spark_cp = str(tmp_path / "meta" / "spark")
+    stop_writer = tmp_path / "stop-writer"
+    # The writer's schema changes start once this folder holds two numbered files: opened below when the
+    # snapshot is complete (a widening during the snapshot is another case: test_widening_during_the_snapshot).
+    gate = tmp_path / "ddl-gate"
+    gate.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_writer), str(gate)])
+    try:
+        log1 = tmp_path / "run1.log"
+        run1 = start(command(with_password(pg_url), tmp_path), log1)
+        wait_for("3 committed epochs", lambda: spark_commits(spark_cp) >= 3, run1, log1)
+        stop = subprocess.run([*flinkish(), "stop", str(tmp_path / "meta")], capture_output=True, text=True, timeout=300)
+        assert stop.returncode == 0, stop.stdout + stop.stderr  # a stop without drain: resumable
+        rc, out = ended(run1, log1)
+        assert rc == 0 and "flinkish mirror: stopped (flinkish stop, no drain)" in out, out[-4000:]
+        assert slots_and_publications(pg_url) == (1, ["flinkish_mirror"])  # kept for the restart
+
+        log2 = tmp_path / "run2.log"
+        run2 = start(command(with_password(pg_url), tmp_path), log2)  # the same command
+        before = spark_commits(spark_cp)
+        wait_for("the snapshot's end", lambda: "tables snapshotted 4/4" in log2.read_text(), run2, log2)
+        (gate / "0").touch()
+        (gate / "1").touch()
+        # The writer's schema changes and the new table happen 2 s apart from now: give them time.
+        wait_for("12 more epochs", lambda: spark_commits(spark_cp) >= before + 14, run2, log2)
+        stop_writer.touch()
+        writer.wait(timeout=60)
+        run2.send_signal(signal.SIGTERM)
+        rc, out = ended(run2, log2)
+        assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
+        assert "epoch " in out and "tables snapshotted" in out  # plain progress lines (stdout is not a terminal)
+        assert SECRET not in log1.read_text() + out
+    finally:
+        stop_writer.touch()
+        writer.wait(timeout=60)
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, TABLES)
+    assert "extra" in schemas["public.m_a"].names
+    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
+    assert sorted(os.listdir(tmp_path / "lake" / "public")) == ["m_a", "m_b", "m_c", "m_drop", "m_new"]  # never 'other'
+    assert slots_and_publications(pg_url) == (0, [])
+    assert files_holding(tmp_path / "meta", SECRET) == [] and files_holding(tmp_path / "lake", SECRET) == []
+
+    log3 = tmp_path / "run3.log"  # the same command once more: a drained mirror is finished for good
+    rc, out = ended(start(command(pg_url, tmp_path), log3), log3)
+    assert rc == 0 and "this mirror was drained before" in out, out[-3000:]
+    assert slots_and_publications(pg_url) == (0, [])  # nothing created again
+
+
+def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    log = tmp_path / "run.log"
+    rc, out = ended(start(command(pg_url, tmp_path, "--stop-after-snapshot"), log), log)
+    assert rc == 0 and "flinkish mirror: finished" in out, out[-4000:]
+    assert "tables snapshotted 4/4" in out, out[-4000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
+    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
+    assert slots_and_publications(pg_url) == (0, [])
+
+
+def test_ctrl_c_twice_in_a_terminal_exits_at_once_and_the_same_command_recovers(pg_url: str, tmp_path: Path) -> None:
+    """Ctrl-C reaches the terminal's foreground process group: here the command's group (its own session, as a
+    shell gives it); Spark's processes are in another one and never see it. Twice: exit 130 at once."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    spark_cp = str(tmp_path / "meta" / "spark")
+    log = tmp_path / "run1.log"
+    run = subprocess.Popen(command(pg_url, tmp_path), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    wait_for("the first epoch", lambda: spark_commits(spark_cp) >= 1, run, log)
+    os.killpg(run.pid, signal.SIGINT)
+    time.sleep(0.3)
+    os.killpg(run.pid, signal.SIGINT)
+    rc, out = ended(run, log)
+    assert rc == 130 and "flinkish mirror: stopped at once" in out, out[-3000:]
+    # The Python workers never got the SIGINT (Spark's own shutdown of the cancelled batch may still log).
+    assert "KeyboardInterrupt" not in out, out[-3000:]
+
+    log2 = tmp_path / "run2.log"
+    run2 = start(command(pg_url, tmp_path), log2)
+    # The first Ctrl-C asked for a drain: if its final epoch was planned before the second one, the restart
+    # completes it and ends by itself; otherwise the mirror goes on until it is drained now.
+    deadline = time.time() + 300
+    while run2.poll() is None and "tables snapshotted 4/4" not in log2.read_text():
+        assert time.time() < deadline, log2.read_text()[-3000:]
+        time.sleep(0.5)
+    if run2.poll() is None:
+        run2.send_signal(signal.SIGTERM)
+    rc, out = ended(run2, log2)
+    assert rc == 0 and ("flinkish mirror: drained" in out or "flinkish mirror: finished" in out), out[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
+    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
+    assert slots_and_publications(pg_url) == (0, [])
+
+
+@pytest.mark.xfail(strict=True, reason="defect of the routing sinks (branch mirror-sinks): a column widened while its "
+                   "table's snapshot is read -- the chunk brings the new type to the target, then the change stream "
+                   "replays the older changes under the old, narrower type, which the sink refuses as a narrowing "
+                   "(SchemaChangeError) although the rows fit")
+def test_widening_during_the_snapshot(pg_url: str, tmp_path: Path) -> None:
+    """``numeric(12,2) -> numeric(14,2)`` after the slot exists and before the table's chunk is read: the mirror
+    must go on (the older changes fit the wider column) and end equal to the source."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_big (id int PRIMARY KEY, v text);"
+                     "INSERT INTO m_big SELECT g, 'b' || g FROM generate_series(1, 3000) g;"
+                     "CREATE TABLE m_z (id int PRIMARY KEY, amount numeric(12,2));"
+                     "INSERT INTO m_z SELECT g, g / 3.0 FROM generate_series(1, 10) g;")
+    spark_cp = str(tmp_path / "meta" / "spark")
+    log = tmp_path / "run.log"
+    # One 500-row chunk per epoch: m_big's six chunks (tid 0) come before m_z's (tid 1).
+    cmd = command(pg_url, tmp_path)
+    cmd[cmd.index("maxRowsPerTrigger=2000")] = "maxRowsPerTrigger=500"
+    run = start(cmd, log)
+    wait_for("the first epoch", lambda: spark_commits(spark_cp) >= 1, run, log)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE m_z SET amount = amount + 1 WHERE id = 1")  # a change under numeric(12,2) ...
+        for i in range(1, 1201):  # ... then more transactions than one epoch takes (maxRowsPerTrigger=500) ...
+            conn.execute("UPDATE m_big SET v = v || '+' WHERE id = %s", (i,))
+        conn.execute("ALTER TABLE m_z ALTER COLUMN amount TYPE numeric(14,2)")  # ... so the first change epoch has m_z's old schema only
+        conn.execute("UPDATE m_z SET amount = 123456789012.5 WHERE id = 2")  # needs (14,2)
+    wait_for("the changes", lambda: re.search(r"\(changes [1-9]", log.read_text()) is not None, run, log)
+    run.send_signal(signal.SIGTERM)
+    rc, out = ended(run, log)
+    assert rc == 0 and "flinkish mirror: drained" in out, out[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.m_big", "public.m_z"])
+    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
