@@ -24,7 +24,8 @@ from typing import Callable
 import psycopg
 import pytest
 
-from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, spark_commits, table_states
+from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
 pytestmark = pytest.mark.slow
@@ -87,7 +88,7 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
     try:
         log1 = tmp_path / "run1.log"
         run1 = start(command(with_password(pg_url), tmp_path), log1)
-        wait_for("3 committed epochs", lambda: spark_commits(spark_cp) >= 3, run1, log1)
+        wait_for("3 committed epochs", lambda: len(committed_batches(spark_cp)) >= 3, run1, log1)
         stop = subprocess.run([*flinkish(), "stop", str(tmp_path / "meta")], capture_output=True, text=True, timeout=300)
         assert stop.returncode == 0, stop.stdout + stop.stderr  # a stop without drain: resumable
         rc, out = ended(run1, log1)
@@ -96,12 +97,12 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
 
         log2 = tmp_path / "run2.log"
         run2 = start(command(with_password(pg_url), tmp_path), log2)  # the same command
-        before = spark_commits(spark_cp)
+        before = len(committed_batches(spark_cp))
         wait_for("the snapshot's end", lambda: "tables snapshotted 4/4" in log2.read_text(), run2, log2)
         (gate / "0").touch()
         (gate / "1").touch()
         # The writer's schema changes and the new table happen 2 s apart from now: give them time.
-        wait_for("12 more epochs", lambda: spark_commits(spark_cp) >= before + 14, run2, log2)
+        wait_for("12 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 14, run2, log2)
         stop_writer.touch()
         writer.wait(timeout=60)
         run2.send_signal(signal.SIGTERM)
@@ -149,7 +150,7 @@ def test_ctrl_c_twice_in_a_terminal_exits_at_once_and_the_same_command_recovers(
     log = tmp_path / "run1.log"
     run = subprocess.Popen(command(pg_url, tmp_path), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                            start_new_session=True)
-    wait_for("the first epoch", lambda: spark_commits(spark_cp) >= 1, run, log)
+    wait_for("the first epoch", lambda: len(committed_batches(spark_cp)) >= 1, run, log)
     os.killpg(run.pid, signal.SIGINT)
     time.sleep(0.3)
     os.killpg(run.pid, signal.SIGINT)
@@ -194,7 +195,7 @@ def test_widening_during_the_snapshot(pg_url: str, tmp_path: Path) -> None:
     cmd = command(pg_url, tmp_path)
     cmd[cmd.index("maxRowsPerTrigger=2000")] = "maxRowsPerTrigger=500"
     run = start(cmd, log)
-    wait_for("the first epoch", lambda: spark_commits(spark_cp) >= 1, run, log)
+    wait_for("the first epoch", lambda: len(committed_batches(spark_cp)) >= 1, run, log)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("UPDATE m_z SET amount = amount + 1 WHERE id = 1")  # a change under numeric(12,2) ...
         for i in range(1, 1201):  # ... then more transactions than one epoch takes (maxRowsPerTrigger=500) ...
