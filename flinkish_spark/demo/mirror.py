@@ -171,7 +171,7 @@ def run(workdir: str) -> int:
                       + ", ".join(f"{t} ({n} rows)" for t, n in counts.items()) + ", a primary key each")
 
         stop_writer = os.path.join(workdir, "stop-writer")
-        writer = subprocess.Popen([sys.executable, "-m", "flinkish_spark.demo.shop", url, stop_writer],
+        writer = subprocess.Popen([sys.executable, "-m", "flinkish_spark.demo.shop", "writer", url, stop_writer],
                                   stdout=subprocess.PIPE, text=True)
 
         def end_writer() -> None:

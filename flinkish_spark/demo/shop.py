@@ -3,9 +3,11 @@
 * :data:`SETUP` -- ``customers``, ``products`` and ``orders``, a primary key each, a few thousand rows;
 * :func:`add_column` / :func:`create_table` -- what the demo does while the mirror runs: ``ALTER TABLE
   customers ADD COLUMN tier`` and a new table ``reviews`` (which matches ``public.*``);
-* the writer (``python -m flinkish_spark.demo.shop URL STOP_FILE``): small transactions of inserts, updates
-  and deletes on every table until ``STOP_FILE`` exists -- once the column and the new table exist it writes
-  them too -- then prints what it did (:data:`COUNTS_PREFIX`) and exits.
+* the writer (:class:`Writer`; the demo runs ``python -m flinkish_spark.demo.shop writer URL STOP_FILE``):
+  small transactions of inserts, updates and deletes on every table until ``STOP_FILE`` exists -- once the
+  column and the new table exist it writes them too -- then prints what it did (:data:`COUNTS_PREFIX`);
+* ``python -m flinkish_spark.demo.shop [serve --port N]``: the database and its writer on their own until
+  Ctrl-C, to try ``flinkish mirror`` on from another shell (README, "Quick start").
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import random
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 #: The tables the demo starts with (the writer also changes the one :func:`create_table` adds).
 TABLES = ("public.customers", "public.products", "public.orders")
@@ -138,19 +140,66 @@ class Writer:
         self.counts["transactions"] += 1
 
 
-def main(argv: list[str]) -> int:
-    """``python -m flinkish_spark.demo.shop URL STOP_FILE [PAUSE_S]``: write until STOP_FILE exists."""
+def write(url: str, stop: Callable[[], bool], pause: float = 0.01) -> dict[str, int]:
+    """Run a :class:`Writer` on the database at ``url`` until ``stop()``; what it did."""
     import psycopg
 
-    url, stop_file = argv[0], argv[1]
-    pause = float(argv[2]) if len(argv) > 2 else 0.01
     with psycopg.connect(url, autocommit=True) as conn:
         writer = Writer(conn)
-        while not os.path.exists(stop_file):
+        while not stop():
             writer.step()
             time.sleep(pause)
-    print(COUNTS_PREFIX + json.dumps(writer.counts), flush=True)
+    return writer.counts
+
+
+def serve(port: int | None, pause: float) -> int:
+    """The shop database on an embedded PostgreSQL with its writer, until Ctrl-C or SIGTERM: a source to try
+    ``flinkish mirror`` on from another shell (the README's example)."""
+    import signal
+
+    import psycopg
+
+    from flinkish_spark.embedded.postgres import temporary_postgres
+
+    stopping: list[int] = []
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda signum, frame: stopping.append(signum))
+    with temporary_postgres("flinkish-shop-", port=port) as pg:
+        with psycopg.connect(pg.uri, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE shop")
+        url = pg.uri_for("shop")
+        with psycopg.connect(url, autocommit=True) as conn:
+            counts = setup(conn)
+        print(f"shop database (embedded PostgreSQL {pg.version}): {url}\n  "
+              + ", ".join(f"{t} {n} rows" for t, n in counts.items())
+              + "; a writer changes them until Ctrl-C (which also stops the server and deletes its data).\n"
+              "Mirror it into local Delta tables from another shell (Ctrl-C there stops the mirror with drain):\n"
+              f"  flinkish mirror --from {url} --tables 'public.*' --to ./lake --checkpoint ./mirror-meta",
+              flush=True)
+        done = write(url, lambda: bool(stopping), pause)
+        print(f"writer: {done['transactions']} transactions; server stopped", flush=True)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """``python -m flinkish_spark.demo.shop [--port N]``: :func:`serve`. ``... writer URL STOP_FILE``: write
+    until STOP_FILE exists, then print :data:`COUNTS_PREFIX` and the counts (the demo's writer process)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flinkish_spark.demo.shop", description=__doc__.split("\n")[0])
+    parser.add_argument("--pause", type=float, default=0.01, help="seconds between the writer's transactions")
+    sub = parser.add_subparsers(dest="mode")
+    s = sub.add_parser("serve", help="the shop database and its writer until Ctrl-C (the default)")
+    s.add_argument("--port", type=int, help="the server's TCP port on 127.0.0.1 (default: a free one)")
+    w = sub.add_parser("writer", help="the writer on an existing shop database, until STOP_FILE exists")
+    w.add_argument("url")
+    w.add_argument("stop_file")
+    args = parser.parse_args(argv)
+    if args.mode == "writer":
+        counts = write(args.url, lambda: os.path.exists(args.stop_file), args.pause)
+        print(COUNTS_PREFIX + json.dumps(counts), flush=True)
+        return 0
+    return serve(getattr(args, "port", None), args.pause)
 
 
 if __name__ == "__main__":
