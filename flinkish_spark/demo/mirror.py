@@ -162,11 +162,7 @@ def run(workdir: str) -> int:
         return 1
 
     with temporary_postgres("flinkish-demo-postgres-") as pg, contextlib.ExitStack() as cleanup:
-        with psycopg.connect(pg.uri, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE shop")
-        url = pg.uri_for("shop")
-        with psycopg.connect(url, autocommit=True) as conn:
-            counts = shop.setup(conn)
+        url, counts = shop.create_database(pg)
         console.print(f"[bold]1.[/] embedded PostgreSQL {pg.version} at {url}: "
                       + ", ".join(f"{t} ({n} rows)" for t, n in counts.items()) + ", a primary key each")
 

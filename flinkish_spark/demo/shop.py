@@ -50,6 +50,17 @@ def setup(conn: Any) -> dict[str, int]:
     return row_counts(conn, TABLES)
 
 
+def create_database(pg: Any) -> tuple[str, dict[str, int]]:
+    """The database ``shop`` with its tables on the embedded server ``pg``: its URL and rows per table."""
+    import psycopg
+
+    with psycopg.connect(pg.uri, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE shop")
+    url = str(pg.uri_for("shop"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        return url, setup(conn)
+
+
 def row_counts(conn: Any, tables: tuple[str, ...]) -> dict[str, int]:
     out = {}
     for t in tables:
@@ -157,19 +168,13 @@ def serve(port: int | None, pause: float) -> int:
     ``flinkish mirror`` on from another shell (the README's example)."""
     import signal
 
-    import psycopg
-
     from flinkish_spark.embedded.postgres import temporary_postgres
 
     stopping: list[int] = []
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda signum, frame: stopping.append(signum))
     with temporary_postgres("flinkish-shop-", port=port) as pg:
-        with psycopg.connect(pg.uri, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE shop")
-        url = pg.uri_for("shop")
-        with psycopg.connect(url, autocommit=True) as conn:
-            counts = setup(conn)
+        url, counts = create_database(pg)
         print(f"shop database (embedded PostgreSQL {pg.version}): {url}\n  "
               + ", ".join(f"{t} {n} rows" for t, n in counts.items())
               + "; a writer changes them until Ctrl-C (which also stops the server and deletes its data).\n"
