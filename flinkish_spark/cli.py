@@ -1,8 +1,9 @@
 """The ``flinkish`` command: ``mirror`` (a PostgreSQL database into one Delta / Iceberg / PostgreSQL
-target per table, see :mod:`flinkish_spark.mirror`), ``demo`` (a real pipeline on local Spark and a local S3 server),
-``inspect`` (what a checkpoint metadata root says, as a table or JSON), ``stop`` (stop a
-running query at an epoch boundary, with or without drain, from any process) and
-``orphans`` (staged sink output that a crash left behind)."""
+target per table, see :mod:`flinkish_spark.mirror`), ``demo`` (a real pipeline killed with SIGKILL
+mid-commit, restarted and checked -- by default ``flinkish mirror`` of an embedded PostgreSQL into
+local Delta tables, see :mod:`flinkish_spark.demo`), ``inspect`` (what a checkpoint metadata root
+says, as a table or JSON), ``stop`` (stop a running query at an epoch boundary, with or without
+drain, from any process) and ``orphans`` (staged sink output that a crash left behind)."""
 
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ def _mirror(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from flinkish_spark.demo import run_demo
 
-    return run_demo(args.workdir, remote=args.remote)
+    return run_demo(args.workdir, remote=args.remote, pipeline=args.pipeline)
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:
@@ -214,10 +215,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_mirror_parser(sub).set_defaults(func=_mirror)
 
-    d = sub.add_parser("demo", help="run a real pipeline on local Spark and a local S3 server")
+    d = sub.add_parser("demo", help="run a real pipeline, kill -9 it mid-commit, restart it and check the result "
+                       "(default: flinkish mirror of an embedded PostgreSQL into local Delta tables)")
+    d.add_argument("--pipeline", choices=("mirror", "files"),
+                   help="mirror (default): flinkish mirror of a changing PostgreSQL database into local Delta tables; "
+                        "files: files on a local S3 server into the two-phase-commit Parquet sink")
     d.add_argument("--workdir", default="demo-output", help="where the demo writes (default ./demo-output)")
     d.add_argument("--remote", action="store_true",
-                   help="run the pipeline through Spark Connect: a local Connect server in its own process, killed in step 2")
+                   help="the files demo through Spark Connect: a local Connect server in its own process, killed in "
+                        "step 2 (implies --pipeline files)")
     d.set_defaults(func=_demo)
 
     j = sub.add_parser("jvm-archive", help="build the class archive that makes local Spark drivers of this interpreter start faster (once per Java and Spark; ~1 min)")

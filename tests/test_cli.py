@@ -1,8 +1,9 @@
-"""The flinkish command as a user runs it: inspect (local and S3) and the demo."""
+"""The flinkish command as a user runs it: inspect (local and S3) and the demos (mirror, the default, and files)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,9 +59,11 @@ def test_inspect_missing_root_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
 def test_demo_runs_and_reports_exactly_once(tmp_path: Path, remote: bool) -> None:
-    # --remote: the pipeline runs in a Spark Connect server of its own process, whose kill -9 is step 2.
+    """The files demo (``--pipeline files``). --remote: the pipeline runs in a Spark Connect server of its own
+    process, whose kill -9 is step 2."""
     out = subprocess.run(
-        [sys.executable, "-m", "flinkish_spark.cli", "demo", "--workdir", str(tmp_path / "demo"), *(["--remote"] if remote else [])],
+        [sys.executable, "-m", "flinkish_spark.cli", "demo", "--pipeline", "files", "--workdir", str(tmp_path / "demo"),
+         *(["--remote"] if remote else [])],
         capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -69,6 +72,32 @@ def test_demo_runs_and_reports_exactly_once(tmp_path: Path, remote: bool) -> Non
     assert "holds 5000 rows, 5000 distinct" in text
     assert "the query ended by itself (finished)" in text
     assert "demo OK: 5000 rows exactly once despite kill -9 mid-commit" in text
+
+
+@pytest.mark.slow
+def test_mirror_demo_survives_a_kill_mid_commit_a_new_column_and_a_new_table_and_ends_equal(tmp_path: Path) -> None:
+    """The default demo: flinkish mirror of the embedded shop database into local Delta tables."""
+    import deltalake
+
+    workdir = tmp_path / "demo"
+    out = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "demo", "--workdir", str(workdir)],
+                         capture_output=True, text=True, timeout=600)
+    text = " ".join(out.stdout.split())  # the console wraps its lines
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    assert "flinkish mirror exit 137" in text and "its driver was killed by SIGKILL mid-commit" in text, text[-4000:]
+    assert "run the same command again: it continues from the checkpoint" in text  # the command's own words
+    assert "tables snapshotted 4/4" in text and "flinkish mirror: drained" in text
+    for table in ("public.customers", "public.orders", "public.products", "public.reviews"):
+        assert re.search(rf"{table} │ +\d+ │ +\d+ │ OK", text), text[-3000:]
+    assert "demo OK: 4 tables equal to their source" in text
+    customers = deltalake.DeltaTable(str(workdir / "lake" / "public" / "customers"))
+    assert "tier" in [f.name for f in customers.schema().fields]  # the column added while it ran
+
+
+def test_mirror_demo_refuses_remote() -> None:
+    out = flinkish("demo", "--pipeline", "mirror", "--remote")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--remote runs the files demo through Spark Connect" in out.stderr
 
 
 @pytest.mark.s3

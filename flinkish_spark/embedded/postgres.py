@@ -161,15 +161,16 @@ def start_postgres(data_dir: str | os.PathLike[str], port: int | None = None,
 
 @contextlib.contextmanager
 def temporary_postgres(prefix: str = "flinkish-postgres-", settings: dict[str, str] | None = None,
-                       bin_dir: str | os.PathLike[str] | None = None) -> Iterator[EmbeddedPostgres]:
-    """A server in a fresh temporary folder, stopped and removed on exit (tests, benchmarks).
+                       bin_dir: str | os.PathLike[str] | None = None, port: int | None = None) -> Iterator[EmbeddedPostgres]:
+    """A server in a fresh temporary folder, stopped and removed on exit (tests, benchmarks, the demo);
+    on ``port`` (default: a free one).
 
     The folder is made with :func:`tempfile.mkdtemp`, not below pytest's ``basetemp``: the server
     runs as its own user and must traverse the folders above its data, and each pytest session
     that starts on the machine resets ``/tmp/pytest-of-<user>`` to mode 0700.
     """
     home = tempfile.mkdtemp(prefix=prefix)
-    server = start_postgres(os.path.join(home, "data"), settings=settings, bin_dir=bin_dir)
+    server = start_postgres(os.path.join(home, "data"), port=port, settings=settings, bin_dir=bin_dir)
     try:
         yield server
     finally:

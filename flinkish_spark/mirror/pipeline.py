@@ -22,7 +22,9 @@ again reports that and ends. A second signal exits at once (``query.stop()``: th
 is abandoned, nothing of it is visible; exit 130); the next start of the same command recovers
 exactly once -- and completes the drain if its final epoch was already planned. A stop *without*
 drain that keeps the mirror resumable is ``flinkish stop CHECKPOINT`` from another shell (exit 0),
-or killing the process. With ``--stop-after-snapshot`` the source reads the snapshot only
+or killing the process. A pipeline process killed by a signal (``kill -9``, a crash point, the
+out-of-memory killer) makes the command exit 128 + the signal (137) with a line saying that the same
+command continues from the checkpoint. With ``--stop-after-snapshot`` the source reads the snapshot only
 (``startup=snapshot``) and the query ends by itself once its last epoch is committed (exit 0).
 """
 
@@ -38,7 +40,8 @@ from typing import Any
 from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
 from flinkish_spark.mirror.progress import OBSERVED
 
-#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 130 stopped at once.
+#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 130 stopped at once;
+#: 128 + N when the pipeline process was killed by signal N (137: SIGKILL -- kill -9, a crash, out of memory).
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
 
 
@@ -82,16 +85,41 @@ def supervise(config: MirrorConfig) -> int:
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         assert child.stdin is not None
-        child.stdin.write(config.to_json().encode())
-        child.stdin.close()
+        try:
+            child.stdin.write(config.to_json().encode())
+            child.stdin.close()
+        except BrokenPipeError:  # it died before reading its configuration: its exit says how
+            pass
         while True:
             try:
-                return child.wait()
+                rc = child.wait()
+                break
             except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
                 continue
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    return rc if rc >= 0 else _killed(child.pid, -rc, by_us=signals > 2)
+
+
+def _killed(pgid: int, signum: int, by_us: bool) -> int:
+    """The pipeline process ended by signal ``signum``: end what is left of its process group (the JVM and
+    Python workers of a driver whose Python process alone was killed would hold the replication slot), say so,
+    and return the shell's exit code for it (128 + signal: 137 for SIGKILL)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    what = ("the pipeline did not end after the third signal and was killed" if by_us else
+            f"the pipeline's driver was killed ({name}: kill -9, a crash, or the out-of-memory killer)")
+    print(f"flinkish mirror: {what}; nothing committed is lost (the running epoch is not visible); run the "
+          "same command again: it continues from the checkpoint (the last committed epoch), exactly once",
+          file=sys.stderr, flush=True)
+    return 128 + signum
 
 
 def _observe(df: Any) -> Any:
@@ -247,7 +275,17 @@ def _report_failure(config: MirrorConfig, exc: Any) -> None:
           file=sys.stderr, flush=True)
 
 
+def arm_crash_points() -> None:
+    """Let a crash point (:mod:`flinkish_spark.faults`, armed only by ``FLINKISH_CRASH_AT``) kill the whole
+    driver -- this process, the JVM and its Python workers: the process group :func:`supervise` started it
+    in -- as ``kill -9`` of the driver would; the demo and crash tests use it. Inert without the variable."""
+    from flinkish_spark.faults import ENV_PGID
+
+    os.environ[ENV_PGID] = str(os.getpgrp())
+
+
 def main() -> int:
+    arm_crash_points()  # before Spark starts: the JVM and its workers inherit the environment
     config = MirrorConfig.from_json(sys.stdin.read(), os.environ.get(SOURCE_PASSWORD_ENV),
                                     os.environ.get(SINK_PASSWORD_ENV))
     return run(config)

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
-from flinkish_spark.connectors.postgres.rows import TableSchema, row_sql
+from flinkish_spark.connectors.postgres.rows import TableSchema
+from flinkish_spark.mirror.compare import compare_rows, delta_storage, delta_target_of, read_delta, rows_by_key, source_rows
 from flinkish_spark.testing.spark_log import committed_batches
 
 State = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
@@ -147,21 +148,14 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
 
 
 def table_states(conn: Any, tables: Iterable[str]) -> tuple[State, dict[str, TableSchema]]:
-    """The server's ``tables`` (``schema.table``) as JSON rows by key, and their schemas, over a psycopg connection."""
-    from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
-    from flinkish_spark.connectors.postgres.source.catalog import load_table_schema, psycopg_query, table_oid
-    from flinkish_spark.connectors.postgres.connection import qualified as quoted
-
-    for k, v in SESSION_SETTINGS.items():
-        conn.execute(f"SET {k} = '{v}'")
+    """The server's ``tables`` (``schema.table``) as JSON rows by key, and their schemas, over a psycopg connection
+    (read as :func:`flinkish_spark.mirror.compare.source_rows` reads them)."""
     state: State = {}
     schemas: dict[str, TableSchema] = {}
     for table in tables:
-        sql_name = quoted(*table.split(".", 1))
-        schema = load_table_schema(psycopg_query(conn), table_oid(conn, sql_name, "table_states"))
-        assert schema is not None
+        schema, texts = source_rows(conn, table)
         schemas[table] = schema
-        rows = [json.loads(r[0]) for r in conn.execute(f"SELECT {row_sql(schema)} FROM {sql_name}").fetchall()]
+        rows = [json.loads(t) for t in texts]
         state[table] = {_key(r, schema.key): r for r in rows}
     return state, schemas
 
@@ -185,41 +179,31 @@ def differences(replayed: State, source: State, schemas: dict[str, TableSchema])
 def target_differences(read: Callable[[str], Any], source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
     """Per source table, what differs between its routed target (``read(table)``: its rows as an Arrow table
     as a reader of the format sees them, None when there is no target) and the server's rows decoded to the
-    stream's Arrow types."""
+    stream's Arrow types (:func:`flinkish_spark.mirror.compare.compare_rows`); empty when every target is equal."""
     from flinkish_spark.connectors.postgres.rows import decode_rows
-
-    def by_key(rows: list[dict[str, Any]], key: Iterable[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-        return {tuple(repr(r[k]) for k in key): r for r in rows}
 
     out: dict[str, Any] = {}
     for table, rows in source.items():
         schema = schemas[table]
-        theirs = by_key(decode_rows([json.dumps(r) for r in rows.values()], schema).to_pylist(), schema.key)
+        theirs = decode_rows([json.dumps(r) for r in rows.values()], schema)
         target = read(table)
+        result = compare_rows(table, schema, theirs, target)
         if target is None:
             out[table] = "no target"
-            continue
-        mine = by_key(target.select(list(schema.names)).to_pylist(), schema.key)
-        if mine != theirs:
-            wrong = [(k, mine[k], theirs[k]) for k in theirs if k in mine and mine[k] != theirs[k]]
-            out[table] = {"missing": [k for k in theirs if k not in mine][:5], "extra": [k for k in mine if k not in theirs][:5],
-                          "wrong": wrong[:3], "counts": (len(mine), len(theirs))}
+        elif not result.equal:
+            mine, wanted = rows_by_key(target, schema), rows_by_key(theirs, schema)
+            out[table] = {"missing": result.missing[:5], "extra": result.extra[:5],
+                          "wrong": [(k, mine[k], wanted[k]) for k in result.different[:3]],
+                          "counts": (result.target_rows, result.source_rows)}
     return out
 
 
-def delta_differences(root: str, source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
+def delta_differences(root: str, source: State, schemas: dict[str, TableSchema],
+                      options: dict[str, str] | None = None) -> dict[str, Any]:
     """:func:`target_differences` of the routed Delta targets ``root/<schema>/<table>`` (delta-rs's scan,
-    deletion vectors applied)."""
-    import deltalake
-    import pyarrow as pa
-
-    def read(table: str) -> Any:
-        try:
-            return pa.table(deltalake.DeltaTable(os.path.join(root, *table.split(".", 1))).scan())
-        except deltalake.exceptions.TableNotFoundError:
-            return None
-
-    return target_differences(read, source, schemas)
+    deletion vectors applied); ``options``: the sink's storage options for an ``s3://`` root (``endpointUrl``)."""
+    storage = delta_storage(root, options)
+    return target_differences(lambda table: read_delta(delta_target_of(root, table), storage), source, schemas)
 
 
 def slots_and_publications(url: str) -> tuple[int, list[str]]:

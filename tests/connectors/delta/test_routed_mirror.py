@@ -1,5 +1,6 @@
-"""``tables = 'public.m_*'`` mirrored into one Delta table per source table (``path = .../{schema}/{table}``)
-through kill -9, schema changes, a new and a dropped table, and a drain.
+"""``tables = 'public.m_*'`` mirrored into one Delta table per source table on S3 (moto:
+``path = s3://test/lake/{schema}/{table}``, the metadata checkpoint on S3 too) through kill -9,
+schema changes, a new and a dropped table, and a drain.
 
 The workload of tests/connectors/postgres/test_source_tables_mirror.py (flinkish_spark.testing.mirror:
 a writer changing every table; after two epochs ``ADD COLUMN`` on m_a, ``numeric(12,2) ->
@@ -17,22 +18,25 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from flinkish_spark.mirror.compare import delta_storage
 from flinkish_spark.testing.mirror import delta_differences, run_workload, slots_and_publications, table_states
 
 deltalake = pytest.importorskip("deltalake")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 KILLS = 2
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
+LAKE = "s3://test/lake"
+META = "s3://test/meta"
 
 
-def spec(tmp_path: Path, url: str, **extra: object) -> dict:
+def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
     return {
         "source": {"format": "flinkish.postgres", "options": {
-            "uid": "mirror", "checkpoint": str(tmp_path / "meta"), "url": url, "tables": "public.m_*",
+            "uid": "mirror", "checkpoint": META, "endpointUrl": endpoint, "url": url, "tables": "public.m_*",
             "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1}},
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
-            "uid": "lake", "checkpoint": str(tmp_path / "meta"), "path": str(tmp_path / "lake" / "{schema}" / "{table}")}},
+            "uid": "lake", "checkpoint": META, "endpointUrl": endpoint, "path": LAKE + "/{schema}/{table}"}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -40,18 +44,21 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
     }
 
 
-def test_pattern_mirror_into_routed_delta_through_kills_schema_changes_and_new_tables(pg_url, run_pipeline,
+def test_pattern_mirror_into_routed_delta_through_kills_schema_changes_and_new_tables(pg_url, run_pipeline, s3_proc: str,
                                                                                       tmp_path: Path) -> None:
-    run_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, **extra), pg_url, str(tmp_path / "cp"),
+    import s3fs
+
+    run_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, s3_proc, **extra), pg_url, str(tmp_path / "cp"),
                  str(tmp_path), KILLS, SEED)
 
     tables = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, tables)
     assert "extra" in schemas["public.m_a"].names
-    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
-    assert sorted(os.listdir(tmp_path / "lake" / "public")) == ["m_a", "m_b", "m_c", "m_drop", "m_new"]  # never 'other'
-    m_c = deltalake.DeltaTable(str(tmp_path / "lake" / "public" / "m_c"))
+    assert delta_differences(LAKE, source, schemas, {"endpointUrl": s3_proc}) == {}
+    targets = s3fs.S3FileSystem(endpoint_url=s3_proc).ls("test/lake/public", refresh=True)
+    assert sorted(p.rsplit("/", 1)[-1] for p in targets) == ["m_a", "m_b", "m_c", "m_drop", "m_new"]  # never 'other'
+    m_c = deltalake.DeltaTable(LAKE + "/public/m_c", storage_options=delta_storage(LAKE, {"endpointUrl": s3_proc}))
     amount = {f.name: f for f in m_c.schema().fields}["amount"]
     assert str(amount.type) == 'PrimitiveType("decimal(14,2)")'  # widened in place
     assert slots_and_publications(pg_url) == (0, [])

@@ -1,4 +1,4 @@
-"""The demo behind ``flinkish demo``: a file pipeline on local Spark and a local S3 server,
+"""``flinkish demo --pipeline files``: a file pipeline on local Spark and a local S3 server,
 killed with SIGKILL in the middle of a commit, restarted, and checked for exactly-once output.
 
 1. starts moto's S3 server on 127.0.0.1 and drops five Parquet files into s3://demo/input/;
@@ -36,7 +36,7 @@ FILES = 5
 ROWS_PER_FILE = 1_000
 
 
-def run_demo(workdir: str, remote: bool = False) -> int:
+def run(workdir: str, remote: bool = False) -> int:
     import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
