@@ -2,8 +2,12 @@
 
 A tiny bounded query (flinkish.sequence, 200 rows, one epoch, Trigger.AvailableNow) into
 ``flinkish.parquet``, into ``foreachBatch(files_sink(...))`` and into an unprotected
-``foreachBatch`` that writes nothing, on a Classic session and on a Connect session of a
-local Connect server in a process of its own (``local[2]``, started like the Classic driver).
+``foreachBatch`` that writes nothing, on a Classic session and on two Connect sessions of a
+local Connect server in a process of its own (``local[2]``, started like the Classic driver):
+"Connect" as ``flinkish_spark.session(remote="local[N]")`` sets it up (its streaming queries
+share the server's Python daemons), "Connect, isolated" with Spark's default per-query artifact
+isolation (each streaming query starts its own daemons on the server: see
+``flinkish_spark.embedded.connect.ARTIFACT_ISOLATION``).
 Per run: ``start()`` (the call returns), start to ``await_finished`` returned (the whole
 query), and of that the final checkpoint notification (the finish controller's
 ``notify_all``: a call in the driver on Classic, a one-task Spark job on the server under
@@ -35,7 +39,7 @@ def main() -> None:
     import flinkish_spark.finish.controller as controller
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    from flinkish_spark.embedded.connect import start_connect_server
+    from flinkish_spark.embedded.connect import ARTIFACT_ISOLATION, start_connect_server
 
     notify_s: list[float] = []
     real_notify = controller.notify_all
@@ -50,8 +54,10 @@ def main() -> None:
     classic.sparkContext.setLogLevel("ERROR")
     server = start_connect_server("local[2]")
     try:
-        remote = ConnectSession.builder.remote(server.url).getOrCreate()
+        remote = ConnectSession.builder.remote(server.url).config(ARTIFACT_ISOLATION, "false").getOrCreate()
         flinkish_spark.register(remote)
+        isolated = ConnectSession.builder.remote(server.url).create()
+        flinkish_spark.register(isolated)
         work = tempfile.mkdtemp(prefix="flinkish-bench-")
 
         def run(spark: Any, sink: str, tag: str) -> tuple[float, float, float]:
@@ -75,7 +81,7 @@ def main() -> None:
             shutil.rmtree(base)
             return t1 - t0, t2 - t0, sum(notify_s)
 
-        sessions = {"Classic": classic, "Connect": remote}
+        sessions = {"Classic": classic, "Connect": remote, "Connect, isolated": isolated}
         sinks = ("flinkish.parquet", "files_sink", "foreachBatch (no-op)")
         for name, spark in sessions.items():  # warm-up
             for sink in sinks:
@@ -86,6 +92,7 @@ def main() -> None:
                 for name, spark in sessions.items():
                     got[f"{sink} ({name})"].append(run(spark, sink, f"r{i}-{name}-{sink}"))
         shutil.rmtree(work, ignore_errors=True)
+        isolated.stop()
         remote.stop()  # before its server: see sink_end_to_end.py
     finally:
         server.stop()

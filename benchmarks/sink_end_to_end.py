@@ -13,12 +13,15 @@ local[2], local disk:
   Spark Connect: a local Connect server
   (``local[2]``, in a process of its own, started like the Classic driver) runs them, this
   process is their client; the table reports each one's ratio to its Classic row, in total and
-  for the epochs after the first alone. The difference is mostly in a query's start: Spark
-  Connect runs each streaming query in a cloned session with its own artifact UUID
-  (``SPARK_JOB_ARTIFACT_UUID``), and Spark keys its Python worker daemons by it, so every
-  query starts four new daemons on the server (create_data_source, plan_data_source_read,
-  python_streaming_sink_runner, write_into_data_source: Python, pyspark and flinkish imports each),
-  where a Classic session reuses the warm ones of earlier queries;
+  for the epochs after the first alone. The Connect session is configured as
+  ``flinkish_spark.session(remote="local[N]")`` configures its own: its streaming queries share
+  the server's Python daemons (``spark.sql.artifact.isolation.enabled`` false on the session).
+  With Spark's default (a separate row, "per-query artifact isolation") Spark Connect runs each
+  streaming query in a cloned session with its own artifact UUID (``SPARK_JOB_ARTIFACT_UUID``),
+  and Spark keys its Python worker daemons by it, so every query starts four new daemons on the
+  server (create_data_source, plan_data_source_read, python_streaming_sink_runner,
+  write_into_data_source: Python, pyspark and flinkish imports each) in its first epoch, where a
+  Classic session reuses the warm ones of earlier queries;
 * breakdown rows: flinkish.sequence into Spark's Parquet sink, into a Python sink that
   drops its input (what any Python data source sink costs before writing a byte), and into an
   unprotected ``foreachBatch(lambda df, _: df.write.parquet(...))`` (files_sink without the
@@ -47,8 +50,10 @@ from _common import print_table, write_results  # noqa: E402
 
 EPOCHS = 10
 CONNECT = "(Spark Connect)"
+CONNECT_ISOLATED = "(Spark Connect, per-query artifact isolation)"
 CONNECT_ROWS = (f"flinkish.sequence -> flinkish.parquet {CONNECT}", f"flinkish.sequence -> files_sink (Spark writes, 2PC) {CONNECT}",
-                f"(breakdown) flinkish.sequence -> foreachBatch df.write.parquet (no exactly-once) {CONNECT}")
+                f"(breakdown) flinkish.sequence -> foreachBatch df.write.parquet (no exactly-once) {CONNECT}",
+                f"flinkish.sequence -> flinkish.parquet {CONNECT_ISOLATED}")
 
 
 def noop_sink_class():  # type: ignore[no-untyped-def]
@@ -86,31 +91,36 @@ def main() -> None:
     spark = flinkish_spark.session(app_name="bench-sink-e2e")
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(noop_sink_class())
-    server = remote = None
+    server = remote = remote_isolated = None
     if not only or any(o in name for name in CONNECT_ROWS for o in only):
         from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-        from flinkish_spark.embedded.connect import start_connect_server
+        from flinkish_spark.embedded.connect import ARTIFACT_ISOLATION, start_connect_server
 
         server = start_connect_server("local[2]")
         # Straight from Connect's builder: pyspark's own refuses while this process has a Classic session.
-        remote = ConnectSession.builder.remote(server.url).getOrCreate()
+        # As flinkish_spark.session(remote="local[N]") sets up its session: queries share the server's daemons.
+        remote = ConnectSession.builder.remote(server.url).config(ARTIFACT_ISOLATION, "false").getOrCreate()
         flinkish_spark.register(remote)
+        # Spark's default: every streaming query starts its own Python daemons on the server.
+        remote_isolated = ConnectSession.builder.remote(server.url).create()
+        flinkish_spark.register(remote_isolated)
     results = {}
     try:
         for i, rows in enumerate(int(r) for r in args.rows.split(",")):
-            results[rows] = run_size(spark, remote, rows, args.repeats, warm=i == 0, only=only)
+            results[rows] = run_size(spark, remote, remote_isolated, rows, args.repeats, warm=i == 0, only=only)
     finally:
         if server is not None:
             # The client session first: pyspark's exit handler of a Connect client whose server is
             # gone retries its cleanup call for minutes (this process did not exit for 10+ minutes).
+            remote_isolated.stop()
             remote.stop()
             server.stop()
     print(f"results: {write_results('sink_end_to_end', {'epochs': EPOCHS, 'sizes': results})}")
     spark.stop()
 
 
-def run_size(spark, remote, total_rows: int, repeats: int, warm: bool, only: list[str]) -> dict:  # type: ignore[no-untyped-def]
+def run_size(spark, remote, remote_isolated, total_rows: int, repeats: int, warm: bool, only: list[str]) -> dict:  # type: ignore[no-untyped-def]
     import flinkish_spark
     from pyspark.sql import functions as F
 
@@ -163,8 +173,8 @@ def run_size(spark, remote, total_rows: int, repeats: int, warm: bool, only: lis
         fn = flinkish_spark.files_sink(f"{work}/{tag}/out", uid="out", checkpoint=f"{work}/{tag}/sinkmeta")
         return timed(sequence_df(tag, session).writeStream.foreachBatch(fn), f"{work}/{tag}")
 
-    def connect_sequence(tag: str) -> float:
-        return timed(sequence_df(tag, remote).writeStream.format("flinkish.parquet").option("uid", "out")
+    def connect_sequence(tag: str, session=None) -> float:  # type: ignore[no-untyped-def]
+        return timed(sequence_df(tag, session or remote).writeStream.format("flinkish.parquet").option("uid", "out")
                      .option("path", f"{work}/{tag}/out"), f"{work}/{tag}")
 
     def connect_files_sink(tag: str) -> float:
@@ -220,7 +230,8 @@ def run_size(spark, remote, total_rows: int, repeats: int, warm: bool, only: lis
     }
     if remote is not None:
         pipelines.update(zip(CONNECT_ROWS, (connect_sequence, connect_files_sink,
-                                            lambda tag: sequence_to_unprotected_foreach_batch(tag, remote))))
+                                            lambda tag: sequence_to_unprotected_foreach_batch(tag, remote),
+                                            lambda tag: connect_sequence(tag, remote_isolated))))
     pipelines = {k: v for k, v in pipelines.items() if k == builtin_name or not only or any(o in k for o in only)}
     if warm:
         for name, fn in pipelines.items():  # warm up every code path (JVM classes, Python workers)
@@ -248,13 +259,16 @@ def run_size(spark, remote, total_rows: int, repeats: int, warm: bool, only: lis
     if f"{fs} {CONNECT}" in med and f"{unprotected_name} {CONNECT}" in med:
         print(f"files_sink vs unprotected foreachBatch, both through Spark Connect: "
               f"{med[f'{unprotected_name} {CONNECT}'] / med[f'{fs} {CONNECT}']:.2f}x")
-    vs_classic = {k: med[k.replace(f" {CONNECT}", "")] / med[k] for k in med
-                  if k.endswith(CONNECT) and k.replace(f" {CONNECT}", "") in med}
+    def classic_of(k: str) -> str:
+        return k.replace(f" {CONNECT}", "").replace(f" {CONNECT_ISOLATED}", "")
+
+    vs_classic = {k: med[classic_of(k)] / med[k] for k in med
+                  if (k.endswith(CONNECT) or k.endswith(CONNECT_ISOLATED)) and classic_of(k) in med}
     later = {k: statistics.median(ph.get("laterEpochs", 0) for ph in phases[k]) / 1000 for k in times}
     starts = {k: statistics.median(t - ph.get("laterEpochs", 0) / 1000 for t, ph in zip(times[k], phases[k])) for k in times}
-    vs_classic_later = {k: later[k.replace(f" {CONNECT}", "")] / later[k] for k in vs_classic if later[k]}
+    vs_classic_later = {k: later[classic_of(k)] / later[k] for k in vs_classic if later[k]}
     for k, ratio in vs_classic.items():
-        classic = k.replace(f" {CONNECT}", "")
+        classic = classic_of(k)
         print(f"{k} vs Classic: {ratio:.2f}x (target >= 0.95x); epochs 2-{EPOCHS} alone: "
               f"{vs_classic_later.get(k, float('nan')):.2f}x ({later[classic]:.2f} s vs {later[k]:.2f} s); "
               f"query start + first epoch: {starts[classic]:.2f} s vs {starts[k]:.2f} s")

@@ -74,7 +74,9 @@ def session(
     ``"sc://host:port"`` connects to that server; ``conf`` entries are set on the session.
     ``"local"`` or ``"local[N]"`` starts a Connect server with master ``local[N]`` in a child
     process of this one (a free loopback port; ``conf`` goes to the server; the server stops
-    when this process exits) and connects to it.
+    when this process exits) and connects to it. Its streaming queries share the server's
+    Python workers (``spark.sql.artifact.isolation.enabled`` is "false" on the session, see
+    :data:`flinkish_spark.embedded.connect.ARTIFACT_ISOLATION`; ``conf`` may set it "true").
     """
     if remote is not None:
         return _connect_session(remote, app_name, conf)
@@ -99,11 +101,15 @@ def session(
 def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None) -> "SparkSession":
     session_conf = dict(conf or {})
     if remote == "local" or remote.startswith("local["):
-        from flinkish_spark.embedded.connect import start_connect_server
+        from flinkish_spark.embedded.connect import ARTIFACT_ISOLATION, start_connect_server
 
         master = "local[*]" if remote == "local" else remote
+        # A server of this process alone: its streaming queries share its Python daemons instead
+        # of starting four per query (see ARTIFACT_ISOLATION). A session conf, set on the session
+        # (the server would override it); conf={ARTIFACT_ISOLATION: "true"} keeps Spark's default.
+        isolation = session_conf.pop(ARTIFACT_ISOLATION, "false")
         server = start_connect_server(master, conf=session_conf, tie_to_this_process=True)
-        url, session_conf = server.url, {}
+        url, session_conf = server.url, {ARTIFACT_ISOLATION: isolation}
     elif remote.startswith("sc://"):
         url = remote
     else:

@@ -40,6 +40,19 @@ from flinkish_spark.faults import ENV_PGID, ENV_POINT
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_S = 240.0  # a cold JVM on a busy two-core machine takes 30-60 s
 
+# Spark runs every streaming query in a clone of its session; under Spark Connect the clone has
+# an artifact state of its own (its SPARK_JOB_ARTIFACT_UUID), and Spark keys the Python daemons
+# of the driver-side calls by it. So each streaming query of a Python data source starts up to
+# four new Python daemons on the server (create_data_source, plan_data_source_read,
+# write_into_data_source, python_streaming_sink_runner: an interpreter, pyspark, pyarrow and
+# flinkish imports each, 2-3 s in the query's first epoch on a two-core machine), and they stay
+# until the server stops. With this session conf "false" (set on the *client* session: the server
+# forces "true" for the sessions it makes), the queries' clones have no artifact state of their
+# own and share the server's daemons, as on a Classic driver. The price: artifacts a client
+# uploads (``spark.addArtifacts``: jars, pyfiles, archives) are not kept apart per session, which
+# a single-user server does not need. ``flinkish_spark.session(remote="local[N]")`` sets it.
+ARTIFACT_ISOLATION = "spark.sql.artifact.isolation.enabled"
+
 
 def free_port() -> int:
     with socket.socket() as sock:
