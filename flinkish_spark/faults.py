@@ -77,6 +77,13 @@ def crash_point(name: str) -> None:
     os._exit(137)
 
 
+def arm_for_process_group() -> None:
+    """Let a crash point kill the whole driver -- this process, the JVM and its Python workers (its
+    process group) -- as ``kill -9`` of the driver would. Call it before Spark starts, so that the JVM and
+    its workers inherit the variable. Inert without ``FLINKISH_CRASH_AT``."""
+    os.environ[ENV_PGID] = str(os.getpgrp())
+
+
 ENV_FAIL = "FLINKISH_FAIL_AT"
 
 

@@ -59,8 +59,9 @@ def _named(target: str) -> Any:
 
 
 def run(spec: dict[str, Any]) -> None:
-    # Let crash points kill the whole driver: this process, the JVM and its workers.
-    os.environ["FLINKISH_CRASH_PGID"] = str(os.getpgrp())
+    from flinkish_spark.faults import arm_for_process_group
+
+    arm_for_process_group()  # before Spark starts: crash points kill this process, the JVM and its workers
     import flinkish_spark
     from flinkish_spark.session import is_connect
 

@@ -275,17 +275,11 @@ def _report_failure(config: MirrorConfig, exc: Any) -> None:
           file=sys.stderr, flush=True)
 
 
-def arm_crash_points() -> None:
-    """Let a crash point (:mod:`flinkish_spark.faults`, armed only by ``FLINKISH_CRASH_AT``) kill the whole
-    driver -- this process, the JVM and its Python workers: the process group :func:`supervise` started it
-    in -- as ``kill -9`` of the driver would; the demo and crash tests use it. Inert without the variable."""
-    from flinkish_spark.faults import ENV_PGID
-
-    os.environ[ENV_PGID] = str(os.getpgrp())
-
-
 def main() -> int:
-    arm_crash_points()  # before Spark starts: the JVM and its workers inherit the environment
+    from flinkish_spark.faults import arm_for_process_group
+
+    # the process group supervise() started it in: a crash point (the demo, crash tests) kills the whole driver
+    arm_for_process_group()
     config = MirrorConfig.from_json(sys.stdin.read(), os.environ.get(SOURCE_PASSWORD_ENV),
                                     os.environ.get(SINK_PASSWORD_ENV))
     return run(config)

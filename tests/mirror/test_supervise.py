@@ -6,6 +6,7 @@ The pipeline process is replaced by a script that kills itself with SIGKILL -- w
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -58,5 +59,9 @@ def test_the_pipeline_process_arms_crash_points_for_its_own_process_group(monkey
     from flinkish_spark.faults import ENV_PGID
 
     monkeypatch.setenv(ENV_PGID, "1")
-    pipeline.arm_crash_points()
-    assert os.environ[ENV_PGID] == str(os.getpgrp())
+    seen: list[str | None] = []
+    monkeypatch.setattr(sys, "stdin", io.StringIO("{}"))
+    monkeypatch.setattr(pipeline.MirrorConfig, "from_json", staticmethod(lambda *args: None))
+    monkeypatch.setattr(pipeline, "run", lambda config: seen.append(os.environ.get(ENV_PGID)) or 0)
+    assert pipeline.main() == 0
+    assert seen == [str(os.getpgrp())]  # armed before the pipeline (and Spark) starts
