@@ -106,11 +106,11 @@ def source_rows(conn: Any, table: str) -> tuple[TableSchema, list[str]]:
     reads: :func:`~flinkish_spark.connectors.postgres.rows.row_sql` under the rows' session settings), over a
     psycopg connection."""
     from flinkish_spark.connectors.postgres.connection import qualified
-    from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
+    from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
     from flinkish_spark.connectors.postgres.source.catalog import load_table_schema, psycopg_query, table_oid
 
-    for k, v in SESSION_SETTINGS.items():
-        conn.execute(f"SET {k} = '{v}'")
+    for statement in session_settings_sql():
+        conn.execute(statement)
     sql_name = qualified(*table.split(".", 1))
     schema = load_table_schema(psycopg_query(conn), table_oid(conn, sql_name, "compare"))
     if schema is None:

@@ -24,6 +24,12 @@ SESSION_SETTINGS = {
     "bytea_output": "hex",
 }
 
+
+def session_settings_sql() -> list[str]:
+    """The ``SET`` statements of :data:`SESSION_SETTINGS`, for a connection that reads rows."""
+    return [f"SET {k} = '{v}'" for k, v in SESSION_SETTINGS.items()]
+
+
 _NON_FINITE = ("NaN", "Infinity", "-Infinity")
 
 

@@ -32,7 +32,7 @@ from flinkish_spark.connectors.postgres.pgoutput import (
     format_lsn,
 )
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
-from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
+from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
@@ -49,10 +49,6 @@ STREAM_ARROW = pa.schema([
     pa.field("_seq", pa.int32()), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
     pa.field("_schema_id", pa.string()), pa.field("row", pa.string()),
 ])
-
-
-def _settings_sql() -> list[str]:
-    return [f"SET {k} = '{v}'" for k, v in SESSION_SETTINGS.items()]
 
 
 class TablesReader(SplitReader):
@@ -99,7 +95,7 @@ def _marker(schema: TableSchema, op: str) -> pa.RecordBatch:
 def _chunk_connection(src: PostgresSourceHost) -> Any:
     conn = adbc_connect(src.conn_info)
     cur = conn.cursor()
-    for statement in _settings_sql():
+    for statement in session_settings_sql():
         cur.execute(statement)
     cur.close()
     conn.commit()  # session settings, outside any chunk's transaction (a chunk's retry rolls that back)
@@ -243,7 +239,7 @@ def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.R
     assert src.patterns is not None
     patterns = src.patterns
     with connect(src.conn_info, autocommit=True) as conn:
-        for statement in _settings_sql():
+        for statement in session_settings_sql():
             conn.execute(statement)
         messages = peek(conn, src.slot_name, src.publication, end, None)
         relations = {}
