@@ -22,9 +22,8 @@ not yet mirrored.
 from __future__ import annotations
 
 import math
-import posixpath
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
@@ -141,9 +140,16 @@ def read_delta(uri: str, storage_options: Mapping[str, str] | None = None) -> pa
     return pa.table(table.scan())
 
 
-def delta_target_of(root: str, table: str) -> str:
-    """The routed Delta target of ``table`` below ``root`` (``root/<schema>/<table>``)."""
-    return posixpath.join(root, *table.split(".", 1))
+def delta_reader(target: str, options: Mapping[str, str] | None = None) -> Callable[[str], pa.Table | None]:
+    """A reader of each source table's (``schema.table``) routed Delta target: ``target`` is the mirror's ``--to``
+    (a path with ``{schema}``/``{table}``, or a folder: ``folder/<schema>/<table>``), ``options`` the sink's
+    storage options for ``s3://``; the reader gives :func:`read_delta`'s table, None when there is no target."""
+    from flinkish_spark.connectors.lakehouse.routing import parse_route
+    from flinkish_spark.mirror.config import delta_target
+
+    route = parse_route(delta_target(target), "path", "path", "compare")
+    storage = delta_storage(target, options)
+    return lambda table: read_delta(route.target(table), storage)
 
 
 def _matching_tables(conn: Any, tables: str) -> list[str]:
@@ -160,15 +166,12 @@ def compare_delta(source_url: str, tables: str, target: str, options: Mapping[st
     ``options``: the sink's storage options for ``s3://`` targets. The password: in the URL, from the variable
     ``password_env`` names, ``PGPASSWORD`` or ``~/.pgpass`` (as libpq). A table without a target compares with
     ``target_rows=None``. Tables are read one at a time."""
-    from flinkish_spark.connectors.lakehouse.routing import parse_route
     from flinkish_spark.connectors.postgres.connection import connect, parse_url
-    from flinkish_spark.mirror.config import delta_target
 
-    route = parse_route(delta_target(target), "path", "path", "compare")
-    storage = delta_storage(target, options)
+    read = delta_reader(target, options)
     out = []
     with connect(parse_url(source_url, password_env, "compare: source"), autocommit=True) as conn:
         for name in _matching_tables(conn, tables):
             schema, rows = source_rows(conn, name)
-            out.append(compare_rows(name, schema, decode_rows(rows, schema), read_delta(route.target(name), storage)))
+            out.append(compare_rows(name, schema, decode_rows(rows, schema), read(name)))
     return out

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.postgres.rows import TableSchema
-from flinkish_spark.mirror.compare import compare_rows, delta_storage, delta_target_of, read_delta, rows_by_key, source_rows
+from flinkish_spark.mirror.compare import compare_rows, delta_reader, rows_by_key, source_rows
 from flinkish_spark.testing.spark_log import committed_batches
 
 State = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
@@ -202,8 +202,7 @@ def delta_differences(root: str, source: State, schemas: dict[str, TableSchema],
                       options: dict[str, str] | None = None) -> dict[str, Any]:
     """:func:`target_differences` of the routed Delta targets ``root/<schema>/<table>`` (delta-rs's scan,
     deletion vectors applied); ``options``: the sink's storage options for an ``s3://`` root (``endpointUrl``)."""
-    storage = delta_storage(root, options)
-    return target_differences(lambda table: read_delta(delta_target_of(root, table), storage), source, schemas)
+    return target_differences(delta_reader(root, options), source, schemas)
 
 
 def slots_and_publications(url: str) -> tuple[int, list[str]]:
