@@ -181,7 +181,8 @@ def run(workdir: str) -> int:
         cleanup.callback(end_writer)
         console.print("[bold]2.[/] a writer changes every table: small transactions of inserts, updates and deletes")
 
-        args = ["mirror", "--from", url, "--tables", "public.*", "--to", os.path.join(lake, "{schema}", "{table}"),
+        target = os.path.join(lake, "{schema}", "{table}")  # the mirror's --to, and what compare reads
+        args = ["mirror", "--from", url, "--tables", "public.*", "--to", target,
                 "--checkpoint", meta, "--trigger", TRIGGER, "--source-option", "discoveryInterval=1"]
         cmd = [*flinkish_command(), *args]
         shown = shlex.join(["flinkish", *args])
@@ -238,7 +239,7 @@ def run(workdir: str) -> int:
             return failed(f"expected a drain (exit 0), got {rc}", run2)
         console.print(f"    exit 0 after {run2.seconds:.1f}s in all")
 
-        results = compare_delta(url, "public.*", os.path.join(lake, "{schema}", "{table}"))
+        results = compare_delta(url, "public.*", target)
         table = Table(title="public.* of the shop database against the Delta tables")
         for col, justify in (("table", "left"), ("source rows", "right"), ("target rows", "right"),
                              ("result", "left")):
