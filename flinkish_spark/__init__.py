@@ -11,6 +11,7 @@ Public API::
     query = df.writeStream.format("flinkish.parquet")...start()
     flinkish_spark.await_finished(query)      # "finished": bounded input, final epoch committed
     flinkish_spark.stop(query, drain=False)   # graceful stop at an epoch boundary
+    flinkish_spark.resnapshot("/tmp/p/meta", ["public.orders"])  # read a mirrored table again
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from flinkish_spark.session import session
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from flinkish_spark.connectors.postgres.source.resnapshot_request import resnapshot
     from flinkish_spark.connectors.spark_files import files_sink
     from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
     from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
@@ -58,6 +60,7 @@ else:
     # none of these (see flinkish_spark.lazy_exports).
     __getattr__, __dir__ = lazy_exports(__name__, {
         "files_sink": "flinkish_spark.connectors.spark_files",
+        "resnapshot": "flinkish_spark.connectors.postgres.source.resnapshot_request",
         "QueryEnd": "flinkish_spark.finish",
         "await_finished": "flinkish_spark.finish",
         "stop": "flinkish_spark.finish",
@@ -133,6 +136,7 @@ __all__ = [
     "QueryEnd",
     "await_finished",
     "stop",
+    "resnapshot",
     "with_watermark",
     "transactional",
     "files_sink",

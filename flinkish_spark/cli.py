@@ -1,9 +1,10 @@
 """The ``flinkish`` command: ``mirror`` (a PostgreSQL database into one Delta / Iceberg / PostgreSQL
-target per table, see :mod:`flinkish_spark.mirror`), ``demo`` (a real pipeline killed with SIGKILL
-mid-commit, restarted and checked -- by default ``flinkish mirror`` of an embedded PostgreSQL into
-local Delta tables, see :mod:`flinkish_spark.demo`), ``inspect`` (what a checkpoint metadata root
-says, as a table or JSON), ``stop`` (stop a running query at an epoch boundary, with or without
-drain, from any process) and ``orphans`` (staged sink output that a crash left behind)."""
+target per table, see :mod:`flinkish_spark.mirror`; ``mirror resnapshot`` reads tables of a mirror
+again), ``demo`` (a real pipeline killed with SIGKILL mid-commit, restarted and checked -- by
+default ``flinkish mirror`` of an embedded PostgreSQL into local Delta tables, see
+:mod:`flinkish_spark.demo`), ``inspect`` (what a checkpoint metadata root says, as a table or
+JSON), ``stop`` (stop a running query at an epoch boundary, with or without drain, from any
+process) and ``orphans`` (staged sink output that a crash left behind)."""
 
 from __future__ import annotations
 
@@ -161,6 +162,12 @@ def _mirror(args: argparse.Namespace) -> int:
     return run_mirror(args)
 
 
+def _resnapshot(args: argparse.Namespace) -> int:
+    from flinkish_spark.mirror.cli import run_resnapshot
+
+    return run_resnapshot(args, _root_io(args, args.checkpoint, "--checkpoint"))
+
+
 def _demo(args: argparse.Namespace) -> int:
     from flinkish_spark.demo import run_demo
 
@@ -181,6 +188,22 @@ def _jvm_archive(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["mirror", "resnapshot"]:
+        from flinkish_spark.mirror.cli import resnapshot_parser
+
+        args = resnapshot_parser().parse_args(argv[2:])
+        args.func = _resnapshot
+    else:
+        args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FlinkishError as exc:
+        print(f"flinkish: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flinkish", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -228,13 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     j = sub.add_parser("jvm-archive", help="build the class archive that makes local Spark drivers of this interpreter start faster (once per Java and Spark; ~1 min)")
     j.set_defaults(func=_jvm_archive)
-
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except FlinkishError as exc:
-        print(f"flinkish: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+    return parser
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from flinkish_spark.errors import ConfigError
 
 USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'public.*' --to PATH_TEMPLATE
                        --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
-       flinkish mirror pipeline.yaml [--stop-after-snapshot]"""
+       flinkish mirror pipeline.yaml [--stop-after-snapshot]
+       flinkish mirror resnapshot --checkpoint URL [--uid UID] TABLE..."""
+RESNAPSHOT_USAGE = "flinkish mirror resnapshot --checkpoint URL [--uid UID] [--endpoint-url URL] TABLE..."
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -18,7 +20,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="mirror PostgreSQL tables into one Delta / Iceberg / PostgreSQL target per table (flags or a pipeline file)",
         description="Mirror the PostgreSQL tables matching --tables into one target per table, exactly once, with "
                     "live progress. Ctrl-C or SIGTERM stops with drain (a second one: without drain); the same "
-                    "command continues from the checkpoint. See docs/mirror.md, 'flinkish mirror'.")
+                    "command continues from the checkpoint. See docs/mirror.md, 'flinkish mirror'. "
+                    "'flinkish mirror resnapshot --help': read tables again while the mirror runs.")
     m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags)")
     m.add_argument("--from", dest="source", help="the source database, postgresql://user@host:5432/db "
                    "(password: PGPASSWORD, ~/.pgpass or in the URL)")
@@ -38,6 +41,36 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     m.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
     return m
+
+
+def resnapshot_parser() -> argparse.ArgumentParser:
+    """``flinkish mirror resnapshot``: its own parser (``flinkish mirror`` takes a positional pipeline file,
+    so the word is recognised before ``mirror``'s flags are parsed; a pipeline file of that name is
+    ``./resnapshot``)."""
+    r = argparse.ArgumentParser(
+        prog="flinkish mirror resnapshot", usage=RESNAPSHOT_USAGE,
+        description="Read tables of a running (or stopped) mirror again, exactly once: the request is recorded "
+                    "under --checkpoint and taken by the mirror's next epoch; each target keeps its rows until the "
+                    "epoch that ends its table's re-snapshot. See docs/mirror.md, 'Re-snapshot a table on demand'.")
+    r.add_argument("tables", nargs="+", metavar="TABLE",
+                   help="schema.table names or patterns the mirror follows, e.g. public.orders 'sales.*'")
+    r.add_argument("--checkpoint", required=True, help="the mirror's metadata root (its --checkpoint)")
+    r.add_argument("--uid", help="the mirror's --uid (default: the one mirror under --checkpoint)")
+    r.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    return r
+
+
+def run_resnapshot(args: argparse.Namespace, io: Any) -> int:
+    """Record the request (nothing when a check fails) and say in one line what will happen."""
+    from flinkish_spark.connectors.postgres.source.resnapshot_request import request_resnapshot
+
+    done = request_resnapshot(io, args.checkpoint, args.tables, args.uid, reason="flinkish mirror resnapshot")
+    tables = list(done.request.tables)
+    named = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+    when = "the next epoch" if done.running else "the mirror is not running: when it runs again, its first epoch"
+    print(f"resnapshot request {done.request.id} for source uid {done.uid}: {when} starts re-reading {named}; "
+          "the target keeps its rows until the epoch that ends the re-snapshot", flush=True)
+    return 0
 
 
 def config_of(args: argparse.Namespace) -> Any:
