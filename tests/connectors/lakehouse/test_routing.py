@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 
 from flinkish_spark.connectors.lakehouse.routing import (
-    STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input,
+    STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input, task_tables,
 )
 from flinkish_spark.connectors.postgres.rows import split_tables
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ConfigError, SchemaChangeError
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
 
@@ -61,3 +61,14 @@ def test_one_tables_rows_keep_only_what_follows_the_last_truncate_and_report_the
     only_snapshot = table_input(split_tables(StreamBuilder().snapshot(a, [{"id": 1, "v": "s"}]).marker(a, "E").batch())["public.a"].rows)
     assert only_snapshot.end and only_snapshot.lsn == -1 and only_snapshot.changes.column("_lsn").null_count == 1
     assert pa.types.is_int64(only_snapshot.changes.schema.field("_lsn").type)
+
+
+def test_a_table_whose_schema_has_no_key_is_one_clear_error_naming_it() -> None:
+    """A routed target is applied by key: a schema without one (its primary key dropped while it is followed)
+    stops the task with the table and the fix, not an IndexError deep in the key resolution."""
+    a = table_schema("public.a", [("id", "int")], ("id",))
+    keyless = table_schema("public.k", [("id", "int"), ("v", "text")], ())
+    s = StreamBuilder().transaction((a, "c", {"id": 1}), (keyless, "u", {"id": 1, "v": "x"}))
+    with pytest.raises(SchemaChangeError, match=r"source table public\.k: .* has no primary key.*ADD PRIMARY KEY.*!public\.k"):
+        task_tables(s.batch().to_batches())
+    assert [name for name, _, _ in task_tables(StreamBuilder().transaction((a, "c", {"id": 1})).batch().to_batches())] == ["public.a"]
