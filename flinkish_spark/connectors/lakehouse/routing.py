@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, ChangePlan, MergeMode
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ConfigError, SchemaChangeError
 
 PLACEHOLDERS = ("{schema}", "{table}")
 STREAM_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id", "row")
@@ -148,8 +148,21 @@ def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchem
     got = [b for b in batches if b.num_rows]
     if not got:
         return []
-    return [(name, rows.schema, table_input(rows.rows))
+    return [(name, require_key(name, rows.schema), table_input(rows.rows))
             for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items())]
+
+
+def require_key(table: str, schema: TableSchema) -> TableSchema:
+    """``schema`` if it names a key: a routed target is applied by key, and a schema without one
+    (the table's primary key dropped while it is followed) is one clear error, nothing written."""
+    if not schema.key:
+        raise SchemaChangeError(
+            f"source table {table}: its schema in the stream (schema id {schema.schema_id}) has no primary key, so "
+            f"its changes cannot be applied by key to its routed target. Give the table its primary key again "
+            f"(ALTER TABLE {table} ADD PRIMARY KEY (...)) and mirror it anew, or exclude it in the source's "
+            f"'tables' option (!{table})"
+        )
+    return schema
 
 
 @dataclass(frozen=True)
