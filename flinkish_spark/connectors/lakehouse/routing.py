@@ -3,7 +3,8 @@
 Format-independent (``flinkish.delta``, ``flinkish.iceberg`` and ``flinkish.postgres`` use it):
 
 * :class:`Route` -- a target name with ``{schema}`` / ``{table}`` placeholders, and the target
-  of each source table (names that cannot be part of a target name are refused, naming the table);
+  of each source table (a path holds every name: :func:`path_part`; names an Iceberg or
+  PostgreSQL target cannot hold are refused, naming the table);
 * :func:`check_stream` -- the input must be the multi-table stream
   (:data:`flinkish_spark.connectors.postgres.rows.STREAM_DDL`);
 * :func:`table_input` -- one table's rows of a task as a keyed change input (the table's columns,
@@ -35,7 +36,23 @@ PLACEHOLDERS = ("{schema}", "{table}")
 STREAM_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id", "row")
 #: The options a routing sink refuses: it is always keyed by each table's primary key, deletes applied.
 NOT_WITH_ROUTING = ("mode", "key", "deletes", "partitionBy")
-_PATH_SAFE = re.compile(r"^[A-Za-z0-9_.$-]+$")
+#: A name part a path holds as it is: letters and digits (any script), '_', '.', '$', '-'; not only dots.
+_PATH_AS_IS = re.compile(r"^[\w.$-]+$")
+#: What :func:`path_part` makes of any name.
+_PATH_PART = r"(?:[\w.$-]|~[0-9a-f]{2})+"
+
+
+def path_part(part: str) -> str:
+    """A source schema or table name as one segment of a path, on every storage (local, S3, the
+    readers of Delta tables): as it is when it holds only letters, digits, ``_ . $ -``; otherwise
+    each other character (a space, ``/``, ``%``, ``~`` ...) becomes ``~`` and its UTF-8 bytes in hex
+    (``m b`` -> ``m~20b``), and a name of dots only has its dots escaped (``.`` and ``..`` are no
+    folders). Injective (``~`` is escaped too, and no name as it is holds one), so two tables never
+    share a target; and the names a path held before stay the same."""
+    if _PATH_AS_IS.match(part) and part.strip("."):
+        return part
+    return "".join(ch if re.match(r"[\w$-]", ch) or (ch == "." and part.strip(".")) else
+                   "".join(f"~{b:02x}" for b in ch.encode()) for ch in part)
 
 
 def is_routed(value: str | None) -> bool:
@@ -52,6 +69,8 @@ class Route:
 
     def target(self, source_table: str) -> str:
         schema, _, table = source_table.partition(".")
+        if self.kind == "path":
+            schema, table = path_part(schema), path_part(table)
         for part in (schema, table):
             bad = self._invalid(part)
             if bad:
@@ -68,14 +87,12 @@ class Route:
     def matches(self, name: str) -> bool:
         """Whether ``name`` is a target this route can name (some schema and table put in): how a sink
         finds its targets without the source's table list (e.g. the last epoch any of them holds)."""
-        part = {"path": "[A-Za-z0-9_.$-]+", "iceberg": "[^.]+"}.get(self.kind, ".+")
+        part = {"path": _PATH_PART, "iceberg": "[^.]+"}.get(self.kind, ".+")
         regex = "".join(part if piece in PLACEHOLDERS else re.escape(piece)
                         for piece in re.split("(\\{schema\\}|\\{table\\})", self.template))
         return re.fullmatch(regex, name) is not None
 
     def _invalid(self, part: str) -> str | None:
-        if self.kind == "path" and not _PATH_SAFE.match(part):
-            return f"{part!r} holds a character other than letters, digits, '_', '-', '.', '$'"
         if self.kind == "iceberg" and "." in part:
             return f"{part!r} holds a '.', which would be another Iceberg namespace level"
         return None

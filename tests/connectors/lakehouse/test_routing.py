@@ -21,9 +21,15 @@ def test_placeholders_become_the_source_tables_schema_and_name() -> None:
     assert Route("mirror.{schema}_{table}", "iceberg").target("sales.order_lines") == "mirror.sales_order_lines"
 
 
-def test_names_that_cannot_be_part_of_the_target_are_refused_naming_the_table_and_the_fix() -> None:
-    with pytest.raises(ConfigError, match=r"'public\.a b'.*'a b' holds a character.*!public\.a b"):
-        Route("s3://lake/{schema}/{table}", "path").target("public.a b")
+def test_a_path_holds_every_name_and_other_names_that_cannot_be_part_of_the_target_are_refused() -> None:
+    route = Route("s3://lake/{schema}/{table}", "path")
+    got = {name: route.target(name) for name in ("public.m_a", "public.m_straße", "public.a b", "public.a/b", "public.a~b",
+                                                 "public.a%41", "public..", "Sales.x$y.z")}
+    assert got == {"public.m_a": "s3://lake/public/m_a", "public.m_straße": "s3://lake/public/m_straße",
+                   "public.a b": "s3://lake/public/a~20b", "public.a/b": "s3://lake/public/a~2fb",
+                   "public.a~b": "s3://lake/public/a~7eb", "public.a%41": "s3://lake/public/a~2541",
+                   "public..": "s3://lake/public/~2e", "Sales.x$y.z": "s3://lake/Sales/x$y.z"}
+    assert all(route.matches(target) for target in got.values()) and not route.matches("s3://lake/public/a b")
     with pytest.raises(ConfigError, match=r"'public\.x\.y'.*another Iceberg namespace"):
         Route("mirror.{table}", "iceberg").target("public.x.y")
     with pytest.raises(ConfigError, match="longer than PostgreSQL's 63 bytes"):
