@@ -81,7 +81,8 @@ class Route:
         name = self.template.replace("{schema}", schema).replace("{table}", table)
         if self.kind == "postgres" and any(len(p.encode()) > 63 for p in name.split(".")):
             raise ConfigError(f"source table {source_table!r} routes to {name!r}, whose name is longer than "
-                              "PostgreSQL's 63 bytes; use a shorter 'table' template")
+                              "PostgreSQL's 63 bytes; use a shorter 'table' template, or exclude it in the source's "
+                              f"'tables' option (!{source_table})")
         return name
 
     def matches(self, name: str) -> bool:

@@ -241,6 +241,8 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         staged, parts = stage_rows(pa.Table.from_batches(got), ctx, attempt_id)
         if not parts:
             return None
+        for part in parts:  # a name no target can have: refused before the epoch's decision is recorded
+            plan.route.target(part.table)
         conn = adbc_connect(plan.conn)
         try:
             with conn.cursor() as cur:

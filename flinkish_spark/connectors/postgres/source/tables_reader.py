@@ -7,7 +7,9 @@
   record is flushed but that is not visible yet, e.g. waiting for a synchronous standby) and
   (2) for a table that joined while running, every transaction older than the moment it
   joined has ended (``after_xid``); otherwise the transaction is rolled back and taken again.
-  Why: docs/postgres-source.md, "New tables".
+  Why: docs/postgres-source.md, "New tables". A chunk of a table the patterns no longer match
+  (excluded after it was planned, e.g. as a sink's error about its name says) reads nothing,
+  as its changes in a WAL range are not read either.
 * **A WAL range** ``[start, end)`` is peeked from the slot and decoded in WAL order. Every
   change of a table that matches the patterns becomes a row; before a table's first row, and
   whenever its Relation message announces other columns, an ``s`` row with its schema. The key
@@ -71,10 +73,16 @@ class TablesReader(SplitReader):
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):
+            chunk = json.loads(split.payload or "{}")
+            assert self.source.patterns is not None
+            if not self.source.patterns.matches(str(chunk["table"])):
+                # Excluded since it was planned (how a user drops a table a sink cannot take, as the
+                # sink's error says): not read, like its changes in a WAL range.
+                return
             if self._conn is None:
                 self._conn = _chunk_connection(self.source)
             try:
-                yield from read_chunk(self.source, json.loads(split.payload or "{}"), self._conn)
+                yield from read_chunk(self.source, chunk, self._conn)
             except BaseException:
                 self.close()  # the connection may be mid-transaction: the next chunk opens a new one
                 raise
