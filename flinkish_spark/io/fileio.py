@@ -30,6 +30,7 @@ import asyncio
 import errno
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -543,8 +544,33 @@ def _is_transient(exc: BaseException) -> bool:
     }
     if names & transient_names:
         return True
-    text = str(exc)
-    return any(s in text for s in ("SlowDown", "ServiceUnavailable", "InternalError", "503"))
+    return any(_is_transient_answer(e) for e in _chain(exc))
+
+
+# S3's answers worth retrying: its error codes for "busy / try again" and the HTTP statuses
+# of a server-side failure. Matched only where they are codes -- a path holds numbers too
+# (epoch 503, a table m500), and a permanent error on it must not be retried.
+_TRANSIENT_ERROR_CODES = frozenset({"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "500", "502", "503", "504"})
+_TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
+# botocore's text for an error answer, when only the text is left: "An error occurred (SlowDown) when calling ..."
+_BOTOCORE_ERROR_CODE = re.compile(r"^An error occurred \(([A-Za-z0-9]+)\) when calling ")
+
+
+def _is_transient_answer(exc: BaseException) -> bool:
+    """Whether ``exc`` is a server's transient answer, read from its attributes (botocore's
+    ``response``, aiohttp's ``status``) or from botocore's message format -- never from a
+    number anywhere in the message."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        error = response.get("Error") or {}
+        metadata = response.get("ResponseMetadata") or {}
+        if str(error.get("Code", "")) in _TRANSIENT_ERROR_CODES or metadata.get("HTTPStatusCode") in _TRANSIENT_STATUSES:
+            return True
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and status in _TRANSIENT_STATUSES:
+        return True
+    match = _BOTOCORE_ERROR_CODE.match(str(exc))
+    return match is not None and match.group(1) in _TRANSIENT_ERROR_CODES
 
 
 def _is_conflict(exc: BaseException) -> bool:

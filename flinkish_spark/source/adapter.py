@@ -513,6 +513,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         target = self._arrow_schema
         assert target is not None
+        self._split_reader.begin_epoch(partition.ckpt_id)
         try:
             for split_id, payload, start, end in ranges:
                 for batch in self._split_reader.read(Split(split_id, payload), start, end):

@@ -142,3 +142,49 @@ def test_find_and_glob_answer_files_only(backend: str, tmp_path, s3: str) -> Non
     for p in io.find(f"{root}/in"):
         io.delete(io.url(p))
     assert io.find(f"{root}/in") == []
+
+
+def _s3_error(code: str, status: int, message: str, operation: str = "GetObject") -> OSError:
+    """The exception s3fs raises for an S3 error answer: botocore's ClientError translated to an OSError."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    error = ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+    return translate_boto_error(error)
+
+
+def test_a_status_code_in_a_path_is_not_a_transient_failure(tmp_path) -> None:
+    """'503' or '500' in a path (epoch 503, a table named m500) is no status code: a permanent
+    error on that path is raised at once, as itself, never retried and reported as an endpoint
+    that did not answer; S3's real transient answers (503 SlowDown, 500 InternalError, a bare
+    503) are retried."""
+    io = FileIO.for_url(str(tmp_path))
+    epoch_dir = tmp_path / "m500" / "_delta_log" / "00000000000000000503.json"
+    epoch_dir.mkdir(parents=True)  # a directory where a file is read: a permanent error
+    with pytest.raises(IsADirectoryError, match="503"):
+        io.read_bytes(str(epoch_dir))
+
+    calls: list[int] = []
+
+    def failing(exc: BaseException, times: int) -> Callable[[], bytes]:
+        def go() -> bytes:
+            calls.append(1)
+            if len(calls) <= times:
+                raise exc
+            return b"ok"
+
+        return go
+
+    permanent = _s3_error("InvalidArgument", 400, "Invalid argument for key t/m503/_delta_log/00000000000000000503.json")
+    with pytest.raises(OSError, match="Invalid argument") as err:
+        io._call("reading", "s3://b/t/m503/_delta_log/00000000000000000503.json", failing(permanent, 1))
+    assert not isinstance(err.value, StorageUnavailableError) and len(calls) == 1
+
+    io.retries = 2
+    for code, status in (("SlowDown", 503), ("ServiceUnavailable", 503), ("InternalError", 500), ("503", 503)):
+        calls.clear()
+        transient = _s3_error(code, status, "Please reduce your request rate.", "PutObject")
+        assert io._call("writing", "s3://b/t/x.json", failing(transient, 2)) == b"ok" and len(calls) == 3, code
+        calls.clear()
+        with pytest.raises(StorageUnavailableError, match="did not answer"):
+            io._call("writing", "s3://b/t/x.json", failing(transient, 3))

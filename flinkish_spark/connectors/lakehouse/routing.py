@@ -3,7 +3,8 @@
 Format-independent (``flinkish.delta``, ``flinkish.iceberg`` and ``flinkish.postgres`` use it):
 
 * :class:`Route` -- a target name with ``{schema}`` / ``{table}`` placeholders, and the target
-  of each source table (names that cannot be part of a target name are refused, naming the table);
+  of each source table (a path holds every name: :func:`path_part`; names an Iceberg or
+  PostgreSQL target cannot hold are refused, naming the table);
 * :func:`check_stream` -- the input must be the multi-table stream
   (:data:`flinkish_spark.connectors.postgres.rows.STREAM_DDL`);
 * :func:`table_input` -- one table's rows of a task as a keyed change input (the table's columns,
@@ -29,13 +30,29 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, ChangePlan, MergeMode
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ConfigError, SchemaChangeError
 
 PLACEHOLDERS = ("{schema}", "{table}")
 STREAM_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id", "row")
 #: The options a routing sink refuses: it is always keyed by each table's primary key, deletes applied.
 NOT_WITH_ROUTING = ("mode", "key", "deletes", "partitionBy")
-_PATH_SAFE = re.compile(r"^[A-Za-z0-9_.$-]+$")
+#: A name part a path holds as it is: letters and digits (any script), '_', '.', '$', '-'; not only dots.
+_PATH_AS_IS = re.compile(r"^[\w.$-]+$")
+#: What :func:`path_part` makes of any name.
+_PATH_PART = r"(?:[\w.$-]|~[0-9a-f]{2})+"
+
+
+def path_part(part: str) -> str:
+    """A source schema or table name as one segment of a path, on every storage (local, S3, the
+    readers of Delta tables): as it is when it holds only letters, digits, ``_ . $ -``; otherwise
+    each other character (a space, ``/``, ``%``, ``~`` ...) becomes ``~`` and its UTF-8 bytes in hex
+    (``m b`` -> ``m~20b``), and a name of dots only has its dots escaped (``.`` and ``..`` are no
+    folders). Injective (``~`` is escaped too, and no name as it is holds one), so two tables never
+    share a target; and the names a path held before stay the same."""
+    if _PATH_AS_IS.match(part) and part.strip("."):
+        return part
+    return "".join(ch if re.match(r"[\w$-]", ch) or (ch == "." and part.strip(".")) else
+                   "".join(f"~{b:02x}" for b in ch.encode()) for ch in part)
 
 
 def is_routed(value: str | None) -> bool:
@@ -52,6 +69,8 @@ class Route:
 
     def target(self, source_table: str) -> str:
         schema, _, table = source_table.partition(".")
+        if self.kind == "path":
+            schema, table = path_part(schema), path_part(table)
         for part in (schema, table):
             bad = self._invalid(part)
             if bad:
@@ -62,20 +81,19 @@ class Route:
         name = self.template.replace("{schema}", schema).replace("{table}", table)
         if self.kind == "postgres" and any(len(p.encode()) > 63 for p in name.split(".")):
             raise ConfigError(f"source table {source_table!r} routes to {name!r}, whose name is longer than "
-                              "PostgreSQL's 63 bytes; use a shorter 'table' template")
+                              "PostgreSQL's 63 bytes; use a shorter 'table' template, or exclude it in the source's "
+                              f"'tables' option (!{source_table})")
         return name
 
     def matches(self, name: str) -> bool:
         """Whether ``name`` is a target this route can name (some schema and table put in): how a sink
         finds its targets without the source's table list (e.g. the last epoch any of them holds)."""
-        part = {"path": "[A-Za-z0-9_.$-]+", "iceberg": "[^.]+"}.get(self.kind, ".+")
+        part = {"path": _PATH_PART, "iceberg": "[^.]+"}.get(self.kind, ".+")
         regex = "".join(part if piece in PLACEHOLDERS else re.escape(piece)
                         for piece in re.split("(\\{schema\\}|\\{table\\})", self.template))
         return re.fullmatch(regex, name) is not None
 
     def _invalid(self, part: str) -> str | None:
-        if self.kind == "path" and not _PATH_SAFE.match(part):
-            return f"{part!r} holds a character other than letters, digits, '_', '-', '.', '$'"
         if self.kind == "iceberg" and "." in part:
             return f"{part!r} holds a '.', which would be another Iceberg namespace level"
         return None
@@ -148,8 +166,21 @@ def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchem
     got = [b for b in batches if b.num_rows]
     if not got:
         return []
-    return [(name, rows.schema, table_input(rows.rows))
+    return [(name, require_key(name, rows.schema), table_input(rows.rows))
             for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items())]
+
+
+def require_key(table: str, schema: TableSchema) -> TableSchema:
+    """``schema`` if it names a key: a routed target is applied by key, and a schema without one
+    (the table's primary key dropped while it is followed) is one clear error, nothing written."""
+    if not schema.key:
+        raise SchemaChangeError(
+            f"source table {table}: its schema in the stream (schema id {schema.schema_id}) has no primary key, so "
+            f"its changes cannot be applied by key to its routed target. Give the table its primary key again "
+            f"(ALTER TABLE {table} ADD PRIMARY KEY (...)) and mirror it anew, or exclude it in the source's "
+            f"'tables' option (!{table})"
+        )
+    return schema
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, tables_of
+from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, require_key, tables_of
 from flinkish_spark.connectors.postgres.connection import (
     ConnectionInfo, adbc_connect, check_server_version, connect, qualified, quote_ident, require_psycopg, split_table,
 )
@@ -241,6 +241,8 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         staged, parts = stage_rows(pa.Table.from_batches(got), ctx, attempt_id)
         if not parts:
             return None
+        for part in parts:  # a name no target can have: refused before the epoch's decision is recorded
+            plan.route.target(part.table)
         conn = adbc_connect(plan.conn)
         try:
             with conn.cursor() as cur:
@@ -305,7 +307,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
             if found is None:
                 return  # a truncate or markers for a target never created: nothing to do
             columns = found
-        key = announced[-1][0].key if announced else (columns.key or ())
+        key = require_key(t.table, announced[-1][0]).key if announced else (columns.key or ())
         qualified_target = qualified(schema, name)
         truncated_at = None
         if t.truncate:

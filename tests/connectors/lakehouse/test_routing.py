@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 
 from flinkish_spark.connectors.lakehouse.routing import (
-    STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input,
+    STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input, task_tables,
 )
 from flinkish_spark.connectors.postgres.rows import split_tables
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ConfigError, SchemaChangeError
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
 
@@ -21,9 +21,15 @@ def test_placeholders_become_the_source_tables_schema_and_name() -> None:
     assert Route("mirror.{schema}_{table}", "iceberg").target("sales.order_lines") == "mirror.sales_order_lines"
 
 
-def test_names_that_cannot_be_part_of_the_target_are_refused_naming_the_table_and_the_fix() -> None:
-    with pytest.raises(ConfigError, match=r"'public\.a b'.*'a b' holds a character.*!public\.a b"):
-        Route("s3://lake/{schema}/{table}", "path").target("public.a b")
+def test_a_path_holds_every_name_and_other_names_that_cannot_be_part_of_the_target_are_refused() -> None:
+    route = Route("s3://lake/{schema}/{table}", "path")
+    got = {name: route.target(name) for name in ("public.m_a", "public.m_straße", "public.a b", "public.a/b", "public.a~b",
+                                                 "public.a%41", "public..", "Sales.x$y.z")}
+    assert got == {"public.m_a": "s3://lake/public/m_a", "public.m_straße": "s3://lake/public/m_straße",
+                   "public.a b": "s3://lake/public/a~20b", "public.a/b": "s3://lake/public/a~2fb",
+                   "public.a~b": "s3://lake/public/a~7eb", "public.a%41": "s3://lake/public/a~2541",
+                   "public..": "s3://lake/public/~2e", "Sales.x$y.z": "s3://lake/Sales/x$y.z"}
+    assert all(route.matches(target) for target in got.values()) and not route.matches("s3://lake/public/a b")
     with pytest.raises(ConfigError, match=r"'public\.x\.y'.*another Iceberg namespace"):
         Route("mirror.{table}", "iceberg").target("public.x.y")
     with pytest.raises(ConfigError, match="longer than PostgreSQL's 63 bytes"):
@@ -61,3 +67,14 @@ def test_one_tables_rows_keep_only_what_follows_the_last_truncate_and_report_the
     only_snapshot = table_input(split_tables(StreamBuilder().snapshot(a, [{"id": 1, "v": "s"}]).marker(a, "E").batch())["public.a"].rows)
     assert only_snapshot.end and only_snapshot.lsn == -1 and only_snapshot.changes.column("_lsn").null_count == 1
     assert pa.types.is_int64(only_snapshot.changes.schema.field("_lsn").type)
+
+
+def test_a_table_whose_schema_has_no_key_is_one_clear_error_naming_it() -> None:
+    """A routed target is applied by key: a schema without one (its primary key dropped while it is followed)
+    stops the task with the table and the fix, not an IndexError deep in the key resolution."""
+    a = table_schema("public.a", [("id", "int")], ("id",))
+    keyless = table_schema("public.k", [("id", "int"), ("v", "text")], ())
+    s = StreamBuilder().transaction((a, "c", {"id": 1}), (keyless, "u", {"id": 1, "v": "x"}))
+    with pytest.raises(SchemaChangeError, match=r"source table public\.k: .* has no primary key.*ADD PRIMARY KEY.*!public\.k"):
+        task_tables(s.batch().to_batches())
+    assert [name for name, _, _ in task_tables(StreamBuilder().transaction((a, "c", {"id": 1})).batch().to_batches())] == ["public.a"]

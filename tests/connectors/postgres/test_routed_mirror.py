@@ -121,3 +121,36 @@ def test_a_narrowed_column_ends_the_mirror_with_the_fix_named_and_after_it_the_r
     assert differences({t: target[t.replace("public.", "mirror.")] for t in source}, source, schemas) == {}
     assert [c.type for c in target_schemas["mirror.n_b"].columns] == ["integer", "text"]  # widened by the mirror
     assert slots_and_publications(pg_url) == (0, [])
+
+
+def test_a_table_its_target_cannot_name_stops_the_mirror_and_excluding_it_as_the_error_says_lets_it_go_on(
+        pg_url, run_pipeline, tmp_path: Path) -> None:
+    """A name the target cannot hold (here ``copy_of_<58 bytes>``: longer than PostgreSQL's 63) is found
+    only when the sink routes the table's rows, after the source planned its snapshot. The error names
+    the table and the fix; the user excludes it with ``!public.<name>`` and restarts: the replayed
+    epoch no longer reads the excluded table's chunks, the other tables go on and end equal."""
+    long = "m_" + "x" * 56
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE m_a (id int PRIMARY KEY, v text); CREATE TABLE {long} (id int PRIMARY KEY);"
+                     f"INSERT INTO m_a SELECT g, 'a' FROM generate_series(1, 20) g; INSERT INTO {long} VALUES (1)")
+
+    def run(tables: str) -> object:
+        s = spec(tmp_path, pg_url, end="drain", stopAfterBatches=1, runSeconds=120)
+        s["source"]["options"]["tables"] = tables
+        s["sink"]["options"]["table"] = "mirror.copy_of_{table}"
+        return run_pipeline(s)
+
+    first = run("public.m_*")
+    assert first.returncode != 0 and f"exclude it in the source's 'tables' option (!public.{long})" in first.output, \
+        first.output[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE m_a SET v = 'after the stop' WHERE id <= 3; INSERT INTO m_a VALUES (21, 'new')")
+    second = run(f"public.m_*, !public.{long}")  # as the error says
+    assert second.returncode == 0 and "QUERY_END=drained" in second.output, second.output[-3000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, ["public.m_a"])
+        target, _ = table_states(conn, ["mirror.copy_of_m_a"])
+        mirrored = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'mirror' "
+                                               "AND tablename NOT LIKE 'flinkish%'").fetchall()}
+    assert differences({"public.m_a": target["mirror.copy_of_m_a"]}, source, schemas) == {}
+    assert mirrored == {"copy_of_m_a"} and slots_and_publications(pg_url) == (0, [])

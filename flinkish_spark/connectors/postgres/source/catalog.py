@@ -5,13 +5,16 @@ Both paths resolve a column's type the same way (:func:`resolve_types`: the disp
 ``format_type`` prints, the base type after domains, an array's element type), and take the
 key from the same place: the primary key. pgoutput's Relation message flags the replica
 identity's columns, which are the primary key under the default identity (``d``); for any
-other identity the key comes from the catalog.
+other identity (FULL) the key is the one recorded when the table was planned (the registry
+of the epoch: :func:`..registry.planned_keys`), so that a range gives the same schema whenever
+it is read -- also after the table was dropped; the catalog only for a table planned by an
+older version.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from flinkish_spark.connectors.postgres.pgoutput import Relation
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, make_column
@@ -123,8 +126,12 @@ def load_table_schema(query: Query, oid: int) -> TableSchema | None:
 class RelationSchemas:
     """Schemas of the relations in a run of pgoutput messages, resolved with one catalog query per batch of new ones."""
 
-    def __init__(self, query: Query) -> None:
+    def __init__(self, query: Query, planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None = None) -> None:
+        """``planned_keys``: oid -> key as the tables were planned (called once, when a relation with a
+        replica identity other than DEFAULT first needs one); a relation it lacks takes the catalog's."""
         self.query = query
+        self._planned_keys = planned_keys
+        self._planned: Mapping[int, tuple[str, ...]] | None = None
         self._types: dict[tuple[int, int], TypeInfo] = {}
         self._keys: dict[int, tuple[str, ...]] = {}
         self._cache: dict[Relation, TableSchema] = {}
@@ -135,6 +142,11 @@ class RelationSchemas:
         pairs = {(c.type_oid, c.type_mod) for r in rels for c in r.columns} - set(self._types)
         self._types.update(resolve_types(self.query, pairs))
         need_key = {r.relid for r in rels if r.replica_identity != "d"} - set(self._keys)
+        if need_key and self._planned_keys is not None:
+            if self._planned is None:
+                self._planned = self._planned_keys()
+            self._keys.update({relid: self._planned[relid] for relid in need_key if relid in self._planned})
+            need_key -= set(self._planned)
         found = primary_keys(self.query, need_key)
         self._keys.update({relid: found.get(relid, ()) for relid in need_key})
 

@@ -35,6 +35,10 @@ class TableEntry:
     table: str
     state: TableState
     after_xid: int | None = None  # joining: the next transaction id when it joined (see docs: New tables)
+    # The primary key when the table was planned: the key of its changes under a replica identity other
+    # than DEFAULT (pgoutput flags the identity's columns, not the key), fixed so that a replayed range
+    # reads the same schema even after the table is gone. None: a registry file of an older version.
+    key: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -46,7 +50,7 @@ class TableEntry:
 
     def to_dict(self) -> dict[str, object]:
         return {"tid": self.tid, "oid": self.oid, "schema": self.schema, "table": self.table, "state": self.state,
-                "after_xid": self.after_xid}
+                "after_xid": self.after_xid, "key": None if self.key is None else list(self.key)}
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ class Registry:
     def from_json(cls, data: bytes) -> "Registry":
         d = json.loads(data)
         entries = tuple(TableEntry(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"],
-                                   e.get("after_xid")) for e in d["tables"])
+                                   e.get("after_xid"), None if e.get("key") is None else tuple(e["key"]))
+                        for e in d["tables"])
         return cls(int(d["version"]), int(d["next_tid"]), entries)
 
     @property
@@ -106,3 +111,16 @@ def of_state(io: FileIO, directory: str, enumerator_state: bytes) -> Registry | 
     except ValueError:
         return None
     return None if not name else read(io, directory, name)
+
+
+def planned_keys(io: FileIO, directory: str, enumerator_state: bytes) -> dict[int, tuple[str, ...]]:
+    """oid -> key of every table an epoch's WAL range may carry, as recorded when they were planned: the
+    entries of the registry at the start of the epoch's planning (``previous_registry``: it still holds
+    a table whose entry the planning ended, e.g. dropped, whose last changes are in this range) and of
+    the registry after it (tables that joined). The same for every read of the epoch."""
+    state = json.loads(enumerator_state or b"{}")
+    keys: dict[int, tuple[str, ...]] = {}
+    for name in (state.get("previous_registry"), state.get("registry")):
+        if name:
+            keys.update({e.oid: e.key for e in read(io, directory, name).entries if e.key is not None})
+    return keys

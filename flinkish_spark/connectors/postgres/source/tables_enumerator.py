@@ -33,7 +33,7 @@ from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
 from flinkish_spark.connectors.postgres.source import registry
-from flinkish_spark.connectors.postgres.source.catalog import table_columns
+from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.patterns import (
@@ -53,6 +53,9 @@ class TablesEnumerator(PostgresEnumerator):
         super().__init__(source)
         self.registry = Registry()
         self.registry_name: str | None = None
+        # The registry at the start of the latest planning: it still holds the tables that planning ended,
+        # whose last changes its WAL range carries (the reader takes their keys from it: registry.planned_keys).
+        self.previous_name: str | None = None
         self._discovered_at = 0.0  # monotonic time of the last catalog poll (not state: a restart polls at once)
         self._retained_at = -1
 
@@ -69,11 +72,12 @@ class TablesEnumerator(PostgresEnumerator):
 
     def snapshot_state(self) -> bytes:
         d = json.loads(super().snapshot_state())
-        return json.dumps({**d, "registry": self.registry_name}).encode()
+        return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name}).encode()
 
     def restore(self, state: bytes) -> None:
         super().restore(state)
-        self.registry_name = json.loads(state).get("registry") if state else None
+        d = json.loads(state) if state else {}
+        self.registry_name, self.previous_name = d.get("registry"), d.get("previous_registry")
         self.registry = registry.of_state(self.source.io, self.directory, state) or Registry()
 
     def _save(self, new: Registry) -> None:
@@ -99,9 +103,11 @@ class TablesEnumerator(PostgresEnumerator):
                     {(t.schema, t.table): columns[t.oid] for t in found}, src.publication_given, src.component)
             tid = self.registry.next_tid
             entries = []
+            keys = primary_keys(psycopg_query(conn), [t.oid for t in found])
             for table in found:
                 entries.append(TableEntry(tid, table.oid, table.schema, table.table,
-                                          "snapshot" if src.startup != "changes" else "streaming"))
+                                          "snapshot" if src.startup != "changes" else "streaming",
+                                          key=keys.get(table.oid, ())))
                 tid += 1
             out: list[Split] = []
             if src.startup != "changes":
@@ -116,6 +122,7 @@ class TablesEnumerator(PostgresEnumerator):
         return [s for s in out if s.split_id not in known]
 
     def discover(self, known: Collection[str]) -> list[Split]:
+        self.previous_name = self.registry_name
         out = super().discover(known)
         if self.started and self.uses_slot and (
             time.monotonic() - self._discovered_at >= self.source.discovery_interval
@@ -176,7 +183,9 @@ class TablesEnumerator(PostgresEnumerator):
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
         after = int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])
-        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", after) for i, t in enumerate(tables)]
+        keys = primary_keys(psycopg_query(conn), [t.oid for t in tables])
+        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", after, keys.get(t.oid, ()))
+                for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
         """The chunk splits of ``entries``, and the tids that got them (a table dropped or renamed since it
@@ -212,6 +221,7 @@ class TablesEnumerator(PostgresEnumerator):
                 [e.with_state("streaming") if e.tid in ids else e for e in self.registry.entries]))
         if self.registry.version != self._retained_at:
             # A planning writes at most three versions (completion, a re-snapshot's start, a poll), so a
-            # retained checkpoint (one of the newest `retain`) names none older than this.
-            registry.retain(self.source.io, self.directory, self.registry.version - 3 * (self.source.retain + 1))
+            # retained checkpoint (one of the newest `retain`) names none older than this (its previous
+            # registry at most one version before its own).
+            registry.retain(self.source.io, self.directory, self.registry.version - 3 * (self.source.retain + 1) - 1)
             self._retained_at = self.registry.version

@@ -7,17 +7,22 @@
   record is flushed but that is not visible yet, e.g. waiting for a synchronous standby) and
   (2) for a table that joined while running, every transaction older than the moment it
   joined has ended (``after_xid``); otherwise the transaction is rolled back and taken again.
-  Why: docs/postgres-source.md, "New tables".
+  Why: docs/postgres-source.md, "New tables". A chunk of a table the patterns no longer match
+  (excluded after it was planned, e.g. as a sink's error about its name says) reads nothing,
+  as its changes in a WAL range are not read either.
 * **A WAL range** ``[start, end)`` is peeked from the slot and decoded in WAL order. Every
   change of a table that matches the patterns becomes a row; before a table's first row, and
-  whenever its Relation message announces other columns, an ``s`` row with its schema.
+  whenever its Relation message announces other columns, an ``s`` row with its schema. The key
+  of a table with a replica identity other than DEFAULT is the one recorded when it was planned,
+  in the registries the epoch's checkpoint names (:func:`.registry.planned_keys`): every read of
+  a range -- also a replay after the table was dropped -- gives the same schema.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -34,6 +39,7 @@ from flinkish_spark.connectors.postgres.pgoutput import (
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
+from flinkish_spark.connectors.postgres.source import registry
 from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.errors import PostgresSourceError
@@ -58,20 +64,36 @@ class TablesReader(SplitReader):
     def __init__(self, source: PostgresSourceHost) -> None:
         self.source = source
         self._conn: Any = None
+        self._ckpt_id: int | None = None
+
+    def begin_epoch(self, ckpt_id: int) -> None:
+        self._ckpt_id = ckpt_id
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):
+            chunk = json.loads(split.payload or "{}")
+            assert self.source.patterns is not None
+            if not self.source.patterns.matches(str(chunk["table"])):
+                # Excluded since it was planned (how a user drops a table a sink cannot take, as the
+                # sink's error says): not read, like its changes in a WAL range.
+                return
             if self._conn is None:
                 self._conn = _chunk_connection(self.source)
             try:
-                yield from read_chunk(self.source, json.loads(split.payload or "{}"), self._conn)
+                yield from read_chunk(self.source, chunk, self._conn)
             except BaseException:
                 self.close()  # the connection may be mid-transaction: the next chunk opens a new one
                 raise
         else:
-            yield from read_changes(self.source, start, end)
+            yield from read_changes(self.source, start, end, None if self._ckpt_id is None else self._planned_keys)
+
+    def _planned_keys(self) -> Mapping[int, tuple[str, ...]]:
+        """The tables' keys as the epoch was planned (its checkpoint names the registries)."""
+        assert self._ckpt_id is not None
+        store = self.source.checkpoint_store()
+        return registry.planned_keys(self.source.io, store.directory, store.read(self._ckpt_id).enumerator_state)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -235,7 +257,10 @@ class _Rows:
         return batch
 
 
-def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def read_changes(src: PostgresSourceHost, start: int, end: int,
+                 planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None = None) -> Iterator[pa.RecordBatch]:
+    """The stream rows of the WAL range ``[start, end)``; ``planned_keys``: the tables' keys as the epoch was
+    planned (see the module docstring; None -- a read outside an epoch -- takes them from the catalog)."""
     assert src.patterns is not None
     patterns = src.patterns
     with connect(src.conn_info, autocommit=True) as conn:
@@ -248,7 +273,7 @@ def read_changes(src: PostgresSourceHost, start: int, end: int) -> Iterator[pa.R
                 rel = decode_message(data)
                 assert isinstance(rel, Relation)
                 relations[rel.relid] = rel
-        schemas = RelationSchemas(psycopg_query(conn))
+        schemas = RelationSchemas(psycopg_query(conn), planned_keys)
         schemas.prepare(r for r in relations.values() if patterns.matches(f"{r.namespace}.{r.name}"))
         rows = _Rows()
         emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
