@@ -25,9 +25,10 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
+from flinkish_spark.errors import ConfigError
 from flinkish_spark.testing.mirror import replay
 
-pytestmark = [pytest.mark.slow, pytest.mark.both_postgres]
 
 UID = "hb"
 SLOT = "flinkish_hb"
@@ -105,6 +106,20 @@ def changes(out: str) -> collections.Counter[tuple[str, str]]:
     return rows
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"heartbeatInterval": "0"}, "option 'heartbeatInterval' must be > 0"),
+    ({"heartbeatInterval": "5", "startup": "snapshot"}, "startup=snapshot uses no replication slot; drop the options "
+                                                        "slotName, publication, onSlotLost and heartbeatInterval"),
+])
+def test_heartbeat_interval_is_checked(options: dict, message: str, tmp_path: Path) -> None:
+    src = PostgresSourceDataSource({"uid": "hb", "checkpoint": str(tmp_path), "url": "postgresql://u@h/db",
+                                    "tables": "public.*", **options})
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        src.setup_source()
+
+
+@pytest.mark.slow
+@pytest.mark.both_postgres
 def test_idle_tables_in_a_busy_database_release_the_wal_exactly_once(pg_url, run_pipeline, tmp_path: Path) -> None:
     stop, out = tmp_path / "stop", str(tmp_path / "out")
     with psycopg.connect(pg_url, autocommit=True) as conn:
