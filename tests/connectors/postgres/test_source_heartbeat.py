@@ -1,14 +1,18 @@
 """Idle followed tables in a busy database: the slot still advances (``heartbeatInterval``), exactly once.
 
-A multi-table source follows two tables that never change while another table of the database
-(outside the pattern) gets about 80 MB of WAL. Run 1 (1-second trigger, ``startup=changes``) is
-killed with kill -9 in the commit of its second epoch -- the first is the empty epoch that
-registers the change split, the second can only be a heartbeat epoch, since nothing of ours
-changed: until it is committed the slot must keep every byte. Run 2 replays and commits it, and
-the slot's retained WAL (``pg_current_wal_lsn() - restart_lsn``) and its ``confirmed_flush_lsn``
-lag must drop below a bound soon, also after a second burst while it runs. Then a row inserted
-into a followed table must arrive exactly once. On PostgreSQL 18 and 15 (which, unlike 14 and
-older, sends nothing for a transaction without a change of the publication).
+End to end: a multi-table source follows two tables that never change while another table of
+the database (outside the pattern) gets about 80 MB of WAL. Run 1 (1-second trigger,
+``startup=changes``) is killed with kill -9 in the commit of its second epoch -- the first is the
+empty epoch that registers the change split, the second can only be a heartbeat epoch, since
+nothing of ours changed: until it is committed the slot must keep every byte. Run 2 replays and
+commits it, and the slot's retained WAL (``pg_current_wal_lsn() - restart_lsn``) and its
+``confirmed_flush_lsn`` lag must drop below a bound soon, also after a second burst while it
+runs. Then a row inserted into a followed table must arrive exactly once.
+
+Without a query: a heartbeat comes only once the slot holds a WAL segment, at most once per
+interval, its range holds no rows, and its completion advances the slot. On PostgreSQL 18 and
+15 (which, unlike 14 and older, sends nothing for a transaction without a change of the
+publication).
 """
 
 from __future__ import annotations
@@ -116,6 +120,45 @@ def test_heartbeat_interval_is_checked(options: dict, message: str, tmp_path: Pa
                                     "tables": "public.*", **options})
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         src.setup_source()
+
+
+@pytest.mark.both_postgres
+def test_a_heartbeat_range_ends_at_the_flush_position_holds_no_rows_and_comes_at_most_every_interval(
+        spark, pg_url, tmp_path: Path) -> None:
+    """The enumerator and reader of a single-table source, without a query (Spark only parses the schema)."""
+    from pyspark.sql.types import StructType
+
+    from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
+    from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE other (id bigserial PRIMARY KEY, pad text)")
+        src = PostgresSourceDataSource({"uid": "hb", "checkpoint": str(tmp_path / "meta"), "url": pg_url, "table": "t",
+                                        "startup": "changes", "heartbeatInterval": "3600"})
+        src.setup_source()
+        enum = src.create_enumerator()
+        (changes,) = enum.discover(set())
+        burst(pg_url, 1 * MB)
+        enum._heartbeat_at = float("-inf")  # the interval has passed
+        assert enum.extent(changes, 0).available == 0  # the slot holds less than a WAL segment: no epoch
+        burst(pg_url, 20 * MB)
+        end = enum.extent(changes, 0).available
+        flush = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+        assert 0 < end <= flush and held(pg_url)[0] >= 20 * MB  # a heartbeat: the range ends at the flush position
+        assert enum.extent(changes, 0).available == 0  # the next one an interval later, not at the next trigger
+        reader = src.create_reader(StructType.fromDDL(src.table_info().spark_ddl()))
+        assert [b.num_rows for b in reader.read(changes, 0, end)] == []  # no rows, on every read
+        assert [b.num_rows for b in reader.read(changes, 0, end)] == []
+        enum.on_checkpoint_complete(SourceCheckpoint("hb", src.name(), 1, None, 0, "{}", enum.snapshot_state(), False,
+                                                     (SplitRecord(changes.split_id, 0, end),)))
+        confirmed = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                 (SLOT,)).fetchone()[0]
+        assert parse_lsn(confirmed) == end  # its completion advanced the slot past the other table's WAL
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+        rows = [r for b in reader.read(changes, end, enum.extent(changes, end).available) for r in b.to_pylist()]
+        assert [(r["id"], r["_op"]) for r in rows] == [(1, "c")]  # the next change of ours, in the next range
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
 
 
 @pytest.mark.slow
