@@ -41,8 +41,8 @@ DEFAULT_TRIGGER_S = 10.0
 
 _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
-SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "slotName",
-                  "publication", "onSlotLost", "passwordEnv", "startup")
+SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
+                  "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
 #: Flink CDC's names for some of them (a pipeline file may use either).
 SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.size": "splitSize",
                       "scan.startup.mode": "startup"}

@@ -30,6 +30,7 @@ from flinkish_spark.source.planning import ReadRange
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_DISCOVERY_INTERVAL_S = 10.0
+DEFAULT_HEARTBEAT_INTERVAL_S = 30.0  # as Flink CDC's heartbeat.interval
 
 
 class PostgresSourceDataSource(SplitDataSource):
@@ -44,6 +45,7 @@ class PostgresSourceDataSource(SplitDataSource):
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
         "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
+        "heartbeatInterval",
     )
 
     def __init__(self, options: Any) -> None:
@@ -70,6 +72,7 @@ class PostgresSourceDataSource(SplitDataSource):
         self.discovery_interval = opts.number("discoveryInterval", DEFAULT_DISCOVERY_INTERVAL_S) or DEFAULT_DISCOVERY_INTERVAL_S
         if self.patterns is None and opts.has("discoveryInterval"):
             raise ConfigError(f"{self.component}: option 'discoveryInterval' applies to 'tables' only")
+        self.heartbeat_interval = opts.number("heartbeatInterval", DEFAULT_HEARTBEAT_INTERVAL_S) or DEFAULT_HEARTBEAT_INTERVAL_S
         self.startup: Startup = opts.choice("startup", ("snapshot", "snapshotThenChanges", "changes"), "snapshotThenChanges")
         self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
         self.split_column = (opts.get("splitColumn") or "").strip() or None
@@ -86,8 +89,9 @@ class PostgresSourceDataSource(SplitDataSource):
         if self.patterns is not None and self.split_column is not None:
             raise ConfigError(f"{self.component}: option 'splitColumn' applies to 'table' only; with 'tables' every "
                               "table is split by its primary key")
-        if self.startup == "snapshot" and (opts.has("slotName") or opts.has("publication") or opts.has("onSlotLost")):
-            raise ConfigError(f"{self.component}: startup=snapshot uses no replication slot; drop the options slotName, publication and onSlotLost")
+        if self.startup == "snapshot" and any(opts.has(o) for o in ("slotName", "publication", "onSlotLost", "heartbeatInterval")):
+            raise ConfigError(f"{self.component}: startup=snapshot uses no replication slot; drop the options slotName, "
+                              "publication, onSlotLost and heartbeatInterval")
         self._table_info: TableInfo | None = None
 
     def config(self) -> dict[str, Any]:

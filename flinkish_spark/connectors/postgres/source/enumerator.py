@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Collection
+import time
+from typing import Any, Collection
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect
-from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, parse_lsn
+from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, format_lsn, parse_lsn
 from flinkish_spark.connectors.postgres.source.changes import peek, with_busy_slot
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
@@ -16,6 +17,10 @@ from flinkish_spark.connectors.postgres.source.splits import changes_id, chunk_i
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.split import Split, SplitExtent
+
+#: A heartbeat epoch is made only while the slot holds at least this much WAL: the default WAL
+#: segment size -- a slot that holds less keeps no WAL file the server could otherwise remove.
+HEARTBEAT_MIN_BYTES = 16 * 1024 * 1024
 
 
 class PostgresEnumerator(SplitEnumerator):
@@ -27,6 +32,7 @@ class PostgresEnumerator(SplitEnumerator):
         self.started = False
         self.snapshot_done = False
         self.changes_discovered = False
+        self._heartbeat_at = time.monotonic()  # of the last heartbeat epoch (not state: a restart waits anew)
 
     # state ----------------------------------------------------------------------------------
 
@@ -129,6 +135,11 @@ class PostgresEnumerator(SplitEnumerator):
         The flush position (not the insert or write position): the reader's peek decodes up
         to the flushed WAL at *its* time, which is never less than this, so the first read
         and every replay see the same transactions.
+
+        With nothing of ours before it, no epoch -- unless a heartbeat is due
+        (:meth:`_heartbeat_due`): then the range ends at the flush position all the same. It
+        holds no rows (the peek just found none, and the reader sees what the peek saw), and
+        its completion advances the slot past the other tables' WAL, as any epoch's does.
         """
         src = self.source
         want = limit or 1
@@ -153,11 +164,32 @@ class PostgresEnumerator(SplitEnumerator):
                 if old <= stale or len(rows) < want + stale:
                     break
                 stale = old
-        if not finals:
-            return position  # nothing new: no epoch (and no empty batch) is made
+            if not finals:
+                # Nothing new: no epoch (and no empty batch), unless the slot must move.
+                return flush if self._heartbeat_due(conn, position, flush) else position
         if limit is not None and len(rows) - old >= limit:
             return finals[-1] + 1  # the peek stopped after a whole transaction: end just after it
         return flush
+
+    def _heartbeat_due(self, conn: Any, position: int, flush: int) -> bool:
+        """Whether an epoch without rows should carry the slot to ``flush``.
+
+        While the followed tables are idle, other tables' WAL piles up behind the slot (its
+        ``restart_lsn``), and only a completed epoch may advance it. So at most every
+        ``heartbeatInterval`` seconds, and only while the slot holds a WAL segment or more
+        (:data:`HEARTBEAT_MIN_BYTES`; an idle server, or one whose WAL is a trickle, never gets
+        an empty batch for it), an epoch ends at the flush position though it holds no rows.
+        """
+        now = time.monotonic()
+        if flush <= position or now - self._heartbeat_at < self.source.heartbeat_interval:
+            return False
+        row = conn.execute(
+            "SELECT pg_wal_lsn_diff(%s::pg_lsn, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s",
+            (format_lsn(flush), self.source.slot_name)).fetchone()
+        if row is None or row[0] is None or int(row[0]) < HEARTBEAT_MIN_BYTES:
+            return False
+        self._heartbeat_at = now
+        return True
 
     def no_more_splits(self) -> bool:
         if not self.started:

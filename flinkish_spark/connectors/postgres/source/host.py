@@ -31,6 +31,7 @@ class PostgresSourceHost(Protocol):
     publication_given: bool
     patterns: TablePatterns | None  # the option 'tables' (None: the single-table option 'table')
     discovery_interval: float
+    heartbeat_interval: float  # seconds: at most one epoch without rows this often, to advance the slot
     retain: int
 
     @property
