@@ -40,32 +40,31 @@ from typing import Any
 from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
 from flinkish_spark.mirror.progress import OBSERVED
 
-#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 130 stopped at once;
+#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 2 refused before the start,
+#: 130 stopped at once;
 #: 128 + N when the pipeline process was killed by signal N (137: SIGKILL -- kill -9, a crash, out of memory).
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
+#: Refused before anything started: a flag, the pipeline file or the preflight (as every ConfigError of the CLI).
+EXIT_REFUSED = 2
 
 
-def preflight(config: MirrorConfig) -> None:
-    """Connect to the source (and a PostgreSQL target) once before Spark starts: a wrong password, host or
-    database is one clear error (:class:`~flinkish_spark.errors.DatabaseAccessError` /
-    ``DatabaseUnavailableError``, password masked) in a second instead of after the JVM's start."""
-    from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
+def preflight(config: MirrorConfig) -> list[str]:
+    """Every problem found before Spark starts, one line each (:mod:`flinkish_spark.mirror.preflight`): a wrong
+    password, a missing privilege, a table without a key, an unwritable target ... in a second, with nothing created."""
+    from flinkish_spark.mirror.preflight import problems
 
-    targets = [(config.source_url, config.source_password, dict(config.source_extra).get("passwordEnv"))]
-    if config.format == "postgres":
-        sink = dict(config.sink_extra)
-        targets.append((sink["url"], config.sink_password, sink.get("passwordEnv")))
-    for url, password, password_env in targets:
-        info = parse_url(url, password_env)
-        if password is not None:
-            info = ConnectionInfo(info.url, None, password)
-        with connect(info, autocommit=True, connect_timeout=10) as conn:
-            conn.execute("SELECT 1")
+    return problems(config)
 
 
 def supervise(config: MirrorConfig) -> int:
-    """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code."""
-    preflight(config)
+    """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code (2: refused by the preflight)."""
+    found = preflight(config)
+    if found:
+        print(f"flinkish mirror: not started, nothing was created; {len(found)} problem{'s' * (len(found) > 1)} to fix "
+              "first:", file=sys.stderr, flush=True)
+        for line in found:
+            print(f"flinkish mirror: {' '.join(line.split())}", file=sys.stderr, flush=True)  # one line each
+        return EXIT_REFUSED
     env = {**os.environ, **config.password_env()}
     child = subprocess.Popen([sys.executable, "-m", "flinkish_spark.mirror.pipeline"], stdin=subprocess.PIPE,
                              env=env, start_new_session=True)

@@ -1,0 +1,234 @@
+"""``flinkish mirror``'s preflight: every mistake that can be found before Spark starts, found there.
+
+Guarantee: :func:`problems` creates nothing -- no replication slot, publication, folder or
+object (a storage probe it writes is deleted again at once) -- and takes a few hundred
+milliseconds. It returns one line per problem, each naming the thing and the fix, all of
+them at once (not one per attempt):
+
+* the source: reachable with these credentials (the password never shown), a supported
+  version, ``wal_level = logical``, a role with REPLICATION (or superuser) for the slot;
+* the publication: with ``publication`` given, that it exists and publishes every matching
+  table completely; else that the role may create it (CREATE on the database, owner of the
+  tables) and that no publication or slot of the mirror's names belongs to something else;
+* the tables: at least one matches, and each can be followed (readable, a primary key, a
+  replica identity that carries it) -- the source's own checks
+  (:func:`~flinkish_spark.connectors.postgres.source.patterns.table_problems`), so what the
+  running source refuses and what the preflight refuses stay the same;
+* the sink: its options, checked by the sink's own DataSource (what ``writeStream.start()``
+  would refuse), the metadata root and the target root writable (a probe file created and
+  deleted), and a PostgreSQL target that is not the source database itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+import uuid
+from typing import Any
+
+from flinkish_spark.errors import FlinkishError, StorageAccessError
+from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.mirror.config import MirrorConfig
+
+#: The DataSource of each routing sink (constructed here exactly as ``writeStream.start()`` does).
+SINK_CLASSES = {"delta": ("flinkish_spark.connectors.delta.sink", "DeltaSinkDataSource"),
+                "iceberg": ("flinkish_spark.connectors.iceberg.sink", "IcebergSinkDataSource"),
+                "postgres": ("flinkish_spark.connectors.postgres.sink", "PostgresSinkDataSource")}
+#: How the tables of a suggested CREATE PUBLICATION are listed at most (then "...").
+_LISTED = 8
+
+
+def source_of(config: MirrorConfig) -> Any:
+    """The mirror's ``flinkish.postgres`` source DataSource, its options validated (nothing connected or written)."""
+    from flinkish_spark.connectors.postgres.connection import ConnectionInfo
+    from flinkish_spark.connectors.postgres.source.datasource import PostgresSourceDataSource
+
+    source = PostgresSourceDataSource(config.source_options())
+    source.setup_source()
+    if config.source_password is not None:  # in this process the password is not in the variable yet
+        source.conn_info = ConnectionInfo(source.conn_info.url, None, config.source_password)
+    return source
+
+
+def problems(config: MirrorConfig) -> list[str]:
+    """Every problem the preflight finds, one line each (empty: the mirror may start)."""
+    found: list[str] = []
+    try:
+        source = source_of(config)
+    except FlinkishError as e:
+        return [str(e)]
+    found += _source_problems(config, source)
+    found += _sink_problems(config)
+    return found
+
+
+# ---------------------------------------------------------------- the source
+
+
+def _source_problems(config: MirrorConfig, source: Any) -> list[str]:
+    from flinkish_spark.connectors.postgres import slot as slots
+    from flinkish_spark.connectors.postgres.connection import check_server_version, connect
+    from flinkish_spark.connectors.postgres.source.patterns import find_tables, table_problems
+
+    what = "--from"
+    uses_slot = source.startup != "snapshot"
+    out: list[str] = []
+    try:
+        conn = connect(source.conn_info, autocommit=True, connect_timeout=10)
+    except FlinkishError as e:
+        return [str(e)]
+    with conn:
+        try:
+            check_server_version(conn, source.conn_info, what)
+        except FlinkishError as e:
+            return [str(e)]
+        user = str(conn.execute("SELECT current_user").fetchone()[0])
+        if uses_slot:
+            for check in (slots.check_wal_level, slots.check_replication_role):
+                try:
+                    check(conn, what)
+                except FlinkishError as e:
+                    out.append(str(e))
+        tables = find_tables(conn, source.patterns)
+        out += [str(e) for e in table_problems(tables, source.patterns, "--tables", uses_slot, user)]
+        if uses_slot and tables:
+            out += _publication_problems(conn, source, tables, user)
+        if config.format == "postgres":
+            out += _target_is_source(config, conn)
+    return out
+
+
+def _publication_problems(conn: Any, source: Any, tables: list[Any], user: str) -> list[str]:
+    """The publication (given, or to be created by the source) and the slot's name, as the source will find them."""
+    from flinkish_spark.connectors.postgres import publication as publications
+    from flinkish_spark.connectors.postgres import slot as slots
+    from flinkish_spark.connectors.postgres.source.catalog import table_columns
+
+    pub, directory = source.publication, source.checkpoint_store().directory
+    owned = slots.Ownership.read(source.io, directory)
+    ours_pub = owned is not None and owned.publication == pub and owned.publication_created
+    out: list[str] = []
+    create = (f"CREATE PUBLICATION {pub} FOR TABLE {_listed(tables)} WITH (publish_via_partition_root = true)")
+    exists = publications.exists(conn, pub)
+    if source.publication_given and not exists:
+        out.append(f"--source-option publication: the publication {pub!r} does not exist. Have the tables' owner "
+                   f"create it: {create}; or leave the option out and the mirror creates its own")
+    elif source.publication_given or ours_pub:
+        columns = table_columns(conn, [t.oid for t in tables])
+        members = publications.published(conn, pub)
+        for t in tables:
+            if not source.publication_given and (t.schema, t.table) not in members:
+                continue  # the source adds it to its own publication
+            try:
+                publications.check(conn, pub, (t.schema, t.table), columns[t.oid], "--source-option publication")
+            except FlinkishError as e:
+                out.append(str(e))
+    elif exists:
+        out.append(str(slots.foreign_publication(pub, directory, "--from")))
+    else:
+        out += _may_create_publication(conn, pub, tables, user, create)
+    state, _lsn, slot_db = slots.slot_info(conn, source.slot_name)
+    ours_slot = owned is not None and owned.slot == source.slot_name and owned.slot_created
+    if state != "missing" and not ours_slot:
+        db = str(conn.execute("SELECT current_database()").fetchone()[0])
+        out.append(str(slots.foreign_slot(source.slot_name, slot_db if slot_db != db else None, directory, "--from")))
+    return out
+
+
+def _may_create_publication(conn: Any, pub: str, tables: list[Any], user: str, create: str) -> list[str]:
+    """CREATE PUBLICATION ... FOR TABLE needs CREATE on the database and ownership of every table."""
+    instead = (f"or have the tables' owner (or a superuser) create the publication -- {create} -- and pass "
+               f"--source-option publication={pub} (pipeline file: source.publication)")
+    db = str(conn.execute("SELECT current_database()").fetchone()[0])
+    out = []
+    if not conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
+        out.append(f"--from: the role {user!r} may not create the publication {pub!r}: that needs CREATE on the "
+                   f"database. GRANT CREATE ON DATABASE {db} TO {user}; {instead}")
+    not_owned = [str(r[0]) for r in conn.execute(
+        "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.oid = ANY(%s) AND NOT pg_has_role(c.relowner, 'USAGE') ORDER BY 1",
+        ([t.oid for t in tables],)).fetchall()]
+    if not_owned:
+        out.append(f"--from: the role {user!r} does not own {', '.join(not_owned[:_LISTED])}"
+                   f"{', ...' if len(not_owned) > _LISTED else ''}, and only a table's owner may add it to the "
+                   f"publication {pub!r} the mirror creates. Make it the owner (ALTER TABLE ... OWNER TO {user}); "
+                   f"{instead}")
+    return out
+
+
+def _listed(tables: list[Any]) -> str:
+    names = [t.name for t in tables]
+    return ", ".join(names[:_LISTED]) + (", ..." if len(names) > _LISTED else "")
+
+
+def _target_is_source(config: MirrorConfig, source_conn: Any) -> list[str]:
+    """A PostgreSQL target that is the source database (however spelled) would upsert onto the live source tables."""
+    from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
+
+    sink = dict(config.sink_extra)
+    info = parse_url(sink["url"], None, "--to")
+    if config.sink_password is not None:
+        info = ConnectionInfo(info.url, None, config.sink_password)
+    try:
+        target = connect(info, autocommit=True, connect_timeout=10)
+    except FlinkishError as e:
+        return [str(e)]
+    # The same server (its start time and port) and the same database: the same tables.
+    identity = "SELECT current_database(), pg_postmaster_start_time(), current_setting('port')"
+    with target:
+        same = target.execute(identity).fetchone() == source_conn.execute(identity).fetchone()
+    if same:
+        return [f"--to names the source database itself ({info.masked}): the mirror would write onto the tables it "
+                "reads. Give another database (or server) as --to"]
+    return []
+
+
+# ---------------------------------------------------------------- the sink and storage
+
+
+def _sink_problems(config: MirrorConfig) -> list[str]:
+    module, name = SINK_CLASSES[config.format]
+    options = {**config.sink_options(), "checkpointLocation": config.spark_checkpoint}
+    try:
+        sink = getattr(importlib.import_module(module), name)(options)  # the sink's own option checks
+    except FlinkishError as e:
+        return [str(e)]
+    roots = [(sink.io, sink.checkpoint_root, "--checkpoint")]
+    if config.format == "delta":
+        roots.append((sink.data_io, config.target[:config.target.index("{")].rstrip("/"), "--to"))
+    elif config.format == "iceberg":
+        roots.append((sink.data_io, sink.catalog_props.get("warehouse") or sink.checkpoint_root, "warehouse"))
+    out = []
+    for io, url, what in roots:
+        try:
+            probe_writable(io, url, what)
+        except FlinkishError as e:
+            out.append(str(e))
+    return out
+
+
+def probe_writable(io: FileIO, url: str, what: str) -> None:
+    """Write and delete a probe file where the first file under ``url`` would go, or raise StorageAccessError.
+
+    Local: in the nearest folder of ``url`` that exists (nothing is created above it). Object
+    stores: an object under ``url`` (put, then deleted). Nothing stays behind either way.
+    """
+    if io.protocol in ("file", "local"):
+        folder = io.strip(url)
+        while folder and not os.path.exists(folder):
+            folder = os.path.dirname(folder.rstrip("/"))
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".flinkish-probe-", dir=folder or ".")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise StorageAccessError(f"{what} {url!r} is not writable: no file can be created in {folder!r} "
+                                     f"({e.strerror}). Give a folder this user may write") from None
+        return
+    probe = f"{url.rstrip('/')}/.flinkish-probe-{uuid.uuid4().hex}"
+    try:
+        io.write_bytes(probe, b"")
+    except FlinkishError as e:
+        raise StorageAccessError(f"{what} {url!r} is not writable: {e}") from None
+    io.delete(probe)
