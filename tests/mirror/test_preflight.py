@@ -46,7 +46,7 @@ def mirror(pg_url: str, tmp_path: Path, *, source: str | None = None, tables: st
            "--to", to or str(tmp_path / "lake"), "--checkpoint", str(tmp_path / "meta"), *extra]
     started = time.monotonic()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"no answer within {TIMEOUT_S}s (the preflight let it through):\n"
                              f"{(e.stdout or b'')[-3000:]!r}\n{(e.stderr or b'')[-3000:]!r}") from None
