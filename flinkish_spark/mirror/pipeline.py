@@ -163,23 +163,28 @@ def run(config: MirrorConfig) -> int:
     """Run the mirror in this process until it is drained, finished, stopped or failed; the exit code."""
     from flinkish_spark.mirror.progress import Progress
 
+    from flinkish_spark.mirror.log import to_log_file
+
     signals = _Signals()
     parent = os.getppid()
+    terminal = to_log_file(config)
+    claimed_before = _claimed(config)
     progress = Progress.for_stdout(config)
-    progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}")
+    progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}"
+                  + ("" if config.verbose else f"; log: {config.log_file}"))
     try:
         how, failure = _run_query(config, signals, parent, progress)
     finally:
         progress.close()
     if how == "failed":
-        _report_failure(config, failure)
-        code = EXIT_FAILED
-    else:
-        code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
-        if how == "finished" and not config.stop_after_snapshot:
-            text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
-                    "nothing more to read. A new --uid starts a new mirror with a new snapshot")
-        print(f"flinkish mirror: {text}", flush=True)
+        _stop_spark()  # first: the slot is in use until its reader has ended
+        _report_failure(config, failure, _release(config, claimed_before), terminal)
+        return EXIT_FAILED
+    code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
+    if how == "finished" and not config.stop_after_snapshot:
+        text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
+                "nothing more to read. A new --uid starts a new mirror with a new snapshot")
+    print(f"flinkish mirror: {text}", flush=True)
     _stop_spark()
     return code
 
@@ -261,17 +266,41 @@ _ENDINGS = {
 }
 
 
-def _report_failure(config: MirrorConfig, exc: Any) -> None:
+def _claimed(config: MirrorConfig) -> bool:
+    """Whether an earlier run created the slot and publication (then a failure of this one leaves them alone)."""
+    from flinkish_spark.mirror.leftovers import claimed
+
+    try:
+        return claimed(config)
+    except Exception:  # noqa: BLE001 - unknown: never drop what may be another run's
+        return True
+
+
+def _release(config: MirrorConfig, claimed_before: bool) -> list[str]:
+    from flinkish_spark.mirror.leftovers import release
+
+    try:
+        return release(config, claimed_before)
+    except Exception as exc:  # noqa: BLE001 - the failure itself is what the user must see
+        return [f"could not check the replication slot and publication this run may have created ({exc}); "
+                "see SELECT slot_name FROM pg_replication_slots"]
+
+
+def _report_failure(config: MirrorConfig, exc: Any, notes: list[str], terminal: Any) -> None:
+    """The full error to the log (stderr, which is the log file unless --verbose); to the user: where it is,
+    what became of the slot, the advice that fits, and -- the last line -- the cause."""
+    from flinkish_spark.mirror.failure import advice, cause
+
     text = str(exc) if exc is not None else "the query ended without a reason"
     for secret in (config.source_password, config.sink_password):
         if secret:
             text = text.replace(secret, "***")
-    # Spark wraps the flinkish error in its own; the line with the error class is what the user needs.
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    flinkish = [ln for ln in lines if "Error: " in ln and "flinkish" in ln.lower() or ln.startswith("flinkish_spark.")]
-    print(f"flinkish mirror: failed: {(flinkish or lines or [text])[0][:2000]}", file=sys.stderr, flush=True)
-    print("flinkish mirror: fix the cause and run the same command again: it continues from the checkpoint",
-          file=sys.stderr, flush=True)
+    print(f"flinkish mirror: failed:\n{text}", file=sys.stderr, flush=True)
+    root = " ".join(cause(text).split())[:2000]
+    lines = [] if config.verbose else [f"the full error (Java and Python traces) is in {config.log_file}"]
+    lines += [*notes, advice(root, text), f"failed: {root}"]
+    for line in lines:
+        print(f"flinkish mirror: {line}", file=terminal, flush=True)
 
 
 def main() -> int:
