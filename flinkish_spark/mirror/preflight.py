@@ -16,7 +16,8 @@ them at once (not one per attempt):
   running source refuses and what the preflight refuses stay the same;
 * the sink: its options, checked by the sink's own DataSource (what ``writeStream.start()``
   would refuse), the metadata root and the target root writable (a probe file created and
-  deleted), and a PostgreSQL target that is not the source database itself.
+  deleted), and a PostgreSQL target that does not write onto the source tables (the source database with
+  a template that names them).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _source_problems(config: MirrorConfig, source: Any) -> list[str]:
         if uses_slot and tables:
             out += _publication_problems(conn, source, tables, user)
         if config.format == "postgres":
-            out += _target_is_source(config, conn)
+            out += _target_is_source(config, conn, tables, source.patterns)
     return out
 
 
@@ -162,8 +163,11 @@ def _listed(tables: list[Any]) -> str:
     return ", ".join(names[:_LISTED]) + (", ..." if len(names) > _LISTED else "")
 
 
-def _target_is_source(config: MirrorConfig, source_conn: Any) -> list[str]:
-    """A PostgreSQL target that is the source database (however spelled) would upsert onto the live source tables."""
+def _target_is_source(config: MirrorConfig, source_conn: Any, tables: list[Any], patterns: Any) -> list[str]:
+    """A PostgreSQL target in the source database (however spelled) whose template names a table the mirror
+    reads -- a source table itself, or one matching ``--tables`` -- would upsert onto the live source tables or
+    mirror its own writes. (Another schema of the same database, e.g. ``mirror.{schema}_{table}``, is fine.)"""
+    from flinkish_spark.connectors.lakehouse.routing import parse_route
     from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
 
     sink = dict(config.sink_extra)
@@ -178,9 +182,19 @@ def _target_is_source(config: MirrorConfig, source_conn: Any) -> list[str]:
     identity = "SELECT current_database(), pg_postmaster_start_time(), current_setting('port')"
     with target:
         same = target.execute(identity).fetchone() == source_conn.execute(identity).fetchone()
-    if same:
-        return [f"--to names the source database itself ({info.masked}): the mirror would write onto the tables it "
-                "reads. Give another database (or server) as --to"]
+    if not same:
+        return []
+    route = parse_route(config.target, "postgres", "table", "--sink-option table")
+    for t in tables:
+        try:
+            name = route.target(t.name)
+        except FlinkishError as e:
+            return [str(e)]
+        if name == t.name or patterns.matches(name):
+            return [f"--to names the source database itself ({info.masked}), and the target of {t.name} is "
+                    f"{name}, a table the mirror reads: it would write onto the live source tables. Give another "
+                    "database (or server) as --to, or a target template outside --tables "
+                    "(--sink-option table=mirror.{schema}_{table})"]
     return []
 
 

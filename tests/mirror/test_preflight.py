@@ -192,3 +192,20 @@ def test_an_s3_target_is_probed_with_a_put_and_a_delete(s3: str, pg_url: str, tm
     io = FileIO.for_url("s3://test/lake", {"endpoint_url": s3})
     assert probe_writable(io, "s3://test/lake", "--to") is None
     assert io.list_names("s3://test/lake") == [] and io.list_names("s3://test") == []
+
+
+def test_another_schema_of_the_source_database_is_a_valid_target(pg_url: str, tmp_path: Path) -> None:
+    """Only a target template that names a table the mirror reads is refused in the source database."""
+    from flinkish_spark.mirror.config import from_args
+    from flinkish_spark.mirror.preflight import problems
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(TABLES)
+
+    def found(*sink_option: str) -> list[str]:
+        return problems(from_args(source=pg_url, tables="public.fh_*", to=pg_url, fmt="postgres",
+                                  checkpoint=str(tmp_path / "meta"), sink_option=sink_option))
+
+    assert found("table=mirror.{schema}_{table}") == []
+    assert any("--to names the source database itself" in p and "public.fh_copy_fh_a" in p
+               for p in found("table={schema}.fh_copy_{table}")), found("table={schema}.fh_copy_{table}")
