@@ -10,8 +10,8 @@ text goes to the mirror's log file.
 
 from __future__ import annotations
 
-import os
 import re
+import socket
 
 _TRACEBACK = "Traceback (most recent call last):"
 #: An exception line of a Python traceback: ``package.module.Name: message`` (or the name alone) at column 0.
@@ -57,7 +57,7 @@ def _fenced(text: str) -> str:
     if m is None:
         return "another run of this mirror holds its checkpoint: stop it first (this one ended; nothing is lost)"
     host, pid = m.group(1), int(m.group(2))
-    if host != os.uname().nodename:
+    if host != socket.gethostname():  # as the lease records it
         return (f"another run of this mirror holds its checkpoint, on host {host}: stop the flinkish mirror "
                 "there first (this one ended; nothing is lost)")
     command = mirror_command(pid)

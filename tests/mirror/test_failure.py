@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -111,3 +112,39 @@ def test_a_run_that_fails_before_its_first_checkpoint_drops_the_slot_and_publica
     assert any("dropped the replication slot 'flinkish_mirror' and the publication 'flinkish_mirror' this run "
                "created" in ln for ln in lines), lines
     assert slots_and_publications(pg_url) == (0, [])
+
+
+def test_the_advice_for_a_fenced_second_copy_names_the_flinkish_mirror_process_to_stop(tmp_path: Path) -> None:
+    """The lease names the process that holds it -- the first copy's driver JVM or a Spark worker; the advice
+    names the ``flinkish mirror`` command that process runs under (the parent of the pipeline process)."""
+    import socket
+
+    from flinkish_spark.mirror.failure import advice, cause
+
+    # A stand-in for the first copy: this test is its "flinkish mirror", a process with the pipeline's module
+    # name in its command line is its pipeline process, and that one's child is the lease holder.
+    ready = tmp_path / "holder.pid"
+    pipeline = subprocess.Popen([sys.executable, "-c",
+                                 "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+                                 "'import time; time.sleep(60)']); open(sys.argv[1], 'w').write(str(p.pid)); p.wait()",
+                                 str(ready), "-m", "flinkish_spark.mirror.pipeline"])
+    try:
+        deadline = time.time() + 30
+        while not ready.exists() or not ready.read_text():
+            assert time.time() < deadline
+            time.sleep(0.05)
+        holder = int(ready.read_text())
+        text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+                '  File "x.py", line 1, in commit\n    lease.acquire()\n'
+                "flinkish_spark.errors.FencedError: sink uid 'mirror_sink' is in use by another live run of this "
+                f"query (run r1 on host {socket.gethostname()} pid {holder}, renewed 0.4s ago). Stop that run first\n"
+                "\tat org.apache.spark.api.python.BasePythonRunner.read(PythonRunner.scala:1)")
+        root = cause(text)
+        assert root.startswith("FencedError: sink uid 'mirror_sink' is in use by another live run"), root
+        said = advice(root, text)
+        assert f"pid {os.getpid()} (" in said and f"kill -TERM {os.getpid()}" in said, said
+        assert "run the same command again" not in said
+    finally:
+        if ready.exists() and ready.read_text():
+            os.kill(int(ready.read_text()), 9)
+        pipeline.wait(timeout=30)
