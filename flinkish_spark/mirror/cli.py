@@ -65,8 +65,8 @@ def config_of(args: argparse.Namespace) -> Any:
 
 
 def run_mirror(args: argparse.Namespace) -> int:
-    from flinkish_spark.mirror.pipeline import supervise
-
     import dataclasses
+
+    from flinkish_spark.mirror.pipeline import supervise
 
     return supervise(dataclasses.replace(config_of(args), verbose=bool(getattr(args, "verbose", False))))

@@ -161,9 +161,8 @@ class _Signals:
 
 def run(config: MirrorConfig) -> int:
     """Run the mirror in this process until it is drained, finished, stopped or failed; the exit code."""
-    from flinkish_spark.mirror.progress import Progress
-
     from flinkish_spark.mirror.log import to_log_file
+    from flinkish_spark.mirror.progress import Progress
 
     signals = _Signals()
     parent = os.getppid()
