@@ -2,8 +2,9 @@
 
 Two processes:
 
-* the **command** (:func:`supervise`, the ``flinkish`` process in the terminal) starts the
-  **pipeline process** (``python -m flinkish_spark.mirror.pipeline``) in a session of its own and
+* the **command** (:func:`supervise`, the ``flinkish`` process in the terminal) first runs the
+  preflight (:mod:`flinkish_spark.mirror.preflight`: every problem in one line each, exit 2, nothing
+  created), then starts the **pipeline process** (``python -m flinkish_spark.mirror.pipeline``) in a session of its own and
   forwards signals to it. Why: Ctrl-C in a terminal sends SIGINT to the whole foreground process
   group, and Spark's Python workers (forked by the JVM) turn SIGINT into ``KeyboardInterrupt``,
   failing the running tasks -- the batch would fail instead of draining. In its own session only
@@ -13,6 +14,9 @@ Two processes:
 * the **pipeline process** (:func:`run`) starts a local Spark session, reads ``flinkish.postgres``
   with ``tables`` and writes the routing sink -- the options a Python user passes
   (:meth:`~flinkish_spark.mirror.config.MirrorConfig.source_options`) -- and shows the progress.
+  Spark's output goes to the log file (:mod:`flinkish_spark.mirror.log`); a failure ends with its
+  cause on the last line (:mod:`flinkish_spark.mirror.failure`), after dropping the slot and
+  publication this run created when nothing references them yet (:mod:`flinkish_spark.mirror.leftovers`).
 
 Stopping: the first SIGTERM/SIGINT calls ``flinkish_spark.stop(query, drain=True)``: the
 source ends its input at the current WAL position (during the snapshot: after the remaining
