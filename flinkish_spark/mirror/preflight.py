@@ -59,7 +59,10 @@ def problems(config: MirrorConfig) -> list[str]:
         source = source_of(config)
     except FlinkishError as e:
         return [str(e)]
-    found += _source_problems(config, source)
+    try:
+        found += _source_problems(config, source)
+    except __import__("psycopg").Error as e:  # a catalog query refused or timed out: say so, start nothing
+        found.append(source.conn_info.mask(f"--from: checking the source failed: {type(e).__name__}: {e}"))
     found += _sink_problems(config)
     return found
 
