@@ -209,3 +209,21 @@ def test_another_schema_of_the_source_database_is_a_valid_target(pg_url: str, tm
     assert found("table=mirror.{schema}_{table}") == []
     assert any("--to names the source database itself" in p and "public.fh_copy_fh_a" in p
                for p in found("table={schema}.fh_copy_{table}")), found("table={schema}.fh_copy_{table}")
+
+
+def test_wal_level_not_logical_is_found_before_anything_is_created(tmp_path: Path) -> None:
+    """A server of its own with ``wal_level = replica`` (the embedded one is logical)."""
+    import os
+
+    if os.environ.get("FLINKISH_TEST_POSTGRES_URL"):
+        pytest.skip("needs a second embedded server")
+    from flinkish_spark.embedded.postgres import temporary_postgres
+
+    with temporary_postgres("flinkish-test-pg-replica-", settings={"wal_level": "replica"}) as server:
+        with psycopg.connect(server.uri, autocommit=True) as conn:
+            conn.execute(TABLES)
+        rc, out, seconds = mirror(server.uri, tmp_path)
+        print(f"wal_level replica: exit {rc} after {seconds:.2f}s")
+        assert rc == 2 and "wal_level is 'replica'" in out and "ALTER SYSTEM SET wal_level = 'logical'" in out, out
+        assert seconds < 10 and slots_and_publications(server.uri) == (0, [])
+        assert not (tmp_path / "lake").exists() and not (tmp_path / "meta").exists()
