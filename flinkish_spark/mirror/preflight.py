@@ -141,24 +141,25 @@ def _publication_problems(conn: Any, source: Any, tables: list[Any], user: str) 
 
 
 def _may_create_publication(conn: Any, pub: str, tables: list[Any], user: str, create: str) -> list[str]:
-    """CREATE PUBLICATION ... FOR TABLE needs CREATE on the database and ownership of every table."""
-    instead = (f"or have the tables' owner (or a superuser) create the publication -- {create} -- and pass "
-               f"--source-option publication={pub} (pipeline file: source.publication)")
+    """CREATE PUBLICATION ... FOR TABLE needs CREATE on the database and ownership of every table: one line
+    naming what is missing, and the alternative (an admin creates it, the mirror is given its name)."""
     db = str(conn.execute("SELECT current_database()").fetchone()[0])
-    out = []
+    missing = []
     if not conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
-        out.append(f"--from: the role {user!r} may not create the publication {pub!r}: that needs CREATE on the "
-                   f"database. GRANT CREATE ON DATABASE {db} TO {user}; {instead}")
+        missing.append(f"CREATE on the database (GRANT CREATE ON DATABASE {db} TO {user})")
     not_owned = [str(r[0]) for r in conn.execute(
         "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.oid = ANY(%s) AND NOT pg_has_role(c.relowner, 'USAGE') ORDER BY 1",
         ([t.oid for t in tables],)).fetchall()]
     if not_owned:
-        out.append(f"--from: the role {user!r} does not own {', '.join(not_owned[:_LISTED])}"
-                   f"{', ...' if len(not_owned) > _LISTED else ''}, and only a table's owner may add it to the "
-                   f"publication {pub!r} the mirror creates. Make it the owner (ALTER TABLE ... OWNER TO {user}); "
-                   f"{instead}")
-    return out
+        listed = ", ".join(not_owned[:_LISTED]) + (", ..." if len(not_owned) > _LISTED else "")
+        missing.append(f"ownership of the tables it publishes -- the role does not own {listed} "
+                       f"(ALTER TABLE ... OWNER TO {user})")
+    if not missing:
+        return []
+    return [f"--from: the role {user!r} may not create the publication {pub!r} the mirror needs: that takes "
+            f"{' and '.join(missing)}. Or have the tables' owner (or a superuser) create it -- {create} -- and pass "
+            f"--source-option publication={pub} (pipeline file: source.publication)"]
 
 
 def _listed(tables: list[Any]) -> str:
