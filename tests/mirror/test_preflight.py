@@ -90,6 +90,13 @@ def given_publication_without_a_table(conn: Any, url: str, db: str) -> dict[str,
     return {"extra": ("--source-option", "publication=fh_pub")}
 
 
+def leftovers_of_another_mirror(conn: Any, url: str, db: str) -> dict[str, Any]:
+    """What a mirror with another checkpoint (or a failed run of old) left: the names this one would create."""
+    conn.execute("CREATE PUBLICATION flinkish_mirror FOR TABLE fh_a")
+    conn.execute("SELECT pg_create_logical_replication_slot('flinkish_mirror', 'pgoutput')")
+    return {}
+
+
 def no_matching_table(conn: Any, url: str, db: str) -> dict[str, Any]:
     return {"tables": "public.nothing_*"}
 
@@ -129,6 +136,9 @@ CASES: list[tuple[Case, list[str]]] = [
     (given_publication_missing, ["the publication 'fh_nope' does not exist", "CREATE PUBLICATION fh_nope"]),
     (given_publication_without_a_table, ["the publication 'fh_pub' does not publish public.fh_b",
                                          "ALTER PUBLICATION fh_pub ADD TABLE public.fh_b"]),
+    (leftovers_of_another_mirror, ["a publication named 'flinkish_mirror' already exists and was not created by "
+                                   "this source", "DROP PUBLICATION flinkish_mirror",
+                                   "SELECT pg_drop_replication_slot('flinkish_mirror')"]),
     (no_matching_table, ["no table matches 'tables' = 'public.nothing_*'"]),
     (no_primary_key, ["table public.fh_nokey matches 'tables' but has no primary key"]),
     (to_under_a_file, ["is not writable"]),
@@ -156,7 +166,8 @@ def test_a_mistake_is_found_before_anything_is_created(case: Case, expected: lis
     assert "starting Spark" not in out and "Traceback" not in out, out[-3000:]
     assert SECRET not in out
     assert seconds < 10, f"{seconds:.1f}s"  # about 1 s here; Spark's start alone takes longer
-    assert slots_and_publications(pg_url) == (0, ["fh_pub"] if case is given_publication_without_a_table else [])
+    left = {given_publication_without_a_table: (0, ["fh_pub"]), leftovers_of_another_mirror: (1, ["flinkish_mirror"])}
+    assert slots_and_publications(pg_url) == left.get(case, (0, []))  # only what the case made itself
     assert not (tmp_path / "lake").exists() and not (tmp_path / "meta").exists()
 
 
