@@ -40,6 +40,15 @@ def cause(text: str) -> str:
     return (flinkish or stripped or [text])[0]
 
 
+def cause_of(exc: object, text: str) -> str:
+    """The cause of a failure ``exc`` whose (password-masked) text is ``text``: Spark's errors through
+    :func:`cause`; an exception raised in this process outside Spark (starting it, the progress view) as is."""
+    if isinstance(exc, BaseException) and not type(exc).__module__.startswith(("pyspark", "py4j")):
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return cause(text)
+
+
 def advice(root: str, text: str) -> str:
     """What to do about a failure whose cause is ``root`` (full Spark text ``text``)."""
     name = root.split(":", 1)[0]

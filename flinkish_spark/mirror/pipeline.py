@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from typing import Any
 
 from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
@@ -172,13 +173,17 @@ def run(config: MirrorConfig) -> int:
     parent = os.getppid()
     terminal = to_log_file(config)
     claimed_before = _claimed(config)
-    progress = Progress.for_stdout(config)
-    progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}"
-                  + ("" if config.verbose else f"; log: {config.log_file}"))
     try:
-        how, failure = _run_query(config, signals, parent, progress)
-    finally:
-        progress.close()
+        progress = Progress.for_stdout(config)
+        progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}"
+                      + ("" if config.verbose else f"; log: {config.log_file}"))
+        try:
+            how, failure = _run_query(config, signals, parent, progress)
+        finally:
+            progress.close()
+    except Exception as exc:  # noqa: BLE001 - a defect outside the query: its traceback to the log, its cause to the user
+        traceback.print_exc()
+        how, failure = "failed", exc
     if how == "failed":
         _stop_spark()  # first: the slot is in use until its reader has ended
         _report_failure(config, failure, _release(config, claimed_before), terminal)
@@ -292,14 +297,14 @@ def _release(config: MirrorConfig, claimed_before: bool) -> list[str]:
 def _report_failure(config: MirrorConfig, exc: Any, notes: list[str], terminal: Any) -> None:
     """The full error to the log (stderr, which is the log file unless --verbose); to the user: where it is,
     what became of the slot, the advice that fits, and -- the last line -- the cause."""
-    from flinkish_spark.mirror.failure import advice, cause
+    from flinkish_spark.mirror.failure import advice, cause_of
 
     text = str(exc) if exc is not None else "the query ended without a reason"
     for secret in (config.source_password, config.sink_password):
         if secret:
             text = text.replace(secret, "***")
     print(f"flinkish mirror: failed:\n{text}", file=sys.stderr, flush=True)
-    root = " ".join(cause(text).split())[:2000]
+    root = " ".join(cause_of(exc, text).split())[:2000]
     lines = [] if config.verbose else [f"the full error (Java and Python traces) is in {config.log_file}"]
     lines += [*notes, advice(root, text), f"failed: {root}"]
     for line in lines:

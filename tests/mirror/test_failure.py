@@ -148,3 +148,19 @@ def test_the_advice_for_a_fenced_second_copy_names_the_flinkish_mirror_process_t
         if ready.exists() and ready.read_text():
             os.kill(int(ready.read_text()), 9)
         pipeline.wait(timeout=30)
+
+
+def test_the_cause_of_an_error_raised_outside_spark_names_its_type() -> None:
+    from flinkish_spark.errors import EnvironmentSetupError
+    from flinkish_spark.mirror.failure import cause, cause_of
+
+    exc = EnvironmentSetupError("no Java 17 found: install a JDK\nmore detail")
+    assert cause_of(exc, str(exc)) == "EnvironmentSetupError: no Java 17 found: install a JDK"
+    # Chained Python exceptions in Spark's text: the last traceback's is the one the code raised.
+    text = ("[STREAM_FAILED] Query terminated with exception: [PYTHON_EXCEPTION] Traceback (most recent call last):\n"
+            '  File "a.py", line 1, in f\n    g()\npsycopg.errors.InsufficientPrivilege: permission denied for table t\n\n'
+            "The above exception was the direct cause of the following exception:\n\n"
+            'Traceback (most recent call last):\n  File "b.py", line 2, in h\n    raise X from e\n'
+            "flinkish_spark.errors.PostgresSourceError: reading a chunk of public.t failed: permission denied\n"
+            "\tat org.apache.spark.api.python.BasePythonRunner.read(PythonRunner.scala:1)\n")
+    assert cause(text) == "PostgresSourceError: reading a chunk of public.t failed: permission denied"
