@@ -118,19 +118,21 @@ def _publication_problems(conn: Any, source: Any, tables: list[Any], user: str) 
     if source.publication_given and not exists:
         out.append(f"--source-option publication: the publication {pub!r} does not exist. Have the tables' owner "
                    f"create it: {create}; or leave the option out and the mirror creates its own")
-    elif source.publication_given or ours_pub:
+    elif exists and not source.publication_given and not ours_pub:
+        out.append(str(slots.foreign_publication(pub, directory, "--from")))
+    elif exists:
         columns = table_columns(conn, [t.oid for t in tables])
         members = publications.published(conn, pub)
+        joining = [t for t in tables if not source.publication_given and (t.schema, t.table) not in members]
         for t in tables:
-            if not source.publication_given and (t.schema, t.table) not in members:
-                continue  # the source adds it to its own publication
-            try:
-                publications.check(conn, pub, (t.schema, t.table), columns[t.oid], "--source-option publication")
-            except FlinkishError as e:
-                out.append(str(e))
-    elif exists:
-        out.append(str(slots.foreign_publication(pub, directory, "--from")))
-    else:
+            if t not in joining:
+                try:
+                    publications.check(conn, pub, (t.schema, t.table), columns[t.oid], "--source-option publication")
+                except FlinkishError as e:
+                    out.append(str(e))
+        if joining:  # the source adds them to its own publication: ALTER PUBLICATION ... ADD TABLE, owner only
+            out += _may_create_publication(conn, pub, joining, user, create, database=False)
+    else:  # the source creates it (a new mirror, or one whose failed first run dropped it)
         out += _may_create_publication(conn, pub, tables, user, create)
     state, _lsn, slot_db = slots.slot_info(conn, source.slot_name)
     ours_slot = owned is not None and owned.slot == source.slot_name and owned.slot_created
@@ -140,12 +142,14 @@ def _publication_problems(conn: Any, source: Any, tables: list[Any], user: str) 
     return out
 
 
-def _may_create_publication(conn: Any, pub: str, tables: list[Any], user: str, create: str) -> list[str]:
-    """CREATE PUBLICATION ... FOR TABLE needs CREATE on the database and ownership of every table: one line
-    naming what is missing, and the alternative (an admin creates it, the mirror is given its name)."""
+def _may_create_publication(conn: Any, pub: str, tables: list[Any], user: str, create: str,
+                            database: bool = True) -> list[str]:
+    """CREATE PUBLICATION ... FOR TABLE needs CREATE on the ``database`` and ownership of every table (ALTER
+    PUBLICATION ... ADD TABLE the latter only): one line naming what is missing, and the alternative (an admin
+    creates it, the mirror is given its name)."""
     db = str(conn.execute("SELECT current_database()").fetchone()[0])
     missing = []
-    if not conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
+    if database and not conn.execute("SELECT has_database_privilege(current_database(), 'CREATE')").fetchone()[0]:
         missing.append(f"CREATE on the database (GRANT CREATE ON DATABASE {db} TO {user})")
     not_owned = [str(r[0]) for r in conn.execute(
         "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -157,7 +161,8 @@ def _may_create_publication(conn: Any, pub: str, tables: list[Any], user: str, c
                        f"(ALTER TABLE ... OWNER TO {user})")
     if not missing:
         return []
-    return [f"--from: the role {user!r} may not create the publication {pub!r} the mirror needs: that takes "
+    act = "create the publication" if database else f"add {_listed(tables)} to the publication"
+    return [f"--from: the role {user!r} may not {act} {pub!r} the mirror needs: that takes "
             f"{' and '.join(missing)}. Or have the tables' owner (or a superuser) create it -- {create} -- and pass "
             f"--source-option publication={pub} (pipeline file: source.publication)"]
 
