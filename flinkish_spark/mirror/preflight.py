@@ -7,9 +7,10 @@ them at once (not one per attempt):
 
 * the source: reachable with these credentials (the password never shown), a supported
   version, ``wal_level = logical``, a role with REPLICATION (or superuser) for the slot;
-* the publication: with ``publication`` given, that it exists and publishes every matching
-  table completely; else that the role may create it (CREATE on the database, owner of the
-  tables) and that no publication or slot of the mirror's names belongs to something else;
+* the publication: one that exists and is given (``publication``) or the mirror's own must publish
+  every matching table completely; one the source will create (the mirror's, or a given name that
+  does not exist yet) needs CREATE on the database and ownership of the tables; a publication or
+  slot of the mirror's names must not belong to something else;
 * the tables: at least one matches, and each can be followed (readable, a primary key, a
   replica identity that carries it) -- the source's own checks
   (:func:`~flinkish_spark.connectors.postgres.source.patterns.table_problems`), so what the
@@ -115,10 +116,9 @@ def _publication_problems(conn: Any, source: Any, tables: list[Any], user: str) 
     out: list[str] = []
     create = (f"CREATE PUBLICATION {pub} FOR TABLE {_listed(tables)} WITH (publish_via_partition_root = true)")
     exists = publications.exists(conn, pub)
-    if source.publication_given and not exists:
-        out.append(f"--source-option publication: the publication {pub!r} does not exist. Have the tables' owner "
-                   f"create it: {create}; or leave the option out and the mirror creates its own")
-    elif exists and not source.publication_given and not ours_pub:
+    if not exists:  # the source creates it: a new mirror, a name given for it, or ours that a failed run dropped
+        out += _may_create_publication(conn, pub, tables, user, create, given=source.publication_given)
+    elif not source.publication_given and not ours_pub:
         out.append(str(slots.foreign_publication(pub, directory, "--from")))
     elif exists:
         columns = table_columns(conn, [t.oid for t in tables])
@@ -132,8 +132,6 @@ def _publication_problems(conn: Any, source: Any, tables: list[Any], user: str) 
                     out.append(str(e))
         if joining:  # the source adds them to its own publication: ALTER PUBLICATION ... ADD TABLE, owner only
             out += _may_create_publication(conn, pub, joining, user, create, database=False)
-    else:  # the source creates it (a new mirror, or one whose failed first run dropped it)
-        out += _may_create_publication(conn, pub, tables, user, create)
     state, _lsn, slot_db = slots.slot_info(conn, source.slot_name)
     ours_slot = owned is not None and owned.slot == source.slot_name and owned.slot_created
     if state != "missing" and not ours_slot:
@@ -143,7 +141,7 @@ def _publication_problems(conn: Any, source: Any, tables: list[Any], user: str) 
 
 
 def _may_create_publication(conn: Any, pub: str, tables: list[Any], user: str, create: str,
-                            database: bool = True) -> list[str]:
+                            database: bool = True, given: bool = False) -> list[str]:
     """CREATE PUBLICATION ... FOR TABLE needs CREATE on the ``database`` and ownership of every table (ALTER
     PUBLICATION ... ADD TABLE the latter only): one line naming what is missing, and the alternative (an admin
     creates it, the mirror is given its name)."""
@@ -161,6 +159,10 @@ def _may_create_publication(conn: Any, pub: str, tables: list[Any], user: str, c
                        f"(ALTER TABLE ... OWNER TO {user})")
     if not missing:
         return []
+    if given:
+        return [f"--source-option publication: the publication {pub!r} does not exist, and the role {user!r} may not "
+                f"create it: that takes {' and '.join(missing)}. Or have the tables' owner (or a superuser) create it: "
+                f"{create}"]
     act = "create the publication" if database else f"add {_listed(tables)} to the publication"
     return [f"--from: the role {user!r} may not {act} {pub!r} the mirror needs: that takes "
             f"{' and '.join(missing)}. Or have the tables' owner (or a superuser) create it -- {create} -- and pass "

@@ -82,7 +82,10 @@ def no_select(conn: Any, url: str, db: str) -> dict[str, Any]:
 
 
 def given_publication_missing(conn: Any, url: str, db: str) -> dict[str, Any]:
-    return {"extra": ("--source-option", "publication=fh_nope")}
+    """A name given for a publication that does not exist: the source would create it, which this role may not."""
+    role(conn, "fh_repl", "REPLICATION")
+    conn.execute("GRANT SELECT ON fh_a, fh_b TO fh_repl")
+    return {"source": as_role(url, "fh_repl"), "extra": ("--source-option", "publication=fh_nope")}
 
 
 def given_publication_without_a_table(conn: Any, url: str, db: str) -> dict[str, Any]:
@@ -133,7 +136,9 @@ CASES: list[tuple[Case, list[str]]] = [
     (not_the_tables_owner, ["may not create the publication", "does not own public.fh_a, public.fh_b",
                             "--source-option publication="]),
     (no_select, ["GRANT SELECT ON public.fh_b TO fh_owner"]),
-    (given_publication_missing, ["the publication 'fh_nope' does not exist", "CREATE PUBLICATION fh_nope"]),
+    (given_publication_missing, ["the publication 'fh_nope' does not exist, and the role 'fh_repl' may not create it",
+                                 "GRANT CREATE ON DATABASE", "does not own public.fh_a, public.fh_b",
+                                 "CREATE PUBLICATION fh_nope FOR TABLE public.fh_a, public.fh_b"]),
     (given_publication_without_a_table, ["the publication 'fh_pub' does not publish public.fh_b",
                                          "ALTER PUBLICATION fh_pub ADD TABLE public.fh_b"]),
     (leftovers_of_another_mirror, ["a publication named 'flinkish_mirror' already exists and was not created by "
@@ -221,6 +226,19 @@ def test_another_schema_of_the_source_database_is_a_valid_target(pg_url: str, tm
     assert found("table=mirror.{schema}_{table}") == []
     assert any("--to names the source database itself" in p and "public.fh_copy_fh_a" in p
                for p in found("table={schema}.fh_copy_{table}")), found("table={schema}.fh_copy_{table}")
+
+
+def test_a_given_publication_name_that_does_not_exist_yet_is_created_by_a_role_that_may(pg_url: str,
+                                                                                      tmp_path: Path) -> None:
+    """As the source documents: a name given for a publication that does not exist is created (here: a superuser)."""
+    from flinkish_spark.mirror.config import from_args
+    from flinkish_spark.mirror.preflight import problems
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(TABLES)
+    assert problems(from_args(source=pg_url, tables="public.fh_*", to=str(tmp_path / "lake"), fmt=None,
+                              checkpoint=str(tmp_path / "meta"), source_option=["publication=fh_new"])) == []
+    assert slots_and_publications(pg_url) == (0, []) and not (tmp_path / "lake").exists()
 
 
 def test_wal_level_not_logical_is_found_before_anything_is_created(tmp_path: Path) -> None:
