@@ -40,6 +40,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="a flinkish.postgres source option, e.g. splitSize=50000 (repeatable)")
     m.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
+    m.add_argument("--verbose", action="store_true", help="Spark's log and the full traces of a failure on the "
+                   "terminal (default: in the log file the command names)")
     return m
 
 
@@ -96,6 +98,8 @@ def config_of(args: argparse.Namespace) -> Any:
 
 
 def run_mirror(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from flinkish_spark.mirror.pipeline import supervise
 
-    return supervise(config_of(args))
+    return supervise(dataclasses.replace(config_of(args), verbose=bool(getattr(args, "verbose", False))))

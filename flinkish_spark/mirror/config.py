@@ -79,10 +79,16 @@ class MirrorConfig:
     trigger_s: float = DEFAULT_TRIGGER_S
     stop_after_snapshot: bool = False
     master: str = "local[2]"
+    verbose: bool = False  # Spark's log and the full traces on the terminal instead of in :attr:`log_file`
     source_extra: tuple[tuple[str, str], ...] = ()
     sink_extra: tuple[tuple[str, str], ...] = ()  # for postgres also ("url", ...) without password
     source_password: str | None = field(default=None, repr=False)
     sink_password: str | None = field(default=None, repr=False)
+
+    @property
+    def log_file(self) -> str:
+        """The pipeline's log (Spark's own, the full traces of a failure): beside Spark's checkpoint, on this machine."""
+        return self.spark_checkpoint.rstrip("/") + ".log"
 
     @property
     def sink_uid(self) -> str:

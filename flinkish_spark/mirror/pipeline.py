@@ -2,8 +2,9 @@
 
 Two processes:
 
-* the **command** (:func:`supervise`, the ``flinkish`` process in the terminal) starts the
-  **pipeline process** (``python -m flinkish_spark.mirror.pipeline``) in a session of its own and
+* the **command** (:func:`supervise`, the ``flinkish`` process in the terminal) first runs the
+  preflight (:mod:`flinkish_spark.mirror.preflight`: every problem in one line each, exit 2, nothing
+  created), then starts the **pipeline process** (``python -m flinkish_spark.mirror.pipeline``) in a session of its own and
   forwards signals to it. Why: Ctrl-C in a terminal sends SIGINT to the whole foreground process
   group, and Spark's Python workers (forked by the JVM) turn SIGINT into ``KeyboardInterrupt``,
   failing the running tasks -- the batch would fail instead of draining. In its own session only
@@ -13,6 +14,9 @@ Two processes:
 * the **pipeline process** (:func:`run`) starts a local Spark session, reads ``flinkish.postgres``
   with ``tables`` and writes the routing sink -- the options a Python user passes
   (:meth:`~flinkish_spark.mirror.config.MirrorConfig.source_options`) -- and shows the progress.
+  Spark's output goes to the log file (:mod:`flinkish_spark.mirror.log`); a failure ends with its
+  cause on the last line (:mod:`flinkish_spark.mirror.failure`), after dropping the slot and
+  publication this run created when nothing references them yet (:mod:`flinkish_spark.mirror.leftovers`).
 
 Stopping: the first SIGTERM/SIGINT calls ``flinkish_spark.stop(query, drain=True)``: the
 source ends its input at the current WAL position (during the snapshot: after the remaining
@@ -35,37 +39,37 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from typing import Any
 
 from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
 from flinkish_spark.mirror.progress import OBSERVED
 
-#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 130 stopped at once;
+#: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 2 refused before the start,
+#: 130 stopped at once;
 #: 128 + N when the pipeline process was killed by signal N (137: SIGKILL -- kill -9, a crash, out of memory).
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
+#: Refused before anything started: a flag, the pipeline file or the preflight (as every ConfigError of the CLI).
+EXIT_REFUSED = 2
 
 
-def preflight(config: MirrorConfig) -> None:
-    """Connect to the source (and a PostgreSQL target) once before Spark starts: a wrong password, host or
-    database is one clear error (:class:`~flinkish_spark.errors.DatabaseAccessError` /
-    ``DatabaseUnavailableError``, password masked) in a second instead of after the JVM's start."""
-    from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
+def preflight(config: MirrorConfig) -> list[str]:
+    """Every problem found before Spark starts, one line each (:mod:`flinkish_spark.mirror.preflight`): a wrong
+    password, a missing privilege, a table without a key, an unwritable target ... in a second, with nothing created."""
+    from flinkish_spark.mirror.preflight import problems
 
-    targets = [(config.source_url, config.source_password, dict(config.source_extra).get("passwordEnv"))]
-    if config.format == "postgres":
-        sink = dict(config.sink_extra)
-        targets.append((sink["url"], config.sink_password, sink.get("passwordEnv")))
-    for url, password, password_env in targets:
-        info = parse_url(url, password_env)
-        if password is not None:
-            info = ConnectionInfo(info.url, None, password)
-        with connect(info, autocommit=True, connect_timeout=10) as conn:
-            conn.execute("SELECT 1")
+    return problems(config)
 
 
 def supervise(config: MirrorConfig) -> int:
-    """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code."""
-    preflight(config)
+    """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code (2: refused by the preflight)."""
+    found = preflight(config)
+    if found:
+        print(f"flinkish mirror: not started, nothing was created; {len(found)} problem{'s' * (len(found) > 1)} to fix "
+              "first:", file=sys.stderr, flush=True)
+        for line in found:
+            print(f"flinkish mirror: {' '.join(line.split())}", file=sys.stderr, flush=True)  # one line each
+        return EXIT_REFUSED
     env = {**os.environ, **config.password_env()}
     child = subprocess.Popen([sys.executable, "-m", "flinkish_spark.mirror.pipeline"], stdin=subprocess.PIPE,
                              env=env, start_new_session=True)
@@ -162,25 +166,33 @@ class _Signals:
 
 def run(config: MirrorConfig) -> int:
     """Run the mirror in this process until it is drained, finished, stopped or failed; the exit code."""
+    from flinkish_spark.mirror.log import to_log_file
     from flinkish_spark.mirror.progress import Progress
 
     signals = _Signals()
     parent = os.getppid()
-    progress = Progress.for_stdout(config)
-    progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}")
+    terminal = to_log_file(config)
+    claimed_before = _claimed(config)
     try:
-        how, failure = _run_query(config, signals, parent, progress)
-    finally:
-        progress.close()
+        progress = Progress.for_stdout(config)
+        progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}"
+                      + ("" if config.verbose else f"; log: {config.log_file}"))
+        try:
+            how, failure = _run_query(config, signals, parent, progress)
+        finally:
+            progress.close()
+    except Exception as exc:  # noqa: BLE001 - a defect outside the query: its traceback to the log, its cause to the user
+        traceback.print_exc()
+        how, failure = "failed", exc
     if how == "failed":
-        _report_failure(config, failure)
-        code = EXIT_FAILED
-    else:
-        code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
-        if how == "finished" and not config.stop_after_snapshot:
-            text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
-                    "nothing more to read. A new --uid starts a new mirror with a new snapshot")
-        print(f"flinkish mirror: {text}", flush=True)
+        _stop_spark()  # first: the slot is in use until its reader has ended
+        _report_failure(config, failure, _release(config, claimed_before), terminal)
+        return EXIT_FAILED
+    code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
+    if how == "finished" and not config.stop_after_snapshot:
+        text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
+                "nothing more to read. A new --uid starts a new mirror with a new snapshot")
+    print(f"flinkish mirror: {text}", flush=True)
     _stop_spark()
     return code
 
@@ -262,17 +274,41 @@ _ENDINGS = {
 }
 
 
-def _report_failure(config: MirrorConfig, exc: Any) -> None:
+def _claimed(config: MirrorConfig) -> bool:
+    """Whether an earlier run created the slot and publication (then a failure of this one leaves them alone)."""
+    from flinkish_spark.mirror.leftovers import claimed
+
+    try:
+        return claimed(config)
+    except Exception:  # noqa: BLE001 - unknown: never drop what may be another run's
+        return True
+
+
+def _release(config: MirrorConfig, claimed_before: bool) -> list[str]:
+    from flinkish_spark.mirror.leftovers import release
+
+    try:
+        return release(config, claimed_before)
+    except Exception as exc:  # noqa: BLE001 - the failure itself is what the user must see
+        return [f"could not check the replication slot and publication this run may have created ({exc}); "
+                "see SELECT slot_name FROM pg_replication_slots"]
+
+
+def _report_failure(config: MirrorConfig, exc: Any, notes: list[str], terminal: Any) -> None:
+    """The full error to the log (stderr, which is the log file unless --verbose); to the user: where it is,
+    what became of the slot, the advice that fits, and -- the last line -- the cause."""
+    from flinkish_spark.mirror.failure import advice, cause_of
+
     text = str(exc) if exc is not None else "the query ended without a reason"
     for secret in (config.source_password, config.sink_password):
         if secret:
             text = text.replace(secret, "***")
-    # Spark wraps the flinkish error in its own; the line with the error class is what the user needs.
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    flinkish = [ln for ln in lines if "Error: " in ln and "flinkish" in ln.lower() or ln.startswith("flinkish_spark.")]
-    print(f"flinkish mirror: failed: {(flinkish or lines or [text])[0][:2000]}", file=sys.stderr, flush=True)
-    print("flinkish mirror: fix the cause and run the same command again: it continues from the checkpoint",
-          file=sys.stderr, flush=True)
+    print(f"flinkish mirror: failed:\n{text}", file=sys.stderr, flush=True)
+    root = " ".join(cause_of(exc, text).split())[:2000]
+    lines = [] if config.verbose else [f"the full error (Java and Python traces) is in {config.log_file}"]
+    lines += [*notes, advice(root, text), f"failed: {root}"]
+    for line in lines:
+        print(f"flinkish mirror: {line}", file=terminal, flush=True)
 
 
 def main() -> int:

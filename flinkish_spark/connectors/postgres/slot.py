@@ -57,6 +57,12 @@ class Ownership:
 
 def check_logical_replication(conn: Any, what: str) -> None:
     """``wal_level = logical`` and a role that may use replication slots, or a clear error."""
+    check_wal_level(conn, what)
+    check_replication_role(conn, what)
+
+
+def check_wal_level(conn: Any, what: str) -> None:
+    """``wal_level = logical``, or a clear error."""
     wal_level = conn.execute("SHOW wal_level").fetchone()[0]
     if wal_level != "logical":
         raise PostgresSourceError(
@@ -64,6 +70,10 @@ def check_logical_replication(conn: Any, what: str) -> None:
             "ALTER SYSTEM SET wal_level = 'logical' (or wal_level = logical in postgresql.conf; on managed "
             "services the 'logical replication' parameter) and restart the server; or use startup=snapshot"
         )
+
+
+def check_replication_role(conn: Any, what: str) -> None:
+    """A role that may create and use replication slots (REPLICATION or superuser), or a clear error."""
     row = conn.execute(
         "SELECT rolreplication OR rolsuper, current_user FROM pg_roles WHERE rolname = current_user"
     ).fetchone()
@@ -121,23 +131,14 @@ def ensure_slot_and_publication(
     ours_pub = claimed is not None and claimed.publication == publication and claimed.publication_created
     ours_slot = claimed is not None and claimed.slot == slot and claimed.slot_created and claimed.database == db
     if pub_exists and not ours_pub and not publication_given:
-        raise PostgresSourceError(
-            f"{what}: a publication named {publication!r} already exists and was not created by this source "
-            f"(its checkpoint folder {directory} does not claim it). Name another one with the option "
-            "'publication', drop the old one (DROP PUBLICATION ...), or pass it explicitly if it is meant to be used"
-        )
+        raise foreign_publication(publication, directory, what)
     if pub_exists and ours_pub:
         publications.add(conn, publication, list(tables))  # a first run that crashed before adding them all
     if pub_exists:
         for table, columns in tables.items():
             publications.check(conn, publication, table, columns, what)
     if state != "missing" and not ours_slot:
-        where = f" (in database {slot_db!r})" if slot_db and slot_db != db else ""
-        raise PostgresSourceError(
-            f"{what}: a replication slot named {slot!r}{where} already exists and was not created by this "
-            f"source (its checkpoint folder {directory} does not claim it). Name another one with the option "
-            f"'slotName', or drop the old one: SELECT pg_drop_replication_slot('{slot}')"
-        )
+        raise foreign_slot(slot, slot_db if slot_db != db else None, directory, what)
     owned = Ownership(db, slot, publication, slot_created=True, publication_created=not pub_exists or ours_pub)
     # Recorded before creating: a crash in between leaves a claim on something that may not
     # exist (harmless), never something created and unclaimed (which would block the restart).
@@ -152,6 +153,26 @@ def ensure_slot_and_publication(
     if state != "ok":
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     return owned
+
+
+def foreign_publication(publication: str, directory: str, what: str) -> PostgresSourceError:
+    """The refusal of a publication of the source's name that its checkpoint folder does not claim."""
+    return PostgresSourceError(
+        f"{what}: a publication named {publication!r} already exists and was not created by this source "
+        f"(its checkpoint folder {directory} does not claim it). Name another one with the option "
+        f"'publication', drop the old one (DROP PUBLICATION {publication}), or pass it explicitly if it is meant "
+        "to be used"
+    )
+
+
+def foreign_slot(slot: str, other_database: str | None, directory: str, what: str) -> PostgresSourceError:
+    """The refusal of a replication slot of the source's name that its checkpoint folder does not claim."""
+    where = f" (in database {other_database!r})" if other_database else ""
+    return PostgresSourceError(
+        f"{what}: a replication slot named {slot!r}{where} already exists and was not created by this "
+        f"source (its checkpoint folder {directory} does not claim it). Name another one with the option "
+        f"'slotName', or drop the old one: SELECT pg_drop_replication_slot('{slot}')"
+    )
 
 
 def start_lsn(conn: Any, slot: str) -> int:

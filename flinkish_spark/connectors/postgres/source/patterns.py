@@ -119,11 +119,11 @@ def find_tables(conn: Any, patterns: TablePatterns) -> list[FoundTable]:
     return sorted((f for f in found if patterns.matches(f.name)), key=lambda f: f.name)
 
 
-def check_followable(table: FoundTable, what: str, uses_slot: bool) -> None:
+def check_followable(table: FoundTable, what: str, uses_slot: bool, role: str = "<the role>") -> None:
     """A table whose changes can be mirrored by key, or one clear error naming it and the fix."""
     if not table.readable:
         raise PostgresSourceError(f"{what}: table {table.name} matches 'tables' but this role may not read it: "
-                          f"GRANT SELECT ON {table.name} TO <the role>, or exclude it with !{table.name}")
+                                  f"GRANT SELECT ON {table.name} TO {role}, or exclude it with !{table.name}")
     if not table.has_key:
         raise PostgresSourceError(
             f"{what}: table {table.name} matches 'tables' but has no primary key; its snapshot is split and its "
@@ -138,14 +138,28 @@ def check_followable(table: FoundTable, what: str, uses_slot: bool) -> None:
         )
 
 
+def table_problems(found: list[FoundTable], patterns: TablePatterns, what: str, uses_slot: bool,
+                   role: str = "<the role>") -> list[PostgresSourceError]:
+    """Every reason the matching tables ``found`` cannot be mirrored (none matching, or each table that cannot
+    be followed), one error each -- for a preflight that names them all at once."""
+    if not found:
+        return [PostgresSourceError(
+            f"{what}: no table matches 'tables' = {patterns.text!r} (ordinary or partitioned tables this role can "
+            "see). Check the names, or create the tables first"
+        )]
+    problems = []
+    for table in found:
+        try:
+            check_followable(table, what, uses_slot, role)
+        except PostgresSourceError as e:
+            problems.append(e)
+    return problems
+
+
 def followable_tables(conn: Any, patterns: TablePatterns, what: str, uses_slot: bool) -> list[FoundTable]:
     """The matching tables, each one followable; a clear error when none matches or one cannot be followed."""
     found = find_tables(conn, patterns)
-    if not found:
-        raise PostgresSourceError(
-            f"{what}: no table matches 'tables' = {patterns.text!r} (ordinary or partitioned tables this role can "
-            "see). Check the names, or create the tables first"
-        )
-    for table in found:
-        check_followable(table, what, uses_slot)
+    problems = table_problems(found, patterns, what, uses_slot)
+    if problems:
+        raise problems[0]
     return found
