@@ -65,6 +65,12 @@ def preflight(config: MirrorConfig) -> None:
 
 def supervise(config: MirrorConfig) -> int:
     """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code."""
+    from flinkish_spark.mirror.finished import ended_before
+
+    ended = ended_before(config)  # a drained mirror: say so from its metadata, without starting Spark
+    if ended is not None:
+        print(f"flinkish mirror: {ended}", flush=True)
+        return EXIT_OK
     preflight(config)
     env = {**os.environ, **config.password_env()}
     child = subprocess.Popen([sys.executable, "-m", "flinkish_spark.mirror.pipeline"], stdin=subprocess.PIPE,
@@ -178,8 +184,7 @@ def run(config: MirrorConfig) -> int:
     else:
         code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
         if how == "finished" and not config.stop_after_snapshot:
-            text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
-                    "nothing more to read. A new --uid starts a new mirror with a new snapshot")
+            from flinkish_spark.mirror.finished import DRAINED as text
         print(f"flinkish mirror: {text}", flush=True)
     _stop_spark()
     return code
