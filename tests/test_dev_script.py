@@ -41,7 +41,7 @@ def test_the_demo_installs_only_what_it_needs_and_switching_to_the_tests_install
         shutil.copy2(REPO / name, tmp_path / "repo" / name)
     (tmp_path / "python3").write_text(FAKE_PYTHON)
     (tmp_path / "python3").chmod(0o755)
-    assert installs(tmp_path, "demo") == [".[demo]"]
+    assert installs(tmp_path, "setup", "demo") == [".[demo]"]
     assert installs(tmp_path, "demo", "--workdir", "/tmp/x") == []  # installed already
     assert installs(tmp_path, "test", "-q") == [".[test]"]  # the tests need more
     assert installs(tmp_path, "demo") == []  # the test extras hold the demo's
