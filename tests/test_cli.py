@@ -90,6 +90,8 @@ def test_mirror_demo_survives_a_kill_mid_commit_a_new_column_and_a_new_table_and
     for table in ("public.customers", "public.orders", "public.products", "public.reviews"):
         assert re.search(rf"{table} │ +\d+ │ +\d+ │ OK", text), text[-3000:]
     assert "demo OK: 4 tables equal to their source" in text
+    command = next(ln for ln in out.stdout.splitlines() if ln.startswith("3. flinkish mirror"))  # one line, to copy
+    assert command.endswith("--source-option discoveryInterval=1"), out.stdout[:3000]
     customers = deltalake.DeltaTable(str(workdir / "lake" / "public" / "customers"))
     assert "tier" in [f.name for f in customers.schema().fields]  # the column added while it ran
 
