@@ -16,8 +16,12 @@ Anything unreadable or unreachable is "not ended": the normal start decides, as 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from flinkish_spark.mirror.config import MirrorConfig
+
+if TYPE_CHECKING:
+    from flinkish_spark.source.offset import SourceOffset
 
 DRAINED = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
            "nothing more to read. A new --uid starts a new mirror with a new snapshot")
@@ -29,23 +33,29 @@ def _numbered(folder: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
 
 
-def ended_before(config: MirrorConfig) -> str | None:
-    """The line to print when this mirror's metadata says it ended for good (see the module docstring), else
-    None."""
+def committed_offset(spark_checkpoint: str, uid: str) -> "SourceOffset | None":
+    """Source ``uid``'s offset in the last batch Spark committed; None when there is none yet -- or when the last
+    planned batch is not committed (it runs, or a restart replays it)."""
     from flinkish_spark.source.offset import SourceOffset
 
-    offsets = _numbered(os.path.join(config.spark_checkpoint, "offsets"))
-    if not offsets or _numbered(os.path.join(config.spark_checkpoint, "commits"))[-1:] != offsets[-1:]:
+    offsets = _numbered(os.path.join(spark_checkpoint, "offsets"))
+    if not offsets or _numbered(os.path.join(spark_checkpoint, "commits"))[-1:] != offsets[-1:]:
         return None
     try:
-        with open(os.path.join(config.spark_checkpoint, "offsets", str(offsets[-1]))) as f:
+        with open(os.path.join(spark_checkpoint, "offsets", str(offsets[-1]))) as f:
             lines = f.read().splitlines()
     except OSError:
         return None
-    mine = [o for o in map(SourceOffset.from_json, lines[2:]) if o is not None and o.uid == config.uid]
-    if not mine or not mine[0].finished or _slot_left(config):
+    return next((o for o in map(SourceOffset.from_json, lines[2:]) if o is not None and o.uid == uid), None)
+
+
+def ended_before(config: MirrorConfig) -> str | None:
+    """The line to print when this mirror's metadata says it ended for good (see the module docstring), else
+    None."""
+    last = committed_offset(config.spark_checkpoint, config.uid)
+    if last is None or not last.finished or _slot_left(config):
         return None
-    return DRAINED if mine[0].stop else COPIED
+    return DRAINED if last.stop else COPIED
 
 
 def _slot_left(config: MirrorConfig) -> bool:

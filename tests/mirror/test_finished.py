@@ -6,7 +6,6 @@ leaves behind, so no Spark query is needed.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,15 +18,11 @@ from flinkish_spark.connectors.postgres.slot import Ownership
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.mirror.config import from_args
 from flinkish_spark.mirror.finished import ended_before
+from flinkish_spark.testing.spark_log import write_batch
 
 
 def spark_log(spark_cp: Path, batch: int, offset: dict, committed: bool = True) -> None:
-    (spark_cp / "offsets").mkdir(parents=True, exist_ok=True)
-    (spark_cp / "commits").mkdir(parents=True, exist_ok=True)
-    (spark_cp / "offsets" / str(batch)).write_text("v1\n" + json.dumps({"batchWatermarkMs": 0}) + "\n"
-                                                   + json.dumps(offset))
-    if committed:
-        (spark_cp / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    write_batch(spark_cp, batch, [offset], committed)
 
 
 def finished(meta: Path, ckpt: int, stop: str | None = "req1") -> dict:
