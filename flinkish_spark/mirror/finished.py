@@ -34,15 +34,14 @@ def _numbered(folder: str) -> list[int]:
 
 
 def committed_offset(spark_checkpoint: str, uid: str) -> "SourceOffset | None":
-    """Source ``uid``'s offset in the last batch Spark committed; None when there is none yet -- or when the last
-    planned batch is not committed (it runs, or a restart replays it)."""
+    """Source ``uid``'s offset in the last batch Spark committed (None: none yet)."""
     from flinkish_spark.source.offset import SourceOffset
 
-    offsets = _numbered(os.path.join(spark_checkpoint, "offsets"))
-    if not offsets or _numbered(os.path.join(spark_checkpoint, "commits"))[-1:] != offsets[-1:]:
+    committed = _numbered(os.path.join(spark_checkpoint, "commits"))
+    if not committed:
         return None
     try:
-        with open(os.path.join(spark_checkpoint, "offsets", str(offsets[-1]))) as f:
+        with open(os.path.join(spark_checkpoint, "offsets", str(committed[-1]))) as f:
             lines = f.read().splitlines()
     except OSError:
         return None
@@ -52,6 +51,9 @@ def committed_offset(spark_checkpoint: str, uid: str) -> "SourceOffset | None":
 def ended_before(config: MirrorConfig) -> str | None:
     """The line to print when this mirror's metadata says it ended for good (see the module docstring), else
     None."""
+    planned = _numbered(os.path.join(config.spark_checkpoint, "offsets"))
+    if planned[-1:] != _numbered(os.path.join(config.spark_checkpoint, "commits"))[-1:]:
+        return None  # the last planned batch is not committed: Spark runs (replays) it
     last = committed_offset(config.spark_checkpoint, config.uid)
     if last is None or not last.finished or _slot_left(config):
         return None

@@ -129,13 +129,15 @@ def _killed(pgid: int, signum: int, by_us: bool) -> int:
 
 
 def _observe(df: Any) -> Any:
-    """The stream with Spark observed metrics per batch: rows, snapshot rows, newest change's commit time."""
+    """The stream with Spark observed metrics per batch: rows, snapshot rows, newest change's commit time. Rows are
+    data rows (snapshot rows, inserts, updates, deletes), not the stream's internal rows (a table's schema row
+    ``s``, re-snapshot markers), which no target holds."""
     from pyspark.sql import functions as F
 
     op = F.col("_op")
     return df.observe(
         OBSERVED,
-        F.count(F.lit(1)).alias("rows"),
+        F.count_if(op.isin("r", "c", "u", "d")).alias("rows"),
         F.count_if(op == "r").alias("snapshot_rows"),
         F.count_if(op.isin("c", "u", "d", "t")).alias("changes"),
         F.max(F.when(op.isin("c", "u", "d", "t"), F.unix_micros(F.col("_commit_ts")))).alias("last_commit_us"),
