@@ -9,7 +9,8 @@ from flinkish_spark.errors import ConfigError
 
 USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'public.*' --to PATH_TEMPLATE
                        --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
-       flinkish mirror pipeline.yaml [--stop-after-snapshot]"""
+       flinkish mirror pipeline.yaml [--stop-after-snapshot]
+       flinkish mirror compare (the same flags | pipeline.yaml)"""
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -19,7 +20,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Mirror the PostgreSQL tables matching --tables into one target per table, exactly once, with "
                     "live progress. Ctrl-C or SIGTERM stops with drain (a second one: without drain); the same "
                     "command continues from the checkpoint. See docs/mirror.md, 'flinkish mirror'.")
-    m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags)")
+    m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags); "
+                   "or 'compare': check the mirror's targets against their source tables, row by row (exit 0: all "
+                   "equal)")
+    m.add_argument("subject", nargs="?", help=argparse.SUPPRESS)  # after a subcommand word: its pipeline file
     m.add_argument("--from", dest="source", help="the source database, postgresql://user@host:5432/db "
                    "(password: PGPASSWORD, ~/.pgpass or in the URL)")
     m.add_argument("--tables", help="names and patterns, e.g. 'public.*, sales.order_*, !public.audit_log'")
@@ -64,5 +68,12 @@ def config_of(args: argparse.Namespace) -> Any:
 
 def run_mirror(args: argparse.Namespace) -> int:
     from flinkish_spark.mirror.pipeline import supervise
+
+    if args.pipeline == "compare":
+        from flinkish_spark.mirror.compare_cli import run_compare
+
+        return run_compare(args)
+    if args.subject:
+        raise ConfigError(f"flinkish mirror: unexpected {args.subject!r} after the pipeline file {args.pipeline!r}")
 
     return supervise(config_of(args))
