@@ -105,7 +105,19 @@ def supervise(config: MirrorConfig) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return rc if rc >= 0 else _killed(child.pid, -rc, by_us=signals > 2)
+    return _read_hint(config, rc) if rc >= 0 else _killed(child.pid, -rc, by_us=signals > 2)
+
+
+def _read_hint(config: MirrorConfig, rc: int) -> int:
+    """After a run that ended well: how to read the tables (:mod:`flinkish_spark.mirror.reading`); ``rc``."""
+    if rc == EXIT_OK:
+        from flinkish_spark.mirror.reading import read_hint
+
+        try:
+            print(read_hint(config), flush=True)
+        except Exception:  # noqa: BLE001 - a hint never changes how the command ends
+            pass
+    return rc
 
 
 def _killed(pgid: int, signum: int, by_us: bool) -> int:

@@ -137,6 +137,7 @@ def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, t
     assert "tables snapshotted 4/4" in out, out[-4000:]
     # the rows of the four tables (SETUP: 3000 + 1500 + 1000 + 100), not the stream's schema rows
     assert re.findall(r"rows (\d+) \(changes 0\)", out)[-1] == "5600", out[-4000:]
+    assert "flinkish mirror: read your tables" in out and f"pl.read_delta('{tmp_path / 'lake'}" in out, out[-2000:]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
     assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}

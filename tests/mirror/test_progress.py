@@ -116,3 +116,4 @@ def test_the_running_epoch_its_chunks_per_table_and_caught_up_from_the_metadata(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("epoch 2: tables snapshotted 2/2, rows 200005 (changes 5)"), lines
     assert lines[1].startswith("caught up: every table streams and the source is idle"), lines
+
