@@ -72,7 +72,7 @@ def run_mirror(args: argparse.Namespace) -> int:
     if args.pipeline == "compare":
         from flinkish_spark.mirror.compare_cli import run_compare
 
-        return run_compare(args)
+        return run_compare(args, config_of)
     if args.subject:
         raise ConfigError(f"flinkish mirror: unexpected {args.subject!r} after the pipeline file {args.pipeline!r}")
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Callable
 
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.mirror.compare import TableComparison
+from flinkish_spark.mirror.config import MirrorConfig
 
 #: --checkpoint is optional here: only the embedded Iceberg catalog lives in the metadata root.
 _NO_CHECKPOINT = "(no --checkpoint)"
@@ -45,10 +47,9 @@ def report(results: list[TableComparison]) -> list[str]:
     return lines
 
 
-def run_compare(args: argparse.Namespace) -> int:
+def run_compare(args: argparse.Namespace, config_of: Callable[[argparse.Namespace], MirrorConfig]) -> int:
     """The ``compare`` word in ``flinkish mirror``'s positional slot: the flags (or the pipeline file after it)
-    describe the mirror to check."""
-    from flinkish_spark.mirror.cli import config_of
+    describe the mirror to check, read by ``config_of`` (:func:`flinkish_spark.mirror.cli.config_of`)."""
     from flinkish_spark.mirror.compare import compare_mirror
 
     given = {**vars(args), "pipeline": args.subject}
