@@ -269,7 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "start faster. Prints the archive's path; exit 1 if none could be built.")
     j.set_defaults(func=_jvm_archive)
 
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["mirror", "compare"]:  # a word before mirror's positional pipeline file
+        from flinkish_spark.mirror.cli import compare_parser, run_compare
+
+        args = compare_parser().parse_args(argv[2:])
+        args.func = run_compare
+    else:
+        args = parser.parse_args(argv)
     if args.func in (_inspect, _stop):
         _checkpoint_of(args, p if args.func is _inspect else s)
     try:

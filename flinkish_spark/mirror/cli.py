@@ -11,6 +11,7 @@ USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'publi
                        --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
        flinkish mirror pipeline.yaml [--stop-after-snapshot]
        flinkish mirror compare (the same flags | pipeline.yaml)"""
+COMPARE_USAGE = "flinkish mirror compare (--from URL --tables PATTERNS --to TARGETS [--format ...] | pipeline.yaml)"
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -20,10 +21,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         description="Mirror the PostgreSQL tables matching --tables into one target per table, exactly once, with "
                     "live progress. Ctrl-C or SIGTERM stops with drain (a second one: without drain); the same "
                     "command continues from the checkpoint. See docs/mirror.md, 'flinkish mirror'.")
-    m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags); "
-                   "or 'compare': check the mirror's targets against their source tables, row by row (exit 0: all "
-                   "equal)")
-    m.add_argument("subject", nargs="?", help=argparse.SUPPRESS)  # after a subcommand word: its pipeline file
+    m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags)")
     m.add_argument("--from", dest="source", help="the source database, postgresql://user@host:5432/db "
                    "(password: PGPASSWORD, ~/.pgpass or in the URL)")
     m.add_argument("--tables", help="names and patterns, e.g. 'public.*, sales.order_*, !public.audit_log'")
@@ -42,6 +40,26 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     m.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
     return m
+
+
+def compare_parser() -> argparse.ArgumentParser:
+    """``flinkish mirror compare``: the mirror's own flags (``flinkish mirror`` takes a positional pipeline file,
+    so the word is recognised before ``mirror``'s flags are parsed, as ``resnapshot``)."""
+    holder = argparse.ArgumentParser(prog="flinkish")
+    m = add_parser(holder.add_subparsers())
+    m.prog, m.usage = "flinkish mirror compare", COMPARE_USAGE
+    m.description = ("Compare every table of a mirror with its target, row by row by primary key: the same flags "
+                     "as flinkish mirror, or its pipeline file (--checkpoint only for an Iceberg mirror on the "
+                     "embedded catalog). Prints source rows, target rows, missing, extra and different keys per "
+                     "table; exit 0 only if every table is equal. Run it on a caught-up mirror. See docs/mirror.md, "
+                     "'Read your tables'.")
+    return m
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from flinkish_spark.mirror.compare_cli import run_compare as run
+
+    return run(args, config_of)
 
 
 def config_of(args: argparse.Namespace) -> Any:
@@ -69,11 +87,5 @@ def config_of(args: argparse.Namespace) -> Any:
 def run_mirror(args: argparse.Namespace) -> int:
     from flinkish_spark.mirror.pipeline import supervise
 
-    if args.pipeline == "compare":
-        from flinkish_spark.mirror.compare_cli import run_compare
-
-        return run_compare(args, config_of)
-    if args.subject:
-        raise ConfigError(f"flinkish mirror: unexpected {args.subject!r} after the pipeline file {args.pipeline!r}")
 
     return supervise(config_of(args))

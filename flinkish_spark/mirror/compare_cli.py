@@ -48,12 +48,12 @@ def report(results: list[TableComparison]) -> list[str]:
 
 
 def run_compare(args: argparse.Namespace, config_of: Callable[[argparse.Namespace], MirrorConfig]) -> int:
-    """The ``compare`` word in ``flinkish mirror``'s positional slot: the flags (or the pipeline file after it)
-    describe the mirror to check, read by ``config_of`` (:func:`flinkish_spark.mirror.cli.config_of`)."""
+    """``flinkish mirror compare``: the flags (or the pipeline file) describe the mirror to check, read by
+    ``config_of`` (:func:`flinkish_spark.mirror.cli.config_of`)."""
     from flinkish_spark.mirror.compare import compare_mirror
 
-    given = {**vars(args), "pipeline": args.subject}
-    if not args.subject and not args.checkpoint:
+    given = dict(vars(args))
+    if not args.pipeline and not args.checkpoint:
         given["checkpoint"] = _NO_CHECKPOINT
     config = config_of(argparse.Namespace(**given))
     sink = config.sink_options()
