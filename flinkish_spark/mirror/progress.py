@@ -75,8 +75,11 @@ class MirrorState:
     changes: int = 0
     last_commit_us: int | None = None
     rate: float | None = None  # rows/s of the newest committed batch that read rows
-    last_batch_rows: int | None = None
+    last_batch_rows: int | None = None  # data rows of the newest committed batch
     idle: bool = False  # the query's status: no new data at its last trigger
+    #: nothing new to mirror: the query found no data, or its newest committed batch had no rows; until a batch
+    #: with rows commits (an epoch that runs meanwhile may carry only the WAL's own progress)
+    quiet: bool = False
     running: Running | None = None
     started: float = field(default_factory=time.time)
     tables: dict[str, TableProgress] = field(default_factory=dict)
@@ -99,8 +102,7 @@ class MirrorState:
             return "starting"
         if self.snapshotted < len(followed):
             return "snapshot"
-        quiet = self.idle or (self.running is None and self.last_batch_rows == 0)
-        return "caught up" if quiet else "streaming"
+        return "caught up" if self.quiet else "streaming"
 
     def lag_s(self, now: float | None = None) -> float | None:
         if self.last_commit_us is None:
@@ -123,6 +125,7 @@ class MirrorState:
         status = getattr(query, "status", None)
         if isinstance(status, dict):
             self.idle = status.get("isDataAvailable") is False and not status.get("isTriggerActive")
+            self.quiet = self.quiet or self.idle
         return new
 
     def _take(self, p: Any) -> None:
@@ -136,6 +139,7 @@ class MirrorState:
         self.rows += rows
         self.changes += int(m.get("changes") or 0)
         self.last_batch_rows = rows
+        self.quiet = rows == 0
         took_ms = (getattr(p, "durationMs", None) or {}).get("triggerExecution")
         if rows and took_ms:
             self.rate = rows / max(took_ms / 1000.0, 0.001)
@@ -170,7 +174,14 @@ class MirrorState:
         for name in set(self.tables) - {e.name for e in tables}:
             self.tables[name].state = "left"
         for e in tables:
-            done, now, left = counts.get(e.tid, [0, 0, 0])
+            before = self.tables.get(e.name)
+            if e.tid in counts:
+                done, now, left = counts[e.tid]
+            elif before is not None and e.state == "streaming":
+                # finished chunks leave the checkpoints once the snapshot is over: keep what was counted
+                done, now, left = before.chunks_done + before.chunks_running + before.chunks_left, 0, 0
+            else:
+                done = now = left = 0
             state = e.state
             # A table stays 'snapshot' in the registry when no change split follows (startup=snapshot): its
             # snapshot is read once every chunk of it is committed.

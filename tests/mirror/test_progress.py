@@ -116,4 +116,15 @@ def test_the_running_epoch_its_chunks_per_table_and_caught_up_from_the_metadata(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("epoch 2: tables snapshotted 2/2, rows 200005 (changes 5)"), lines
     assert lines[1].startswith("caught up: every table streams and the source is idle"), lines
+    plain.update(query(event(0, 100_000, 0, None), event(1, 100_000, 0, None), event(2, 5, 5, time.time() - 1)))
+    assert plain.state.tables["public.a"].chunks == "3/3"
+    later = SourceCheckpoint("mirror", "flinkish.postgres", 3, 2, int(time.time() * 1000), "{}",
+                             json.dumps({"registry": done.file_name}).encode(), False, ())
+    store.write(later)  # the snapshot's chunks are gone from the newest checkpoint: a's count stays
+    write_batch(config.spark_checkpoint, 3, [{"v": 1, "uid": "mirror", "ckpt": 3, "root": config.checkpoint}])
+    plain.update(query(event(3, 0, 0, None)))  # an epoch of the WAL's own progress: still caught up, said once
+    assert plain.state.tables["public.a"].chunks == "3/3"
+    assert plain.state.phase == "caught up" and capsys.readouterr().out.count("caught up") == 0
+    plain.update(query(event(4, 7, 7, time.time())))  # the writer again
+    assert plain.state.phase == "streaming"
 
