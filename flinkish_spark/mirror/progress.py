@@ -309,7 +309,7 @@ class LiveProgress(Progress):
             reading = sum(t.chunks_running for t in s.tables.values())
             running = (f"; epoch running for {_age(max(0.0, time.time() - s.running.since))}"
                        + (f", reading {reading} chunks" if reading else ""))
-        return f"{self.config.name} -- {s.phase}{running} -- {self.summary()}"
+        return f"{self.config.name} -- {s.phase}{running}\n{self.summary()}"
 
     def _render(self) -> Any:
         from rich.console import Group
