@@ -196,11 +196,14 @@ def _is_table_chunk(split_id: str) -> bool:
 
 class Metadata:
     """Reads what :meth:`MirrorState.take_metadata` takes: the source's newest checkpoint and its registry under
-    the mirror's ``--checkpoint``, and the checkpoint Spark's last committed batch names (its local commit log)."""
+    the mirror's ``--checkpoint``, and the checkpoint Spark's last committed batch names (its local commit log).
+    A look lists the source's folder; a checkpoint and a registry file are read once each."""
 
     def __init__(self, config: MirrorConfig) -> None:
         self.config = config
         self._store: Any = None
+        self._latest: Any = None
+        self._tables: tuple[bytes, Any] | None = None  # (enumerator state, its registry's entries)
 
     def read(self) -> tuple[Any, int | None, Sequence[Any] | None]:
         from flinkish_spark.checkpoint.store import SourceCheckpointStore
@@ -214,12 +217,17 @@ class Metadata:
             self._store = SourceCheckpointStore(FileIO.for_url(root, options, what="--checkpoint"), root,
                                                 self.config.uid, kind="")
         committed = committed_offset(self.config.spark_checkpoint, self.config.uid)
-        latest = self._store.latest()
-        if latest is None:
+        ids = self._store.ids()
+        if not ids:
             return None, None, None
-        reg = registry.of_state(self._store.io, self._store.directory, latest.enumerator_state)
+        if self._latest is None or self._latest.ckpt_id != ids[-1]:
+            self._latest = self._store.read(ids[-1])
+        state = self._latest.enumerator_state
+        if self._tables is None or self._tables[0] != state:
+            reg = registry.of_state(self._store.io, self._store.directory, state)
+            self._tables = (state, None if reg is None else reg.entries)
         ckpt = committed.ckpt if committed is not None and committed.ckpt >= 0 else None
-        return latest, ckpt, None if reg is None else reg.entries
+        return self._latest, ckpt, self._tables[1]
 
 
 def _age(seconds: float | None) -> str:
