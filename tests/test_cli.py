@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -93,10 +92,6 @@ def test_mirror_demo_survives_a_kill_mid_commit_a_new_column_and_a_new_table_and
     assert "demo OK: 4 tables equal to their source" in text
     command = next(ln for ln in out.stdout.splitlines() if ln.startswith("3. flinkish mirror"))  # one line, to copy
     assert command.endswith("--source-option discoveryInterval=1"), out.stdout[:3000]
-    again = next(ln for ln in out.stdout.splitlines() if "the same from the shell: flinkish mirror compare" in ln)
-    check = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", *shlex.split(again.split(": ", 1)[1])[1:]],
-                           capture_output=True, text=True, timeout=120)
-    assert check.returncode == 0 and "all 4 tables equal to their source" in check.stdout, check.stdout + check.stderr
     customers = deltalake.DeltaTable(str(workdir / "lake" / "public" / "customers"))
     assert "tier" in [f.name for f in customers.schema().fields]  # the column added while it ran
 

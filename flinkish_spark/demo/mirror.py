@@ -251,8 +251,6 @@ def run(workdir: str) -> int:
                           "[green]OK[/]" if r.equal else f"[red]DIFF[/] {escape(r.summary())}")
         console.print("[bold]6.[/] compared row by row (flinkish_spark.mirror.compare):")
         console.print(table)
-        console.print(f"    the same from the shell: {escape(shlex.join(['flinkish', 'mirror', 'compare', *args[1:]]))}",
-                      highlight=False, soft_wrap=True)
         if len(results) != len(shop.TABLES) + 1 or not all(r.equal for r in results):
             return failed("a table differs from its source")
         console.print(f"[green]demo OK[/]: {len(results)} tables equal to their source after a kill -9 mid-commit, "
