@@ -19,6 +19,28 @@ if TYPE_CHECKING:
     from flinkish_spark.io.fileio import FileIO
 
 
+#: ``flinkish --help``'s text (the module docstring is reST for the API docs; a terminal gets plain text).
+DESCRIPTION = """flinkish_spark's command line: mirror PostgreSQL tables into Delta / Iceberg / PostgreSQL targets
+(flinkish mirror; flinkish mirror compare checks them), look into and stop running queries, clean up after crashes.
+'flinkish COMMAND --help' describes each command; docs/mirror.md the mirror."""
+
+
+def _add_checkpoint(p: argparse.ArgumentParser, help: str) -> None:
+    """The metadata root as a positional argument (as before) or ``--checkpoint`` (as ``mirror`` and ``orphans``
+    spell it): either works, one is required."""
+    p.add_argument("checkpoint_pos", nargs="?", metavar="CHECKPOINT", help=help + " (or --checkpoint CHECKPOINT)")
+    p.add_argument("--checkpoint", dest="checkpoint_opt", metavar="CHECKPOINT", help="the same as CHECKPOINT")
+
+
+def _checkpoint_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    pos, opt = args.checkpoint_pos, args.checkpoint_opt
+    if pos and opt and pos != opt:
+        parser.error(f"two metadata roots: {pos!r} and --checkpoint {opt!r}; give one")
+    if not (pos or opt):
+        parser.error("the metadata root is missing: give it as CHECKPOINT or --checkpoint CHECKPOINT")
+    args.checkpoint = pos or opt
+
+
 def _root_io(args: argparse.Namespace, url: str, what: str) -> "FileIO":
     from flinkish_spark.io.fileio import FileIO, storage_options_from
 
@@ -47,10 +69,11 @@ def _inspect(args: argparse.Namespace) -> int:
     # Piped output (scripts, logs) is not cut to 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=f"flinkish checkpoint {args.checkpoint}: sources")
-    for col in ("source uid", "kind", "checkpoint", "status", "splits finished", "rows in epoch", "position total"):
+    for col in ("source uid", "kind", "checkpoint", "status", "splits finished", "read in epoch", "position"):
         table.add_column(col)
     for e in epochs:
-        table.add_row(e.uid, e.kind, str(e.ckpt_id), e.status, f"{e.splits_finished}/{e.splits_total}", str(e.rows_in_epoch), str(e.position_total))
+        table.add_row(e.uid, e.kind, str(e.ckpt_id), e.status, f"{e.splits_finished}/{e.splits_total}", e.read_in_epoch,
+                      e.position)
     console.print(table)
     if sinks:
         st = Table(title="sinks (two-phase commit)")
@@ -189,13 +212,21 @@ def _jvm_archive(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Words before mirror's positional pipeline file: `flinkish mirror resnapshot|compare ...`.
     if argv[:2] == ["mirror", "resnapshot"]:
         from flinkish_spark.mirror.cli import resnapshot_parser
 
         args = resnapshot_parser().parse_args(argv[2:])
         args.func = _resnapshot
+    elif argv[:2] == ["mirror", "compare"]:
+        from flinkish_spark.mirror.cli import compare_parser, run_compare
+
+        args = compare_parser().parse_args(argv[2:])
+        args.func = run_compare
     else:
         args = _parser().parse_args(argv)
+        if getattr(args, "checkpoint_parser", None) is not None:
+            _checkpoint_of(args, args.checkpoint_parser)
     try:
         return int(args.func(args))
     except FlinkishError as exc:
@@ -204,24 +235,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flinkish", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from flinkish_spark import __version__
 
-    p = sub.add_parser("inspect", help="show the recent epochs of every source under a metadata root")
-    p.add_argument("checkpoint", help="the metadata root URL (the sources' and sinks' 'checkpoint' option)")
+    parser = argparse.ArgumentParser(prog="flinkish", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"flinkish {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("inspect", help="show the recent epochs of every source under a metadata root",
+                       description="Show what a checkpoint metadata root says: the newest epochs of every source "
+                                   "(status, splits finished; for flinkish.postgres the snapshot chunks, the WAL "
+                                   "read and the LSN reached), the sinks' two-phase commits, the targets they "
+                                   "recorded and the replication slots with the WAL they hold back. Read only.")
+    _add_checkpoint(p, "the metadata root URL (the sources' and sinks' 'checkpoint' option, flinkish mirror's "
+                       "--checkpoint)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--last", type=int, default=5, help="epochs per source (default 5)")
     p.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
-    p.set_defaults(func=_inspect)
+    p.set_defaults(func=_inspect, checkpoint_parser=p)
 
-    s = sub.add_parser("stop", help="stop the query running on a metadata root at an epoch boundary")
-    s.add_argument("checkpoint", help="the metadata root URL of the query's sources")
+    s = sub.add_parser("stop", help="stop the query running on a metadata root at an epoch boundary",
+                       description="Ask the query running on a metadata root to stop at its next epoch boundary, "
+                                   "from any process (a file under the root; the query polls it). Without --drain "
+                                   "the query stops resumable (flinkish mirror: the same command continues); with "
+                                   "--drain the sources end their input and the query finishes for good. Waits "
+                                   "for the query to end unless --no-wait.")
+    _add_checkpoint(s, "the metadata root URL of the query's sources")
     s.add_argument("--drain", action="store_true", help="end the input (sources become FINISHED), flush event-time windows, then stop")
     s.add_argument("--uid", action="append", help="only these source uids (default: every running source under CHECKPOINT)")
     s.add_argument("--no-wait", action="store_true", help="return after sending the request")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the query to end (default 300)")
     s.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
-    s.set_defaults(func=_stop)
+    s.set_defaults(func=_stop, checkpoint_parser=s)
 
     o = sub.add_parser("orphans", help="list (and --delete) staged files of a flinkish.parquet sink, or prepared transactions and staged rows of a flinkish.postgres sink, that no commit will use")
     o.add_argument("path", help="the sink's 'path', or a flinkish.postgres sink's 'url' (postgresql://...)")
@@ -249,7 +294,10 @@ def _parser() -> argparse.ArgumentParser:
                         "step 2 (implies --pipeline files)")
     d.set_defaults(func=_demo)
 
-    j = sub.add_parser("jvm-archive", help="build the class archive that makes local Spark drivers of this interpreter start faster (once per Java and Spark; ~1 min)")
+    j = sub.add_parser("jvm-archive", help="build the class archive that makes local Spark drivers of this interpreter start faster (once per Java and Spark; ~1 min)",
+                       description="Build a JVM class-data-sharing archive of Spark's classes for this Java and "
+                                   "pyspark (~1 min, once); local Spark drivers started by flinkish_spark then "
+                                   "start faster. Prints the archive's path; exit 1 if none could be built.")
     j.set_defaults(func=_jvm_archive)
     return parser
 

@@ -15,6 +15,11 @@ from flinkish_spark.io.fileio import FileIO
 
 @dataclass(frozen=True)
 class SourceEpoch:
+    """One checkpoint of a source. ``rows_in_epoch`` / ``position_total`` are the splits' positions as the source
+    counts them (rows for most sources). For ``flinkish.postgres`` positions are not rows: a snapshot chunk is a
+    split of length 1 and the change split's position is a WAL position (LSN), so its figures are ``lsn`` (where
+    the change stream stands, as PostgreSQL prints it: ``X/Y``), ``wal_bytes_in_epoch`` and ``chunks_in_epoch``."""
+
     uid: str
     kind: str
     ckpt_id: int
@@ -24,9 +29,20 @@ class SourceEpoch:
     rows_in_epoch: int
     position_total: int
     created_ms: int
+    lsn: str | None = None
+    wal_bytes_in_epoch: int | None = None
+    chunks_in_epoch: int | None = None
 
     @classmethod
     def of(cls, c: SourceCheckpoint) -> "SourceEpoch":
+        postgres: dict[str, Any] = {}
+        if c.kind == "flinkish.postgres":
+            from flinkish_spark.connectors.postgres.pgoutput import format_lsn
+
+            changes = [s for s in c.splits if s.split_id.startswith("changes-")]
+            postgres = {"lsn": format_lsn(max(s.position for s in changes)) if changes else None,
+                        "wal_bytes_in_epoch": sum(s.rows_in_epoch for s in changes),
+                        "chunks_in_epoch": sum(s.rows_in_epoch for s in c.splits if s.split_id.startswith("snapshot-"))}
         return cls(
             uid=c.uid,
             kind=c.kind,
@@ -37,7 +53,22 @@ class SourceEpoch:
             rows_in_epoch=sum(s.rows_in_epoch for s in c.splits),
             position_total=sum(s.position for s in c.splits),
             created_ms=c.created_ms,
+            **postgres,
         )
+
+    @property
+    def read_in_epoch(self) -> str:
+        """What the epoch read, in the source's units: rows, or snapshot chunks and WAL bytes."""
+        if self.kind != "flinkish.postgres":
+            return f"{self.rows_in_epoch} rows"
+        return f"{self.chunks_in_epoch} chunks, {self.wal_bytes_in_epoch} B of WAL"
+
+    @property
+    def position(self) -> str:
+        """Where the source stands: the rows read in all, or the change stream's LSN."""
+        if self.kind != "flinkish.postgres":
+            return str(self.position_total)
+        return f"LSN {self.lsn}" if self.lsn else "-"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

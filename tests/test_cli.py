@@ -90,6 +90,8 @@ def test_mirror_demo_survives_a_kill_mid_commit_a_new_column_and_a_new_table_and
     for table in ("public.customers", "public.orders", "public.products", "public.reviews"):
         assert re.search(rf"{table} │ +\d+ │ +\d+ │ OK", text), text[-3000:]
     assert "demo OK: 4 tables equal to their source" in text
+    command = next(ln for ln in out.stdout.splitlines() if ln.startswith("3. flinkish mirror"))  # one line, to copy
+    assert command.endswith("--source-option discoveryInterval=1"), out.stdout[:3000]
     customers = deltalake.DeltaTable(str(workdir / "lake" / "public" / "customers"))
     assert "tier" in [f.name for f in customers.schema().fields]  # the column added while it ran
 
@@ -126,3 +128,41 @@ def test_stop_without_a_running_query_is_a_clear_error_and_writes_nothing(tmp_pa
     out = flinkish("stop", "--drain", root)
     assert out.returncode == 2 and "no running flinkish source under" in out.stderr
     assert sorted(p.name for p in (tmp_path / "meta" / "sources" / "orders").iterdir()) == before
+
+
+def test_inspect_of_a_postgres_source_shows_wal_bytes_chunks_and_the_lsn_as_postgres_prints_it(tmp_path: Path) -> None:
+    root = str(tmp_path / "meta")
+    store = SourceCheckpointStore(FileIO.for_url(root), root, "mirror", "flinkish.postgres")
+    lsn = (1 << 32) + 0x6B3F1A0  # 1/6B3F1A0
+    splits = (SplitRecord("snapshot-0-t0-00000", 0, 1, 1, True, 0), SplitRecord("snapshot-0-t0-00001", 0, 0, 1),
+              SplitRecord("changes-0", lsn - 4096, lsn))
+    store.write(SourceCheckpoint("mirror", "flinkish.postgres", 0, None, 0, "{}", b"", False, splits))
+    table = flinkish("inspect", "--checkpoint", root)  # --checkpoint as in every other command
+    assert table.returncode == 0, table.stderr
+    assert "LSN 1/6B3F1A0" in table.stdout and "1 chunks, 4096 B of WAL" in table.stdout, table.stdout
+    assert "rows in epoch" not in table.stdout and str(lsn) not in table.stdout
+    data = json.loads(flinkish("inspect", root, "--json").stdout)["sources"][0]
+    assert (data["lsn"], data["wal_bytes_in_epoch"], data["chunks_in_epoch"]) == ("1/6B3F1A0", 4096, 1)
+
+
+def test_help_version_and_the_checkpoint_spelled_either_way() -> None:
+    top = flinkish("--help")
+    assert top.returncode == 0 and "``" not in top.stdout and ":mod:" not in top.stdout, top.stdout
+    assert "mirror compare" in top.stdout
+    version = flinkish("--version")
+    assert version.returncode == 0 and re.fullmatch(r"flinkish \d+\.\d+\.\d+\S*\n", version.stdout), version.stdout
+    for command in ("inspect", "stop", "jvm-archive"):
+        usage = flinkish(command, "--help").stdout
+        description = usage.split("\n\n")[1]  # after the usage paragraph
+        assert not description.startswith(("positional arguments", "options")), usage
+    both = flinkish("stop", "/a", "--checkpoint", "/b")
+    assert both.returncode == 2 and "two metadata roots" in both.stderr
+    none = flinkish("stop")
+    assert none.returncode == 2 and "the metadata root is missing" in none.stderr
+
+
+def test_stop_takes_checkpoint_as_an_option_too(tmp_path: Path) -> None:
+    root = str(tmp_path / "meta")
+    write_epochs(FileIO.for_url(root), root)
+    out = flinkish("stop", "--checkpoint", root)
+    assert out.returncode == 2 and f"no running flinkish source under {root}" in out.stderr

@@ -193,8 +193,10 @@ def run(workdir: str) -> int:
             cleanup.callback(run.stop_now)
             return run
 
-        console.print(f"[bold]3.[/] {escape(shown)}\n    its driver armed to die by SIGKILL between two tables' "
-                      f"commits of an epoch ({ENV_POINT}={CRASH_AT})", highlight=False)
+        # soft_wrap: the command stays on one line (to copy it), also in a pipe, where rich cuts at 80 columns
+        console.print(f"[bold]3.[/] {escape(shown)}", highlight=False, soft_wrap=True)
+        console.print(f"    its driver armed to die by SIGKILL between two tables' commits of an epoch "
+                      f"({ENV_POINT}={CRASH_AT})", highlight=False)
         run1 = start(1, {ENV_POINT: CRASH_AT, ENV_DIR: crash_dir})
         rc = run1.wait()
         if rc != 128 + signal.SIGKILL:

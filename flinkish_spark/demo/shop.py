@@ -7,7 +7,9 @@
   small transactions of inserts, updates and deletes on every table until ``STOP_FILE`` exists -- once the
   column and the new table exist it writes them too -- then prints what it did (:data:`COUNTS_PREFIX`);
 * ``python -m flinkish_spark.demo.shop [serve --port N]``: the database and its writer on their own until
-  Ctrl-C, to try ``flinkish mirror`` on from another shell (README, "Quick start").
+  Ctrl-C, to try ``flinkish mirror`` on from another shell (README, "Quick start"). Enter in its terminal, or
+  ``kill -USR1 <pid>``, pauses the writer (between two transactions: the tables stay still, e.g. for
+  ``flinkish mirror compare``) and resumes it.
 """
 
 from __future__ import annotations
@@ -151,16 +153,46 @@ class Writer:
         self.counts["transactions"] += 1
 
 
-def write(url: str, stop: Callable[[], bool], pause: float = 0.01) -> dict[str, int]:
-    """Run a :class:`Writer` on the database at ``url`` until ``stop()``; what it did."""
+def write(url: str, stop: Callable[[], bool], pause: float = 0.01,
+          paused: Callable[[], bool] = lambda: False, say: Callable[[str], None] = lambda text: None) -> dict[str, int]:
+    """Run a :class:`Writer` on the database at ``url`` until ``stop()``, idle while ``paused()``; what it did.
+    ``say`` gets ``writer paused ...`` once no transaction is open any more, and ``writer resumed``."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         writer = Writer(conn)
+        idle = False
         while not stop():
+            if paused() != idle:
+                idle = not idle
+                say(f"writer paused after {writer.counts['transactions']} transactions: the tables stay as they are"
+                    if idle else "writer resumed")
+            if idle:
+                time.sleep(0.05)
+                continue
             writer.step()
             time.sleep(pause)
     return writer.counts
+
+
+class PauseToggle:
+    """Paused or not, toggled by SIGUSR1 and -- when stdin is a terminal -- by Enter."""
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.paused = False
+        signal.signal(signal.SIGUSR1, lambda signum, frame: self.toggle())
+        if sys.stdin is not None and sys.stdin.isatty():
+            threading.Thread(target=self._read_enter, name="shop-pause", daemon=True).start()
+
+    def toggle(self) -> None:
+        self.paused = not self.paused
+
+    def _read_enter(self) -> None:
+        for _ in sys.stdin:
+            self.toggle()
 
 
 def serve(port: int | None, pause: float) -> int:
@@ -173,15 +205,18 @@ def serve(port: int | None, pause: float) -> int:
     stopping: list[int] = []
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda signum, frame: stopping.append(signum))
+    toggle = PauseToggle()
     with temporary_postgres("flinkish-shop-", port=port) as pg:
         url, counts = create_database(pg)
         print(f"shop database (embedded PostgreSQL {pg.version}): {url}\n  "
               + ", ".join(f"{t} {n} rows" for t, n in counts.items())
               + "; a writer changes them until Ctrl-C (which also stops the server and deletes its data).\n"
+              f"  Enter here (or kill -USR1 {os.getpid()}) pauses the writer and resumes it: a still source to "
+              "compare the mirror with.\n"
               "Mirror it into local Delta tables from another shell (Ctrl-C there stops the mirror with drain):\n"
               f"  flinkish mirror --from {url} --tables 'public.*' --to ./lake --checkpoint ./mirror-meta",
               flush=True)
-        done = write(url, lambda: bool(stopping), pause)
+        done = write(url, lambda: bool(stopping), pause, lambda: toggle.paused, lambda text: print(text, flush=True))
         print(f"writer: {done['transactions']} transactions; server stopped", flush=True)
     return 0
 

@@ -10,8 +10,10 @@ from flinkish_spark.errors import ConfigError
 USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'public.*' --to PATH_TEMPLATE
                        --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
        flinkish mirror pipeline.yaml [--stop-after-snapshot]
-       flinkish mirror resnapshot --checkpoint URL [--uid UID] TABLE..."""
+       flinkish mirror resnapshot --checkpoint URL [--uid UID] TABLE...
+       flinkish mirror compare (the same flags | pipeline.yaml)"""
 RESNAPSHOT_USAGE = "flinkish mirror resnapshot --checkpoint URL [--uid UID] [--endpoint-url URL] TABLE..."
+COMPARE_USAGE = "flinkish mirror compare (--from URL --tables PATTERNS --to TARGETS [--format ...] | pipeline.yaml)"
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -73,6 +75,26 @@ def run_resnapshot(args: argparse.Namespace, io: Any) -> int:
     print(f"resnapshot request {done.request.id} for source uid {done.uid}: {when} starts re-reading {named}; "
           "the target keeps its rows until the epoch that ends the re-snapshot", flush=True)
     return 0
+
+
+def compare_parser() -> argparse.ArgumentParser:
+    """``flinkish mirror compare``: the mirror's own flags (``flinkish mirror`` takes a positional pipeline file,
+    so the word is recognised before ``mirror``'s flags are parsed, as ``resnapshot``)."""
+    holder = argparse.ArgumentParser(prog="flinkish")
+    m = add_parser(holder.add_subparsers())
+    m.prog, m.usage = "flinkish mirror compare", COMPARE_USAGE
+    m.description = ("Compare every table of a mirror with its target, row by row by primary key: the same flags "
+                     "as flinkish mirror, or its pipeline file (--checkpoint only for an Iceberg mirror on the "
+                     "embedded catalog). Prints source rows, target rows, missing, extra and different keys per "
+                     "table; exit 0 only if every table is equal. Run it on a caught-up mirror. See docs/mirror.md, "
+                     "'Read your tables'.")
+    return m
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from flinkish_spark.mirror.compare_cli import run_compare as run
+
+    return run(args, config_of)
 
 
 def config_of(args: argparse.Namespace) -> Any:

@@ -1,12 +1,21 @@
 """Is every target of a mirror equal to its source table? Row by row, by primary key.
 
-:func:`compare_delta` reads each PostgreSQL table that matches the mirror's ``tables`` the way the
-source's snapshot does (:func:`~flinkish_spark.connectors.postgres.rows.row_sql` under the rows'
-session settings, then :func:`~flinkish_spark.connectors.postgres.rows.decode_rows` to the stream's
-Arrow types) and its Delta target the way a reader of the format does (delta-rs's scan: deletion
-vectors applied; ``s3://`` targets with the sink's storage options: ``endpointUrl``, ``region``,
-``storageOptions`` or the AWS environment variables), and compares them value for value
-(:func:`compare_rows`, format-independent: any reader that gives an Arrow table will do).
+:func:`compare_delta`, :func:`compare_iceberg` and :func:`compare_postgres` (and
+:func:`compare_mirror`, which picks one from a ``flinkish mirror`` configuration: ``flinkish mirror
+compare``) read each PostgreSQL table that matches the mirror's ``tables`` the way the source's
+snapshot does (:func:`~flinkish_spark.connectors.postgres.rows.row_sql` under the rows' session
+settings, then :func:`~flinkish_spark.connectors.postgres.rows.decode_rows` to the stream's Arrow
+types) and its target the way a reader of the format does, found through the routing sink's own
+route (and catalog, connection):
+
+* Delta: delta-rs's scan, deletion vectors applied; ``s3://`` targets with the sink's storage
+  options (``endpointUrl``, ``region``, ``storageOptions`` or the AWS environment variables);
+* Iceberg: pyiceberg's scan (position deletes applied) through the sink's catalog (``catalog``,
+  ``catalogUri`` + ``warehouse``, or the embedded one in the metadata root);
+* PostgreSQL: the target table read as the source table is (its columns have the source's types);
+
+and compares them value for value (:func:`compare_rows`, format-independent: any reader that gives
+an Arrow table will do).
 
 What counts: the source table's current columns. A column the target has and the table no longer
 has is not compared (a mirror keeps a dropped column, null from then on); a column the target does
@@ -152,26 +161,101 @@ def delta_reader(target: str, options: Mapping[str, str] | None = None) -> Calla
     return lambda table: read_delta(route.target(table), storage)
 
 
+def iceberg_reader(target: str, options: Mapping[str, str], checkpoint: str) -> Callable[[str], pa.Table | None]:
+    """A reader of each source table's routed Iceberg target: ``target`` is the sink's ``table`` template, ``options``
+    its catalog and storage options, ``checkpoint`` its metadata root (where the embedded catalog lives when neither
+    ``catalog`` nor ``catalogUri`` is set); pyiceberg's scan, position deletes applied; None when there is no target."""
+    from flinkish_spark.connectors.iceberg.catalog import catalog_properties, load, pyiceberg
+    from flinkish_spark.connectors.lakehouse.routing import parse_route
+
+    route = parse_route(target, "iceberg", "table", "compare")
+    opts = dict(options)
+    props = catalog_properties(opts.get("catalog"), opts.get("catalogUri"), opts.get("warehouse"), checkpoint, opts,
+                               "compare", opts.get("catalogName"))
+    pyiceberg()
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    def read(table: str) -> pa.Table | None:
+        try:
+            return load(props).load_table(route.target(table)).scan().to_arrow()
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
+
+    return read
+
+
+def postgres_reader(conn: Any, template: str) -> Callable[[str], pa.Table | None]:
+    """A reader of each source table's routed PostgreSQL target over ``conn`` (a psycopg connection to the sink's
+    ``url``): ``template`` is the sink's ``table`` option; None when the target does not exist."""
+    from flinkish_spark.connectors.postgres.connection import qualified
+    from flinkish_spark.connectors.postgres.routed import check_template
+
+    route = check_template(template, "compare")
+
+    def read(table: str) -> pa.Table | None:
+        name = route.target(table)
+        if conn.execute("SELECT to_regclass(%s)", (qualified(*name.split(".", 1)),)).fetchone()[0] is None:
+            return None
+        schema, rows = source_rows(conn, name)
+        return decode_rows(rows, schema)
+
+    return read
+
+
 def _matching_tables(conn: Any, tables: str) -> list[str]:
     from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, find_tables
 
     return [t.name for t in find_tables(conn, TablePatterns.parse(tables, "compare: tables"))]
 
 
-def compare_delta(source_url: str, tables: str, target: str, options: Mapping[str, str] | None = None,
-                  password_env: str | None = None) -> list[TableComparison]:
-    """Each table of ``source_url`` that matches ``tables`` (the mirror's ``--tables``) against its Delta target
-    (``target``: the mirror's ``--to``, a path with ``{schema}``/``{table}`` or a folder), in name order.
+def compare_tables(source_url: str, tables: str, read: Callable[[str], pa.Table | None],
+                   password_env: str | None = None) -> list[TableComparison]:
+    """Each table of ``source_url`` that matches ``tables`` (the mirror's ``--tables``) against ``read(table)`` (its
+    target's rows as a reader of the format sees them, None: no target), in name order, one table at a time.
 
-    ``options``: the sink's storage options for ``s3://`` targets. The password: in the URL, from the variable
-    ``password_env`` names, ``PGPASSWORD`` or ``~/.pgpass`` (as libpq). A table without a target compares with
-    ``target_rows=None``. Tables are read one at a time."""
+    The password: in the URL, from the variable ``password_env`` names, ``PGPASSWORD`` or ``~/.pgpass`` (as
+    libpq)."""
     from flinkish_spark.connectors.postgres.connection import connect, parse_url
 
-    read = delta_reader(target, options)
     out = []
     with connect(parse_url(source_url, password_env, "compare: source"), autocommit=True) as conn:
         for name in _matching_tables(conn, tables):
             schema, rows = source_rows(conn, name)
             out.append(compare_rows(name, schema, decode_rows(rows, schema), read(name)))
     return out
+
+
+def compare_delta(source_url: str, tables: str, target: str, options: Mapping[str, str] | None = None,
+                  password_env: str | None = None) -> list[TableComparison]:
+    """:func:`compare_tables` against the Delta targets of ``target`` (the mirror's ``--to``, a path with
+    ``{schema}``/``{table}`` or a folder); ``options``: the sink's storage options for ``s3://`` targets."""
+    return compare_tables(source_url, tables, delta_reader(target, options), password_env)
+
+
+def compare_iceberg(source_url: str, tables: str, target: str, options: Mapping[str, str], checkpoint: str,
+                    password_env: str | None = None) -> list[TableComparison]:
+    """:func:`compare_tables` against the Iceberg targets of the ``table`` template ``target`` (see
+    :func:`iceberg_reader`)."""
+    return compare_tables(source_url, tables, iceberg_reader(target, options, checkpoint), password_env)
+
+
+def compare_postgres(source_url: str, tables: str, target_url: str, template: str = "{schema}.{table}",
+                     password_env: str | None = None, target_password_env: str | None = None) -> list[TableComparison]:
+    """:func:`compare_tables` against the tables ``template`` names in the database ``target_url``."""
+    from flinkish_spark.connectors.postgres.connection import connect, parse_url
+
+    with connect(parse_url(target_url, target_password_env, "compare: target"), autocommit=True) as conn:
+        return compare_tables(source_url, tables, postgres_reader(conn, template), password_env)
+
+
+def compare_mirror(config: Any) -> list[TableComparison]:
+    """Every table of a ``flinkish mirror`` (its :class:`~flinkish_spark.mirror.config.MirrorConfig`) against its
+    target, through the options the mirror gives its source and sink. Passwords the configuration carries must
+    be in the environment variables :meth:`~flinkish_spark.mirror.config.MirrorConfig.password_env` names."""
+    source, sink = config.source_options(), config.sink_options()
+    url, tables, password_env = source["url"], source["tables"], source.get("passwordEnv")
+    if config.format == "delta":
+        return compare_delta(url, tables, sink["path"], sink, password_env)
+    if config.format == "iceberg":
+        return compare_iceberg(url, tables, sink["table"], sink, sink["checkpoint"], password_env)
+    return compare_postgres(url, tables, sink["url"], sink["table"], password_env, sink.get("passwordEnv"))

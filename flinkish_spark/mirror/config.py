@@ -38,6 +38,11 @@ SOURCE_PASSWORD_ENV = "FLINKISH_MIRROR_SOURCE_PASSWORD"
 SINK_PASSWORD_ENV = "FLINKISH_MIRROR_SINK_PASSWORD"
 DEFAULT_UID = "mirror"
 DEFAULT_TRIGGER_S = 10.0
+#: The mirror's ``maxRowsPerTrigger`` unless given (the source itself has none): an epoch reads at most this many
+#: snapshot rows (``maxRowsPerTrigger // splitSize`` chunks: 2 of the default 100,000 rows) or about this many
+#: change messages. Without it the whole snapshot is one epoch: nothing committed -- nothing on screen -- until
+#: every table is read, and one epoch as large as the database to write, commit and, after a crash, replay.
+DEFAULT_MAX_ROWS_PER_TRIGGER = 200_000
 
 _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
@@ -106,6 +111,7 @@ class MirrorConfig:
             opts["passwordEnv"] = SOURCE_PASSWORD_ENV
         if self.stop_after_snapshot:
             opts["startup"] = "snapshot"
+        opts.setdefault("maxRowsPerTrigger", str(DEFAULT_MAX_ROWS_PER_TRIGGER))
         return opts
 
     def sink_options(self) -> dict[str, str]:

@@ -63,6 +63,12 @@ def preflight(config: MirrorConfig) -> list[str]:
 
 def supervise(config: MirrorConfig) -> int:
     """Run the pipeline process and forward Ctrl-C / SIGTERM to it; its exit code (2: refused by the preflight)."""
+    from flinkish_spark.mirror.finished import ended_before
+
+    ended = ended_before(config)  # a drained mirror: say so from its metadata, without starting Spark
+    if ended is not None:
+        print(f"flinkish mirror: {ended}", flush=True)
+        return EXIT_OK
     found = preflight(config)
     if found:
         print(f"flinkish mirror: not started, nothing was created; {len(found)} problem{'s' * (len(found) > 1)} to fix "
@@ -103,7 +109,19 @@ def supervise(config: MirrorConfig) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return rc if rc >= 0 else _killed(child.pid, -rc, by_us=signals > 2)
+    return _read_hint(config, rc) if rc >= 0 else _killed(child.pid, -rc, by_us=signals > 2)
+
+
+def _read_hint(config: MirrorConfig, rc: int) -> int:
+    """After a run that ended well: how to read the tables (:mod:`flinkish_spark.mirror.reading`); ``rc``."""
+    if rc == EXIT_OK:
+        from flinkish_spark.mirror.reading import read_hint
+
+        try:
+            print(read_hint(config), flush=True)
+        except Exception:  # noqa: BLE001 - a hint never changes how the command ends
+            pass
+    return rc
 
 
 def _killed(pgid: int, signum: int, by_us: bool) -> int:
@@ -127,13 +145,15 @@ def _killed(pgid: int, signum: int, by_us: bool) -> int:
 
 
 def _observe(df: Any) -> Any:
-    """The stream with Spark observed metrics per batch: rows, snapshot rows, newest change's commit time."""
+    """The stream with Spark observed metrics per batch: rows, snapshot rows, newest change's commit time. Rows are
+    data rows (snapshot rows, inserts, updates, deletes), not the stream's internal rows (a table's schema row
+    ``s``, re-snapshot markers), which no target holds."""
     from pyspark.sql import functions as F
 
     op = F.col("_op")
     return df.observe(
         OBSERVED,
-        F.count(F.lit(1)).alias("rows"),
+        F.count_if(op.isin("r", "c", "u", "d")).alias("rows"),
         F.count_if(op == "r").alias("snapshot_rows"),
         F.count_if(op.isin("c", "u", "d", "t")).alias("changes"),
         F.max(F.when(op.isin("c", "u", "d", "t"), F.unix_micros(F.col("_commit_ts")))).alias("last_commit_us"),
@@ -190,8 +210,7 @@ def run(config: MirrorConfig) -> int:
         return EXIT_FAILED
     code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
     if how == "finished" and not config.stop_after_snapshot:
-        text = ("finished: this mirror was drained before (its source has ended for good, the slot is dropped); "
-                "nothing more to read. A new --uid starts a new mirror with a new snapshot")
+        from flinkish_spark.mirror.finished import DRAINED as text
     print(f"flinkish mirror: {text}", flush=True)
     _stop_spark()
     return code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 
@@ -10,3 +11,17 @@ def committed_batches(checkpoint_location: str | os.PathLike[str]) -> list[int]:
     the first commit)."""
     folder = os.path.join(os.fspath(checkpoint_location), "commits")
     return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+
+
+def write_batch(checkpoint_location: str | os.PathLike[str], batch: int, offsets: list[dict],
+                committed: bool = True) -> None:
+    """Spark's offset log entry of ``batch`` (its sources' end offsets, as Spark writes them) and, when
+    ``committed``, its commit log entry: the state a query leaves, without running one."""
+    root = os.fspath(checkpoint_location)
+    for folder in ("offsets", "commits"):
+        os.makedirs(os.path.join(root, folder), exist_ok=True)
+    with open(os.path.join(root, "offsets", str(batch)), "w") as f:
+        f.write("v1\n" + json.dumps({"batchWatermarkMs": 0}) + "".join("\n" + json.dumps(o) for o in offsets))
+    if committed:
+        with open(os.path.join(root, "commits", str(batch)), "w") as f:
+            f.write('v1\n{"nextBatchWatermarkMs":0}')

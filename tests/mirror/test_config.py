@@ -47,7 +47,9 @@ def assert_no_secret(config: MirrorConfig) -> None:
 def test_flags_give_the_options_a_python_user_passes() -> None:
     c = flags(trigger="2s", source_option=["splitSize=5000"], sink_option=["rowsPerFile=1000"])
     assert c.source_options() == {"uid": "mirror", "checkpoint": "/meta", "url": "postgresql://cdc@db.internal:5432/shop",
-                                  "tables": "public.*", "splitSize": "5000", "passwordEnv": SOURCE_PASSWORD_ENV}
+                                  "tables": "public.*", "splitSize": "5000", "passwordEnv": SOURCE_PASSWORD_ENV,
+                                  "maxRowsPerTrigger": "200000"}  # the mirror's default bound of an epoch
+    assert flags(source_option=["maxRowsPerTrigger=5000"]).source_options()["maxRowsPerTrigger"] == "5000"
     assert c.sink_format == "flinkish.delta"
     assert c.sink_options() == {"uid": "mirror_sink", "checkpoint": "/meta", "path": "/lake/{schema}/{table}",
                                 "rowsPerFile": "1000"}

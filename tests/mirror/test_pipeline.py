@@ -135,10 +135,17 @@ def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, t
     rc, out = ended(start(command(pg_url, tmp_path, "--stop-after-snapshot"), log), log)
     assert rc == 0 and "flinkish mirror: finished" in out, out[-4000:]
     assert "tables snapshotted 4/4" in out, out[-4000:]
+    # the rows of the four tables (SETUP: 3000 + 1500 + 1000 + 100), not the stream's schema rows
+    assert re.findall(r"rows (\d+) \(changes 0\)", out)[-1] == "5600", out[-4000:]
+    assert "flinkish mirror: read your tables" in out and f"pl.read_delta('{tmp_path / 'lake'}" in out, out[-2000:]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
     assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
     assert slots_and_publications(pg_url) == (0, [])
+    check = subprocess.run([*flinkish(), "mirror", "compare", *command(pg_url, tmp_path)[len(flinkish()) + 1:]],
+                           capture_output=True, text=True, timeout=120)  # the same flags, from the shell
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.splitlines()[-1] == "flinkish mirror compare: all 4 tables equal to their source"
 
 
 def test_ctrl_c_twice_in_a_terminal_exits_at_once_and_the_same_command_recovers(pg_url: str, tmp_path: Path) -> None:

@@ -1,28 +1,42 @@
-"""The progress view's figures from Spark progress events (fast: no Spark; the checkpoint part runs in test_pipeline)."""
+"""The progress view's figures from Spark progress events, the query's status and the source's metadata (fast: no
+Spark; the metadata is written here as the source and Spark write it)."""
 
 from __future__ import annotations
 
-import io
+import io as io_module
+import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from rich.console import Console
+
+from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
+from flinkish_spark.checkpoint.store import SourceCheckpointStore
+from flinkish_spark.connectors.postgres.source import registry
+from flinkish_spark.connectors.postgres.source.splits import table_chunk_id
+from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.testing.spark_log import write_batch
 
 from flinkish_spark.mirror.config import from_args
-from flinkish_spark.mirror.progress import OBSERVED, LiveProgress, MirrorState, Progress, TableProgress
+from flinkish_spark.mirror.progress import OBSERVED, LiveProgress, Metadata, MirrorState, Progress, TableProgress
 
 CONFIG = from_args(source="postgresql://u@h/db", tables="public.*", to="/lake", fmt=None, checkpoint="/meta")
+NO_METADATA = SimpleNamespace(read=lambda: (None, None, None))
 
 
-def event(batch: int, rows: int, changes: int, last_commit_s: float | None) -> Any:
+def event(batch: int, rows: int, changes: int, last_commit_s: float | None, took_ms: int | None = None) -> Any:
     metrics = {"rows": rows, "snapshot_rows": rows - changes, "changes": changes,
                "last_commit_us": None if last_commit_s is None else int(last_commit_s * 1e6)}
-    return SimpleNamespace(batchId=batch, observedMetrics={OBSERVED: metrics}, sources=[])
+    return SimpleNamespace(batchId=batch, observedMetrics={OBSERVED: metrics}, sources=[],
+                           durationMs={"triggerExecution": took_ms} if took_ms else {})
 
 
-def query(*events: Any) -> Any:
-    return SimpleNamespace(recentProgress=list(events))
+def query(*events: Any, idle: bool = False) -> Any:
+    return SimpleNamespace(recentProgress=list(events),
+                           status={"message": "", "isDataAvailable": not idle, "isTriggerActive": False})
 
 
 def test_rows_changes_and_lag_add_up_over_batches_each_counted_once() -> None:
@@ -37,19 +51,80 @@ def test_rows_changes_and_lag_add_up_over_batches_each_counted_once() -> None:
 
 
 def test_plain_lines_and_the_live_table(capsys: pytest.CaptureFixture[str]) -> None:
-    plain = Progress(CONFIG)
-    plain.state.tables = {"public.a": TableProgress("streaming", {"snapshot-0-t0-00000"}),
-                          "public.b": TableProgress("snapshot", {"snapshot-0-t1-00000"}, 2),
+    plain = Progress(CONFIG, NO_METADATA)
+    plain.state.tables = {"public.a": TableProgress("streaming", 1),
+                          "public.b": TableProgress("snapshot", 1, 0, 2),
                           "public.c": TableProgress("left")}
-    plain.update(query(event(7, 16, 4, time.time() - 2)))
+    plain.update(query(event(7, 16, 4, time.time() - 2, took_ms=500)))
     line = capsys.readouterr().out.strip()
-    assert line.startswith("epoch 7: tables snapshotted 1/2, rows 16 (changes 4), lag 2.")
-    out = io.StringIO()
-    from rich.console import Console
+    assert line.startswith("epoch 7: tables snapshotted 1/2, rows 16 (changes 4), 32 rows/s, lag 2."), line
+    assert ", elapsed " in line
+    out = io_module.StringIO()
 
-    live = LiveProgress(CONFIG, Console(file=out, force_terminal=True, width=120))
+    live = LiveProgress(CONFIG, Console(file=out, force_terminal=True, width=160), NO_METADATA)
     live.state.tables = dict(plain.state.tables)
     live.update(query(event(7, 16, 4, None)))
     live.close()
     text = out.getvalue()
     assert "public.b" in text and "1/3" in text and "tables snapshotted 1/2" in text
+
+
+def test_the_running_epoch_its_chunks_per_table_and_caught_up_from_the_metadata(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Epoch 0 read a's first chunk and is committed; epoch 1 (planned: its checkpoint is written) reads a's second
+    chunk now; a's third is planned; b streams. Then epochs 1 and 2 commit, a streams too, the source is idle."""
+    config = from_args(source="postgresql://u@h/db", tables="public.*", to=str(tmp_path / "lake"), fmt=None,
+                       checkpoint=str(tmp_path / "meta"))
+    io = FileIO.for_url(config.checkpoint)
+    store = SourceCheckpointStore(io, config.checkpoint, "mirror", "flinkish.postgres")
+    reading = registry.Registry(1, 2, (registry.TableEntry(0, 100, "public", "a", "snapshot"),
+                                       registry.TableEntry(1, 101, "public", "b", "streaming")))
+    state = json.dumps({"registry": registry.write(io, store.directory, reading)}).encode()
+    chunk = [table_chunk_id(0, 0, n) for n in range(3)]
+
+    def checkpoint(ckpt: int, finished_in: list[int | None], enumerator: bytes = state) -> None:
+        splits = tuple(SplitRecord(c, 0, 0 if f is None else 1, 1, f is not None, f) for c, f in zip(chunk, finished_in))
+        store.write(SourceCheckpoint("mirror", "flinkish.postgres", ckpt, ckpt - 1 if ckpt else None,
+                                     int(time.time() * 1000) - 3000, "{}", enumerator, False, splits))
+        write_batch(config.spark_checkpoint, ckpt, [{"v": 1, "uid": "mirror", "ckpt": ckpt, "root": config.checkpoint}],
+                    committed=False)
+
+    checkpoint(0, [0, None, None])
+    write_batch(config.spark_checkpoint, 0, [{"v": 1, "uid": "mirror", "ckpt": 0, "root": config.checkpoint}])
+    checkpoint(1, [0, 1, None])  # planned: Spark runs it now
+    out = io_module.StringIO()
+    live = LiveProgress(config, Console(file=out, force_terminal=True, width=160))
+    live.update(query(event(0, 100_000, 0, None, took_ms=2000)))  # only epoch 0 is committed
+    a, b = live.state.tables["public.a"], live.state.tables["public.b"]
+    assert (a.state, a.chunks, b.state, b.chunks) == ("snapshot", "1/3 +1", "streaming", "-")
+    assert live.state.running is not None and live.state.running.ckpt == 1
+    headline = live.headline()
+    assert headline.startswith("mirror -- snapshot; epoch running for 3.") and "reading 1 chunks" in headline
+    assert "50,000 rows/s" in headline and "elapsed" in headline
+    live.close()
+    assert "1/3 +1" in out.getvalue()
+
+    done = registry.Registry(2, 2, tuple(e.with_state("streaming") for e in reading.entries))
+    write_batch(config.spark_checkpoint, 1, [{"v": 1, "uid": "mirror", "ckpt": 1, "root": config.checkpoint}])
+    checkpoint(2, [0, 1, 2], json.dumps({"registry": registry.write(io, store.directory, done)}).encode())
+    write_batch(config.spark_checkpoint, 2, [{"v": 1, "uid": "mirror", "ckpt": 2, "root": config.checkpoint}])
+    plain = Progress(config)
+    plain.update(query(event(0, 100_000, 0, None), event(1, 100_000, 0, None), event(2, 5, 5, time.time() - 1),
+                       idle=True))
+    a = plain.state.tables["public.a"]
+    assert (a.state, a.chunks, plain.state.running) == ("streaming", "3/3", None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("epoch 2: tables snapshotted 2/2, rows 200005 (changes 5)"), lines
+    assert lines[1].startswith("caught up: every table streams and the source is idle"), lines
+    plain.update(query(event(0, 100_000, 0, None), event(1, 100_000, 0, None), event(2, 5, 5, time.time() - 1)))
+    assert plain.state.tables["public.a"].chunks == "3/3"
+    later = SourceCheckpoint("mirror", "flinkish.postgres", 3, 2, int(time.time() * 1000), "{}",
+                             json.dumps({"registry": done.file_name}).encode(), False, ())
+    store.write(later)  # the snapshot's chunks are gone from the newest checkpoint: a's count stays
+    write_batch(config.spark_checkpoint, 3, [{"v": 1, "uid": "mirror", "ckpt": 3, "root": config.checkpoint}])
+    plain.update(query(event(3, 0, 0, None)))  # an epoch of the WAL's own progress: still caught up, said once
+    assert plain.state.tables["public.a"].chunks == "3/3"
+    assert plain.state.phase == "caught up" and capsys.readouterr().out.count("caught up") == 0
+    plain.update(query(event(4, 7, 7, time.time())))  # the writer again
+    assert plain.state.phase == "streaming"
+
