@@ -206,6 +206,7 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         "_lsn": pa.array(cols["_lsn"], pa.int64()), "_seq": pa.array(cols["_seq"], pa.int32()),
         "_row": pa.array(cols["_row"], pa.string()),
     })
+
     def earlier(name: str) -> tuple[str, ...]:
         """The older schemas the task's changes announced (see TablePart.earlier), oldest first."""
         order = [sid for _, sid in sorted(by_change.get(name, []))]
