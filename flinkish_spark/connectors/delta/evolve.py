@@ -8,6 +8,10 @@
   so that its id, configuration and partitioning stay. The rules are
   :mod:`flinkish_spark.connectors.lakehouse.evolution`'s, on Delta's types (both sides are
   brought through ``deltalake.Schema`` so that e.g. ``string`` and ``large_string`` are one).
+* **Ahead of the changes**: a column a snapshot chunk widened (or brought) ahead of the change
+  stream is listed in the table property ``flinkish.aheadOfChanges`` (JSON: column -> the type the
+  changes announced last), written in the same ``metaData`` action; see
+  :mod:`~flinkish_spark.connectors.lakehouse.evolution`. Absent when no column is ahead.
 * **Widened types** are written into the schema without Delta's ``typeWidening`` table feature:
   delta-rs 1.x refuses to read tables that have it, and reads files written with the narrower
   type cast to the table's (so does Spark 4's Parquet reader). docs/lakehouse.md says so.
@@ -26,12 +30,13 @@ from flinkish_spark.connectors.delta.live import LiveTarget, forget_state, table
 from flinkish_spark.connectors.delta.log import VersionTaken, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DV_PROPERTY, deltalake
-from flinkish_spark.connectors.lakehouse.evolution import Evolution, evolve_epoch
-from flinkish_spark.connectors.lakehouse.routing import routed_twice
+from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
+from flinkish_spark.connectors.lakehouse.routing import SchemaStep, routed_twice
 from flinkish_spark.errors import StorageUnavailableError, TableMismatchError
 
 KEY_PROPERTY = "flinkish.primaryKey"
 SOURCE_PROPERTY = "flinkish.sourceTable"  # the source table a routed target mirrors
+AHEAD_PROPERTY = "flinkish.aheadOfChanges"  # columns a snapshot widened ahead of the change stream
 
 
 def delta_arrow(schema: pa.Schema) -> pa.Schema:
@@ -77,13 +82,15 @@ class RoutedDeltaTarget(LiveTarget):
         state = self.existing_state()  # a target not created (yet, or no longer) holds no epoch
         return state is not None and state.txn(self.uid) >= epoch
 
-    def evolution(self, state: DeltaState | None, schemas: list[tuple[Any, bool]]) -> Evolution:
-        """The target's schema after the epoch's source schemas (oldest first, each with whether a change
-        announced it: see :func:`~flinkish_spark.connectors.lakehouse.evolution.evolve`); raises SchemaChangeError."""
+    def evolution(self, state: DeltaState | None, schemas: list[SchemaStep]) -> Evolution:
+        """The target's schema after the epoch's source schemas (:meth:`TableEpoch.steps
+        <flinkish_spark.connectors.lakehouse.routing.TableEpoch.steps>`); raises SchemaChangeError."""
         current = pa.schema([])
         key: tuple[str, ...] | None = None
+        ahead = {}
         if state is not None and state.metadata is not None:
             current = delta_arrow(deltalake().Schema.from_json(state.metadata["schemaString"]).to_arrow())
+            ahead = read_ahead(_config(state.metadata).get(AHEAD_PROPERTY))
             recorded = _config(state.metadata).get(KEY_PROPERTY)
             key = tuple(recorded.split(",")) if recorded else None
             mirrored = _config(state.metadata).get(SOURCE_PROPERTY)
@@ -97,7 +104,9 @@ class RoutedDeltaTarget(LiveTarget):
                    f"set the table property: DeltaTable({self.table_uri!r}).alter.set_table_properties("
                    f"{{'{KEY_PROPERTY}': '<new key, comma-separated>'}}) and restart.")
         return evolve_epoch(self.source_table, name, current, key,
-                            [(delta_arrow(s.arrow_schema()), s.key, announced) for s, announced in schemas], fix, key_fix)
+                            [(delta_arrow(s.schema.arrow_schema()), s.schema.key, s.announced, s.passing) for s in schemas],
+                            fix, key_fix,
+                            ahead)
 
     def ensure_created(self, evolution: Evolution, create: bool) -> bool:
         """Create the table with the evolved schema if it does not exist; whether it was created now."""
@@ -112,16 +121,18 @@ class RoutedDeltaTarget(LiveTarget):
         assert self.plan is not None
         try:
             self.log().write_version(0, create_payload(evolution.schema, self.plan.key, self.plan.merge_mode == "mergeOnRead",
-                                                       self.source_table))
+                                                       self.source_table, ahead_property(evolution)))
         except VersionTaken:
             pass  # created at the same moment by another writer (or our earlier attempt): validated when loaded
         forget_state(self)
         return True
 
 
-def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bool, source_table: str) -> bytes:
+def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bool, source_table: str,
+                   ahead: str | None = None) -> bytes:
     """Version 0 of a routed target: protocol (deletion vectors, timestamps without zone) and metaData with the
-    key and the source table (two source tables routed to one target are refused).
+    key, the source table (two source tables routed to one target are refused) and the columns ahead of the
+    changes (``ahead``: :data:`AHEAD_PROPERTY`'s value, None for none).
 
     Written by the sink (put-if-absent) rather than delta-rs's ``create``, which refuses table
     properties it does not know (``flinkish.primaryKey``).
@@ -129,7 +140,8 @@ def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bo
     dl = deltalake()
     features = (["deletionVectors"] if deletion_vectors else []) + (
         ["timestampNtz"] if any(_has_ntz(f.type) for f in schema) else [])
-    configuration = {KEY_PROPERTY: ",".join(key), SOURCE_PROPERTY: source_table, **({DV_PROPERTY: "true"} if deletion_vectors else {})}
+    configuration = {KEY_PROPERTY: ",".join(key), SOURCE_PROPERTY: source_table, **({DV_PROPERTY: "true"} if deletion_vectors else {}),
+                     **({AHEAD_PROPERTY: ahead} if ahead else {})}
     now = int(time.time() * 1000)
     actions = [
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": features}},
@@ -149,13 +161,17 @@ def _has_ntz(t: pa.DataType) -> bool:
 
 
 def schema_actions(target: RoutedDeltaTarget, state: DeltaState, evolution: Evolution) -> list[dict[str, Any]]:
-    """The ``metaData`` action that gives the table the evolved schema; none when it has it already."""
+    """The ``metaData`` action that gives the table the evolved schema and ahead map; none when it has them already."""
     if state.metadata is None or not evolution.changes:
         return []
     dl = deltalake()
     current = json.loads(state.metadata["schemaString"])
     have = delta_arrow(dl.Schema.from_json(state.metadata["schemaString"]).to_arrow())
-    if have == evolution.schema:
+    configuration = {k: v for k, v in _config(state.metadata).items() if k != AHEAD_PROPERTY}
+    ahead = ahead_property(evolution)
+    if ahead:
+        configuration[AHEAD_PROPERTY] = ahead
+    if have == evolution.schema and configuration == _config(state.metadata):
         return []
 
     def field_json(f: pa.Field) -> dict[str, Any]:
@@ -171,7 +187,7 @@ def schema_actions(target: RoutedDeltaTarget, state: DeltaState, evolution: Evol
     names = {f["name"] for f in current["fields"]}
     fields += [field_json(f) for f in evolution.schema if f.name not in names]
     meta = dict(state.metadata)
-    meta["configuration"] = _config(state.metadata)
+    meta["configuration"] = configuration
     fmt = dict(meta.get("format") or {"provider": "parquet"})
     fmt["options"] = dict(fmt.get("options") or {})  # a checkpoint's map reads back as pairs
     meta["format"] = fmt

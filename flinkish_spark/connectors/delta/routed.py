@@ -76,7 +76,8 @@ class RoutedCommittable:
 
 def encode_routed(c: RoutedCommittable) -> bytes:
     parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
-              "end": p.end, "keyed": None if p.keyed is None else base64.b64encode(encode_keyed(p.keyed)).decode()}
+              "end": p.end, "keyed": None if p.keyed is None else base64.b64encode(encode_keyed(p.keyed)).decode(),
+              **({"earlier": list(p.earlier)} if p.earlier else {})}
              for p in c.parts]
     return ROUTED_MAGIC + json.dumps({"partition": c.partition, "parts": parts}, separators=(",", ":")).encode()
 
@@ -85,7 +86,8 @@ def decode_routed(data: bytes) -> RoutedCommittable:
     d = json.loads(data[len(ROUTED_MAGIC):])
     return RoutedCommittable(int(d["partition"]), tuple(
         RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
-                   None if p["keyed"] is None else decode_keyed(base64.b64decode(p["keyed"])))
+                   None if p["keyed"] is None else decode_keyed(base64.b64decode(p["keyed"])),
+                   earlier=tuple(p.get("earlier", ())))
         for p in d["parts"]))
 
 
@@ -118,7 +120,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                 columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN)])
                 target = self.target(name, schema, columns)
                 keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
-            parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed))
+            parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed,
+                                    earlier=data.earlier))
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
 
     # -- commit (driver) -------------------------------------------------------------------------
@@ -136,7 +139,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                 continue  # this table has the epoch (a recovered commit)
             # Every table's evolution is checked before the first table is written: a change
             # that cannot be followed ends the query with nothing of the epoch visible.
-            evolution = target.evolution(state, t.announced())
+            evolution = target.evolution(state, t.steps())
             pending.append((t, target, evolution))
         if not pending:
             return "COMMITTED"

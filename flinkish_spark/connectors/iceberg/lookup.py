@@ -5,7 +5,10 @@ of an Iceberg snapshot: its live data files as candidates, and which of their ro
   (a manifest is immutable: its entries are cached per path, so an epoch reads only the
   manifests it has not seen).
 * **Candidates** -- each live data file with the lower/upper bounds of the first key
-  column from its manifest entry: the lookup skips files whose range misses every key.
+  column from its manifest entry: the lookup skips files whose range misses every key. A
+  file written before ``int -> long`` / ``float -> double`` keeps 4-byte bounds, which the
+  spec reads as the wider type: :func:`key_bound` decodes by the stored width (pyiceberg
+  before 0.12 decoded them as 8 bytes and failed).
 * **Deleted positions** -- the position delete files that apply to a data file, by
   pyiceberg's own reader rule (:class:`pyiceberg.table.delete_file_index.DeleteFileIndex`:
   same partition, sequence number >= the data file's, ``file_path`` bounds), read only
@@ -17,6 +20,7 @@ either): :class:`~flinkish_spark.errors.TableMismatchError`.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -56,6 +60,7 @@ class _Lru:
         return value
 
 
+_INT, _FLOAT = struct.Struct("<i"), struct.Struct("<f")  # Iceberg's single-value encoding of int and float
 _ENTRIES = _Lru(64 * 1024 * 1024)
 _DELETED = _Lru(128 * 1024 * 1024)
 
@@ -121,17 +126,29 @@ class LiveFiles:
 
     def candidates(self, io: FileIO, key_field: Any) -> list[CandidateFile]:
         """The live data files for the shared lookup, with the bounds of the first key column."""
-        from pyiceberg.conversions import from_bytes
-
         out = []
         for f in self.data:
             d = f.entry.data_file
             lo, hi = (d.lower_bounds or {}).get(key_field.field_id), (d.upper_bounds or {}).get(key_field.field_id)
-            lower = from_bytes(key_field.field_type, lo) if lo is not None else None
-            upper = from_bytes(key_field.field_type, hi) if hi is not None else None
+            lower = key_bound(key_field.field_type, lo) if lo is not None else None
+            upper = key_bound(key_field.field_type, hi) if hi is not None else None
             out.append(CandidateFile(f.path, f.path, int(d.file_size_in_bytes), lower, upper,
                                      _deleted_of(self, io, f)))
         return out
+
+
+def key_bound(field_type: Any, raw: bytes) -> Any:
+    """A manifest bound as a value of the column's current type. A ``long`` / ``double`` bound of 4 bytes
+    is from a file written while the column was ``int`` / ``float`` (Iceberg's promotions keep the files):
+    decoded by its width, whatever pyiceberg's ``from_bytes`` does with it."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import DoubleType, LongType
+
+    if len(raw) == 4 and isinstance(field_type, LongType):
+        return _INT.unpack(raw)[0]
+    if len(raw) == 4 and isinstance(field_type, DoubleType):
+        return _FLOAT.unpack(raw)[0]
+    return from_bytes(field_type, raw)
 
 
 def _deleted_of(live: LiveFiles, io: FileIO, f: LiveFile) -> Callable[[], np.ndarray]:

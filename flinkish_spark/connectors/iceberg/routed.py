@@ -47,6 +47,7 @@ from flinkish_spark.connectors.iceberg.datafiles import epoch_folder, write_data
 from flinkish_spark.connectors.iceberg.keyed import DRIVER_PARTITION, KeyedCommittable, Target, entries_of, plan_epoch, prepare
 from flinkish_spark.connectors.iceberg.resnapshot import gone_rows
 from flinkish_spark.connectors.iceberg.routed_target import (
+    AHEAD_PROPERTY,
     KEY_PROPERTY,
     SOURCE_PROPERTY,
     check_promotions,
@@ -69,7 +70,7 @@ from flinkish_spark.connectors.iceberg.table import (
     keyed_properties,
 )
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
-from flinkish_spark.connectors.lakehouse.evolution import Evolution, evolve_epoch
+from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
 from flinkish_spark.connectors.lakehouse.routing import (
@@ -155,7 +156,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
         parts = []
         for name, schema, data in task_tables(batches):
-            part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None)
+            part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None,
+                              earlier=data.earlier)
             if data.changes.num_rows:
                 part = self._prepare_table(part, schema.key, data.changes, ctx)
             parts.append(part)
@@ -214,9 +216,10 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def evolution(self, t: TableEpoch[RoutedPart], identifier: str, table: Any | None) -> Evolution:
         """The target's schema after the epoch's source schemas; raises SchemaChangeError."""
-        current, key = pa.schema([]), None
+        current, key, ahead = pa.schema([]), None, {}
         if table is not None:
             current = table_arrow(table.schema())
+            ahead = read_ahead(table.properties.get(AHEAD_PROPERTY))
             recorded = table.properties.get(KEY_PROPERTY)
             key = tuple(recorded.split(",")) if recorded else None
             mirrored = table.properties.get(SOURCE_PROPERTY)
@@ -230,8 +233,9 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                    f"set the table property {KEY_PROPERTY!r} to the new key (comma-separated; pyiceberg: "
                    f"`with table.transaction() as tx: tx.set_properties({{'{KEY_PROPERTY}': '...'}})`) and restart.")
         evolution = evolve_epoch(t.table, name, current, key,
-                                 [(iceberg_arrow(s.arrow_schema()), s.key, announced) for s, announced in t.announced()],
-                                 fix, key_fix)
+                                 [(iceberg_arrow(s.schema.arrow_schema()), s.schema.key, s.announced, s.passing)
+                                  for s in t.steps()],
+                                 fix, key_fix, ahead)
         check_promotions(t.table, name, evolution)
         return evolution
 
@@ -253,10 +257,12 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         except NamespaceAlreadyExistsError:
             pass
         key = t.schemas()[-1].key
+        ahead = ahead_property(evolution)
         try:
             return catalog.create_table(identifier, schema=_pyarrow_to_schema_without_ids(evolution.schema),
                                         location=self.default_location(identifier),
-                                        properties=self._created_properties(key, t.table))
+                                        properties={**self._created_properties(key, t.table),
+                                                    **({AHEAD_PROPERTY: ahead} if ahead else {})})
         except TableAlreadyExistsError:  # our earlier attempt, or another writer: checked as an existing target
             table = catalog.load_table(identifier)
             self._check_target(identifier, table)

@@ -12,6 +12,10 @@
   target's schema after its update (:func:`misfits`) and rewrites the rare file whose ids or
   types differ (the target changed between prepare and commit, or tasks saw different new
   columns): one file for one file, row positions kept.
+* **Ahead of the changes**: a column a snapshot chunk widened (or brought) ahead of the change
+  stream is listed in the table property ``flinkish.ahead-of-changes`` (JSON: column -> the type the
+  changes announced last), set in the schema update's own metadata commit; see
+  :mod:`~flinkish_spark.connectors.lakehouse.evolution`. Absent when no column is ahead.
 * **Created** with the table properties ``flinkish.primary-key`` (the key the sink writes it
   by) and ``flinkish.source-table`` (the source table it mirrors: two tables routed to one
   target are refused), format version 2 and the merge mode's write properties.
@@ -25,11 +29,12 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flinkish_spark.connectors.lakehouse.evolution import Evolution, widens
+from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, widens
 from flinkish_spark.errors import SchemaChangeError
 
 KEY_PROPERTY = "flinkish.primary-key"
 SOURCE_PROPERTY = "flinkish.source-table"
+AHEAD_PROPERTY = "flinkish.ahead-of-changes"  # columns a snapshot widened ahead of the change stream
 
 
 def iceberg_arrow(schema: pa.Schema) -> pa.Schema:
@@ -128,12 +133,20 @@ def read_file(io: Any, path: str) -> pa.Table:
 
 
 def evolve_table(table: Any, evolution: Evolution) -> Any:
-    """Add the evolution's columns (in order) and widen its types: one schema update; the table afterwards."""
+    """Add the evolution's columns (in order), widen its types and set its ahead map: one metadata commit;
+    the table afterwards."""
     if not evolution.changes:
         return table
-    with table.update_schema() as update:
-        for f in evolution.added:
-            update.add_column(f.name, _iceberg_type(f.type))
-        for column, _, new in evolution.widened:
-            update.update_column(column, field_type=_iceberg_type(new))
+    with table.transaction() as tx:
+        if evolution.added or evolution.widened:
+            with tx.update_schema() as update:
+                for f in evolution.added:
+                    update.add_column(f.name, _iceberg_type(f.type))
+                for column, _, new in evolution.widened:
+                    update.update_column(column, field_type=_iceberg_type(new))
+        ahead = ahead_property(evolution)
+        if ahead:
+            tx.set_properties({AHEAD_PROPERTY: ahead})
+        elif AHEAD_PROPERTY in table.properties:
+            tx.remove_properties(AHEAD_PROPERTY)
     return table

@@ -197,7 +197,9 @@ class EpochChanges:
             m = entries.num_rows
             parts.append(entries.append_column(E_TASK, pa.array(np.full(m, index, dtype=np.int32)))
                          .append_column(E_PART, pa.array(np.full(m, partition, dtype=np.int32))))
-        self.entries = pa.concat_tables(parts, promote_options="default") if parts else None
+        # Tasks of one epoch can hold a key column in two widths (a chunk read after ``ALTER ... TYPE
+        # bigint`` beside changes from before it): the wider one holds both.
+        self.entries = pa.concat_tables(parts, promote_options="permissive") if parts else None
         if self.entries is None:
             self.group = np.zeros(0, dtype=np.int64)
             self.starts = np.zeros(0, dtype=np.int64)

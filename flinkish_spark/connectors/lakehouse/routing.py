@@ -22,8 +22,8 @@ target equal to the table (docs/postgres-source.md, "Why the result is exact").
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Generic, Iterable, NamedTuple, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -144,6 +144,7 @@ class TableInput:
     begin: bool  # a re-snapshot begins (B)
     end: bool  # ... ends (E): delete the keys no row since B carried
     lsn: int  # the largest _lsn of the rows (-1: snapshot rows only)
+    earlier: tuple[str, ...] = ()  # TableSchema JSON: the older schemas changes of these rows announced, oldest first
 
 
 def table_input(rows: pa.Table) -> TableInput:
@@ -162,12 +163,18 @@ def table_input(rows: pa.Table) -> TableInput:
 
 
 def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchema, TableInput]]:
-    """A task's rows per source table (sorted by name): the table's newest schema in the task and its input."""
+    """A task's rows per source table (sorted by name): the table's newest schema in the task and its input
+    (with :attr:`TableInput.earlier`: what the commit's evolution must see of a schema change within the task)."""
     got = [b for b in batches if b.num_rows]
     if not got:
         return []
-    return [(name, require_key(name, rows.schema), table_input(rows.rows))
-            for name, rows in sorted(split_tables(pa.Table.from_batches(got)).items())]
+    stream = pa.Table.from_batches(got)
+    schema_rows = stream.filter(pc.and_(pc.equal(stream.column("_op"), "s"), pc.is_valid(stream.column("_lsn"))))
+    by_change = set(schema_rows.column("_schema_id").to_pylist())  # schemas an 's' row of the change stream announced
+    return [(name, require_key(name, rows.schema),
+             replace(table_input(rows.rows),
+                     earlier=tuple(s.to_json() for s in rows.schemas[:-1] if s.schema_id in by_change)))
+            for name, rows in sorted(split_tables(stream).items())]
 
 
 def require_key(table: str, schema: TableSchema) -> TableSchema:
@@ -193,6 +200,9 @@ class TablePart:
     truncate: bool
     begin: bool
     end: bool
+    #: The task's older schemas of the table that its changes announced (TableSchema JSON, oldest first):
+    #: a change task can hold a type and its narrowing, which the evolution must both see.
+    earlier: tuple[str, ...] = field(default=(), kw_only=True)
 
 
 class PartLike(Protocol):
@@ -217,10 +227,21 @@ class PartLike(Protocol):
     def end(self) -> bool: ...
 
     @property
+    def earlier(self) -> tuple[str, ...]: ...
+
+    @property
     def keyed(self) -> Any: ...
 
 
 P = TypeVar("P", bound=PartLike)
+
+
+class SchemaStep(NamedTuple):
+    """One source schema a target's evolution goes through (:meth:`TableEpoch.steps`)."""
+
+    schema: TableSchema
+    announced: bool  # a change carried it (False: snapshot rows only)
+    passing: bool  # an older schema of a change task, before its newest: it moves no column
 
 
 @dataclass
@@ -235,14 +256,23 @@ class TableEpoch(Generic[P]):
         return [s for s, _ in self.announced()]
 
     def announced(self) -> list[tuple[TableSchema, bool]]:
-        """:meth:`schemas`, each with whether a change task carried it (False: snapshot rows only,
-        whose schema is the one the table joined with and may be older than a change's)."""
-        seen: dict[str, tuple[TableSchema, bool]] = {}
+        """:meth:`schemas`, each with whether a change announced it (False: snapshot rows only, whose
+        schema is the catalog's when the chunk was read -- older or newer than the changes' position,
+        see :mod:`~flinkish_spark.connectors.lakehouse.evolution`)."""
+        return [(s.schema, s.announced) for s in self.steps() if not s.passing]
+
+    def steps(self) -> list[SchemaStep]:
+        """What the target's evolution goes through, oldest first: each task's newest schema (snapshot
+        tasks first, then by LSN; one schema once, where it came last) and, before a change task's newest,
+        the older ones its changes announced (``passing``: they only tell what the changes announced)."""
+        out: list[SchemaStep] = []
         for p in sorted(self.parts, key=lambda p: p.lsn):
+            out += [SchemaStep(TableSchema.from_json(e), True, True) for e in p.earlier]
             s = TableSchema.from_json(p.schema)
-            had = seen.pop(s.schema_id, (s, False))[1]
-            seen[s.schema_id] = (s, had or p.lsn >= 0)
-        return list(seen.values())
+            had = [i for i, o in enumerate(out) if not o.passing and o.schema.schema_id == s.schema_id]
+            announced = p.lsn >= 0 or any(out[i].announced for i in had)
+            out = [o for i, o in enumerate(out) if i not in had] + [SchemaStep(s, announced, False)]
+        return out
 
     @property
     def begin(self) -> bool:

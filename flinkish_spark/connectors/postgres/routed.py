@@ -168,6 +168,7 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         schemas[s.schema_id] = s
     cols: dict[str, list[Any]] = {k: [] for k in ("_table", "_op", "_lsn", "_seq", "_row")}
     newest: dict[str, tuple[tuple[int, int, int], str]] = {}  # table -> (position, schema id) of its newest schema
+    by_change: dict[str, list[tuple[tuple[int, int, int], str]]] = {}  # table -> its schemas the changes announced
     info: dict[str, dict[str, Any]] = {}
     for r in table.to_pylist():
         op, lsn, seq = r["_op"], r["_lsn"], r["_seq"]
@@ -181,6 +182,8 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         if sid and sid in schemas and (name not in newest or position >= newest[name][0]):
             newest[name] = (position, sid)
         if op == "s":
+            if lsn is not None:
+                by_change.setdefault(name, []).append((position, sid))
             continue
         row = None
         if op in _DATA_OPS:
@@ -203,8 +206,15 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         "_lsn": pa.array(cols["_lsn"], pa.int64()), "_seq": pa.array(cols["_seq"], pa.int32()),
         "_row": pa.array(cols["_row"], pa.string()),
     })
+
+    def earlier(name: str) -> tuple[str, ...]:
+        """The older schemas the task's changes announced (see TablePart.earlier), oldest first."""
+        order = [sid for _, sid in sorted(by_change.get(name, []))]
+        last = newest[name][1] if name in newest else None
+        return tuple(schemas[sid].to_json() for i, sid in enumerate(order) if sid != last and sid not in order[i + 1:])
+
     parts = tuple(RoutedPart(name, schemas[newest[name][1]].to_json() if name in newest else "", t["lsn"],
-                             "t" in t["ops"], "B" in t["ops"], "E" in t["ops"], t["rows"])
+                             "t" in t["ops"], "B" in t["ops"], "E" in t["ops"], t["rows"], earlier=earlier(name))
                   for name, t in sorted(info.items()))
     return staged, parts
 
@@ -214,7 +224,7 @@ ROUTED_PREFIX = b'{"kind":"routed"'  # how a routed committable's encoding start
 
 def encode_staged(c: RoutedStaged) -> bytes:
     parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
-              "end": p.end, "rows": p.rows} for p in c.parts]
+              "end": p.end, "rows": p.rows, **({"earlier": list(p.earlier)} if p.earlier else {})} for p in c.parts]
     return json.dumps({"kind": "routed", "attempt_id": c.attempt_id, "rows": c.rows, "parts": parts},
                       separators=(",", ":")).encode()
 
@@ -223,7 +233,7 @@ def decode_staged(data: bytes) -> RoutedStaged:
     d = json.loads(data)
     return RoutedStaged(str(d["attempt_id"]), int(d["rows"]), tuple(
         RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
-                   int(p["rows"])) for p in d["parts"]))
+                   int(p["rows"]), earlier=tuple(p.get("earlier", ()))) for p in d["parts"]))
 
 
 class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
@@ -297,11 +307,12 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         plan = self.plan
         target = plan.route.target(t.table)
         schema, name = split_table(target, f"the target of {t.table}")
-        announced = TableEpoch(t.table, [p for p in t.parts if p.schema]).announced()
+        steps = TableEpoch(t.table, [p for p in t.parts if p.schema]).steps()
+        announced = [(s.schema, s.announced) for s in steps if not s.passing]
         if announced:
             if plan.create_table and c.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
                 c.execute(f"CREATE SCHEMA {quote_ident(schema)}")
-            columns = evolve(c, schema, name, t.table, announced, plan.create_table)
+            columns = evolve(c, schema, name, t.table, steps, plan.create_table)
         else:
             found = read_target(c, schema, name)
             if found is None:

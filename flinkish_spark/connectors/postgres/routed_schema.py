@@ -13,13 +13,13 @@ a PostgreSQL target gets exactly the source's types, and the rules of
   ``ALTER COLUMN ... TYPE``;
 * anything else -- a narrower type announced by a change, a type of another kind, a changed
   primary key -- raises :class:`~flinkish_spark.errors.SchemaChangeError` naming the table, the
-  column, both types and the fix. Snapshot rows' schema (``announced`` False) may be older
-  than a change the target followed: a narrower type there is no change.
-* Snapshot chunks and changes are read side by side, so a chunk read after a widening ``ALTER``
-  can widen the target *ahead* of changes from before the ``ALTER``, which still announce the
-  older type. Such a column carries the comment :data:`AHEAD` with the type it had; an announced
-  type between that one and the target's is no narrowing, and the comment goes once the changes
-  announce the target's type. Only a type narrower than what the changes announced before is one.
+  column, both types and the fix.
+* Snapshot chunks and changes are read side by side: the rule of
+  :func:`~flinkish_spark.connectors.lakehouse.evolution.follow` (shared with the lakehouse targets)
+  tells an older change from a narrowing. A column a snapshot widened or brought ahead of the
+  changes carries the comment :data:`AHEAD` with the type the changes announced last (or
+  :data:`AHEAD_NEW` when they announced none yet); it goes once the changes announce the
+  column's type.
 
 Every statement runs in the epoch's commit transaction (PostgreSQL's DDL is transactional), so
 a refused change leaves nothing of the epoch in any table, and an evolution is committed
@@ -32,7 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from flinkish_spark.connectors.lakehouse.evolution import check_key
+from flinkish_spark.connectors.lakehouse.evolution import check_key, follow
+from flinkish_spark.connectors.lakehouse.routing import SchemaStep
 from flinkish_spark.connectors.postgres.connection import qualified, quote_ident
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.errors import SchemaChangeError
@@ -67,18 +68,37 @@ def widens(old: str, new: str) -> bool:
     return old == "character varying" and new == "text"
 
 
+def narrowable(t: str) -> bool:
+    """Whether some narrower PostgreSQL type widens to ``t`` (what an older change can announce for it)."""
+    if t.endswith("[]"):
+        return narrowable(t[:-2])
+    return (t in ("integer", "bigint", "double precision", "numeric", "character varying", "text")
+            or bool(_NUMERIC.match(t)) or bool(_VARCHAR.match(t)))
+
+
 #: The comment on a column a snapshot chunk widened ahead of the change stream (see :func:`evolve`).
 AHEAD = "flinkish.postgres: widened by a snapshot ahead of the changes, from "
+#: ... and on one a snapshot brought before any change announced it.
+AHEAD_NEW = "flinkish.postgres: brought by a snapshot ahead of the changes"
 
 
 @dataclass(frozen=True)
 class TargetColumns:
     """A target table as the catalog describes it: columns (name -> ``format_type``), primary key, and
-    the columns a snapshot widened ahead of the change stream (name -> the type before)."""
+    the columns a snapshot brought ahead of the change stream (name -> the type the changes announced
+    last, None: none yet; :func:`~flinkish_spark.connectors.lakehouse.evolution.follow`)."""
 
     columns: dict[str, str]
     key: tuple[str, ...] | None  # None: no primary key
-    ahead: dict[str, str] = field(default_factory=dict)
+    ahead: dict[str, str | None] = field(default_factory=dict)
+
+
+def _ahead_of(comment: str | None) -> tuple[bool, str | None]:
+    if comment == AHEAD_NEW:
+        return True, None
+    if comment and comment.startswith(AHEAD):
+        return True, comment[len(AHEAD):]
+    return False, None
 
 
 def read_target(c: Any, schema: str, table: str) -> TargetColumns | None:
@@ -90,7 +110,7 @@ def read_target(c: Any, schema: str, table: str) -> TargetColumns | None:
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod), col_description(a.attrelid, a.attnum) FROM pg_attribute a "
         "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (name,)).fetchall()
     columns = {r[0]: r[1] for r in described}
-    ahead = {r[0]: r[2][len(AHEAD):] for r in described if r[2] and r[2].startswith(AHEAD)}
+    ahead = {r[0]: _ahead_of(r[2])[1] for r in described if _ahead_of(r[2])[0]}
     row = c.execute(
         "SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum)) FROM pg_index i "
         "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
@@ -98,79 +118,73 @@ def read_target(c: Any, schema: str, table: str) -> TargetColumns | None:
     return TargetColumns(columns, tuple(row[0]) if row and row[0] else None, ahead)
 
 
-def evolve(c: Any, schema: str, table: str, source_table: str, schemas: list[tuple[TableSchema, bool]],
-           create: bool) -> TargetColumns:
-    """Bring the target to the epoch's source schemas (oldest first, each with whether a change announced it):
-    create it or alter it, in the caller's transaction. Returns its columns afterwards. Raises
-    SchemaChangeError (a change it cannot follow) or TargetSchemaError (missing and ``create`` false)."""
+def evolve(c: Any, schema: str, table: str, source_table: str, steps: list[SchemaStep], create: bool) -> TargetColumns:
+    """Bring the target to the epoch's source schemas (:meth:`TableEpoch.steps
+    <flinkish_spark.connectors.lakehouse.routing.TableEpoch.steps>`): create it or alter it, in the caller's
+    transaction. Returns its columns afterwards. Raises SchemaChangeError (a change it cannot follow) or
+    TargetSchemaError (missing and ``create`` false)."""
     from flinkish_spark.errors import TargetSchemaError
 
     name = qualified(schema, table)
     shown = f"{_plain(schema)}.{_plain(table)}"  # in messages: as the user types it
     current = read_target(c, schema, table)
-    newest = schemas[-1][0]
-    if current is None:
-        if not create:
-            raise TargetSchemaError(
-                f"flinkish.postgres routing: there is no table {shown} for source table {source_table} and "
-                "createTable is false; create it (with the source's columns and primary key), or set createTable to true")
-        cols = ", ".join(f"{quote_ident(col.name)} {col.type}" for col in newest.columns)
-        pk = f", PRIMARY KEY ({', '.join(map(quote_ident, newest.key))})" if newest.key else ""
-        c.execute(f"CREATE TABLE {name} ({cols}{pk})")
-        c.execute(f"COMMENT ON TABLE {name} IS 'flinkish.postgres mirror of {_literal_safe(source_table)}'")
-        current = TargetColumns({col.name: col.type for col in newest.columns}, tuple(newest.key) or None)
-        created = True
-    else:
-        created = False
-    key_fix = (f"Mirror the table to a new target with a new sink uid; or, if its rows are unique by the new key, change "
-               f"the target's primary key (ALTER TABLE {shown} DROP CONSTRAINT <its primary key>, ADD PRIMARY KEY (...)) and restart.")
-    if current.key is None:
+    newest = [s.schema for s in steps if not s.passing][-1]
+    if current is None and not create:
+        raise TargetSchemaError(
+            f"flinkish.postgres routing: there is no table {shown} for source table {source_table} and "
+            "createTable is false; create it (with the source's columns and primary key), or set createTable to true")
+    if current is not None and current.key is None:
         raise SchemaChangeError(
             f"source table {source_table}: its target {shown} has no primary key, and a mirror writes it keyed by "
             f"({', '.join(newest.key)}). Nothing of this epoch was written. Add it: ALTER TABLE {shown} ADD PRIMARY KEY "
             f"({', '.join(map(_plain, newest.key))}) and restart.")
-    columns, ahead = dict(current.columns), dict(current.ahead)
-    for source, announced in schemas:
-        check_key(source_table, shown, current.key, source.key, key_fix)
-        for col in source.columns:
+    key_fix = (f"Mirror the table to a new target with a new sink uid; or, if its rows are unique by the new key, change "
+               f"the target's primary key (ALTER TABLE {shown} DROP CONSTRAINT <its primary key>, ADD PRIMARY KEY (...)) and restart.")
+    # A target to create is evolved from no columns, as the lakehouse targets are: the same rule decides
+    # its types and the columns it starts ahead of the changes with; then one CREATE TABLE.
+    columns: dict[str, str] = {} if current is None else dict(current.columns)
+    ahead: dict[str, str | None] = {} if current is None else dict(current.ahead)
+    alter = (lambda sql: None) if current is None else c.execute
+    for step in steps:
+        if current is not None and not step.passing:
+            check_key(source_table, shown, current.key, step.schema.key, key_fix)
+        for col in step.schema.columns:
             have = columns.get(col.name)
             column = quote_ident(col.name)
             if have is None:
-                c.execute(f"ALTER TABLE {name} ADD COLUMN {column} {col.type}")
+                if step.passing:
+                    continue  # the task's newest schema decides which columns the target gets
+                alter(f"ALTER TABLE {name} ADD COLUMN {column} {col.type}")
                 columns[col.name] = col.type
-            elif created or (not announced and widens(col.type, have)):
-                continue  # rows of an older schema than the target's: they fit
-            elif have == col.type or (announced and col.name in ahead and widens(col.type, have) and (
-                    col.type == ahead[col.name] or widens(ahead[col.name], col.type))):
-                # The same type -- or, for a column a snapshot widened ahead of the change stream, a
-                # change from before that widening (its type between the one the target had and its own).
-                if announced and col.name in ahead:
-                    if have == col.type:
-                        c.execute(f"COMMENT ON COLUMN {name}.{column} IS NULL")  # the changes caught up
-                        del ahead[col.name]
-                    elif col.type != ahead[col.name]:
-                        c.execute(f"COMMENT ON COLUMN {name}.{column} IS '{_literal_safe(AHEAD + col.type)}'")
-                        ahead[col.name] = col.type
-            elif widens(have, col.type):
-                c.execute(f"ALTER TABLE {name} ALTER COLUMN {column} TYPE {col.type}")
+                if not step.announced and narrowable(col.type):
+                    ahead[col.name] = None  # came with a snapshot: no change announced it yet
+                continue
+            done = follow(col.name, have, col.type, step.announced, ahead, widens, step.passing)
+            if done == "widen":
+                alter(f"ALTER TABLE {name} ALTER COLUMN {column} TYPE {col.type}")
                 columns[col.name] = col.type
-                if not announced and col.name not in ahead:
-                    # Snapshot chunks and changes are read side by side: a chunk read after a widening
-                    # ALTER comes ahead of the changes from before it, whose older type is no narrowing.
-                    c.execute(f"COMMENT ON COLUMN {name}.{column} IS '{_literal_safe(AHEAD + have)}'")
-                    ahead[col.name] = have
-                elif announced and col.name in ahead:
-                    c.execute(f"COMMENT ON COLUMN {name}.{column} IS NULL")
-                    del ahead[col.name]
-            else:
-                kind = "a narrower type" if widens(col.type, have) else "another kind of type"
+            elif done != "same":
+                kind = "a narrower type" if done == "narrowed" else "another kind of type"
                 raise SchemaChangeError(
                     f"source table {source_table}: column {col.name!r} is now {col.type}, but its target {shown} holds "
                     f"{have}, which cannot be widened to it ({kind}). Nothing of this epoch was written. Change the "
                     f"target column yourself if its rows fit (ALTER TABLE {shown} ALTER COLUMN {_plain(col.name)} "
                     f"TYPE {col.type}) and restart; or mirror the table to a new target (exclude it here, mirror it "
                     "with a new sink uid).")
-    return TargetColumns(columns, current.key, ahead)
+    key = current.key if current is not None else (tuple(newest.key) or None)
+    if current is None:
+        cols = ", ".join(f"{quote_ident(n)} {t}" for n, t in columns.items())
+        pk = f", PRIMARY KEY ({', '.join(map(quote_ident, newest.key))})" if newest.key else ""
+        c.execute(f"CREATE TABLE {name} ({cols}{pk})")
+        c.execute(f"COMMENT ON TABLE {name} IS 'flinkish.postgres mirror of {_literal_safe(source_table)}'")
+    before = {} if current is None else current.ahead
+    for col_name in sorted(set(before) | set(ahead)):
+        if col_name in ahead and (col_name not in before or before[col_name] != ahead[col_name]):
+            text = AHEAD_NEW if ahead[col_name] is None else AHEAD + str(ahead[col_name])
+            c.execute(f"COMMENT ON COLUMN {name}.{quote_ident(col_name)} IS '{_literal_safe(text)}'")
+        elif col_name not in ahead:
+            c.execute(f"COMMENT ON COLUMN {name}.{quote_ident(col_name)} IS NULL")  # the changes caught up
+    return TargetColumns(columns, key, ahead)
 
 
 def _plain(name: str) -> str:

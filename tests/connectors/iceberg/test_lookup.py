@@ -86,3 +86,31 @@ def test_string_and_two_column_keys(tmp_path: Path) -> None:
     assert rows_at(found, "v") == ["y1", "y2"]
     _, found = find(sink, table, ("a", "b"), pa.table({"a": ["x", "y", "y"], "b": pa.array([2, 2, 3], pa.int64())}))
     assert rows_at(found, "v") == ["x2", "y2"]
+
+
+def test_bounds_written_before_a_type_promotion_are_read_by_their_width(tmp_path: Path) -> None:
+    """Iceberg's ``int -> long`` and ``float -> double`` keep the older files' 4-byte bounds (the spec reads
+    them as the wider type): the lookup decodes each bound by its stored width, whichever pyiceberg reads
+    them (0.11 decoded them as 8 bytes: struct.error on every commit after ALTER ... TYPE bigint of a key)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import DoubleType, FloatType, IntegerType, LongType, NestedField
+
+    from flinkish_spark.connectors.iceberg.lookup import LiveFiles
+    from flinkish_spark.io.fileio import FileIO
+
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", Schema(NestedField(1, "id", IntegerType(), required=False),
+                                                NestedField(2, "f", FloatType(), required=False)))
+    table.append(pa.table({"id": pa.array([-7, 3], pa.int32()), "f": pa.array([-1.5, 2.5], pa.float32())}))
+    with table.update_schema() as update:  # what the routed sink does for a widened column
+        update.update_column("id", field_type=LongType())
+        update.update_column("f", field_type=DoubleType())
+    table = catalog.load_table("db.t")
+    table.append(pa.table({"id": pa.array([2**40], pa.int64()), "f": pa.array([1e300], pa.float64())}))
+    io = FileIO.for_url(table.location())
+    live = LiveFiles(table)
+    bounds = {column: sorted((c.lower, c.upper) for c in live.candidates(io, table.schema().find_field(column)))
+              for column in ("id", "f")}
+    assert bounds == {"id": [(-7, 3), (2**40, 2**40)], "f": [(-1.5, 2.5), (1e300, 1e300)]}

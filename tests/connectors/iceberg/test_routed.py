@@ -17,6 +17,7 @@ from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import PrepareContext
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
+from flinkish_spark.testing.widening import LAYOUTS, TABLE, widening_during_the_snapshot
 
 pyiceberg = pytest.importorskip("pyiceberg")
 
@@ -151,7 +152,9 @@ def recreate(m: Mirror, table: str, schema: pa.Schema) -> None:
 def test_a_narrowed_type_ends_before_any_table_is_written_and_the_restart_after_the_fix_continues(tmp_path: Path) -> None:
     m = Mirror(tmp_path)
     s = StreamBuilder()
-    m.epoch(s.snapshot(A, [{"id": 1, "v": "a"}]).snapshot(B, [{"k": "x", "n": 1}]).batch())
+    # A change announced numeric(12,2), so the narrowing below is one (before any change, a narrower type may
+    # be from before an ALTER the snapshot chunk saw: test_a_chunk_read_after_a_widening_...).
+    m.epoch(s.snapshot(A, [{"id": 1, "v": "a"}]).snapshot(B, [{"k": "x", "n": 1}]).transaction((B, "u", {"k": "x", "n": 1})).batch())
     narrowed = table_schema("public.b", [("k", "text"), ("n", "numeric(6,2)")], ("k",))
     batch = s.transaction((A, "c", {"id": 2, "v": "b"}), (narrowed, "u", {"k": "x", "n": 3.25})).batch()
     before = (m.snapshot("public.a"), m.snapshot("public.b"))
@@ -486,3 +489,23 @@ def test_the_last_committed_epoch_is_the_newest_in_any_target_and_a_reset_is_ref
     with pytest.raises(CheckpointMismatchError, match="sink uid 'm' has last committed epoch 1 in its target"):
         incarnation.resolve(FileIO.for_url(m.meta), m.log(), m.sink().last_committed_epoch, "q-new", "cp", None,
                             "continueAfterEpoch")
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["created-by-the-chunk", "existing"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_chunk_read_after_a_widening_does_not_make_the_older_changes_a_narrowing(tmp_path: Path, layout: str,
+                                                                                   existing: bool) -> None:
+    """Chunks and changes are read side by side: a chunk read after ``int -> bigint``, ``numeric(12,2) ->
+    (14,2)`` widens (or creates) the target ahead of changes from before the ALTER, announced narrow -- in a
+    later epoch or in the same one, either task first. Those fit; a narrowing after the changes reached
+    the wide type is refused with nothing written (flinkish_spark/testing/widening.py)."""
+    m = Mirror(tmp_path)
+    w = widening_during_the_snapshot(layout, existing)
+    for tasks in w.epochs:
+        m.epoch(*tasks)
+    assert m.rows(TABLE, "id") == list(w.rows)
+    assert [(name, t) for _, name, t in shape(m.table(TABLE))] == [("id", "long"), ("n", "decimal(14, 2)")]
+    snapshot = m.snapshot(TABLE)
+    with pytest.raises(SchemaChangeError, match=r"column 'n' is now decimal128\(12, 2\).* holds decimal128\(14, 2\).*narrower"):
+        m.epoch(w.narrowing)
+    assert m.snapshot(TABLE) == snapshot

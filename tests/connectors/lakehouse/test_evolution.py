@@ -51,3 +51,20 @@ def test_a_snapshot_schema_narrower_than_the_target_is_no_change_but_another_kin
     assert e.schema.field("id").type == pa.int64() and e.schema.field("n").type == pa.decimal128(14, 2)
     with pytest.raises(SchemaChangeError, match="another kind of type"):
         evolve("public.a", "T", target, pa.schema([("id", pa.string())]), "fix", announced=False)
+
+
+def test_a_column_a_chunk_widened_ahead_of_the_changes_accepts_their_older_type_until_they_catch_up() -> None:
+    from flinkish_spark.connectors.lakehouse.evolution import ahead_property, read_ahead
+
+    narrow = pa.schema([("id", pa.int32()), ("f", pa.float32()), ("n", pa.decimal128(12, 2))])
+    wide = pa.schema([("id", pa.int64()), ("f", pa.float64()), ("n", pa.decimal128(14, 2))])
+    chunk = evolve("public.a", "T", narrow, wide, "fix", announced=False)  # read after the ALTER
+    assert [c for c, _, _ in chunk.widened] == ["id", "f", "n"]
+    stored = read_ahead(ahead_property(chunk))  # what the target keeps with its schema
+    assert stored == {"id": pa.int32(), "f": pa.float32(), "n": pa.decimal128(12, 2)} == dict(chunk.ahead)
+    older = evolve("public.a", "T", chunk.schema, narrow, "fix", ahead=stored)  # a change from before the ALTER
+    assert not older.changes and older.schema == chunk.schema
+    caught_up = evolve("public.a", "T", chunk.schema, wide, "fix", ahead=stored)
+    assert caught_up.changes and not caught_up.widened and ahead_property(caught_up) is None
+    with pytest.raises(SchemaChangeError, match=r"'id' is now int32.*holds int64.*a narrower type"):
+        evolve("public.a", "T", caught_up.schema, narrow, "fix", ahead=read_ahead(ahead_property(caught_up)))

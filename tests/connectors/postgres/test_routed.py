@@ -16,6 +16,7 @@ from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import PrepareContext
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
+from flinkish_spark.testing.widening import LAYOUTS, TABLE, widening_during_the_snapshot
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -119,8 +120,10 @@ def test_a_narrowed_type_ends_the_epoch_with_nothing_written_and_after_alter_the
     m = Mirror(tmp_path, pg_url)
     wide = table_schema("public.a", [("id", "int"), ("n", "numeric(14,2)")], ("id",))
     s = StreamBuilder()
+    # A change announced numeric(14,2), so the narrowing below is one (before any change, a narrower type may
+    # be from before an ALTER the snapshot chunk saw: test_a_chunk_read_after_a_widening_in_any_layout_...).
     s.snapshot(wide, [{"id": 1, "n": "1.00"}]).snapshot(B, [{"k": "x", "f": 1.0, "ok": True}])
-    m.epoch(s.batch())
+    m.epoch(s.transaction((wide, "u", {"id": 1, "n": "1.00"})).batch())
     narrowed = table_schema("public.a", [("id", "int"), ("n", "numeric(12,2)")], ("id",))
     s.transaction((B, "u", {"k": "x", "f": 2.0, "ok": True}), (narrowed, "u", {"id": 1, "n": "2.00"}))
     batch = s.batch()
@@ -235,3 +238,20 @@ def test_a_snapshot_chunk_read_after_a_widening_does_not_make_the_older_changes_
     s.transaction((old, "u", {"id": 1, "amount": "3.00"}))  # now a real narrowing
     with pytest.raises(SchemaChangeError, match="column 'amount' is now numeric\\(12,2\\)"):
         m.epoch(s.batch())
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["created-by-the-chunk", "existing"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_chunk_read_after_a_widening_in_any_layout_is_followed_and_a_later_narrowing_refused(
+        pg_url, tmp_path: Path, layout: str, existing: bool) -> None:
+    """The Delta and Iceberg tests' scenario (flinkish_spark/testing/widening.py): also when the chunk
+    read after the ALTER creates the target, or shares its epoch with the older changes."""
+    m = Mirror(tmp_path, pg_url)
+    w = widening_during_the_snapshot(layout, existing)
+    for tasks in w.epochs:
+        m.epoch(*tasks)
+    assert m.rows("public_w", "id") == [(r["id"], r["n"]) for r in w.rows]
+    assert m.types("public_w") == {"id": "bigint", "n": "numeric(14,2)"}
+    with pytest.raises(SchemaChangeError, match=r"column 'n' is now numeric\(12,2\).* holds numeric\(14,2\).*narrower"):
+        m.epoch(w.narrowing)
+    assert m.rows("public_w", "id") == [(r["id"], r["n"]) for r in w.rows]
