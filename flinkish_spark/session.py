@@ -59,6 +59,7 @@ def session(
     app_name: str = "flinkish",
     conf: Mapping[str, str] | None = None,
     remote: str | None = None,
+    server_timeout: float | None = None,
 ) -> "SparkSession":
     """Start (or get) a SparkSession whose workers can run flinkish_spark, with sources registered.
 
@@ -77,9 +78,13 @@ def session(
     when this process exits) and connects to it. Its streaming queries share the server's
     Python workers (``spark.sql.artifact.isolation.enabled`` is "false" on the session, see
     :data:`flinkish_spark.embedded.connect.ARTIFACT_ISOLATION`; ``conf`` may set it "true").
+    ``server_timeout``: how long a call of the Connect session retries a server that does not
+    answer before it fails (seconds, default 60, see :mod:`flinkish_spark.connect_client`; pyspark
+    alone retries for about ten minutes); ``await_finished`` then raises
+    :class:`~flinkish_spark.errors.ConnectServerUnavailableError`.
     """
     if remote is not None:
-        return _connect_session(remote, app_name, conf)
+        return _connect_session(remote, app_name, conf, server_timeout)
     check_java()
     python = os.environ.get("PYSPARK_PYTHON") or sys.executable
     check_worker_python(python)
@@ -98,7 +103,11 @@ def session(
     return spark
 
 
-def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None) -> "SparkSession":
+def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None,
+                     server_timeout: float | None) -> "SparkSession":
+    from flinkish_spark.connect_client import bound_retries, check_server_timeout
+
+    server_timeout = check_server_timeout(server_timeout)  # before a server is started for nothing
     session_conf = dict(conf or {})
     if remote == "local" or remote.startswith("local["):
         from flinkish_spark.embedded.connect import ARTIFACT_ISOLATION, start_connect_server
@@ -127,5 +136,6 @@ def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None)
     spark = builder.getOrCreate()
     from flinkish_spark import register
 
+    bound_retries(spark, server_timeout)  # before any further call: each may meet a dead server
     register(spark)
     return spark
