@@ -25,10 +25,9 @@ per-call deadlines (10 minutes for most calls) bound that.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from flinkish_spark.errors import ConfigError, ConnectServerUnavailableError
-from flinkish_spark.session import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,6 +38,11 @@ restart of the server takes longer, and a restarted server no longer runs the qu
 
 # Error classes of a server that answers but is not the one that ran the query (it restarted).
 _SESSION_GONE = ("INVALID_HANDLE.SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUND")
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def check_server_timeout(seconds: float | None) -> float | None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
+from flinkish_spark.connect_client import bound_retries, check_server_timeout, is_connect
 from flinkish_spark.environment import (
     check_java,
     check_worker_python,
@@ -33,11 +34,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["check_java", "check_session_workers", "is_connect", "java_executable", "session", "with_class_archive"]
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, no JVM in this process)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def check_session_workers(spark: "SparkSession") -> None:
@@ -105,8 +101,6 @@ def session(
 
 def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None,
                      server_timeout: float | None) -> "SparkSession":
-    from flinkish_spark.connect_client import bound_retries, check_server_timeout
-
     server_timeout = check_server_timeout(server_timeout)  # before a server is started for nothing
     session_conf = dict(conf or {})
     if remote == "local" or remote.startswith("local["):
