@@ -25,6 +25,7 @@ per-call deadlines (10 minutes for most calls) bound that.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from flinkish_spark.errors import ConfigError, ConnectServerUnavailableError
@@ -89,6 +90,9 @@ def _give_up(spark: "SparkSession") -> None:
     attempt) and close its client: the server-side session is gone with the server."""
     from flinkish_spark.connect_retries import BoundedRetries
 
+    # pyspark's listener thread, whose event stream ends now too, would repeat the news with the gRPC detail.
+    warnings.filterwarnings("ignore", message="StreamingQueryListenerBus Handler thread received exception",
+                            category=UserWarning)
     client = spark.client
     for policy in client.get_retry_policies():
         if isinstance(policy, BoundedRetries):
