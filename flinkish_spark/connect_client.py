@@ -7,11 +7,11 @@ that long in *each* call before it fails, and :func:`flinkish_spark.await_finish
 several: a supervisor that restarts the pipeline waits twenty minutes and more. The query
 itself is gone with the server; waiting cannot bring it back.
 
-:class:`~flinkish_spark.connect_retries.BoundedRetries` wraps each of the client's retry policies (pyspark's supported
-extension point, ``client.set_retry_policies``): the same policy, the same backoff, but a call
-gives up once ``seconds`` have passed since its first failed attempt (the last wait is cut
-short to end at the bound). So a call fails at most about ``seconds`` plus one attempt after
-the server died. :func:`flinkish_spark.session` installs it on the Connect sessions it makes;
+:class:`~flinkish_spark.connect_retries.BoundedRetries` wraps each of the client's retry
+policies (pyspark's supported extension point, ``client.set_retry_policies``): the same policy,
+the same backoff, but a call gives up once ``seconds`` have passed since its first failed
+attempt (the last wait is cut short to end at the bound). So a call fails at most about
+``seconds`` plus one attempt after the server died; once one has, the others waiting end too. :func:`flinkish_spark.session` installs it on the Connect sessions it makes;
 ``await_finished`` and ``stop`` install it on a session that has no bound yet (a user's own
 ``SparkSession.builder.remote(...)``), for good: pyspark's background calls (releasing a
 finished execution) must not hold the process at its exit for ten minutes either.
