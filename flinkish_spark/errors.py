@@ -45,6 +45,11 @@ class EnvironmentSetupError(TerminalError):
     """The machine is not set up to run Spark with this package (Java, PYSPARK_PYTHON)."""
 
 
+class ConnectServerUnavailableError(RetryableError):
+    """The Spark Connect server stopped answering (or restarted) while a client waited on it: its query is gone
+    with it; run the same script again once the server is back (it continues from its checkpoints)."""
+
+
 # -- storage --------------------------------------------------------------------------
 
 

@@ -14,7 +14,8 @@ Spec keys: ``source`` {format, options, schema?}, ``sources`` (a list, unioned),
 or {sparkFiles: {uid, path, checkpoint, format, partitionBy, options}, checkpointLocation} (:func:`flinkish_spark.files_sink`),
 ``map`` (a list of "module:function" applied to the DataFrame before the sink), ``trigger`` ("availableNow" or
 "N seconds"), ``runSeconds``, ``master``, ``remote`` (a Spark Connect URL: this process is then only the
-client, see :func:`flinkish_spark.session`), ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
+client, see :func:`flinkish_spark.session`), ``serverTimeout`` (seconds a Connect client waits for a server that
+stopped answering; ``server_timeout`` of :func:`flinkish_spark.session`), ``conf`` (Spark settings), and how the run ends: ``end`` = "finish"
 (``await_finished``; the default for AvailableNow), "stop" / "drain" (``flinkish_spark.stop``
 after ``stopAfterBatches`` committed batches), "external" (wait for ``flinkish stop`` from
 another process) or "timeout" (``query.stop()`` after ``runSeconds``, or earlier once the file ``stopWhenExists`` names exists). The run prints
@@ -66,7 +67,8 @@ def run(spec: dict[str, Any]) -> None:
     from flinkish_spark.session import is_connect
 
     spark = flinkish_spark.session(master=spec.get("master", "local[2]"), app_name="flinkish-pipeline",
-                                   conf=spec.get("conf"), remote=spec.get("remote"))
+                                   conf=spec.get("conf"), remote=spec.get("remote"),
+                                   server_timeout=spec.get("serverTimeout"))
     if not is_connect(spark):  # a Connect server's log level is the server's business
         spark.sparkContext.setLogLevel("ERROR")
     # Extra formats (e.g. the test suite's counting source): "module:function" names that

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
+from flinkish_spark.connect_client import bound_retries, check_server_timeout, is_connect
 from flinkish_spark.environment import (
     check_java,
     check_worker_python,
@@ -33,11 +34,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["check_java", "check_session_workers", "is_connect", "java_executable", "session", "with_class_archive"]
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, no JVM in this process)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def check_session_workers(spark: "SparkSession") -> None:
@@ -59,6 +55,7 @@ def session(
     app_name: str = "flinkish",
     conf: Mapping[str, str] | None = None,
     remote: str | None = None,
+    server_timeout: float | None = None,
 ) -> "SparkSession":
     """Start (or get) a SparkSession whose workers can run flinkish_spark, with sources registered.
 
@@ -77,9 +74,13 @@ def session(
     when this process exits) and connects to it. Its streaming queries share the server's
     Python workers (``spark.sql.artifact.isolation.enabled`` is "false" on the session, see
     :data:`flinkish_spark.embedded.connect.ARTIFACT_ISOLATION`; ``conf`` may set it "true").
+    ``server_timeout``: how long a call of the Connect session retries a server that does not
+    answer before it fails (seconds, default 60, see :mod:`flinkish_spark.connect_client`; pyspark
+    alone retries for about ten minutes); ``await_finished`` then raises
+    :class:`~flinkish_spark.errors.ConnectServerUnavailableError`.
     """
     if remote is not None:
-        return _connect_session(remote, app_name, conf)
+        return _connect_session(remote, app_name, conf, server_timeout)
     check_java()
     python = os.environ.get("PYSPARK_PYTHON") or sys.executable
     check_worker_python(python)
@@ -98,7 +99,9 @@ def session(
     return spark
 
 
-def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None) -> "SparkSession":
+def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None,
+                     server_timeout: float | None) -> "SparkSession":
+    server_timeout = check_server_timeout(server_timeout)  # before a server is started for nothing
     session_conf = dict(conf or {})
     if remote == "local" or remote.startswith("local["):
         from flinkish_spark.embedded.connect import ARTIFACT_ISOLATION, start_connect_server
@@ -127,5 +130,6 @@ def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None)
     spark = builder.getOrCreate()
     from flinkish_spark import register
 
+    bound_retries(spark, server_timeout)  # before any further call: each may meet a dead server
     register(spark)
     return spark

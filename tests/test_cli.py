@@ -69,6 +69,9 @@ def test_demo_runs_and_reports_exactly_once(tmp_path: Path, remote: bool) -> Non
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = " ".join(out.stdout.split())  # the console wraps its lines
     assert ("Connect server exit: killed by SIGKILL" if remote else "driver exit: killed by SIGKILL") in text, text[-3000:]
+    if remote:  # the client ends by itself, with one clear error naming its server
+        assert "the Connect client gave up on its dead server" in text and "ConnectServerUnavailableError: the Spark " \
+            "Connect server sc://127.0.0.1:" in text, text[-3000:]
     assert "holds 5000 rows, 5000 distinct" in text
     assert "the query ended by itself (finished)" in text
     assert "demo OK: 5000 rows exactly once despite kill -9 mid-commit" in text

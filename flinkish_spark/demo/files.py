@@ -14,7 +14,8 @@ killed with SIGKILL in the middle of a commit, restarted, and checked for exactl
 
 With ``--remote`` the pipeline runs through Spark Connect: a Connect server in a process of its
 own (:mod:`flinkish_spark.embedded.connect`) runs the query, the pipeline process is only its
-client, and the kill -9 in step 2 is the *server's* (its JVM and Python workers); step 3
+client, and the kill -9 in step 2 is the *server's* (its JVM and Python workers): the client gives up
+on it after ``server_timeout`` (15 s here) with one ``ConnectServerUnavailableError``; step 3
 restarts the server and the client.
 """
 
@@ -33,6 +34,7 @@ import time
 from typing import Any
 
 FILES = 5
+SERVER_TIMEOUT_S = 15.0  # --remote: how long the client waits for its killed server (the default is 60 s)
 ROWS_PER_FILE = 1_000
 
 
@@ -94,7 +96,7 @@ def run(workdir: str, remote: bool = False) -> int:
                 # The crash point fires in one of the server's Python workers; it kills the whole server.
                 server.stop()
                 server.start(env=crash_env)
-                run_spec["remote"] = server.url
+                run_spec.update(remote=server.url, serverTimeout=SERVER_TIMEOUT_S)
             else:
                 env.update(crash_env)
             with open(spec_path, "w") as spec_file:
@@ -103,13 +105,19 @@ def run(workdir: str, remote: bool = False) -> int:
             with tempfile.TemporaryFile("w+") as log:
                 proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", spec_path], env=env, stdout=log,
                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                died = None
                 while proc.poll() is None:
                     if server is not None and not server.running():
-                        # The server died under its client, which would retry the connection for minutes.
-                        os.killpg(proc.pid, signal.SIGKILL)
+                        # The server died under its client, which gives up after SERVER_TIMEOUT_S by itself.
+                        died = died or time.time()
+                        if time.time() - died > SERVER_TIMEOUT_S + 60:  # never hang the demo
+                            os.killpg(proc.pid, signal.SIGKILL)
                     time.sleep(0.2)
                 log.seek(0)
                 output = log.read()
+            if died is not None:
+                gave_up.extend(f"{time.time() - died:.1f}s later: {line.strip()}" for line in output.splitlines()
+                               if "ConnectServerUnavailableError: " in line)
             rc = proc.returncode
             if server is not None and not server.running():
                 rc = server.wait_exit(10) or 0  # the server's end is the "driver" exit the demo reports
@@ -119,6 +127,7 @@ def run(workdir: str, remote: bool = False) -> int:
             return rc, time.time() - started
 
         ended: list[str] = []
+        gave_up: list[str] = []
 
         where = "through a Spark Connect server (its own process)" if remote else "on local Spark"
         console.print(f"[bold]2.[/] running files -> flinkish.parquet {where}; the {driver} is killed "
@@ -130,6 +139,11 @@ def run(workdir: str, remote: bool = False) -> int:
         if rc != -signal.SIGKILL:
             console.print("[red]demo FAILED: the crash did not happen[/]")
             return 1
+        if server is not None:
+            if not gave_up:
+                console.print("[red]demo FAILED: the Connect client did not report its server's death[/]")
+                return 1
+            console.print(f"    the Connect client gave up on its dead server {gave_up[0]}")
 
         console.print("[bold]3.[/] restarting the same pipeline from its checkpoints (trigger: every 10 s)")
         rc, took = pipeline(None)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pyspark.sql.streaming import StreamingQueryListener
 
+from flinkish_spark.connect_client import server_calls, server_lost
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.finish.listener_events import java_listener
 from flinkish_spark.finish.notify import metadata_io, notify_all
@@ -302,7 +303,9 @@ class FinishController(StreamingQueryListener):
                     return "timeout"
                 try:
                     query.awaitTermination(1)
-                except Exception:  # noqa: BLE001 - the query failed: reported below as "failed"
+                except Exception as exc:  # noqa: BLE001 - the query failed: reported below as "failed"
+                    if server_lost(exc) is not None:
+                        raise  # no query to report on: server_calls names the server
                     break
             # The final batch's event may still be on its way to the listener (or being decided
             # in its thread right now): decide here too, so that the final notification is
@@ -384,25 +387,40 @@ class _ProgressBar:
         self._progress.stop()
 
 
-def await_finished(query: "StreamingQuery", timeout: float | None = None, progress: bool = False) -> QueryEnd:
+def await_finished(query: "StreamingQuery", timeout: float | None = None, progress: bool = False,
+                   server_timeout: float | None = None) -> QueryEnd:
     """Wait until ``query`` ends and return how it ended (see :data:`QueryEnd`).
 
     With every source bounded, the query ends by itself once the epoch that read the
     last rows is committed (also under processing-time triggers); ``progress=True``
     shows finished splits and rows while waiting.
+
+    Under Spark Connect, a server that stops answering makes it raise
+    :class:`~flinkish_spark.errors.ConnectServerUnavailableError` (naming the server) within about
+    ``server_timeout`` seconds (default: the session's bound, else 60; it stays on the session, see
+    :mod:`flinkish_spark.connect_client`); the same script run again continues exactly once.
     """
-    return FinishController.install(_session(query)).wait(query, timeout, progress)
+    spark = _session(query)
+    with server_calls(spark, server_timeout):
+        return FinishController.install(spark).wait(query, timeout, progress)
 
 
-def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = None) -> QueryEnd:
+def stop(query: "StreamingQuery", drain: bool = False, timeout: float | None = None,
+         server_timeout: float | None = None) -> QueryEnd:
     """Stop ``query`` at an epoch boundary (Flink's stop-with-savepoint), and wait for it.
 
     ``drain=False``: no new epoch starts, everything started is committed, sources are
     not finished; a restart continues exactly where it stopped. ``drain=True``: every
     source ends its input now (it is FINISHED from then on), the end-of-input watermark
     flush runs, the final epoch commits and the query ends; a restart adds nothing.
+    ``server_timeout``: as for :func:`await_finished`.
     """
-    controller = FinishController.install(_session(query))
+    spark = _session(query)
+    with server_calls(spark, server_timeout):
+        return _stop(query, FinishController.install(spark), drain, timeout)
+
+
+def _stop(query: "StreamingQuery", controller: FinishController, drain: bool, timeout: float | None) -> QueryEnd:
     deadline = None if timeout is None else time.time() + timeout
     while query.isActive and query.lastProgress is None:
         # Before the first batch there is no offset that tells where the sources are.

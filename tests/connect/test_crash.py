@@ -10,6 +10,7 @@ same checkpoint); a killed server takes the query, its Python workers and the
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -55,15 +56,20 @@ def committed(log: DecisionLog) -> int:
 
 
 class Client:
-    """A runner client in a child process whose output is collected while it runs."""
+    """A client in a child process whose output is collected while it runs."""
 
-    def __init__(self, spec: dict, path: Path) -> None:
-        path.write_text(json.dumps(child_spec(spec)))
-        self.proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout or ()), daemon=True)
         self.reader.start()
+
+    @classmethod
+    def runner(cls, spec: dict, path: Path) -> "Client":
+        """The runner (:mod:`flinkish_spark.runner`) on ``spec``, written to ``path``."""
+        path.write_text(json.dumps(child_spec(spec)))
+        return cls([sys.executable, "-m", "flinkish_spark.runner", str(path)])
 
     @property
     def output(self) -> str:
@@ -101,7 +107,7 @@ def test_kill_9_of_the_client_then_stop_and_restart_is_exactly_once(connect_serv
 
     # A second client starts the query again -- Spark stops the first client's run, still going
     # in the server -- and is stopped (no drain) by `flinkish stop` from a third process.
-    client = Client({**spec, "end": "external", "remote": connect_server.url}, tmp_path / "external.json")
+    client = Client.runner({**spec, "end": "external", "remote": connect_server.url}, tmp_path / "external.json")
     try:
         client.wait_until(lambda: "QUERY_STARTED" in client.output, "the start")
         at_start = committed(log)
@@ -153,3 +159,58 @@ def test_kill_9_of_the_server_mid_commit_then_restart_is_exactly_once(connect_se
     assert last.returncode == 0 and "QUERY_END=finished" in last.output, last.output[-3000:]
     assert rows(out) == expected()
     assert staged(out) == []
+
+
+# A pipeline script on a session of its own (not flinkish_spark.session): the bound comes from await_finished.
+SCRIPT = r"""
+import sys
+import flinkish_spark
+from pyspark.sql import SparkSession
+
+url, work, bound = sys.argv[1], sys.argv[2], float(sys.argv[3])
+spark = SparkSession.builder.remote(url).getOrCreate()
+flinkish_spark.register(spark)
+df = (spark.readStream.format("flinkish.sequence").option("uid", "seq").option("checkpoint", f"{work}/meta")
+      .option("rowsPerSplit", "300,200").option("rowsPerSecond", "12").option("maxRowsPerTrigger", "30").load())
+query = (df.writeStream.format("flinkish.parquet").option("uid", "out").option("path", f"{work}/out")
+         .option("checkpoint", f"{work}/meta").option("checkpointLocation", f"{work}/cp")
+         .trigger(processingTime="1 second").start())
+print("QUERY_STARTED", flush=True)
+print(f"QUERY_END={flinkish_spark.await_finished(query, timeout=300, server_timeout=bound)}", flush=True)
+"""
+BOUND_S = 20.0
+SLACK_S = 60.0  # the call in flight when the server died, the client's exit, a busy two-core machine
+
+
+def test_a_client_whose_server_died_fails_within_the_bound_and_the_same_script_continues_exactly_once(
+        connect_server, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "meta"), "out")
+    script = tmp_path / "pipeline.py"
+    script.write_text(SCRIPT)
+
+    argv = [sys.executable, str(script), connect_server.url, str(tmp_path), str(BOUND_S)]
+    client = Client(argv)
+    try:
+        client.wait_until(lambda: committed(log) >= 1 and any(out.glob("part-*")), "a committed epoch with rows")
+        connect_server.kill()
+        killed_at = time.monotonic()
+        returncode = client.finish(timeout=BOUND_S + SLACK_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the client still waited {BOUND_S + SLACK_S:g}s after kill -9 of its server "
+                             f"(server_timeout={BOUND_S:g}s): {client.output[-3000:]}") from None
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            client.finish(timeout=0)  # a client left running by a failed wait above
+    took = time.monotonic() - killed_at
+    print(f"the client exited {took:.1f}s after kill -9 of its server (server_timeout={BOUND_S:g}s)")
+    errors = [line for line in client.output.splitlines() if "ConnectServerUnavailableError: " in line]
+    assert returncode != 0 and len(errors) == 1, client.output[-3000:]
+    assert connect_server.url in errors[0] and "again" in errors[0], errors[0]
+    partial = rows(out)
+    assert 0 < sum(partial.values()) < sum(LENGTHS) and max(partial.values()) == 1
+
+    connect_server.start()
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0 and "QUERY_END=finished" in again.stdout, (again.stdout + again.stderr)[-3000:]
+    assert rows(out) == expected()
