@@ -76,6 +76,25 @@ def test_the_copy_follows_each_commit_and_restores_into_an_empty_folder(s3: str,
     assert (new / "offsets" / "0").read_text() == "changed by Spark"
 
 
+def test_offsets_go_to_the_store_before_the_decision_and_commits_only_after_the_commit(
+        s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import flinkish_spark.sink.datasource as datasource
+
+    io = FileIO.for_url(META, {"endpoint_url": s3})
+    copied: list[bool] = []
+
+    def lost_during_the_commit(*args: object, **kwargs: object) -> None:
+        copied.append(io.exists(f"{META}/sinks/out/spark/offsets/0"))  # what a new machine would find now
+        raise RuntimeError("the machine is lost")
+
+    monkeypatch.setattr(datasource, "commit_epoch", lost_during_the_commit)
+    folder = tmp_path / "machine-1"
+    spark_plans(folder, 0)
+    with pytest.raises(RuntimeError):
+        sink(s3, folder).streamWriter(SCHEMA, False).commit([], 0)
+    assert copied == [True] and not io.exists(f"{META}/sinks/out/spark/commits/0")
+
+
 def test_the_watermark_and_the_retention_of_the_copy(s3: str, tmp_path: Path) -> None:
     io = FileIO.for_url(META, {"endpoint_url": s3})
     local = tmp_path / "spark"
