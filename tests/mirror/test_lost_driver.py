@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -121,13 +122,14 @@ def test_the_same_command_on_a_new_machine_continues_exactly_once(pg_url: str, s
         run1 = start(pg_url, old, s3_proc, log1)
         wait_for("5 committed epochs", lambda: commits(old) >= 5, run1, log1)
         time.sleep(random.Random(SEED).uniform(0.0, 1.5))  # somewhere inside the next epoch
+        committed = commits(old)
         kill_tree(run1)
         assert slots_and_publications(pg_url) == (1, ["flinkish_mirror"])
         shutil.rmtree(old)  # the machine and its disk are gone
 
         log2 = tmp_path / "machine-2.log"
         run2 = start(pg_url, new, s3_proc, log2)  # the same command, an empty local state folder
-        wait_for("5 committed epochs on the new machine", lambda: commits(new) >= 5, run2, log2)
+        wait_for("5 epochs committed on the new machine", lambda: commits(new) >= committed + 5, run2, log2)
         stop_writer.touch()
         writer.wait(timeout=60)
         run2.send_signal(signal.SIGTERM)
@@ -138,6 +140,8 @@ def test_the_same_command_on_a_new_machine_continues_exactly_once(pg_url: str, s
             raise AssertionError(f"no drain within 300 s:\n{log2.read_text()[-4000:]}") from None
         out = log2.read_text()
         assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
+        first = re.search(r"^epoch (\d+):", out, re.M)  # the new machine goes on numbering, it does not start over
+        assert first is not None and int(first.group(1)) >= committed - 1, out[-4000:]
     finally:
         stop_writer.touch()
         writer.wait(timeout=60)
