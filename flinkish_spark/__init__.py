@@ -12,6 +12,7 @@ Public API::
     flinkish_spark.await_finished(query)      # "finished": bounded input, final epoch committed
     flinkish_spark.stop(query, drain=False)   # graceful stop at an epoch boundary
     flinkish_spark.resnapshot("/tmp/p/meta", ["public.orders"])  # read a mirrored table again
+    flinkish_spark.restore_spark_checkpoint(location, "s3://b/meta", "out")  # before start() on a new machine
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from flinkish_spark.connectors.spark_files import files_sink
     from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
     from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
+    from flinkish_spark.sink.spark_checkpoint import restore_spark_checkpoint
     from flinkish_spark.source import Split, SplitDataSource, SplitEnumerator, SplitExtent, SplitReader
 else:
     # Imported on first access: every Spark worker imports this package first, and most need
@@ -70,6 +72,7 @@ else:
         "PrepareContext": "flinkish_spark.sink",
         "TwoPhaseCommitSink": "flinkish_spark.sink",
         "transactional": "flinkish_spark.sink",
+        "restore_spark_checkpoint": "flinkish_spark.sink.spark_checkpoint",
         "Split": "flinkish_spark.source",
         "SplitDataSource": "flinkish_spark.source",
         "SplitEnumerator": "flinkish_spark.source",

@@ -162,6 +162,8 @@ def _observe(df: Any) -> Any:
 
 def start_query(spark: Any, config: MirrorConfig) -> Any:
     """The mirror's streaming query, started: ``flinkish.postgres`` (``tables``) -> the routing sink."""
+    from flinkish_spark.sink.spark_checkpoint import restore_spark_checkpoint
+
     reader = spark.readStream.format("flinkish.postgres")
     for key, value in config.source_options().items():
         reader = reader.option(key, value)
@@ -169,6 +171,8 @@ def start_query(spark: Any, config: MirrorConfig) -> Any:
     for key, value in config.sink_options().items():
         writer = writer.option(key, value)
     writer = writer.option("checkpointLocation", config.spark_checkpoint)
+    # A new machine (empty local folder) continues from the copy the sink keeps with the metadata.
+    restore_spark_checkpoint(config.spark_checkpoint, config.checkpoint, config.sink_uid, config.sink_options())
     return writer.trigger(processingTime=f"{config.trigger_s:g} seconds").queryName(config.uid).start()
 
 

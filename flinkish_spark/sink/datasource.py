@@ -15,7 +15,10 @@ already holds. Tasks and the commit see target epochs only.
 Common sink options: ``uid`` (required), ``checkpoint`` (metadata root; default
 ``<checkpointLocation>/flinkish``), ``leaseTimeout`` (seconds, default 5),
 ``continueAfterEpoch`` (after a reset: number this query's epochs after that target epoch),
-plus the storage options ``endpointUrl``, ``region``, ``storageOptions``.
+``keepSparkCheckpoint`` (keep a copy of Spark's local checkpoint with the metadata, which
+:func:`~flinkish_spark.sink.spark_checkpoint.restore_spark_checkpoint` puts into a new machine's empty
+folder; default: when ``checkpoint`` is not local), plus the storage options ``endpointUrl``,
+``region``, ``storageOptions``.
 """
 
 from __future__ import annotations
@@ -41,13 +44,14 @@ from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.incarnation import QUERY_FILE, Incarnation
 from flinkish_spark.sink.lease import HEARTBEATS_PER_TIMEOUT, Lease, driver_jvm
 from flinkish_spark.sink.protocol import PrepareContext, TwoPhaseCommitSink
+from flinkish_spark.sink.spark_checkpoint import SparkCheckpointCopy, copy_wanted
 from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.faults import crash_point
 
 # Options Spark itself passes to a stream writer.
 SPARK_WRITER_OPTIONS = ("checkpointLocation", "queryName", "path")
-COMMON_SINK_OPTIONS = ("uid", "checkpoint", "leaseTimeout", "retainDecisions", "continueAfterEpoch", *STORAGE_OPTIONS,
-                       *SPARK_WRITER_OPTIONS)
+COMMON_SINK_OPTIONS = ("uid", "checkpoint", "leaseTimeout", "retainDecisions", "continueAfterEpoch",
+                       "keepSparkCheckpoint", *STORAGE_OPTIONS, *SPARK_WRITER_OPTIONS)
 DEFAULT_RETAIN = 10
 
 
@@ -121,6 +125,10 @@ class TwoPhaseCommitDataSource(DataSource):
         self.lease_timeout, self.raw_options = settings.lease_timeout, settings.raw_options
         self.retain = opts.integer("retainDecisions", DEFAULT_RETAIN, minimum=2) or DEFAULT_RETAIN
         self.continue_after = opts.integer("continueAfterEpoch", None, minimum=0)
+        location = opts.get("checkpointLocation")
+        keep = opts.boolean("keepSparkCheckpoint", copy_wanted(location, self.checkpoint_root, None))
+        self.spark_copy = (SparkCheckpointCopy.of_sink(self.io, self.decision_log().directory, location)
+                           if location and copy_wanted(location, self.checkpoint_root, keep) else None)
         self.configure(opts)
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
         # start() makes this instance on the driver: a renamed sink fails before any batch.
@@ -257,8 +265,12 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         # The commit worker's streamWriter renewed the lease a moment ago: that renewal stands.
         (self._lease or src.commit_lease()).renew(unless_renewed_within_s=src.lease_timeout / HEARTBEATS_PER_TIMEOUT)
         src.record_schema(self.schema)
+        if src.spark_copy is not None:
+            src.spark_copy.before_decision(batchId)  # every decided epoch's offsets are on the store
         prepared = [m.committable for m in messages if isinstance(m, PreparedMessage)]
         commit_epoch(src.sink(self.schema), src.decision_log(), epoch, prepared, src.run_id, retain=src.retain)
+        if src.spark_copy is not None:
+            src.spark_copy.after_commit(batchId)  # before Spark's own commits/<batchId>
         crash_point("sink.after_commit")  # committed, Spark's commit log not yet written
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
