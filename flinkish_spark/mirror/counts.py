@@ -4,10 +4,11 @@ Where the figures come from: Spark's observed metrics of each batch (``df.observ
 :func:`flinkish_spark.mirror.pipeline.start_query`). A per-table count needs a count per key in
 one aggregate; ``histogram_numeric`` is one: with at most ``nb`` distinct values its bins are
 the values themselves with exact counts (bins of one value are merged first, others only when
-there are more than ``nb`` values). The value is a 48-bit hash of the table's name
-(:func:`table_key`, reproducible in Python), so the driver maps bins back to names with the
-registry's tables. More than :data:`BINS` tables in one batch, or a bin that names no table:
-the batch's per-table counts are not recorded (``exact`` false), its totals are.
+there are more than ``nb`` values). The value is the table name's CRC-32 and its length in bytes
+(:func:`table_key`: cheap per row, reproducible in Python), so the driver maps bins back to names
+with the registry's tables. More than :data:`BINS` tables in one batch, a bin that names no table,
+or two followed tables with one key: the batch's per-table counts are not recorded (``exact``
+false), its totals are.
 
 The pipeline process folds each committed batch in once (by batch id) and writes the record,
 ``<checkpoint>/sources/<uid>/_mirror_status.json`` (a small JSON file, replaced each batch;
@@ -17,8 +18,8 @@ that batch's counts (a figure, not data: the targets hold the rows).
 
 from __future__ import annotations
 
-import hashlib
 import json
+import zlib
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
@@ -33,15 +34,16 @@ SNAPSHOT_BY_TABLE, CHANGES_BY_TABLE = "snapshot_by_table", "changes_by_table"
 
 
 def table_key(name: str) -> float:
-    """The number a table's rows are counted under: the first 48 bits of SHA-256 of ``schema.table`` (exact in a
-    double); the same as :func:`table_key_column` computes in Spark."""
-    return float(int(hashlib.sha256(name.encode()).hexdigest()[:12], 16))
+    """The number a table's rows are counted under: CRC-32 of ``schema.table`` plus its length in bytes (mod 2^16)
+    times 2^32 (48 bits: exact in a double); the same as :func:`table_key_column` computes in Spark."""
+    data = name.encode()
+    return float(zlib.crc32(data) + (len(data) % 65536) * 2**32)
 
 
 def table_key_column(table: Any) -> Any:
     from pyspark.sql import functions as F
 
-    return F.conv(F.substring(F.sha2(table, 256), 1, 12), 16, 10).cast("double")
+    return (F.crc32(table.cast("binary")) + (F.octet_length(table) % 65536) * (2**32)).cast("double")
 
 
 def observed_columns(op: Any, table: Any) -> list[Any]:
@@ -55,7 +57,10 @@ def observed_columns(op: Any, table: Any) -> list[Any]:
 
 def by_table(bins: Iterable[Any] | None, names: Iterable[str]) -> dict[str, int] | None:
     """A histogram's bins as counts by table name; None when a bin names none of ``names`` (merged bins)."""
-    keys = {table_key(n): n for n in names}
+    keys: dict[float, str | None] = {}
+    for n in names:
+        k = table_key(n)
+        keys[k] = None if k in keys and keys[k] != n else n  # None: two tables share the key
     out: dict[str, int] = {}
     for b in bins or ():
         x, y = (b["x"], b["y"]) if isinstance(b, Mapping) else (b.x, b.y)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Iterator
 
+from flinkish_spark.errors import ConfigError
 from flinkish_spark.mirror import counts
 from flinkish_spark.mirror.config import MirrorConfig
 from flinkish_spark.mirror.progress import OBSERVED
@@ -104,7 +105,10 @@ class Recorder:
                                  what="--checkpoint")
         before = counts.read(self.io, self.root, config.uid) or counts.Record()
         self.record = replace(before, runs=before.runs + 1)
-        counts.write(self.io, self.root, config.uid, self.record)
+        try:
+            counts.write(self.io, self.root, config.uid, self.record)
+        except Exception:  # noqa: BLE001 - figures never stop a mirror: the next batch writes it again
+            pass
         self.status: MirrorStatus | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -123,7 +127,11 @@ class Recorder:
         self.durations = Histogram(f"{PREFIX}_epoch_duration_seconds", "time an epoch spent per phase (plan, batch, "
                                    "commit), from Spark's progress", ["phase"], registry=registry, buckets=BUCKETS)
         registry.register(_Collector(self))
-        self.server, _ = start_http_server(port, registry=registry)
+        try:
+            self.server, _ = start_http_server(port, registry=registry)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: cannot serve metrics there ({exc.strerror or exc}); choose a "
+                              "free port, or leave --metrics-port out") from None
 
     def _loop(self) -> None:
         while not self._stop.wait(self.FOLD_S):

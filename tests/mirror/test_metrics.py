@@ -76,8 +76,10 @@ def test_metrics_while_it_runs_and_status_when_stopped(pg_url: str, tmp_path: Pa
         while during_batch < 1:
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-4000:]
             before = (planned(spark_cp)[-1:], committed_batches(spark_cp)[-1:])
+            took = time.monotonic()
             try:
                 samples = scrape(port)
+                took = time.monotonic() - took
             except OSError:
                 time.sleep(0.2)  # not serving yet (Spark starts first)
                 continue
@@ -85,6 +87,8 @@ def test_metrics_while_it_runs_and_status_when_stopped(pg_url: str, tmp_path: Pa
             running = before[0] and before == after and before[0] != before[1]
             if running and ("flinkish_mirror_rows_total", ()) in samples:
                 during_batch += 1
+                assert took < 2, f"a scrape during batch {before[0]} took {took:.1f}s"
+                print(f"scraped during batch {before[0]} in {took * 1000:.0f} ms")
         # The writer: changes in both tables once the snapshot is read.
         wait_for("both tables streaming", lambda: per_table(scrape(port), "flinkish_mirror_table_state") and all(
             v == 1 for (n, labels), v in scrape(port).items()
@@ -109,6 +113,7 @@ def test_metrics_while_it_runs_and_status_when_stopped(pg_url: str, tmp_path: Pa
         assert {t: SNAPSHOT[t] + (200 - 30 if t == "public.q_a" else 0) for t in SNAPSHOT} == rows
         slot = samples[("flinkish_mirror_slot_retained_wal_bytes", (("slot", "flinkish_mirror"),))]
         assert abs(slot - retained) <= 2**20, (slot, retained)
+        print(f"slot retains {retained} B (scraped {slot:.0f}); lag {samples[('flinkish_mirror_lag_seconds', ())]:.2f}s")
         assert samples[("flinkish_mirror_slot_confirmed_lag_bytes", (("slot", "flinkish_mirror"),))] >= 0
         assert samples[("flinkish_mirror_rows_total", ())] == sum(SNAPSHOT.values()) + 330
         assert 0 <= samples[("flinkish_mirror_lag_seconds", ())] < 60
