@@ -82,6 +82,7 @@ class Record:
     """What the pipeline process recorded, cumulated over its runs."""
 
     batch: int | None = None  # the newest Spark batch folded in
+    query_id: str | None = None  # of the Spark query (checkpoint) whose batch ids ``batch`` counts
     committed_ms: int | None = None  # when that batch was visible in the targets
     last_commit_us: int | None = None  # source commit time of the newest change visible in the targets
     lag_s: float | None = None  # visible - source commit time, for the newest batch that had changes
@@ -104,6 +105,11 @@ class Record:
         d["tables"] = {k: TableCounts(**v) for k, v in d.get("tables", {}).items()}
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def for_query(self, query_id: str) -> "Record":
+        """This record for a run of Spark query ``query_id``: a new Spark checkpoint numbers its batches from 0
+        again, so the batch watermark starts over with it."""
+        return self if query_id == self.query_id else replace(self, query_id=query_id, batch=None)
 
     def with_batch(self, batch: int, metrics: Mapping[str, Any], visible_ms: int, names: Iterable[str]) -> "Record":
         """This record with Spark batch ``batch``'s observed ``metrics`` folded in (once: an older batch is ignored)."""

@@ -104,7 +104,7 @@ class Recorder:
         self.io = FileIO.for_url(self.root, storage_options_from(dict(config.source_extra), self.root),
                                  what="--checkpoint")
         before = counts.read(self.io, self.root, config.uid) or counts.Record()
-        self.record = replace(before, runs=before.runs + 1)
+        self.record = replace(before, runs=before.runs + 1).for_query(str(query.id))
         try:
             counts.write(self.io, self.root, config.uid, self.record)
         except Exception:  # noqa: BLE001 - figures never stop a mirror: the next batch writes it again

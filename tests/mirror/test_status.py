@@ -49,6 +49,9 @@ def test_a_record_folds_each_batch_once_per_table_and_knows_the_lag() -> None:
     later = r.with_batch(2, merged, 1_000_000, [A, B])
     assert later.tables[A].changes == 5 and later.changes == 6 and not later.exact
     assert counts.Record.from_json(later.to_json()) == later
+    # A new Spark checkpoint (a new query id) numbers its batches from 0 again: they count.
+    again = later.for_query("q1").with_batch(0, batch({}, {B: 2}), 1_000_000, [A, B])
+    assert again.tables[B].changes == 2 and again.for_query("q1") == again
 
 
 def write_mirror(root: str) -> None:
