@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from flinkish_spark.connectors.postgres.source.resnapshot_request import resnapshot
     from flinkish_spark.connectors.spark_files import files_sink
     from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
+    from flinkish_spark.mirror.status import MirrorStatus, mirror_status
     from flinkish_spark.sink import CommitOutcome, PrepareContext, TwoPhaseCommitSink, transactional
     from flinkish_spark.sink.spark_checkpoint import restore_spark_checkpoint
     from flinkish_spark.source import Split, SplitDataSource, SplitEnumerator, SplitExtent, SplitReader
@@ -68,6 +69,8 @@ else:
         "await_finished": "flinkish_spark.finish",
         "stop": "flinkish_spark.finish",
         "with_watermark": "flinkish_spark.finish",
+        "mirror_status": "flinkish_spark.mirror.status",
+        "MirrorStatus": "flinkish_spark.mirror.status",
         "CommitOutcome": "flinkish_spark.sink",
         "PrepareContext": "flinkish_spark.sink",
         "TwoPhaseCommitSink": "flinkish_spark.sink",
@@ -143,6 +146,8 @@ __all__ = [
     "stop",
     "resnapshot",
     "with_watermark",
+    "mirror_status",
+    "MirrorStatus",
     "transactional",
     "files_sink",
     "session",

@@ -210,9 +210,18 @@ def _jvm_archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mirror_status_args(argv: list[str]) -> argparse.Namespace:
+    """``flinkish mirror status ...`` (a word before mirror's positional pipeline file, as resnapshot)."""
+    from flinkish_spark.mirror.cli import run_status, status_parser
+
+    args = status_parser().parse_args(argv)
+    args.func = run_status
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Words before mirror's positional pipeline file: `flinkish mirror resnapshot|compare ...`.
+    # Words before mirror's positional pipeline file: `flinkish mirror resnapshot|compare|status ...`.
     if argv[:2] == ["mirror", "resnapshot"]:
         from flinkish_spark.mirror.cli import resnapshot_parser
 
@@ -223,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args = compare_parser().parse_args(argv[2:])
         args.func = run_compare
+    elif argv[:2] == ["mirror", "status"]:
+        args = _mirror_status_args(argv[2:])
     else:
         args = _parser().parse_args(argv)
         if getattr(args, "checkpoint_parser", None) is not None:

@@ -176,13 +176,16 @@ def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
 
 @dataclass(frozen=True)
 class PostgresSlot:
-    """The replication slot of a ``flinkish.postgres`` source and the WAL it holds back (best effort)."""
+    """The replication slot of a ``flinkish.postgres`` source and the WAL it holds back (best effort):
+    ``wal_held_back_bytes`` is ``pg_current_wal_lsn() - restart_lsn`` (WAL the server keeps for the slot),
+    ``confirmed_lag_bytes`` is ``pg_current_wal_lsn() - confirmed_flush_lsn`` (WAL not confirmed yet)."""
 
     uid: str
     slot: str
     confirmed_lsn: str | None
     wal_held_back_bytes: int | None
     note: str = ""
+    confirmed_lag_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -208,10 +211,13 @@ def postgres_slots(io: FileIO, root: str) -> list[PostgresSlot]:
             options = json.loads(io.read_bytes(join(directory, "_source.json")))["options"]
             with connect(parse_url(options["url"], options.get("passwordEnv")), autocommit=True) as conn:
                 held = wal_held_back(conn, owned.slot)
+                lag = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+                                   "FROM pg_replication_slots WHERE slot_name = %s", (owned.slot,)).fetchone()
             if held is None:
                 out.append(PostgresSlot(uid, owned.slot, None, None, "no such slot (dropped: finished, or lost)"))
             else:
-                out.append(PostgresSlot(uid, owned.slot, held[0], held[1]))
+                out.append(PostgresSlot(uid, owned.slot, held[0], held[1],
+                                        confirmed_lag_bytes=None if lag is None or lag[0] is None else int(lag[0])))
         except Exception as exc:  # noqa: BLE001 - inspect is best effort; say why
             out.append(PostgresSlot(uid, owned.slot, None, None, f"cannot reach the server: {exc}"))
     return out

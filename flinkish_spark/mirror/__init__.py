@@ -4,5 +4,7 @@ Delta / Iceberg / PostgreSQL target per table, from the command line or a Flink 
 A thin layer over the public API (docs/mirror.md, "flinkish mirror"): :mod:`.config` turns flags or
 YAML into the options a Python user would pass to ``flinkish.postgres`` (``tables``) and a routing
 sink; :mod:`.pipeline` runs that query and stops it with drain on Ctrl-C / SIGTERM; :mod:`.progress`
-shows what the checkpoint metadata and Spark's progress say.
+shows what the checkpoint metadata and Spark's progress say; :mod:`.status` (``flinkish mirror status``,
+``flinkish_spark.mirror_status``) and :mod:`.metrics` (``--metrics-port``) the same figures per table, from
+the metadata and the counts :mod:`.counts` records per batch.
 """

@@ -11,8 +11,10 @@ USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'publi
                        --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
        flinkish mirror pipeline.yaml [--stop-after-snapshot]
        flinkish mirror resnapshot --checkpoint URL [--uid UID] TABLE...
-       flinkish mirror compare (the same flags | pipeline.yaml)"""
+       flinkish mirror compare (the same flags | pipeline.yaml)
+       flinkish mirror status --checkpoint URL [--uid UID] [--json]"""
 RESNAPSHOT_USAGE = "flinkish mirror resnapshot --checkpoint URL [--uid UID] [--endpoint-url URL] TABLE..."
+STATUS_USAGE = "flinkish mirror status --checkpoint URL [--uid UID] [--endpoint-url URL] [--json]"
 COMPARE_USAGE = "flinkish mirror compare (--from URL --tables PATTERNS --to TARGETS [--format ...] | pipeline.yaml)"
 
 
@@ -42,6 +44,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="a flinkish.postgres source option, e.g. splitSize=50000 (repeatable)")
     m.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
+    m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port, e.g. "
+                   "9187 (docs/mirror.md, 'Metrics and status'; 'flinkish mirror status': the same figures)")
     m.add_argument("--verbose", action="store_true", help="Spark's log and the full traces of a failure on the "
                    "terminal (default: in the log file the command names)")
     return m
@@ -91,6 +95,33 @@ def compare_parser() -> argparse.ArgumentParser:
     return m
 
 
+def status_parser() -> argparse.ArgumentParser:
+    """``flinkish mirror status``: its own parser (recognised before ``mirror``'s flags, as ``resnapshot``)."""
+    s = argparse.ArgumentParser(
+        prog="flinkish mirror status", usage=STATUS_USAGE,
+        description="The status of a running or stopped mirror, from its metadata (no Spark): per table its state, "
+                    "rows snapshotted and changes applied; the last committed epoch, the lag, the replication "
+                    "slot's WAL, runs and errors -- the figures --metrics-port serves. See docs/mirror.md, "
+                    "'Metrics and status'.")
+    s.add_argument("--checkpoint", required=True, help="the mirror's metadata root (its --checkpoint)")
+    s.add_argument("--uid", help="the mirror's --uid (default: the one mirror under --checkpoint)")
+    s.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return s
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from flinkish_spark.mirror.status import mirror_status, render, to_json_text
+
+    options = {"endpointUrl": args.endpoint_url} if args.endpoint_url else {}
+    status = mirror_status(args.checkpoint, args.uid, storage_options=options)
+    if args.json:
+        print(to_json_text(status), flush=True)
+    else:
+        render(status)
+    return 0
+
+
 def run_compare(args: argparse.Namespace) -> int:
     from flinkish_spark.mirror.compare_cli import run_compare as run
 
@@ -124,4 +155,6 @@ def run_mirror(args: argparse.Namespace) -> int:
 
     from flinkish_spark.mirror.pipeline import supervise
 
-    return supervise(dataclasses.replace(config_of(args), verbose=bool(getattr(args, "verbose", False))))
+    config = config_of(args)
+    port = getattr(args, "metrics_port", None) or config.metrics_port
+    return supervise(dataclasses.replace(config, verbose=bool(getattr(args, "verbose", False)), metrics_port=port))

@@ -85,6 +85,7 @@ class MirrorConfig:
     stop_after_snapshot: bool = False
     master: str = "local[2]"
     verbose: bool = False  # Spark's log and the full traces on the terminal instead of in :attr:`log_file`
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (mirror.metrics)
     source_extra: tuple[tuple[str, str], ...] = ()
     sink_extra: tuple[tuple[str, str], ...] = ()  # for postgres also ("url", ...) without password
     source_password: str | None = field(default=None, repr=False)

@@ -150,6 +150,8 @@ def _observe(df: Any) -> Any:
     ``s``, re-snapshot markers), which no target holds."""
     from pyspark.sql import functions as F
 
+    from flinkish_spark.mirror.counts import observed_columns
+
     op = F.col("_op")
     return df.observe(
         OBSERVED,
@@ -157,6 +159,7 @@ def _observe(df: Any) -> Any:
         F.count_if(op == "r").alias("snapshot_rows"),
         F.count_if(op.isin("c", "u", "d", "t")).alias("changes"),
         F.max(F.when(op.isin("c", "u", "d", "t"), F.unix_micros(F.col("_commit_ts")))).alias("last_commit_us"),
+        *observed_columns(op, F.col("_table")),  # per-table counts (mirror.counts)
     )
 
 
@@ -224,21 +227,30 @@ def _run_query(config: MirrorConfig, signals: _Signals, parent: int, progress: A
     """Start Spark and the query, wait for its end: (how it ended, the failure if it failed)."""
     import flinkish_spark
 
-    query = None
+    from flinkish_spark.mirror.metrics import Recorder
+
+    query = recorder = None
+    failure: Any = None
     try:
         spark = flinkish_spark.session(master=config.master, app_name=f"flinkish-mirror-{config.uid}")
         spark.sparkContext.setLogLevel("ERROR")
         flinkish_spark.register(spark)
         query = start_query(spark, config)
+        recorder = Recorder(config, query, config.metrics_port)  # counts for `mirror status`, --metrics-port
         progress.note(f"mirroring {config.tables} -> {config.sink_format} {config.target}"
-                      + (" (snapshot only)" if config.stop_after_snapshot else ""))
+                      + (" (snapshot only)" if config.stop_after_snapshot else "")
+                      + (f"; metrics on port {config.metrics_port}" if config.metrics_port else ""))
         how = _wait(query, config, signals, parent, progress)
-        return how, query.exception() if how == "failed" else None
+        failure = query.exception() if how == "failed" else None
+        return how, failure
     except Exception as exc:  # noqa: BLE001 - reported as one line, the process exits 1
+        failure = exc
         return "failed", exc
     finally:
         if query is not None and query.isActive:
             query.stop()
+        if recorder is not None:
+            recorder.close(failure)
 
 
 def _stop_spark() -> None:

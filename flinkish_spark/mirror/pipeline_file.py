@@ -44,7 +44,7 @@ _TOP = ("source", "sink", "route", "pipeline")
 _CONNECTION = ("hostname", "port", "username", "password", "database-name", "url")
 _SOURCE_KEYS = ("type", "name", "tables", "tables.exclude", *_CONNECTION, *SOURCE_OPTIONS, *SOURCE_FLINK_NAMES)
 _PIPELINE_KEYS = ("name", "uid", "checkpoint", "spark-checkpoint", "trigger", "parallelism", "schema.change.behavior",
-                  "stop-after-snapshot")
+                  "stop-after-snapshot", "metrics-port")
 _ROUTE_KEYS = ("source-table", "sink-table", "replace-symbol", "description")
 
 
@@ -240,6 +240,9 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
     if not isinstance(stop_raw, bool):
         raise ConfigError(f"pipeline file: pipeline.stop-after-snapshot must be true or false, got {stop_raw!r}")
     trigger = _text(pipe, "trigger", "pipeline")
+    port = _text(pipe, "metrics-port", "pipeline")
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"pipeline file: pipeline.metrics-port must be a port number (1-65535), got {port!r}")
     return MirrorConfig(
         uid=uid, name=_text(pipe, "name", "pipeline") or uid, source_url=source_url, tables=tables, format=fmt,
         target=check_target(fmt, target, f"pipeline file: sink.{target_key} / route[0].sink-table"),
@@ -248,7 +251,7 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
             _text(pipe, "spark-checkpoint", "pipeline") or default_spark_checkpoint(checkpoint, uid),
             "pipeline file: pipeline.spark-checkpoint"),
         trigger_s=parse_trigger(trigger, "pipeline file: pipeline.trigger") if trigger else DEFAULT_TRIGGER_S,
-        stop_after_snapshot=stop_after_snapshot or stop_raw,
+        stop_after_snapshot=stop_after_snapshot or stop_raw, metrics_port=int(port) if port else None,
         master=f"local[{parallelism}]" if parallelism else "local[2]",
         source_extra=tuple(sorted(src_extra.items())), sink_extra=tuple(sorted(sink_extra.items())),
         source_password=source_password, sink_password=sink_password,

@@ -18,8 +18,8 @@ snapshot may take a while):
 The lag is ``now - commit time of the newest change the targets hold`` (it grows while the
 database is idle: it is the age of the newest change, not a queue length). Rows and changes are
 counted for all tables together: a per-table count would need a per-table aggregate in every
-batch, or the sinks to report it. Reading the metadata is best effort: a progress view never
-stops a mirror.
+batch (:mod:`flinkish_spark.mirror.counts` records one for ``flinkish mirror status`` and the
+metrics). Reading the metadata is best effort: a progress view never stops a mirror.
 """
 
 from __future__ import annotations

@@ -146,3 +146,10 @@ def test_yaml_syntax_error_names_the_line_not_its_text(tmp_path: Path) -> None:
     assert "s3cr" not in str(err.value)
     with pytest.raises(ConfigError, match="cannot be read"):
         from_yaml(str(tmp_path / "missing.yaml"))
+
+
+def test_metrics_port_in_a_pipeline_file() -> None:
+    assert from_document(doc(pipeline={"metrics-port": 9187})).metrics_port == 9187
+    assert from_document(doc()).metrics_port is None
+    with pytest.raises(ConfigError, match="pipeline.metrics-port must be a port number"):
+        from_document(doc(pipeline={"metrics-port": "http"}))
