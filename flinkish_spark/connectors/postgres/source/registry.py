@@ -2,7 +2,7 @@
 
 The enumerator's state (stored in every checkpoint) names one registry file; the file holds
 every followed table (``tid``, oid, name, state). A new file is written only when a table
-joins, finishes its snapshot, is renamed or dropped -- so a checkpoint's size does not grow
+joins, finishes its snapshot, is renamed, dropped or snapshotted again -- so a checkpoint's size does not grow
 with the number of tables, and an epoch in which no table joined or left writes none.
 
 Files are ``<source dir>/tables/v<version>-<hash>.json``, written before the checkpoint that
@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
+from flinkish_spark.connectors.postgres.source.signature import Signature
 from flinkish_spark.io.fileio import FileIO
 
 #: joining: in the publication, waiting until every transaction that was open when it joined
@@ -35,6 +36,13 @@ class TableEntry:
     table: str
     state: TableState
     after_xid: int | None = None  # joining: the next transaction id when it joined (see docs: New tables)
+    #: joining for a re-snapshot: a WAL position after the statement that caused it; its chunks are planned
+    #: once no change before it is left unread, so that no change from before is applied after a chunk row
+    after_lsn: int | None = None
+    #: the catalog signature (:mod:`.signature`) recorded when the entry was made; None in files written
+    #: before signatures existed (recorded at the next poll)
+    signature: Signature | None = None
+    reason: str | None = None  # a re-snapshot: why (for people reading the registry)
 
     @property
     def name(self) -> str:
@@ -45,8 +53,21 @@ class TableEntry:
         return replace(self, state=state)
 
     def to_dict(self) -> dict[str, object]:
-        return {"tid": self.tid, "oid": self.oid, "schema": self.schema, "table": self.table, "state": self.state,
-                "after_xid": self.after_xid}
+        d: dict[str, object] = {"tid": self.tid, "oid": self.oid, "schema": self.schema, "table": self.table,
+                                "state": self.state, "after_xid": self.after_xid}
+        if self.after_lsn is not None:
+            d["after_lsn"] = self.after_lsn
+        if self.signature is not None:
+            d["signature"] = self.signature.to_json()
+        if self.reason is not None:
+            d["reason"] = self.reason
+        return d
+
+    @classmethod
+    def from_dict(cls, e: dict[str, Any]) -> "TableEntry":
+        sig = e.get("signature")
+        return cls(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"], e.get("after_xid"),
+                   e.get("after_lsn"), None if sig is None else Signature.from_json(sig), e.get("reason"))
 
 
 @dataclass(frozen=True)
@@ -62,8 +83,7 @@ class Registry:
     @classmethod
     def from_json(cls, data: bytes) -> "Registry":
         d = json.loads(data)
-        entries = tuple(TableEntry(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"],
-                                   e.get("after_xid")) for e in d["tables"])
+        entries = tuple(TableEntry.from_dict(e) for e in d["tables"])
         return cls(int(d["version"]), int(d["next_tid"]), entries)
 
     @property

@@ -25,14 +25,18 @@ the live splits only. An epoch of changes costs the same with 10 tables as with 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from dataclasses import replace
 from typing import Any, Collection
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
+from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
 from flinkish_spark.connectors.postgres.source import registry
+from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
@@ -40,10 +44,13 @@ from flinkish_spark.connectors.postgres.source.patterns import (
     FoundTable, TablePatterns, check_followable, find_tables, followable_tables,
 )
 from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
+from flinkish_spark.connectors.postgres.source.signature import change, signatures
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.splits import changes_id, table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
-from flinkish_spark.source.split import Split
+from flinkish_spark.source.split import Split, SplitExtent
+
+log = logging.getLogger(__name__)
 
 
 class TablesEnumerator(PostgresEnumerator):
@@ -55,6 +62,7 @@ class TablesEnumerator(PostgresEnumerator):
         self.registry_name: str | None = None
         self._discovered_at = 0.0  # monotonic time of the last catalog poll (not state: a restart polls at once)
         self._retained_at = -1
+        self._tids: tuple[Registry | None, frozenset[int]] = (None, frozenset())  # (a registry, its tids)
 
     @property
     def patterns(self) -> TablePatterns:
@@ -97,11 +105,14 @@ class TablesEnumerator(PostgresEnumerator):
                 slots.ensure_slot_and_publication(
                     conn, src.io, self.directory, src.slot_name, src.publication,
                     {(t.schema, t.table): columns[t.oid] for t in found}, src.publication_given, src.component)
+            # Before the chunks are read: a statement after this is seen at a poll (see :mod:`.signature`).
+            sigs = signatures(conn, [t.oid for t in found])
             tid = self.registry.next_tid
             entries = []
             for table in found:
                 entries.append(TableEntry(tid, table.oid, table.schema, table.table,
-                                          "snapshot" if src.startup != "changes" else "streaming"))
+                                          "snapshot" if src.startup != "changes" else "streaming",
+                                          signature=sigs.get(table.oid)))
                 tid += 1
             out: list[Split] = []
             if src.startup != "changes":
@@ -125,7 +136,8 @@ class TablesEnumerator(PostgresEnumerator):
         return out
 
     def _refresh(self) -> list[Split]:
-        """Poll the catalog: tables that joined, left or were renamed; chunks of joined tables whose time has come."""
+        """Poll the catalog: tables that joined, left, were renamed or changed without row changes; chunks of
+        joined tables whose time has come."""
         src = self.source
         polled = time.monotonic() - self._discovered_at >= src.discovery_interval
         with connect(src.conn_info, autocommit=True) as conn:
@@ -146,12 +158,15 @@ class TablesEnumerator(PostgresEnumerator):
                 if joined:
                     entries += self._join(conn, joined, next_tid)
                     next_tid += len(joined)
-                changed = bool(ended or joined)
+                entries, next_tid, altered = self._compare_signatures(conn, entries, next_tid)
+                changed = bool(ended or joined or altered)
             out: list[Split] = []
             waiting = [e for e in entries if e.state == "joining"]
             if waiting:
                 xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()[0])
-                ready = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid]
+                read_up_to = self._read_up_to(conn, [e.after_lsn for e in waiting if e.after_lsn is not None])
+                ready = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid
+                         and (e.after_lsn is None or e.after_lsn <= read_up_to)]
                 if ready:
                     out, planned = self._chunks(conn, ready)
                     entries = [e.with_state("snapshot") if e.tid in planned else e for e in entries]
@@ -159,6 +174,82 @@ class TablesEnumerator(PostgresEnumerator):
         if changed:
             self._save(self.registry.with_entries(entries, next_tid))
         return out
+
+    # re-snapshots -----------------------------------------------------------------------------
+
+    def resnapshot(self, conn: Any, oids: Collection[int], reason: str) -> list[TableEntry]:
+        """Snapshot the followed tables ``oids`` again while every other table keeps flowing; returns their new entries.
+
+        Each one's entry ends and a new one (a new tid, the same oid and name) joins: its chunks are planned
+        once every transaction open now has ended (``after_xid``) and no change before now is left unread
+        (``after_lsn``), and are bracketed by ``_op`` 'B' / 'E', at which a keyed sink deletes the keys the
+        new snapshot lacks -- in the epoch holding 'E', so a reader never sees the target empty or partial.
+        Chunks of the old entry not read yet end unread. Exact for the reason given in docs/postgres-source.md,
+        "Re-snapshots of one table". A table not followed (or dropped) is ignored.
+        """
+        entries, next_tid, new = self._renewed(conn, list(self.registry.entries), self.registry.next_tid,
+                                               {int(o): reason for o in oids})
+        if new:
+            self._save(self.registry.with_entries(entries, next_tid))
+        return new
+
+    def _renewed(self, conn: Any, entries: list[TableEntry], next_tid: int,
+                 reasons: dict[int, str]) -> tuple[list[TableEntry], int, list[TableEntry]]:
+        """``entries`` with those of ``reasons`` replaced by joining ones (see :meth:`resnapshot`)."""
+        doomed = [e for e in entries if e.oid in reasons]
+        if not doomed:
+            return entries, next_tid, []
+        # The signature first, then the positions: every statement the signature shows lies before after_lsn.
+        sigs = signatures(conn, [e.oid for e in doomed])
+        after_xid, after_lsn = conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
+        new = []
+        for e in doomed:
+            if e.oid not in sigs:
+                continue  # dropped meanwhile: the next poll ends it
+            new.append(TableEntry(next_tid, e.oid, e.schema, e.table, "joining", int(after_xid), parse_lsn(after_lsn),
+                                  sigs[e.oid], reasons[e.oid]))
+            log.warning("%s: snapshotting %s again (tid %d -> %d): %s", self.source.component, e.name, e.tid, next_tid,
+                        reasons[e.oid])
+            next_tid += 1
+        renewed = {e.oid for e in new}
+        return [e for e in entries if e.oid not in renewed] + new, next_tid, new
+
+    def _compare_signatures(self, conn: Any, entries: list[TableEntry],
+                            next_tid: int) -> tuple[list[TableEntry], int, bool]:
+        """Re-snapshot the tables whose catalog shows a change the WAL does not carry (:mod:`.signature`);
+        record the signature where it changed otherwise, or where an older registry file has none."""
+        now = signatures(conn, [e.oid for e in entries])
+
+        def empty(oid: int) -> bool:
+            name = conn.execute("SELECT oid::regclass::text FROM pg_class WHERE oid = %s", (oid,)).fetchone()
+            return name is None or conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM ONLY {name[0]})").fetchone()[0]
+
+        reasons: dict[int, str] = {}
+        out, altered = [], False
+        for e in entries:
+            sig = now.get(e.oid)
+            if sig is not None and sig != e.signature:
+                why = None if e.signature is None else change(e.signature, sig, empty)
+                if why is not None:
+                    reasons[e.oid] = why
+                else:
+                    e, altered = replace(e, signature=sig), True
+            out.append(e)
+        if reasons:
+            out, next_tid, _ = self._renewed(conn, out, next_tid, reasons)
+            altered = True
+        return out, next_tid, altered
+
+    def _read_up_to(self, conn: Any, lsns: list[int]) -> int:
+        """The greatest of ``lsns`` before which the slot holds no transaction of ours any more (-1: none):
+        every change before it is in a committed epoch (the slot is advanced only then)."""
+        best = -1
+        for lsn in sorted(set(lsns)):
+            if peek(conn, self.source.slot_name, self.source.publication, lsn, 1):
+                break
+            best = lsn
+        return best
 
     def _owns_publication(self) -> bool:
         owned = slots.Ownership.read(self.source.io, self.directory)
@@ -175,8 +266,10 @@ class TablesEnumerator(PostgresEnumerator):
             columns = table_columns(conn, [t.oid for t in tables])
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
+        sigs = signatures(conn, [t.oid for t in tables])
         after = int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])
-        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", after) for i, t in enumerate(tables)]
+        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", after, signature=sigs.get(t.oid))
+                for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
         """The chunk splits of ``entries``, and the tids that got them (a table dropped or renamed since it
@@ -194,10 +287,29 @@ class TablesEnumerator(PostgresEnumerator):
             for n, chunk in enumerate(chunk_boundaries(conn, info, src.split_size)):
                 payload = {"tid": e.tid, "oid": e.oid, "table": e.name, "lo": chunk.lo, "hi": chunk.hi,
                            "column": info.split_column, "type": cast, "after_xid": e.after_xid,
-                           "resnapshot": self.generation > 0}
+                           # Bracketed (B ... E: the sink deletes the keys it lacks) after a lost slot, and
+                           # always for a table that joins: a table dropped and created again under the same
+                           # name, or swapped in by RENAME, replaces the old target's rows, never merges into them.
+                           "resnapshot": self.generation > 0 or e.state == "joining"}
                 out.append(Split(table_chunk_id(self.generation, e.tid, n), json.dumps(payload)))
             planned.add(e.tid)
         return out, planned
+
+    def _ended(self, split: Split) -> bool:
+        """A chunk whose entry ended (its table was dropped, renamed, or is snapshotted again under a new tid):
+        it ends unread -- a renamed table's rows would come under its new name, and a superseded snapshot's
+        rows are the new one's business."""
+        if not split.split_id.startswith("snapshot-"):
+            return False
+        if self._tids[0] is not self.registry:
+            self._tids = (self.registry, frozenset(e.tid for e in self.registry.entries))
+        return table_of_chunk(split.split_id) not in self._tids[1]
+
+    def extent(self, split: Split, position: int) -> SplitExtent:
+        return SplitExtent(position, position) if self._ended(split) else super().extent(split, position)
+
+    def drain_position(self, split: Split, position: int) -> int:
+        return position if self._ended(split) else super().drain_position(split, position)
 
     # notifications ------------------------------------------------------------------------------
 
