@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from flinkish_spark.errors import PostgresSourceError
+
 #: A column: (attnum, name, has a missing value -- ADD COLUMN ... DEFAULT without a rewrite).
 ColumnSig = tuple[int, str, bool]
 
@@ -96,3 +98,28 @@ def change(old: Signature, new: Signature, empty: Any = None) -> str | None:
         if empty is not None and not all(empty(o) for o in added):
             return "a partition holding rows was attached"
     return None
+
+
+def fixed_schema_change(old: Signature, new: Signature) -> str | None:
+    """For a source with a fixed schema (option ``table``): :func:`change`, and any column added or dropped too
+    (its stream's columns are fixed when the query starts: an added column's values would be lost, a
+    dropped one's null)."""
+    why = change(old, new)
+    if why is None and [c[:2] for c in old.columns] != [c[:2] for c in new.columns]:
+        before, after = {c[1] for c in old.columns}, {c[1] for c in new.columns}
+        added, dropped = sorted(after - before), sorted(before - after)
+        why = ", ".join(([f"column(s) {', '.join(map(repr, added))} added"] if added else [])
+                        + ([f"column(s) {', '.join(map(repr, dropped))} dropped"] if dropped else [])) or "columns reordered"
+    return why
+
+
+def fixed_schema_error(component: str, table: str, why: str, slot: str) -> PostgresSourceError:
+    """The error of a single-table source whose table changed in a way it cannot follow."""
+    return PostgresSourceError(
+        f"{component}: {table} changed while the query runs -- {why} -- and a source with the option 'table' "
+        "cannot carry that to its target as row changes (its columns are fixed when the query starts); the epochs "
+        "before are committed, no later one starts. Start over with a new snapshot: "
+        f"SELECT pg_drop_replication_slot('{slot}') and restart with onSlotLost=resnapshot (a keyed flinkish.postgres "
+        "sink then also deletes the keys the table no longer holds), or use a new uid; or follow it with the option "
+        "'tables', which snapshots such a table again by itself"
+    )

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 class TablesEnumerator(PostgresEnumerator):
     keep_finished_splits = False
+    fixed_schema = False  # a table changed without row changes is snapshotted again instead (_compare_signatures)
 
     def __init__(self, source: PostgresSourceHost) -> None:
         super().__init__(source)
