@@ -14,7 +14,13 @@ advanced on completion) with a set of tables instead of one:
   table before A, where pgoutput did not publish it yet), and read while the change split keeps
   running. Why the result is exact: docs/postgres-source.md, "New tables".
 * **Dropped tables** leave the registry (and the publication drops them by itself); a
-  **renamed** table is one that left and, if the new name matches, one that joins.
+  **renamed** table is one that left and, if the new name matches, one that joins. A joining
+  table's chunks are bracketed by ``B``/``E`` (a keyed sink replaces the target's rows).
+* **Tables changed without row changes** (``ADD COLUMN ... DEFAULT``, a rewrite, ``RENAME
+  COLUMN``, a partition detached, dropped or truncated: the catalog signature of :mod:`.signature`,
+  compared at each poll) are snapshotted again -- :meth:`TablesEnumerator.resnapshot`: a new tid
+  joining after the statement, the other tables flowing. Why exact: docs/postgres-source.md,
+  "Re-snapshots of one table".
 
 Scale: the enumerator's state is a few numbers and the name of the registry file
 (:mod:`.registry`), which changes only when tables join, finish their snapshot or leave;
@@ -268,9 +274,12 @@ class TablesEnumerator(PostgresEnumerator):
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
         sigs = signatures(conn, [t.oid for t in tables])
-        after = int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])
-        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", after, signature=sigs.get(t.oid))
-                for i, t in enumerate(tables)]
+        # after_lsn too: a table may take the name of one followed before (dropped and created again, swapped in by
+        # RENAME), whose last changes -- under the same name -- must not come after the new table's chunk rows.
+        after_xid, after_lsn = conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
+        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", int(after_xid), parse_lsn(after_lsn),
+                           sigs.get(t.oid)) for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
         """The chunk splits of ``entries``, and the tids that got them (a table dropped or renamed since it
