@@ -189,3 +189,23 @@ def test_a_table_dropped_and_created_again_under_its_name_replaces_the_old_one_a
     # Bracketed: a keyed sink deletes the old table's keys 1 and 2, which the new one lacks.
     assert ops(rows, "public.m_s") == ["s", "B", "E"]
     assert sorted(json.loads(r["row"])["id"] for r in rows if r["_op"] == "r") == [3, 4, 5, 6, 7]
+
+
+def test_a_registry_written_before_signatures_loads_and_records_them_at_the_next_poll(pg_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_a (id int PRIMARY KEY)")
+        src = source(pg_url, tmp_path)
+        enum, changes = start_streaming(src)
+        body = json.loads(enum.registry.to_json())
+        for t in body["tables"]:
+            del t["signature"]  # as written before this version
+        name = registry.write(src.io, enum.directory, registry.Registry.from_json(json.dumps(body).encode()))
+        state = json.loads(enum.snapshot_state()) | {"registry": name}
+        again = src.create_enumerator()
+        assert isinstance(again, TablesEnumerator)
+        again.restore(json.dumps(state).encode())
+        assert [e.signature for e in again.registry.entries] == [None]
+        assert again.discover({changes.split_id}) == []
+        (entry,) = again.registry.entries
+        assert entry.tid == enum.registry.entries[0].tid and entry.signature == enum.registry.entries[0].signature
+        drop_slot(conn)
