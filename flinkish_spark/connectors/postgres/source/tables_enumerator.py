@@ -171,9 +171,9 @@ class TablesEnumerator(PostgresEnumerator):
             waiting = [e for e in entries if e.state == "joining"]
             if waiting:
                 xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()[0])
-                read_up_to = self._read_up_to(conn, [e.after_lsn for e in waiting if e.after_lsn is not None])
-                ready = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid
-                         and (e.after_lsn is None or e.after_lsn <= read_up_to)]
+                older_ended = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid]
+                read_up_to = self._read_up_to(conn, [e.after_lsn for e in older_ended if e.after_lsn is not None])
+                ready = [e for e in older_ended if e.after_lsn is None or e.after_lsn <= read_up_to]
                 if ready:
                     out, planned = self._chunks(conn, ready)
                     entries = [e.with_state("snapshot") if e.tid in planned else e for e in entries]
@@ -263,7 +263,7 @@ class TablesEnumerator(PostgresEnumerator):
         return owned is not None and owned.publication == self.source.publication and owned.publication_created
 
     def _join(self, conn: Any, tables: list[FoundTable], first_tid: int) -> list[TableEntry]:
-        """Tables that joined while running: into the publication (A), then the next xid after A."""
+        """Tables that joined while running: into the publication (A), then the next xid and the WAL position after A."""
         src = self.source
         for t in tables:
             check_followable(t, src.component, True)
