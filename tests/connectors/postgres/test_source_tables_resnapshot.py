@@ -94,11 +94,15 @@ def test_statements_that_change_rows_without_row_changes_snapshot_the_table_agai
         for p, lo in (("p_parts_1", 0), ("p_parts_2", 10), ("p_parts_3", 20)):
             conn.execute(f"CREATE TABLE {p} PARTITION OF m_parts FOR VALUES FROM ({lo}) TO ({lo + 10})")
         conn.execute("INSERT INTO m_parts SELECT g, g FROM generate_series(0, 29) g")
+        conn.execute("CREATE TABLE m_pdefault (id int PRIMARY KEY, v int) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE p_pdefault PARTITION OF m_pdefault FOR VALUES FROM (0) TO (100)")
+        conn.execute("INSERT INTO m_pdefault SELECT g, g FROM generate_series(1, 5) g")
         src = source(pg_url, tmp_path, tables="public.m_*")
         enum, changes = start_streaming(src)
         tids = {e.name: e.tid for e in enum.registry.entries}
         assert all(e.signature is not None for e in enum.registry.entries)
         conn.execute("ALTER TABLE m_default ADD COLUMN d int NOT NULL DEFAULT 7")  # catalog only: no row change
+        conn.execute("ALTER TABLE m_pdefault ADD COLUMN d int DEFAULT 3")  # the missing value is in its partition
         conn.execute("ALTER TABLE m_type ALTER COLUMN v TYPE bigint USING v * 1000")  # a rewrite, not decoded
         conn.execute("ALTER TABLE m_rename RENAME COLUMN w TO w2")
         conn.execute("ALTER TABLE m_nullable ADD COLUMN extra int")  # the Relation message carries it
@@ -108,7 +112,7 @@ def test_statements_that_change_rows_without_row_changes_snapshot_the_table_agai
         # No row change before them is left unread: the chunks are planned at once.
         chunks = enum.discover({changes.split_id})
         again = {e.name: e for e in enum.registry.entries if e.tid != tids.get(e.name)}
-        assert sorted(again) == ["public.m_default", "public.m_parts", "public.m_rename", "public.m_type"]
+        assert sorted(again) == ["public.m_default", "public.m_parts", "public.m_pdefault", "public.m_rename", "public.m_type"]
         assert "renamed to 'w2'" in (again["public.m_rename"].reason or "")
         assert "detached or dropped" in (again["public.m_parts"].reason or "")
         position = catch_up(src, enum, changes, 0, 2)
@@ -126,6 +130,7 @@ def test_statements_that_change_rows_without_row_changes_snapshot_the_table_agai
         drop_slot(conn)
     tables = split_tables(without_markers(read))
     assert tables["public.m_default"].rows.column("d").to_pylist() == [7] * 5
+    assert tables["public.m_pdefault"].rows.column("d").to_pylist() == [3] * 5
     assert tables["public.m_type"].rows.column("v").to_pylist() == [1000, 2000, 3000, 4000, 5000]
     assert tables["public.m_rename"].rows.column("w2").to_pylist() == ["w"] * 5
     assert sorted(tables["public.m_parts"].rows.column("id").to_pylist()) == list(range(20, 30))
