@@ -25,7 +25,8 @@ from typing import Any, Iterable
 
 from flinkish_spark.errors import PostgresSourceError
 
-#: A column: (attnum, name, has a missing value -- ADD COLUMN ... DEFAULT without a rewrite).
+#: A column: (attnum, name, has a missing value -- ADD COLUMN ... DEFAULT without a rewrite; for a partitioned
+#: table: in one of its partitions).
 ColumnSig = tuple[int, str, bool]
 
 
@@ -48,7 +49,10 @@ class Signature:
 
 _SQL = """
 SELECT c.oid::int8, c.relfilenode::int8,
-  (SELECT coalesce(json_agg(json_build_array(a.attnum, a.attname, a.atthasmissing) ORDER BY a.attnum), '[]')
+  (SELECT coalesce(json_agg(json_build_array(a.attnum, a.attname, a.atthasmissing OR CASE WHEN c.relkind = 'p' THEN
+       -- a partitioned table has no storage: its partitions hold the missing value of ADD COLUMN ... DEFAULT
+       EXISTS (SELECT 1 FROM pg_partition_tree(c.oid) t JOIN pg_attribute l ON l.attrelid = t.relid
+               AND l.attname = a.attname WHERE t.isleaf AND l.atthasmissing) ELSE false END) ORDER BY a.attnum), '[]')
      FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
   CASE WHEN c.relkind = 'p' THEN
     (SELECT coalesce(json_agg(json_build_array(p.oid::int8, p.relfilenode::int8) ORDER BY p.oid), '[]')
