@@ -69,8 +69,10 @@ def test_one_table_is_snapshotted_again_under_a_new_tid_between_markers_while_th
         # (applied after the chunk's rows, its old values would win).
         assert enum.discover({changes.split_id}) == []
         assert enum.extent(stale, 0) == SplitExtent(0, 0)  # the superseded chunk ends unread
+        assert not enum.drain_ready() and not enum.drain_ready()  # a drain now would leave m_a wrong: it waits
         position = catch_up(src, enum, changes, 0, 2)
         chunks = enum.discover({changes.split_id})
+        assert enum.drain_ready()  # planned: the drain epoch reads what is left of them
         assert {json.loads(c.payload or "{}")["tid"] for c in chunks} == {entry.tid} and len(chunks) == 3
         assert all(json.loads(c.payload or "{}")["resnapshot"] for c in chunks)
         conn.execute("INSERT INTO m_b VALUES (2)")  # the other table keeps flowing

@@ -75,16 +75,24 @@ class Registry:
     version: int = 0
     next_tid: int = 0
     entries: tuple[TableEntry, ...] = field(default=())
+    #: (name, WAL position after it ended) of entries that ended (dropped, renamed) while changes of theirs may
+    #: still be unread: a table joining under such a name waits for them (``after_lsn``). Forgotten once the
+    #: change split's committed position passes them.
+    ended: tuple[tuple[str, int], ...] = field(default=())
 
     def to_json(self) -> bytes:
-        body = {"version": self.version, "next_tid": self.next_tid, "tables": [e.to_dict() for e in self.entries]}
+        body: dict[str, object] = {"version": self.version, "next_tid": self.next_tid,
+                                   "tables": [e.to_dict() for e in self.entries]}
+        if self.ended:
+            body["ended"] = [list(x) for x in self.ended]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "Registry":
         d = json.loads(data)
         entries = tuple(TableEntry.from_dict(e) for e in d["tables"])
-        return cls(int(d["version"]), int(d["next_tid"]), entries)
+        return cls(int(d["version"]), int(d["next_tid"]), entries,
+                   tuple((str(n), int(lsn)) for n, lsn in d.get("ended", ())))
 
     @property
     def file_name(self) -> str:
@@ -96,9 +104,11 @@ class Registry:
     def by_tid(self) -> dict[int, TableEntry]:
         return {e.tid: e for e in self.entries}
 
-    def with_entries(self, entries: list[TableEntry], next_tid: int | None = None) -> "Registry":
+    def with_entries(self, entries: list[TableEntry], next_tid: int | None = None,
+                     ended: tuple[tuple[str, int], ...] | None = None) -> "Registry":
         return replace(self, version=self.version + 1, entries=tuple(sorted(entries, key=lambda e: e.tid)),
-                       next_tid=self.next_tid if next_tid is None else next_tid)
+                       next_tid=self.next_tid if next_tid is None else next_tid,
+                       ended=self.ended if ended is None else ended)
 
 
 def write(io: FileIO, directory: str, registry: Registry) -> str:

@@ -54,9 +54,13 @@ from flinkish_spark.connectors.postgres.source.signature import change, signatur
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.splits import changes_id, table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
+from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.split import Split, SplitExtent
 
 log = logging.getLogger(__name__)
+
+#: How long a stop with drain waits for tables that are joining (see TablesEnumerator.drain_ready).
+DRAIN_WAIT_S = 600.0
 
 
 class TablesEnumerator(PostgresEnumerator):
@@ -70,6 +74,7 @@ class TablesEnumerator(PostgresEnumerator):
         self._discovered_at = 0.0  # monotonic time of the last catalog poll (not state: a restart polls at once)
         self._retained_at = -1
         self._tids: tuple[Registry | None, frozenset[int]] = (None, frozenset())  # (a registry, its tids)
+        self._drain_asked: float | None = None  # monotonic time of the first drain_ready() that said no
 
     @property
     def patterns(self) -> TablePatterns:
@@ -150,6 +155,7 @@ class TablesEnumerator(PostgresEnumerator):
         with connect(src.conn_info, autocommit=True) as conn:
             entries = list(self.registry.entries)
             next_tid = self.registry.next_tid
+            names_ended = self.registry.ended
             changed = False
             if polled:
                 self._discovered_at = time.monotonic()
@@ -159,11 +165,15 @@ class TablesEnumerator(PostgresEnumerator):
                 for e in ended:
                     if e.oid not in found and self._owns_publication():
                         publications.drop(conn, src.publication, e.oid)  # renamed out of the patterns: stop decoding it
+                if ended:
+                    lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    gone = {e.name for e in ended}
+                    names_ended = tuple(x for x in names_ended if x[0] not in gone) + tuple((n, lsn) for n in sorted(gone))
                 entries = [e for e in entries if e not in ended]
                 known_oids = {e.oid for e in entries}
                 joined = [t for oid, t in found.items() if oid not in known_oids]
                 if joined:
-                    entries += self._join(conn, joined, next_tid)
+                    entries += self._join(conn, joined, next_tid, {n for n, _ in names_ended})
                     next_tid += len(joined)
                 entries, next_tid, altered = self._compare_signatures(conn, entries, next_tid)
                 changed = bool(ended or joined or altered)
@@ -179,7 +189,7 @@ class TablesEnumerator(PostgresEnumerator):
                     entries = [e.with_state("snapshot") if e.tid in planned else e for e in entries]
                     changed = changed or bool(planned)
         if changed:
-            self._save(self.registry.with_entries(entries, next_tid))
+            self._save(self.registry.with_entries(entries, next_tid, names_ended))
         return out
 
     # re-snapshots -----------------------------------------------------------------------------
@@ -262,8 +272,9 @@ class TablesEnumerator(PostgresEnumerator):
         owned = slots.Ownership.read(self.source.io, self.directory)
         return owned is not None and owned.publication == self.source.publication and owned.publication_created
 
-    def _join(self, conn: Any, tables: list[FoundTable], first_tid: int) -> list[TableEntry]:
-        """Tables that joined while running: into the publication (A), then the next xid and the WAL position after A."""
+    def _join(self, conn: Any, tables: list[FoundTable], first_tid: int, reused: set[str]) -> list[TableEntry]:
+        """Tables that joined while running: into the publication (A), then the next xid after A; and the WAL position
+        after A for one that takes a name in ``reused`` (an ended entry's changes may still be unread)."""
         src = self.source
         for t in tables:
             check_followable(t, src.component, True)
@@ -274,12 +285,13 @@ class TablesEnumerator(PostgresEnumerator):
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
         sigs = signatures(conn, [t.oid for t in tables])
-        # after_lsn too: a table may take the name of one followed before (dropped and created again, swapped in by
-        # RENAME), whose last changes -- under the same name -- must not come after the new table's chunk rows.
+        # after_lsn for a table that takes the name of one followed before (dropped and created again, swapped in by
+        # RENAME): the old table's last changes -- under the same name -- must not come after the new one's chunk rows.
         after_xid, after_lsn = conn.execute(
             "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
-        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", int(after_xid), parse_lsn(after_lsn),
-                           sigs.get(t.oid)) for i, t in enumerate(tables)]
+        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", int(after_xid),
+                           parse_lsn(after_lsn) if t.name in reused else None, sigs.get(t.oid))
+                for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
         """The chunk splits of ``entries``, and the tids that got them (a table dropped or renamed since it
@@ -305,6 +317,27 @@ class TablesEnumerator(PostgresEnumerator):
             planned.add(e.tid)
         return out, planned
 
+    def drain_ready(self) -> bool:
+        """A drain ends the input once the catalog was polled after it was asked for and no table is joining
+        (waiting for the moment its snapshot can be read exactly, e.g. a re-snapshot): otherwise that table's
+        target would stay wrong for ever. Normal epochs run meanwhile; after ``DRAIN_WAIT_S`` the query stops
+        with an error naming the tables."""
+        now = time.monotonic()
+        if self._drain_asked is None:
+            self._drain_asked = now
+            self._discovered_at = float("-inf")  # the next planning polls: a statement just before the drain counts
+            return False
+        waiting = [e.name for e in self.registry.entries if e.state == "joining"]
+        if not waiting:
+            return True
+        if now - self._drain_asked > DRAIN_WAIT_S:
+            raise PostgresSourceError(
+                f"{self.source.component}: a stop with drain waited {DRAIN_WAIT_S:.0f}s for the snapshot of "
+                f"{', '.join(waiting)}, which can be read only once every transaction open when it joined has ended "
+                "and the changes before it are read; without it the target would stay incomplete. End those "
+                "transactions and drain again, or stop without drain (a restart continues)")
+        return False
+
     def _ended(self, split: Split) -> bool:
         """A chunk whose entry ended (its table was dropped, renamed, or is snapshotted again under a new tid):
         it ends unread -- a renamed table's rows would come under its new name, and a superseded snapshot's
@@ -328,10 +361,13 @@ class TablesEnumerator(PostgresEnumerator):
         reading = {table_of_chunk(s.split_id) for s in checkpoint.splits
                    if s.split_id.startswith(f"snapshot-{self.generation}-") and not s.finished}
         done = [e for e in self.registry.entries if e.state == "snapshot" and e.tid not in reading]
-        if done:
+        change = next((s for s in checkpoint.splits if s.split_id == changes_id(self.generation)), None)
+        # Names whose last changes are all committed now: a table joining under one needs no wait.
+        ended = tuple(x for x in self.registry.ended if change is None or x[1] > change.position)
+        if done or ended != self.registry.ended:
             ids = {e.tid for e in done}
             self._save(self.registry.with_entries(
-                [e.with_state("streaming") if e.tid in ids else e for e in self.registry.entries]))
+                [e.with_state("streaming") if e.tid in ids else e for e in self.registry.entries], ended=ended))
         if self.registry.version != self._retained_at:
             # A planning writes at most three versions (completion, a re-snapshot's start, a poll), so a
             # retained checkpoint (one of the newest `retain`) names none older than this.
