@@ -157,7 +157,7 @@ class RelationSchemas:
         found = primary_keys(self.query, need_key)
         self._keys.update({relid: found.get(relid, ()) for relid in need_key})
         # Only a publication with publish_generated_columns (PostgreSQL 18) sends generated columns: left out.
-        need_generated = {r.relid for r in rels if len(r.columns) > 0} - set(self._generated)
+        need_generated = {r.relid for r in rels} - set(self._generated)
         if need_generated and self._may_publish_generated:
             generated = generated_columns(self.query, need_generated)
             self._generated.update({relid: generated.get(relid, frozenset()) for relid in need_generated})

@@ -67,7 +67,8 @@ class TableEntry:
     def from_dict(cls, e: dict[str, Any]) -> "TableEntry":
         sig = e.get("signature")
         return cls(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"], e.get("after_xid"),
-                   e.get("after_lsn"), None if sig is None else Signature.from_json(sig), e.get("reason"))
+                   after_lsn=e.get("after_lsn"), signature=None if sig is None else Signature.from_json(sig),
+                   reason=e.get("reason"))
 
 
 @dataclass(frozen=True)

@@ -224,8 +224,8 @@ class TablesEnumerator(PostgresEnumerator):
         for e in doomed:
             if e.oid not in sigs:
                 continue  # dropped meanwhile: the next poll ends it
-            new.append(TableEntry(next_tid, e.oid, e.schema, e.table, "joining", int(after_xid), parse_lsn(after_lsn),
-                                  sigs[e.oid], reasons[e.oid]))
+            new.append(replace(e, tid=next_tid, state="joining", after_xid=int(after_xid), after_lsn=parse_lsn(after_lsn),
+                               signature=sigs[e.oid], reason=reasons[e.oid]))
             log.warning("%s: snapshotting %s again (tid %d -> %d): %s", self.source.component, e.name, e.tid, next_tid,
                         reasons[e.oid])
             next_tid += 1
@@ -290,7 +290,7 @@ class TablesEnumerator(PostgresEnumerator):
         after_xid, after_lsn = conn.execute(
             "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
         return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", int(after_xid),
-                           parse_lsn(after_lsn) if t.name in reused else None, sigs.get(t.oid))
+                           after_lsn=parse_lsn(after_lsn) if t.name in reused else None, signature=sigs.get(t.oid))
                 for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
