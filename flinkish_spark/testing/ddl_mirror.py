@@ -1,7 +1,7 @@
 """A mirror workload of statements that change rows without WAL row changes (issue 25), for every target kind.
 
 :data:`SETUP` makes the tables ``d_*`` (a partitioned one among them); :data:`WRITER` changes rows of
-every table and, once the mirror has committed a few epochs (every table's snapshot is in), applies
+every table and, once every table's first snapshot is committed, applies
 :data:`STATEMENTS` one by one: ``ADD COLUMN ... DEFAULT``, ``ALTER COLUMN ... TYPE ... USING v * 1000``,
 ``RENAME COLUMN``, a table dropped and created again under the same name, a partition detached and
 one dropped, and a nullable ``ADD COLUMN`` (followed, no re-snapshot); then writes a few seconds more
@@ -49,22 +49,20 @@ STATEMENTS = [
     "ALTER TABLE d_plain ADD COLUMN n int",
 ]
 
-#: argv: url, done file, Spark commits folder. Ends by itself (creating the done file) a few seconds after
-#: the last statement.
+#: argv: url, done file, go file. Starts the statements once the go file exists; ends by itself (creating the
+#: done file) a few seconds after the last one.
 WRITER = r'''
 import os, random, sys, time, psycopg
-url, done_file, commits_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+url, done_file, go_file = sys.argv[1], sys.argv[2], sys.argv[3]
 STATEMENTS = %r
 TABLES = ["d_default", "d_type", "d_rename", "d_swap", "d_parts", "d_plain"]
 rnd = random.Random(25)
 next_id = 100_000
 start, done, end_at = None, 0, None
-def committed():
-    return sum(1 for n in os.listdir(commits_dir) if n.isdigit()) if os.path.isdir(commits_dir) else 0
 with psycopg.connect(url, autocommit=True) as conn:
     while end_at is None or time.time() < end_at:
-        if start is None and committed() >= 3:
-            start = time.time()  # every table's snapshot is committed (one epoch reads all chunks)
+        if start is None and os.path.exists(go_file):
+            start = time.time()  # every table's snapshot is committed
         if start is not None and done < len(STATEMENTS) and time.time() - start > 1.5 * done:
             conn.execute(STATEMENTS[done])
             done += 1
@@ -84,8 +82,8 @@ open(done_file, "w").close()
 ''' % (STATEMENTS,)
 
 
-def run_ddl_workload(run_pipeline: Any, spec: Callable[..., dict], url: str, meta: str, uid: str,
-                     checkpoint_location: str, work_dir: str, timeout: float = 240) -> None:
+def run_ddl_workload(run_pipeline: Any, spec: Callable[..., dict], url: str, meta: str, uid: str, work_dir: str,
+                     timeout: float = 240) -> None:
     """:data:`SETUP`, then :data:`WRITER` while ``spec(end="external")`` runs; as soon as the writer has ended the
     mirror is drained (``request_stop``: a drain waits for the re-snapshots still joining)."""
     import psycopg
@@ -95,8 +93,8 @@ def run_ddl_workload(run_pipeline: Any, spec: Callable[..., dict], url: str, met
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(SETUP)
-    done_file = os.path.join(work_dir, "writer-done")
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, url, done_file, os.path.join(checkpoint_location, "commits")])
+    done_file, go_file = os.path.join(work_dir, "writer-done"), os.path.join(work_dir, "writer-go")
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, url, done_file, go_file])
     result: dict[str, Any] = {}
     runner = threading.Thread(target=lambda: result.setdefault("run", run_pipeline(
         spec(end="external", runSeconds=timeout), timeout=timeout + 60)))
@@ -104,6 +102,12 @@ def run_ddl_workload(run_pipeline: Any, spec: Callable[..., dict], url: str, met
     io = FileIO.for_url(meta)
     try:
         deadline = time.time() + timeout
+        # The statements once every table's first snapshot is read and committed (all streaming in the newest
+        # registry: a checkpoint names it only at the next epoch).
+        while runner.is_alive() and _states(io, meta, uid) != {"streaming": len(TABLES)}:
+            assert time.time() < deadline, f"the first snapshot did not end: {_states(io, meta, uid)}"
+            time.sleep(0.5)
+        open(go_file, "w").close()
         while not os.path.exists(done_file) and runner.is_alive():
             assert time.time() < deadline, "the writer did not end"
             time.sleep(0.5)
@@ -118,3 +122,15 @@ def run_ddl_workload(run_pipeline: Any, spec: Callable[..., dict], url: str, met
     assert run is not None and run.returncode == 0 and "QUERY_END=drained" in run.output, \
         (run.output[-4000:] if run is not None else "no run")
 
+
+def _states(io: Any, meta: str, uid: str) -> dict[str, int]:
+    """How many tables of the newest registry file of source ``uid`` are in each state."""
+    from flinkish_spark.checkpoint.layout import join, source_dir
+    from flinkish_spark.connectors.postgres.source import registry
+
+    directory = source_dir(meta, uid)
+    names = sorted(n for n in io.list_names(join(directory, registry.FOLDER)) if n.startswith("v"))
+    counts: dict[str, int] = {}
+    for e in registry.read(io, directory, names[-1]).entries if names else ():
+        counts[e.state] = counts.get(e.state, 0) + 1
+    return counts

@@ -62,7 +62,7 @@ def test_statements_without_row_changes_end_with_every_target_equal_to_its_table
                                                                                  tmp_path: Path) -> None:
     pytest.importorskip({"delta": "deltalake", "iceberg": "pyiceberg", "postgres": "psycopg"}[target])
     run_ddl_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, target, **extra), pg_url,
-                     str(tmp_path / "meta"), UID, str(tmp_path / "cp"), str(tmp_path))
+                     str(tmp_path / "meta"), UID, str(tmp_path))
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
