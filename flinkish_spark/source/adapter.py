@@ -335,7 +335,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Stop without drain: no new epoch; the offset says so, so that the driver's
             # finish controller ends the query once this (empty) batch is committed.
             return start if start_off.stop == request.id else self._offset(prev, stop=request.id)
-        if request is not None and request.drain:
+        if request is not None and request.drain and self._enumerator_for(prev).drain_ready():
             return self._drain(prev, request)
         enumerator = self._enumerator_for(prev)
         previous = prev.splits if prev is not None else ()

@@ -44,6 +44,15 @@ class SplitEnumerator(ABC):
         """
         return position
 
+    def drain_ready(self) -> bool:
+        """Whether a stop with drain may end the input now (default: yes).
+
+        A source with work it must plan before its input may end -- a table's snapshot that waits
+        for a moment when it can be read exactly -- says no; the query then runs normal epochs
+        (the drain request stays) until it says yes.
+        """
+        return True
+
     def snapshot_state(self) -> bytes:
         """Opaque state stored with each checkpoint (default: none)."""
         return b""

@@ -2,7 +2,7 @@
 
 :func:`replay` applies the stream rows a ``flinkish.parquet`` sink wrote (epoch by epoch, as
 a keyed sink would: snapshot rows, then changes by ``(_lsn, _seq)``; at the end of an epoch with
-a re-snapshot's ``E``, the keys it did not deliver since ``B`` are deleted) to one dict per table,
+a re-snapshot's ``E``, the keys no row since the epoch holding ``B`` wrote are deleted) to one dict per table,
 key -> row, independently of :func:`flinkish_spark.connectors.postgres.rows.split_tables`.
 :func:`table_states` reads the server's tables as the same JSON rows (``row_sql``), so the
 two compare value for value. A column a row does not carry (it was written before an
@@ -115,6 +115,9 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
     for epoch in sorted(by_epoch):
         rows = by_epoch[epoch]
         closing: list[str] = []
+        for r in rows:  # a 'B' counts for the whole epoch: its tasks' rows come in any order
+            if r["_op"] == "B":
+                resnapshot[r["_table"]] = set()
         ordered = [r for r in rows if r["_lsn"] is None] + sorted((r for r in rows if r["_lsn"] is not None),
                                                                    key=lambda r: (r["_lsn"], r["_seq"]))
         for r in ordered:
@@ -126,9 +129,7 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
                 state[table].clear()
                 continue
             if op in ("B", "E"):
-                if op == "B":
-                    resnapshot[table] = set()
-                else:
+                if op == "E":
                     closing.append(table)  # applied at the end of the epoch: its r rows may come after
                 continue
             row = json.loads(r["row"])
@@ -139,8 +140,8 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
                 state[table][k] = row
                 if op == "r":
                     snapshots[(table, k)] += 1
-                    if table in resnapshot:
-                        resnapshot[table].add(k)
+                if table in resnapshot:  # as the keyed sinks: every key written since 'B', changes too
+                    resnapshot[table].add(k)
         for table in closing:  # a re-snapshot ends: the keys it did not deliver are gone
             seen = resnapshot.pop(table)
             state[table] = {k: v for k, v in state[table].items() if k in seen}

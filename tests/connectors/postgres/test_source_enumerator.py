@@ -97,3 +97,44 @@ def test_chunk_boundaries_cover_every_row_once_in_chunks_of_about_split_size(pg_
         assert sum(grp) == 100 and 50 in grp and all(n <= 30 for n in grp if n != 50)
         conn.execute("CREATE TABLE empty (id int PRIMARY KEY)")
         assert sizes(conn, "empty", None, 10) == [0]
+
+
+#: A statement on the table while the query runs -> what the error names.
+FIXED_SCHEMA_CHANGES = {
+    "ALTER TABLE t ADD COLUMN d int NOT NULL DEFAULT 7": "column 'd' was added with a default value",
+    "ALTER TABLE t ALTER COLUMN v TYPE bigint USING v * 1000": "rewritten without row changes",
+    "ALTER TABLE t RENAME COLUMN w TO w2": "column 'w' was renamed to 'w2'",
+    "ALTER TABLE t ADD COLUMN n int": "column.s. 'n' added",
+    "ALTER TABLE t DROP COLUMN w": "column.s. 'w' dropped",
+}
+
+
+@pytest.mark.both_postgres
+def test_a_table_changed_without_row_changes_stops_the_single_table_source_naming_it_and_the_fix(pg_url, tmp_path: Path) -> None:
+    from flinkish_spark.errors import PostgresSourceError
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for n, (statement, what) in enumerate(FIXED_SCHEMA_CHANGES.items()):
+            conn.execute("DROP TABLE IF EXISTS t")
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int, w text)")
+            conn.execute("INSERT INTO t SELECT g, g, 'w' FROM generate_series(1, 5) g")
+            src = PostgresSourceDataSource({"uid": f"fixed{n}", "checkpoint": str(tmp_path / f"meta{n}"), "url": pg_url,
+                                            "table": "t"})
+            src.setup_source()
+            enum = src.create_enumerator()
+            chunks = enum.discover(set())
+            enum.on_checkpoint_complete(SourceCheckpoint(f"fixed{n}", src.name(), 1, None, 0, "{}", enum.snapshot_state(),
+                                                         False, tuple(SplitRecord(s.split_id, 0, 1, 1, True, 1) for s in chunks)))
+            (changes,) = enum.discover({s.split_id for s in chunks})
+            conn.execute(statement)
+            conn.execute("UPDATE t SET id = id WHERE id = 1")
+            fix = rf"pg_drop_replication_slot\('flinkish_fixed{n}'\) and restart with onSlotLost=resnapshot"
+            with pytest.raises(PostgresSourceError, match=rf"public.t changed while the query runs -- .*{what}.*{fix}"):
+                enum.discover({changes.split_id})  # in latestOffset: the epochs before are committed, no new one starts
+            if "COLUMN" in statement and "TYPE" not in statement and "DEFAULT" not in statement:
+                # The reader sees the Relation message of the change after it, whatever the enumerator saw before.
+                reader = src.create_reader(src.table_info().spark_schema())
+                end = enum.extent(changes, 0).available
+                with pytest.raises(PostgresSourceError, match=rf"public.t changed while the query runs -- its columns are now"):
+                    list(reader.read(changes, 0, end))
+            conn.execute(f"SELECT pg_drop_replication_slot('flinkish_fixed{n}')")

@@ -12,59 +12,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import math
 import psycopg
 import pyarrow as pa
 import pytest
 
-from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
+from flinkish_spark.checkpoint.model import SplitRecord
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
-from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
 from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
 from flinkish_spark.errors import ConfigError, PostgresSourceError
-from flinkish_spark.source.split import Split
-
-
-def source(url: str, tmp_path: Path, **options: str) -> PostgresSourceDataSource:
-    opts = {"uid": "multi", "checkpoint": str(tmp_path / "meta"), "url": url, "tables": "public.m_*",
-            "splitSize": "10", "discoveryInterval": "0.001", **options}
-    src = PostgresSourceDataSource(opts)
-    src.setup_source()
-    return src
-
-
-def read_all(src: PostgresSourceDataSource, splits: list[Split]) -> pa.Table:
-    reader = src.create_reader(None)  # type: ignore[arg-type]
-    batches = [b for s in splits for b in reader.read(s, 0, 1)]
-    return pa.Table.from_batches(batches) if batches else pa.table({})
-
-
-def complete(src: PostgresSourceDataSource, enum: TablesEnumerator, ckpt_id: int, finished: list[Split],
-             live: tuple[SplitRecord, ...] = ()) -> None:
-    """The enumerator's 'checkpoint complete' for an epoch that read ``finished`` (whole) and holds ``live``."""
-    records = tuple(SplitRecord(s.split_id, 0, 1, 1, True, ckpt_id) for s in finished) + live
-    enum.on_checkpoint_complete(SourceCheckpoint("multi", src.name(), ckpt_id, None, 0, "{}", enum.snapshot_state(),
-                                                 False, records))
-
-
-def changes_between(src: PostgresSourceDataSource, enum: TablesEnumerator, changes: Split, start: int) -> tuple[pa.Table, int]:
-    end = enum.extent(changes, start).available
-    batches = list(src.create_reader(None).read(changes, start, end))  # type: ignore[arg-type]
-    return (pa.Table.from_batches(batches) if batches else pa.table({})), end
-
-
-def server_objects(conn: psycopg.Connection) -> tuple[int, list[tuple[str, set[str]]]]:
-    slots = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").fetchone()[0]
-    pubs = conn.execute("SELECT pubname FROM pg_publication").fetchall()
-    out = []
-    for (name,) in pubs:
-        tables = conn.execute("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s", (name,))
-        out.append((name, {r[0] for r in tables.fetchall()}))
-    return slots, out
-
-
-def drop_slot(conn: psycopg.Connection) -> None:
-    conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'flinkish_multi'")
+from flinkish_spark.testing.tables_source import (
+    changes_between, complete, drop_slot, read_all, server_objects, source, start_streaming, without_markers,
+)
 
 
 def test_patterns_select_names_with_wildcards_quotes_and_exclusions() -> None:
@@ -122,16 +82,6 @@ def test_a_matching_table_without_primary_key_is_refused_with_the_fix(pg_url: st
     with pytest.raises(PostgresSourceError, match="no table matches 'tables' = 'nothing.\\*'"):
         source(pg_url, tmp_path, tables="nothing.*").schema()
     assert not (tmp_path / "meta" / "sources").exists()  # refused before anything was written
-
-
-def start_streaming(src: PostgresSourceDataSource) -> tuple[TablesEnumerator, Split]:
-    """Snapshot chunks planned, read and completed; returns the enumerator and its change split."""
-    enum = src.create_enumerator()
-    assert isinstance(enum, TablesEnumerator)
-    chunks = enum.discover(set())
-    complete(src, enum, 1, chunks)
-    (changes,) = [s for s in enum.discover({s.split_id for s in chunks}) if s.split_id.startswith("changes-")]
-    return enum, changes
 
 
 @pytest.mark.both_postgres
@@ -207,7 +157,10 @@ def test_a_table_created_while_running_joins_after_the_transactions_open_at_that
         assert [json.loads(c.payload or "{}")["table"] for c in chunks] == ["public.m_new", "public.m_new"]
         assert {json.loads(c.payload or "{}")["after_xid"] for c in chunks} == {entry.after_xid}
         conn.execute("UPDATE m_new SET v = 'later' WHERE id = 2")
-        snapshot = split_tables(read_all(src, chunks))["public.m_new"].rows
+        read = read_all(src, chunks)
+        # A joining table's snapshot is bracketed (B ... E): a keyed sink drops the keys it lacks.
+        assert [op for op in read.column("_op").to_pylist() if op != "r"] == ["s", "B", "s", "E"]
+        snapshot = split_tables(without_markers(read))["public.m_new"].rows
         stream, _ = changes_between(src, enum, changes, 0)
         complete(src, enum, 2, chunks, (SplitRecord(changes.split_id, 0, 1),))
         assert [e.state for e in enum.registry.entries if e.name == "public.m_new"] == ["streaming"]
@@ -234,7 +187,10 @@ def test_dropped_and_renamed_tables_leave_and_a_new_name_is_snapshotted(pg_url: 
         assert set(after) == {"public.m_renamed"} and after["public.m_renamed"][0] not in before.values()
         assert [json.loads(c.payload or "{}")["table"] for c in chunks] == ["public.m_renamed"]
         assert server_objects(conn)[1] == [("flinkish_multi", {"public.m_renamed"})]  # 'elsewhere' left the publication
-        assert split_tables(read_all(src, chunks))["public.m_renamed"].rows.column("id").to_pylist() == [1, 2]
+        read = read_all(src, chunks)
+        assert [op for op in read.column("_op").to_pylist() if op != "r"] == ["s", "B", "E"]  # replaces, never merges
+        renamed = split_tables(without_markers(read))["public.m_renamed"].rows
+        assert renamed.column("id").to_pylist() == [1, 2]
         drop_slot(conn)
 
 
@@ -263,13 +219,13 @@ def test_a_joining_table_dropped_before_its_snapshot_just_leaves(pg_url: str, tm
         enum, changes = start_streaming(src)
         open_txn.execute("INSERT INTO other VALUES (1)")
         conn.execute("CREATE TABLE m_new (id int PRIMARY KEY)")
-        enum._discovered_at = 0.0  # poll now
+        enum._discovered_at = -math.inf  # poll now
         assert enum.discover({changes.split_id}) == []
         assert [e.state for e in enum.registry.entries if e.name == "public.m_new"] == ["joining"]
         conn.execute("DROP TABLE m_new")
         open_txn.commit()
         assert enum.discover({changes.split_id}) == []  # nothing to plan, no error
-        enum._discovered_at = 0.0
+        enum._discovered_at = -math.inf
         enum.discover({changes.split_id})
         assert [e.name for e in enum.registry.entries] == ["public.m_a"]
         drop_slot(conn)

@@ -9,6 +9,11 @@ other identity (FULL) the key is the one recorded when the table was planned (th
 of the epoch: :func:`..registry.planned_keys`), so that a range gives the same schema whenever
 it is read -- also after the table was dropped; the catalog only for a table planned by an
 older version.
+
+Generated columns are never part of a schema: pgoutput sends no value for them (before
+PostgreSQL 18 never; on 18 only stored ones, and only with ``publish_generated_columns = stored``;
+virtual ones never), so a change could only write null where the snapshot read a value. A target
+computes them itself if it wants them.
 """
 
 from __future__ import annotations
@@ -90,12 +95,13 @@ def primary_keys(query: Query, relids: Iterable[int]) -> dict[int, tuple[str, ..
 
 
 def table_columns(conn: Any, oids: Iterable[int]) -> dict[int, list[str]]:
-    """Each table's column names in order, over psycopg, in one query."""
+    """Each table's column names in order (generated ones left out: see the module docstring), over psycopg, in one
+    query -- also the column list of the publication."""
     out: dict[int, list[str]] = {int(o): [] for o in oids}
     if out:
         rows = conn.execute(
             "SELECT attrelid::int8, attname::text FROM pg_attribute WHERE attnum > 0 AND NOT attisdropped "
-            f"AND attrelid = ANY({_int_array(out)}::oid[]) ORDER BY attrelid, attnum").fetchall()
+            f"AND attgenerated = '' AND attrelid = ANY({_int_array(out)}::oid[]) ORDER BY attrelid, attnum").fetchall()
         for oid, name in rows:
             out[int(oid)].append(str(name))
     return out
@@ -117,10 +123,20 @@ def load_table_schema(query: Query, oid: int) -> TableSchema | None:
         return None
     schema_name, rel_name = str(rows[0][0]), str(rows[0][1])
     cols = query(f"SELECT attname::text, atttypid::int8, atttypmod FROM pg_attribute WHERE attrelid = {int(oid)} "
-                 "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+                 "AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum")
     types = resolve_types(query, [(int(t), int(m)) for _, t, m in cols])
     columns = tuple(_column(str(n), types[(int(t), int(m))]) for n, t, m in cols)
     return TableSchema(f"{schema_name}.{rel_name}", columns, primary_keys(query, [oid]).get(oid, ()))
+
+
+def generated_columns(query: Query, relids: Iterable[int]) -> dict[int, frozenset[str]]:
+    """The generated columns of each relation that has any."""
+    ids = sorted(set(relids))
+    if not ids:
+        return {}
+    rows = query(f"SELECT attrelid::int8, array_agg(attname::text) FROM pg_attribute WHERE attrelid = ANY({_int_array(ids)}"
+                 "::oid[]) AND attnum > 0 AND NOT attisdropped AND attgenerated <> '' GROUP BY attrelid")
+    return {int(r[0]): frozenset(str(c) for c in r[1]) for r in rows}
 
 
 class RelationSchemas:
@@ -132,8 +148,11 @@ class RelationSchemas:
         self.query = query
         self._planned_keys = planned_keys
         self._planned: Mapping[int, tuple[str, ...]] | None = None
+        # Generated columns exist since PostgreSQL 12, are published at all since 18.
+        self._may_publish_generated = int(query("SHOW server_version_num")[0][0]) >= 180000
         self._types: dict[tuple[int, int], TypeInfo] = {}
         self._keys: dict[int, tuple[str, ...]] = {}
+        self._generated: dict[int, frozenset[str]] = {}
         self._cache: dict[Relation, TableSchema] = {}
 
     def prepare(self, relations: Iterable[Relation]) -> None:
@@ -149,13 +168,19 @@ class RelationSchemas:
             need_key -= set(self._planned)
         found = primary_keys(self.query, need_key)
         self._keys.update({relid: found.get(relid, ()) for relid in need_key})
+        # Only a publication with publish_generated_columns (PostgreSQL 18) sends generated columns: left out.
+        need_generated = {r.relid for r in rels} - set(self._generated)
+        if need_generated and self._may_publish_generated:
+            generated = generated_columns(self.query, need_generated)
+            self._generated.update({relid: generated.get(relid, frozenset()) for relid in need_generated})
 
     def schema(self, rel: Relation) -> TableSchema:
         cached = self._cache.get(rel)
         if cached is not None:
             return cached
         self.prepare([rel])
-        columns = tuple(_column(c.name, self._types[(c.type_oid, c.type_mod)]) for c in rel.columns)
+        skip = self._generated.get(rel.relid, frozenset())
+        columns = tuple(_column(c.name, self._types[(c.type_oid, c.type_mod)]) for c in rel.columns if c.name not in skip)
         if rel.replica_identity == "d":
             key = tuple(c.name for c in rel.columns if c.is_key)
         else:

@@ -12,6 +12,9 @@ from flinkish_spark.connectors.postgres.connection import connect
 from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, format_lsn, parse_lsn
 from flinkish_spark.connectors.postgres.source.changes import peek, with_busy_slot
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
+from flinkish_spark.connectors.postgres.source.signature import (
+    Signature, fixed_schema_change, fixed_schema_error, signatures,
+)
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.splits import changes_id, chunk_id, split_generation
 from flinkish_spark.errors import PostgresSourceError
@@ -26,6 +29,9 @@ HEARTBEAT_MIN_BYTES = 16 * 1024 * 1024
 class PostgresEnumerator(SplitEnumerator):
     """Plans chunks once, then the change stream's WAL ranges; advances the slot on completion."""
 
+    #: One table with the columns it had at the start: a change of the table the stream cannot carry stops it.
+    fixed_schema = True
+
     def __init__(self, source: PostgresSourceHost) -> None:
         self.source = source
         self.generation = 0
@@ -33,13 +39,15 @@ class PostgresEnumerator(SplitEnumerator):
         self.snapshot_done = False
         self.changes_discovered = False
         self._heartbeat_at = time.monotonic()  # of the last heartbeat epoch (not state: a restart waits anew)
+        self.signature: Signature | None = None  # the table's catalog signature at the start (see _check_table)
 
     # state ----------------------------------------------------------------------------------
 
     def snapshot_state(self) -> bytes:
         return json.dumps(
             {"generation": self.generation, "started": self.started, "snapshot_done": self.snapshot_done,
-             "changes_discovered": self.changes_discovered}
+             "changes_discovered": self.changes_discovered,
+             **({"signature": self.signature.to_json()} if self.signature is not None else {})}
         ).encode()
 
     def restore(self, state: bytes) -> None:
@@ -49,6 +57,8 @@ class PostgresEnumerator(SplitEnumerator):
             self.started = bool(d.get("started", False))
             self.snapshot_done = bool(d.get("snapshot_done", False))
             self.changes_discovered = bool(d.get("changes_discovered", False))
+            sig = d.get("signature")
+            self.signature = None if sig is None else Signature.from_json(sig)  # None: a state from before signatures
 
     # planning ---------------------------------------------------------------------------------
 
@@ -68,6 +78,8 @@ class PostgresEnumerator(SplitEnumerator):
                 self.generation += 1  # a new slot and a new snapshot; the old splits end where they are
                 self.snapshot_done = self.changes_discovered = False
                 return self._start(known)
+            if self.fixed_schema:
+                self._check_table()
         if src.startup != "snapshot" and self.snapshot_done and not self.changes_discovered:
             self.changes_discovered = True
             return [Split(changes_id(self.generation))]
@@ -85,6 +97,8 @@ class PostgresEnumerator(SplitEnumerator):
                     conn, src.io, src.checkpoint_store().directory, src.slot_name, src.publication,
                     {(info.schema, info.name): [c.name for c in info.columns]}, src.publication_given, src.component,
                 )
+            if self.fixed_schema:
+                self.signature = self._table_signature(conn)  # before the chunks: a later change is seen
             # A re-snapshot (generation > 0) reads the table whatever the startup: the changes
             # in the gap are gone, and only the table itself can say what they did.
             resnapshot = self.generation > 0
@@ -96,6 +110,24 @@ class PostgresEnumerator(SplitEnumerator):
             out.append(Split(changes_id(self.generation)))
         self.started = True
         return [s for s in out if s.split_id not in known]
+
+    def _table_signature(self, conn: Any) -> Signature | None:
+        info = self.source.table_info()
+        row = conn.execute("SELECT to_regclass(%s)::oid", (info.qualified,)).fetchone()
+        return None if row is None or row[0] is None else signatures(conn, [int(row[0])]).get(int(row[0]))
+
+    def _check_table(self) -> None:
+        """Stop with :func:`~.signature.fixed_schema_error` when the table changed in a way the stream cannot carry
+        (rewritten, a column added, dropped or renamed, a partition detached...): never go on silently."""
+        src = self.source
+        with connect(src.conn_info, autocommit=True) as conn:
+            now = self._table_signature(conn)
+        if now is None or now == self.signature:
+            return  # dropped: its changes end
+        why = None if self.signature is None else fixed_schema_change(self.signature, now)
+        if why is not None:
+            raise fixed_schema_error(src.component, src.table_info().display, why, src.slot_name)
+        self.signature = now  # a change the stream carries (an empty partition, a type without rewrite)
 
     def _slot_lost(self) -> PostgresSourceError | None:
         src = self.source

@@ -8,9 +8,11 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
-from flinkish_spark.connectors.postgres.pgoutput import Change, Truncate, decode_changes, format_lsn
+from flinkish_spark.connectors.postgres.pgoutput import Change, Relation, Truncate, decode_changes, format_lsn
+from flinkish_spark.connectors.postgres.source.catalog import generated_columns, psycopg_query
 from flinkish_spark.connectors.postgres.source.changes import peek, text_converter
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
+from flinkish_spark.connectors.postgres.source.signature import fixed_schema_error
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END
 from flinkish_spark.connectors.postgres.source.snapshot import Chunk, _cast_type
 from flinkish_spark.connectors.postgres.source.splits import split_generation
@@ -110,6 +112,21 @@ class PostgresReader(SplitReader):
         ]
         return pa.RecordBatch.from_arrays(arrays, names=list(batch.schema.names) + list(METADATA_COLUMNS))
 
+    def _check_columns(self, rel: Relation) -> None:
+        """The columns of a Relation message must be the stream's (a column added, dropped or renamed since the
+        start would be lost or null): otherwise the same error as the enumerator's catalog check."""
+        src, info = self.source, self.info
+        names = [c.name for c in rel.columns]
+        if names == [c.name for c in info.columns]:
+            return
+        with connect(src.conn_info, autocommit=True) as conn:  # a publication may send generated columns (PG 18)
+            skip = generated_columns(psycopg_query(conn), [rel.relid]).get(rel.relid, frozenset())
+        now = [n for n in names if n not in skip]
+        if now != [c.name for c in info.columns]:
+            before = [c.name for c in info.columns]
+            why = f"its columns are now {', '.join(now)} (were {', '.join(before)})"
+            raise fixed_schema_error(src.component, info.display, why, src.slot_name)
+
     def _read_changes(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
         src, info = self.source, self.info
         converters = {c.name: text_converter(c) for c in info.columns}
@@ -129,6 +146,7 @@ class PostgresReader(SplitReader):
 
         with connect(src.conn_info, autocommit=True) as conn:
             messages = peek(conn, src.slot_name, src.publication, end, None)
+        checked: Relation | None = None
         for change in decode_changes(messages, start, end):
             if isinstance(change, Truncate):
                 if len(change.tables) == len(change.relids) and (info.schema, info.name) not in change.tables:
@@ -141,6 +159,9 @@ class PostgresReader(SplitReader):
             rel = change.relation
             if (rel.namespace, rel.name) != (info.schema, info.name):
                 continue
+            if rel is not checked:
+                self._check_columns(rel)
+                checked = rel
             for name, value in change.values.items():
                 if value is not None and not isinstance(value, str):
                     raise PostgresSourceError(

@@ -2,7 +2,7 @@
 
 The enumerator's state (stored in every checkpoint) names one registry file; the file holds
 every followed table (``tid``, oid, name, state). A new file is written only when a table
-joins, finishes its snapshot, is renamed or dropped -- so a checkpoint's size does not grow
+joins, finishes its snapshot, is renamed, dropped or snapshotted again -- so a checkpoint's size does not grow
 with the number of tables, and an epoch in which no table joined or left writes none.
 
 Files are ``<source dir>/tables/v<version>-<hash>.json``, written before the checkpoint that
@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
+from flinkish_spark.connectors.postgres.source.signature import Signature
 from flinkish_spark.io.fileio import FileIO
 
 #: joining: in the publication, waiting until every transaction that was open when it joined
@@ -39,6 +40,13 @@ class TableEntry:
     # than DEFAULT (pgoutput flags the identity's columns, not the key), fixed so that a replayed range
     # reads the same schema even after the table is gone. None: a registry file of an older version.
     key: tuple[str, ...] | None = None
+    #: joining for a re-snapshot: a WAL position after the statement that caused it; its chunks are planned
+    #: once no change before it is left unread, so that no change from before is applied after a chunk row
+    after_lsn: int | None = None
+    #: the catalog signature (:mod:`.signature`) recorded when the entry was made; None in files written
+    #: before signatures existed (recorded at the next poll)
+    signature: Signature | None = None
+    reason: str | None = None  # a re-snapshot: why (for people reading the registry)
 
     @property
     def name(self) -> str:
@@ -49,8 +57,23 @@ class TableEntry:
         return replace(self, state=state)
 
     def to_dict(self) -> dict[str, object]:
-        return {"tid": self.tid, "oid": self.oid, "schema": self.schema, "table": self.table, "state": self.state,
-                "after_xid": self.after_xid, "key": None if self.key is None else list(self.key)}
+        d: dict[str, object] = {"tid": self.tid, "oid": self.oid, "schema": self.schema, "table": self.table,
+                                "state": self.state, "after_xid": self.after_xid,
+                                "key": None if self.key is None else list(self.key)}
+        if self.after_lsn is not None:
+            d["after_lsn"] = self.after_lsn
+        if self.signature is not None:
+            d["signature"] = self.signature.to_json()
+        if self.reason is not None:
+            d["reason"] = self.reason
+        return d
+
+    @classmethod
+    def from_dict(cls, e: dict[str, Any]) -> "TableEntry":
+        sig, key = e.get("signature"), e.get("key")
+        return cls(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"], e.get("after_xid"),
+                   key=None if key is None else tuple(str(k) for k in key), after_lsn=e.get("after_lsn"),
+                   signature=None if sig is None else Signature.from_json(sig), reason=e.get("reason"))
 
 
 @dataclass(frozen=True)
@@ -58,18 +81,24 @@ class Registry:
     version: int = 0
     next_tid: int = 0
     entries: tuple[TableEntry, ...] = field(default=())
+    #: (name, WAL position after it ended) of entries that ended (dropped, renamed) while changes of theirs may
+    #: still be unread: a table joining under such a name waits for them (``after_lsn``). Forgotten once the
+    #: change split's committed position passes them.
+    ended: tuple[tuple[str, int], ...] = field(default=())
 
     def to_json(self) -> bytes:
-        body = {"version": self.version, "next_tid": self.next_tid, "tables": [e.to_dict() for e in self.entries]}
+        body: dict[str, object] = {"version": self.version, "next_tid": self.next_tid,
+                                   "tables": [e.to_dict() for e in self.entries]}
+        if self.ended:
+            body["ended"] = [list(x) for x in self.ended]
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "Registry":
         d = json.loads(data)
-        entries = tuple(TableEntry(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"],
-                                   e.get("after_xid"), None if e.get("key") is None else tuple(e["key"]))
-                        for e in d["tables"])
-        return cls(int(d["version"]), int(d["next_tid"]), entries)
+        entries = tuple(TableEntry.from_dict(e) for e in d["tables"])
+        return cls(int(d["version"]), int(d["next_tid"]), entries,
+                   tuple((str(n), int(lsn)) for n, lsn in d.get("ended", ())))
 
     @property
     def file_name(self) -> str:
@@ -81,9 +110,11 @@ class Registry:
     def by_tid(self) -> dict[int, TableEntry]:
         return {e.tid: e for e in self.entries}
 
-    def with_entries(self, entries: list[TableEntry], next_tid: int | None = None) -> "Registry":
+    def with_entries(self, entries: list[TableEntry], next_tid: int | None = None,
+                     ended: tuple[tuple[str, int], ...] | None = None) -> "Registry":
         return replace(self, version=self.version + 1, entries=tuple(sorted(entries, key=lambda e: e.tid)),
-                       next_tid=self.next_tid if next_tid is None else next_tid)
+                       next_tid=self.next_tid if next_tid is None else next_tid,
+                       ended=self.ended if ended is None else ended)
 
 
 def write(io: FileIO, directory: str, registry: Registry) -> str:

@@ -79,6 +79,7 @@ def spark_type(typname: str, typmod: int) -> tuple[str, bool]:
 
 
 def load_table_info(conn: Any, table: str, split_column: str | None, what: str) -> TableInfo:
+    """The table's columns (generated ones left out: pgoutput does not send them, see ``catalog``), key and split column."""
     row = conn.execute(
         "SELECT c.oid, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.oid = to_regclass(%s)",
@@ -89,7 +90,7 @@ def load_table_info(conn: Any, table: str, split_column: str | None, what: str) 
     oid, schema_name, rel_name = row
     cols = conn.execute(
         "SELECT a.attname, t.typname, a.atttypmod FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
         (oid,),
     ).fetchall()
     key = [

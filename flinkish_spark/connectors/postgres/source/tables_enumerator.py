@@ -14,7 +14,13 @@ advanced on completion) with a set of tables instead of one:
   table before A, where pgoutput did not publish it yet), and read while the change split keeps
   running. Why the result is exact: docs/postgres-source.md, "New tables".
 * **Dropped tables** leave the registry (and the publication drops them by itself); a
-  **renamed** table is one that left and, if the new name matches, one that joins.
+  **renamed** table is one that left and, if the new name matches, one that joins. A joining
+  table's chunks are bracketed by ``B``/``E`` (a keyed sink replaces the target's rows).
+* **Tables changed without row changes** (``ADD COLUMN ... DEFAULT``, a rewrite, ``RENAME
+  COLUMN``, a partition detached, dropped or truncated: the catalog signature of :mod:`.signature`,
+  compared at each poll) are snapshotted again -- :meth:`TablesEnumerator.resnapshot`: a new tid
+  joining after the statement, the other tables flowing. Why exact: docs/postgres-source.md,
+  "Re-snapshots of one table".
 
 Scale: the enumerator's state is a few numbers and the name of the registry file
 (:mod:`.registry`), which changes only when tables join, finish their snapshot or leave;
@@ -25,29 +31,42 @@ the live splits only. An epoch of changes costs the same with 10 tables as with 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
+from dataclasses import replace
 from typing import Any, Collection
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
+from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
 from flinkish_spark.connectors.postgres.source import registry
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
+from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.patterns import (
     FoundTable, TablePatterns, check_followable, find_tables, followable_tables,
 )
 from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
+from flinkish_spark.connectors.postgres.source.signature import change, signatures
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.splits import changes_id, table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
-from flinkish_spark.source.split import Split
+from flinkish_spark.errors import PostgresSourceError
+from flinkish_spark.source.split import Split, SplitExtent
+
+log = logging.getLogger(__name__)
+
+#: How long a stop with drain waits for tables that are joining (see TablesEnumerator.drain_ready).
+DRAIN_WAIT_S = 600.0
 
 
 class TablesEnumerator(PostgresEnumerator):
     keep_finished_splits = False
+    fixed_schema = False  # a table changed without row changes is snapshotted again instead (_compare_signatures)
 
     def __init__(self, source: PostgresSourceHost) -> None:
         super().__init__(source)
@@ -56,8 +75,10 @@ class TablesEnumerator(PostgresEnumerator):
         # The registry at the start of the latest planning: it still holds the tables that planning ended,
         # whose last changes its WAL range carries (the reader takes their keys from it: registry.planned_keys).
         self.previous_name: str | None = None
-        self._discovered_at = 0.0  # monotonic time of the last catalog poll (not state: a restart polls at once)
+        self._discovered_at = -math.inf  # monotonic time of the last catalog poll (not state: a restart polls at once)
         self._retained_at = -1
+        self._tids: tuple[Registry | None, frozenset[int]] = (None, frozenset())  # (a registry, its tids)
+        self._drain_asked: float | None = None  # monotonic time of the first drain_ready() that said no
 
     @property
     def patterns(self) -> TablePatterns:
@@ -101,13 +122,15 @@ class TablesEnumerator(PostgresEnumerator):
                 slots.ensure_slot_and_publication(
                     conn, src.io, self.directory, src.slot_name, src.publication,
                     {(t.schema, t.table): columns[t.oid] for t in found}, src.publication_given, src.component)
+            # Before the chunks are read: a statement after this is seen at a poll (see :mod:`.signature`).
+            sigs = signatures(conn, [t.oid for t in found])
             tid = self.registry.next_tid
             entries = []
             keys = primary_keys(psycopg_query(conn), [t.oid for t in found])
             for table in found:
                 entries.append(TableEntry(tid, table.oid, table.schema, table.table,
                                           "snapshot" if src.startup != "changes" else "streaming",
-                                          key=keys.get(table.oid, ())))
+                                          key=keys.get(table.oid, ()), signature=sigs.get(table.oid)))
                 tid += 1
             out: list[Split] = []
             if src.startup != "changes":
@@ -132,12 +155,14 @@ class TablesEnumerator(PostgresEnumerator):
         return out
 
     def _refresh(self) -> list[Split]:
-        """Poll the catalog: tables that joined, left or were renamed; chunks of joined tables whose time has come."""
+        """Poll the catalog: tables that joined, left, were renamed or changed without row changes; chunks of
+        joined tables whose time has come."""
         src = self.source
         polled = time.monotonic() - self._discovered_at >= src.discovery_interval
         with connect(src.conn_info, autocommit=True) as conn:
             entries = list(self.registry.entries)
             next_tid = self.registry.next_tid
+            names_ended = self.registry.ended
             changed = False
             if polled:
                 self._discovered_at = time.monotonic()
@@ -147,32 +172,116 @@ class TablesEnumerator(PostgresEnumerator):
                 for e in ended:
                     if e.oid not in found and self._owns_publication():
                         publications.drop(conn, src.publication, e.oid)  # renamed out of the patterns: stop decoding it
+                if ended:
+                    lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    gone = {e.name for e in ended}
+                    names_ended = tuple(x for x in names_ended if x[0] not in gone) + tuple((n, lsn) for n in sorted(gone))
                 entries = [e for e in entries if e not in ended]
                 known_oids = {e.oid for e in entries}
                 joined = [t for oid, t in found.items() if oid not in known_oids]
                 if joined:
-                    entries += self._join(conn, joined, next_tid)
+                    entries += self._join(conn, joined, next_tid, {n for n, _ in names_ended})
                     next_tid += len(joined)
-                changed = bool(ended or joined)
+                entries, next_tid, altered = self._compare_signatures(conn, entries, next_tid)
+                changed = bool(ended or joined or altered)
             out: list[Split] = []
             waiting = [e for e in entries if e.state == "joining"]
             if waiting:
                 xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()[0])
-                ready = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid]
+                older_ended = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid]
+                read_up_to = self._read_up_to(conn, [e.after_lsn for e in older_ended if e.after_lsn is not None])
+                ready = [e for e in older_ended if e.after_lsn is None or e.after_lsn <= read_up_to]
                 if ready:
                     out, planned = self._chunks(conn, ready)
                     entries = [e.with_state("snapshot") if e.tid in planned else e for e in entries]
                     changed = changed or bool(planned)
         if changed:
-            self._save(self.registry.with_entries(entries, next_tid))
+            self._save(self.registry.with_entries(entries, next_tid, names_ended))
         return out
+
+    # re-snapshots -----------------------------------------------------------------------------
+
+    def resnapshot(self, conn: Any, oids: Collection[int], reason: str) -> list[TableEntry]:
+        """Snapshot the followed tables ``oids`` again while every other table keeps flowing; returns their new entries.
+
+        Each one's entry ends and a new one (a new tid, the same oid and name) joins: its chunks are planned
+        once every transaction open now has ended (``after_xid``) and no change before now is left unread
+        (``after_lsn``), and are bracketed by ``_op`` 'B' / 'E', at which a keyed sink deletes the keys the
+        new snapshot lacks -- in the epoch holding 'E', so a reader never sees the target empty or partial.
+        Chunks of the old entry not read yet end unread. Exact for the reason given in docs/postgres-source.md,
+        "Re-snapshots of one table". A table not followed (or dropped) is ignored.
+        """
+        entries, next_tid, new = self._renewed(conn, list(self.registry.entries), self.registry.next_tid,
+                                               {int(o): reason for o in oids})
+        if new:
+            self._save(self.registry.with_entries(entries, next_tid))
+        return new
+
+    def _renewed(self, conn: Any, entries: list[TableEntry], next_tid: int,
+                 reasons: dict[int, str]) -> tuple[list[TableEntry], int, list[TableEntry]]:
+        """``entries`` with those of ``reasons`` replaced by joining ones (see :meth:`resnapshot`)."""
+        doomed = [e for e in entries if e.oid in reasons]
+        if not doomed:
+            return entries, next_tid, []
+        # The signature first, then the positions: every statement the signature shows lies before after_lsn.
+        sigs = signatures(conn, [e.oid for e in doomed])
+        after_xid, after_lsn = conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
+        new = []
+        for e in doomed:
+            if e.oid not in sigs:
+                continue  # dropped meanwhile: the next poll ends it
+            new.append(replace(e, tid=next_tid, state="joining", after_xid=int(after_xid), after_lsn=parse_lsn(after_lsn),
+                               signature=sigs[e.oid], reason=reasons[e.oid]))
+            log.warning("%s: snapshotting %s again (tid %d -> %d): %s", self.source.component, e.name, e.tid, next_tid,
+                        reasons[e.oid])
+            next_tid += 1
+        renewed = {e.oid for e in new}
+        return [e for e in entries if e.oid not in renewed] + new, next_tid, new
+
+    def _compare_signatures(self, conn: Any, entries: list[TableEntry],
+                            next_tid: int) -> tuple[list[TableEntry], int, bool]:
+        """Re-snapshot the tables whose catalog shows a change the WAL does not carry (:mod:`.signature`);
+        record the signature where it changed otherwise, or where an older registry file has none."""
+        now = signatures(conn, [e.oid for e in entries])
+
+        def empty(oid: int) -> bool:
+            name = conn.execute("SELECT oid::regclass::text FROM pg_class WHERE oid = %s", (oid,)).fetchone()
+            return name is None or conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM ONLY {name[0]})").fetchone()[0]
+
+        reasons: dict[int, str] = {}
+        out, altered = [], False
+        for e in entries:
+            sig = now.get(e.oid)
+            if sig is not None and sig != e.signature:
+                why = None if e.signature is None else change(e.signature, sig, empty)
+                if why is not None:
+                    reasons[e.oid] = why
+                else:
+                    e, altered = replace(e, signature=sig), True
+            out.append(e)
+        if reasons:
+            out, next_tid, _ = self._renewed(conn, out, next_tid, reasons)
+            altered = True
+        return out, next_tid, altered
+
+    def _read_up_to(self, conn: Any, lsns: list[int]) -> int:
+        """The greatest of ``lsns`` before which the slot holds no transaction of ours any more (-1: none):
+        every change before it is in a committed epoch (the slot is advanced only then)."""
+        best = -1
+        for lsn in sorted(set(lsns)):
+            if peek(conn, self.source.slot_name, self.source.publication, lsn, 1):
+                break
+            best = lsn
+        return best
 
     def _owns_publication(self) -> bool:
         owned = slots.Ownership.read(self.source.io, self.directory)
         return owned is not None and owned.publication == self.source.publication and owned.publication_created
 
-    def _join(self, conn: Any, tables: list[FoundTable], first_tid: int) -> list[TableEntry]:
-        """Tables that joined while running: into the publication (A), then the next xid after A."""
+    def _join(self, conn: Any, tables: list[FoundTable], first_tid: int, reused: set[str]) -> list[TableEntry]:
+        """Tables that joined while running: into the publication (A), then the next xid after A; and the WAL position
+        after A for one that takes a name in ``reused`` (an ended entry's changes may still be unread)."""
         src = self.source
         for t in tables:
             check_followable(t, src.component, True)
@@ -182,9 +291,14 @@ class TablesEnumerator(PostgresEnumerator):
             columns = table_columns(conn, [t.oid for t in tables])
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
-        after = int(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])
+        sigs = signatures(conn, [t.oid for t in tables])
         keys = primary_keys(psycopg_query(conn), [t.oid for t in tables])
-        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", after, keys.get(t.oid, ()))
+        # after_lsn for a table that takes the name of one followed before (dropped and created again, swapped in by
+        # RENAME): the old table's last changes -- under the same name -- must not come after the new one's chunk rows.
+        after_xid, after_lsn = conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
+        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", int(after_xid), keys.get(t.oid, ()),
+                           after_lsn=parse_lsn(after_lsn) if t.name in reused else None, signature=sigs.get(t.oid))
                 for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
@@ -203,10 +317,50 @@ class TablesEnumerator(PostgresEnumerator):
             for n, chunk in enumerate(chunk_boundaries(conn, info, src.split_size)):
                 payload = {"tid": e.tid, "oid": e.oid, "table": e.name, "lo": chunk.lo, "hi": chunk.hi,
                            "column": info.split_column, "type": cast, "after_xid": e.after_xid,
-                           "resnapshot": self.generation > 0}
+                           # Bracketed (B ... E: the sink deletes the keys it lacks) after a lost slot, and
+                           # always for a table that joins: a table dropped and created again under the same
+                           # name, or swapped in by RENAME, replaces the old target's rows, never merges into them.
+                           "resnapshot": self.generation > 0 or e.state == "joining"}
                 out.append(Split(table_chunk_id(self.generation, e.tid, n), json.dumps(payload)))
             planned.add(e.tid)
         return out, planned
+
+    def drain_ready(self) -> bool:
+        """A drain ends the input once the catalog was polled after it was asked for and no table is joining
+        (waiting for the moment its snapshot can be read exactly, e.g. a re-snapshot): otherwise that table's
+        target would stay wrong for ever. Normal epochs run meanwhile; after ``DRAIN_WAIT_S`` the query stops
+        with an error naming the tables."""
+        now = time.monotonic()
+        if self._drain_asked is None:
+            self._drain_asked = now
+            self._discovered_at = float("-inf")  # the next planning polls: a statement just before the drain counts
+            return False
+        waiting = [e.name for e in self.registry.entries if e.state == "joining"]
+        if not waiting:
+            return True
+        if now - self._drain_asked > DRAIN_WAIT_S:
+            raise PostgresSourceError(
+                f"{self.source.component}: a stop with drain waited {DRAIN_WAIT_S:.0f}s for the snapshot of "
+                f"{', '.join(waiting)}, which can be read only once every transaction open when it joined has ended "
+                "and the changes before it are read; without it the target would stay incomplete. End those "
+                "transactions and drain again, or stop without drain (a restart continues)")
+        return False
+
+    def _ended(self, split: Split) -> bool:
+        """A chunk whose entry ended (its table was dropped, renamed, or is snapshotted again under a new tid):
+        it ends unread -- a renamed table's rows would come under its new name, and a superseded snapshot's
+        rows are the new one's business."""
+        if not split.split_id.startswith("snapshot-"):
+            return False
+        if self._tids[0] is not self.registry:
+            self._tids = (self.registry, frozenset(e.tid for e in self.registry.entries))
+        return table_of_chunk(split.split_id) not in self._tids[1]
+
+    def extent(self, split: Split, position: int) -> SplitExtent:
+        return SplitExtent(position, position) if self._ended(split) else super().extent(split, position)
+
+    def drain_position(self, split: Split, position: int) -> int:
+        return position if self._ended(split) else super().drain_position(split, position)
 
     # notifications ------------------------------------------------------------------------------
 
@@ -215,13 +369,16 @@ class TablesEnumerator(PostgresEnumerator):
         reading = {table_of_chunk(s.split_id) for s in checkpoint.splits
                    if s.split_id.startswith(f"snapshot-{self.generation}-") and not s.finished}
         done = [e for e in self.registry.entries if e.state == "snapshot" and e.tid not in reading]
-        if done:
+        change = next((s for s in checkpoint.splits if s.split_id == changes_id(self.generation)), None)
+        # Names whose last changes are all committed now: a table joining under one needs no wait.
+        ended = tuple(x for x in self.registry.ended if change is None or x[1] > change.position)
+        if done or ended != self.registry.ended:
             ids = {e.tid for e in done}
             self._save(self.registry.with_entries(
-                [e.with_state("streaming") if e.tid in ids else e for e in self.registry.entries]))
+                [e.with_state("streaming") if e.tid in ids else e for e in self.registry.entries], ended=ended))
         if self.registry.version != self._retained_at:
-            # A planning writes at most three versions (completion, a re-snapshot's start, a poll), so a
-            # retained checkpoint (one of the newest `retain`) names none older than this (its previous
-            # registry at most one version before its own).
-            registry.retain(self.source.io, self.directory, self.registry.version - 3 * (self.source.retain + 1) - 1)
+            # A planning writes at most four versions (completion, a poll's re-snapshots, a request's, the
+            # poll itself), so a retained checkpoint (one of the newest `retain`) names none older than this
+            # (its previous registry at most one version before its own).
+            registry.retain(self.source.io, self.directory, self.registry.version - 4 * (self.source.retain + 1) - 1)
             self._retained_at = self.registry.version
