@@ -217,3 +217,45 @@ def test_a_registry_written_before_signatures_loads_and_records_them_at_the_next
         (entry,) = again.registry.entries
         assert entry.tid == enum.registry.entries[0].tid and entry.signature == enum.registry.entries[0].signature
         drop_slot(conn)
+
+
+def test_a_resnapshot_request_renews_the_table_once_is_recorded_in_the_state_and_deleted_when_committed(
+        pg_url: str, tmp_path: Path) -> None:
+    """``flinkish mirror resnapshot`` end to end below Spark: the request file is taken by the next planning
+    (its table joins again and gets bracketed chunks), taken again after a crash before Spark logged that
+    planning, never after its checkpoint, and deleted once that checkpoint is complete."""
+    from flinkish_spark.connectors.postgres.source import resnapshot_request as rr
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_a (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE m_b (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO m_b SELECT generate_series(1, 7)")
+        src = source(pg_url, tmp_path)
+        enum, changes = start_streaming(src)
+        before = {e.name: e.tid for e in enum.registry.entries}
+        req = rr.write_request(src.io, enum.directory, ["public.m_b"], "test")
+        assert len(src.io.list_names(rr.folder(enum.directory))) == 1
+
+        chunks = enum.discover({changes.split_id})  # nothing of ours unread: planned in the same planning
+        taken_state = enum.snapshot_state()
+        renewed = {e.name: e for e in enum.registry.entries}["public.m_b"]
+        assert renewed.tid != before["public.m_b"] and f"request {req.id}" in (renewed.reason or "")
+        assert rr.handled_of_state(taken_state) == {req.id}
+        assert chunks and {json.loads(c.payload or "{}")["tid"] for c in chunks} == {renewed.tid}
+        assert all(json.loads(c.payload or "{}")["resnapshot"] for c in chunks)
+        assert enum.discover({changes.split_id} | {c.split_id for c in chunks}) == [], "taken once"
+
+        restarted = src.create_enumerator()  # a crash before Spark logged that epoch: the state before it
+        restarted.restore(json.dumps({k: v for k, v in json.loads(taken_state).items()
+                                      if k not in (rr.STATE_KEY, "registry", "previous_registry")}
+                                     | {"registry": json.loads(taken_state)["previous_registry"]}).encode())
+        again = restarted.discover({changes.split_id})
+        assert again and rr.handled_of_state(restarted.snapshot_state()) == {req.id}, "taken again"
+
+        rows = read_all(src, chunks).to_pylist()
+        complete(src, enum, 7, chunks, (SplitRecord(changes.split_id, 0, 0),))  # the epoch that took it commits
+        assert src.io.list_names(rr.folder(enum.directory)) == []
+        enum.discover({changes.split_id})
+        assert rr.STATE_KEY not in json.loads(enum.snapshot_state())
+        drop_slot(conn)
+    assert ops(rows, "public.m_b") == ["s", "B", "E"] and len([r for r in rows if r["_op"] == "r"]) == 7

@@ -43,6 +43,7 @@ from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
 from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
 from flinkish_spark.connectors.postgres.source import registry
+from flinkish_spark.connectors.postgres.source import resnapshot_request as requests
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
 from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
@@ -75,6 +76,7 @@ class TablesEnumerator(PostgresEnumerator):
         # The registry at the start of the latest planning: it still holds the tables that planning ended,
         # whose last changes its WAL range carries (the reader takes their keys from it: registry.planned_keys).
         self.previous_name: str | None = None
+        self.requests_handled: frozenset[str] = frozenset()  # re-snapshot requests taken (see resnapshot_request)
         self._discovered_at = -math.inf  # monotonic time of the last catalog poll (not state: a restart polls at once)
         self._retained_at = -1
         self._tids: tuple[Registry | None, frozenset[int]] = (None, frozenset())  # (a registry, its tids)
@@ -93,13 +95,15 @@ class TablesEnumerator(PostgresEnumerator):
 
     def snapshot_state(self) -> bytes:
         d = json.loads(super().snapshot_state())
-        return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name}).encode()
+        return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name,
+                           **requests.state_entry(self.requests_handled)}).encode()
 
     def restore(self, state: bytes) -> None:
         super().restore(state)
         d = json.loads(state) if state else {}
         self.registry_name, self.previous_name = d.get("registry"), d.get("previous_registry")
         self.registry = registry.of_state(self.source.io, self.directory, state) or Registry()
+        self.requests_handled = requests.handled_of_state(state)
 
     def _save(self, new: Registry) -> None:
         self.registry = new
@@ -147,12 +151,24 @@ class TablesEnumerator(PostgresEnumerator):
     def discover(self, known: Collection[str]) -> list[Split]:
         self.previous_name = self.registry_name
         out = super().discover(known)
+        if self.started and self.uses_slot:
+            self._take_requests()  # before the poll: the tables it renews join in this planning
         if self.started and self.uses_slot and (
             time.monotonic() - self._discovered_at >= self.source.discovery_interval
             or any(e.state == "joining" for e in self.registry.entries)
         ):
             out += self._refresh()
         return out
+
+    def _take_requests(self) -> None:
+        """Re-snapshot requests (``flinkish mirror resnapshot``) not taken yet: their tables are renewed in this
+        planning, and the requests recorded as taken in its checkpoint (exactly once: :mod:`.resnapshot_request`)."""
+        taken = requests.take(self.source.io, self.directory, self.requests_handled)
+        oids = requests.oids(taken.requests, self.registry)
+        if oids:
+            with connect(self.source.conn_info, autocommit=True) as conn:
+                self.resnapshot(conn, oids, requests.reason(taken.requests))
+        self.requests_handled = taken.handled  # after: a failing re-snapshot takes them again next time
 
     def _refresh(self) -> list[Split]:
         """Poll the catalog: tables that joined, left, were renamed or changed without row changes; chunks of
@@ -366,6 +382,7 @@ class TablesEnumerator(PostgresEnumerator):
 
     def on_checkpoint_complete(self, checkpoint: SourceCheckpoint) -> None:
         super().on_checkpoint_complete(checkpoint)
+        requests.delete_handled(self.source.io, self.directory, checkpoint)  # the requests it took are done
         reading = {table_of_chunk(s.split_id) for s in checkpoint.splits
                    if s.split_id.startswith(f"snapshot-{self.generation}-") and not s.finished}
         done = [e for e in self.registry.entries if e.state == "snapshot" and e.tid not in reading]
