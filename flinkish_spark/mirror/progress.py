@@ -33,16 +33,19 @@ from flinkish_spark.mirror.config import MirrorConfig
 
 OBSERVED = "flinkish_mirror"
 _MAX_TABLE_ROWS = 15
+NOT_FOLLOWED = "not followed"
 
 
 @dataclass
 class TableProgress:
     #: the registry's state (joining, snapshot, streaming), ``copied`` for a table whose snapshot is read
-    #: while the source reads no changes (``--stop-after-snapshot``), ``left`` for a dropped table
+    #: while the source reads no changes (``--stop-after-snapshot``), ``left`` for a dropped table,
+    #: ``not followed`` for a matching table without a usable key (``note`` says why and what to do)
     state: str = "joining"
     chunks_done: int = 0  # snapshot chunks read in committed epochs
     chunks_running: int = 0  # read by the epoch that runs now
     chunks_left: int = 0  # planned, in no epoch yet
+    note: str = ""
 
     @property
     def chunks(self) -> str:
@@ -91,7 +94,12 @@ class MirrorState:
 
     @property
     def followed(self) -> list[TableProgress]:
-        return [t for t in self.tables.values() if t.state != "left"]
+        return [t for t in self.tables.values() if t.state not in ("left", NOT_FOLLOWED)]
+
+    @property
+    def not_followed(self) -> dict[str, str]:
+        """Matching tables left out for want of a key -> the source's warning (what to do)."""
+        return {name: t.note for name, t in self.tables.items() if t.state == NOT_FOLLOWED}
 
     @property
     def phase(self) -> str:
@@ -151,6 +159,7 @@ class MirrorState:
         """The source's newest checkpoint ``latest``, the id of the checkpoint Spark's last committed batch names
         (``committed``, None: none yet) and the registry entries of ``latest`` (None: not a multi-table source
         yet): each table's state and chunks, and the running epoch."""
+        from flinkish_spark.connectors.postgres.source.patterns import not_followed_of_state
         from flinkish_spark.connectors.postgres.source.splits import table_of_chunk
 
         if latest is None or tables is None:
@@ -171,8 +180,14 @@ class MirrorState:
                 slot[0] += 1
             else:
                 slot[2] += 1
-        for name in set(self.tables) - {e.name for e in tables}:
-            self.tables[name].state = "left"
+        left_out = not_followed_of_state(latest.enumerator_state)
+        for name in set(self.tables) - {e.name for e in tables} - set(left_out):
+            if self.tables[name].state != NOT_FOLLOWED:
+                self.tables[name].state = "left"
+            else:
+                del self.tables[name]  # dropped, or excluded, while left out: nothing to show
+        for name, text in left_out.items():
+            self.tables[name] = TableProgress(NOT_FOLLOWED, note=str(text))
         for e in tables:
             before = self.tables.get(e.name)
             if e.tid in counts:
@@ -256,6 +271,7 @@ class Progress:
         self.metadata = metadata if metadata is not None else Metadata(config)
         self._looked = 0.0
         self._phase = self.state.phase
+        self._left_out: dict[str, str] = {}
 
     @staticmethod
     def for_stdout(config: MirrorConfig) -> "Progress":
@@ -280,9 +296,18 @@ class Progress:
                 pass
         return new
 
+    def _warn_left_out(self) -> None:
+        """A note for each table newly left out (the source's warning: why, and what to do)."""
+        now = self.state.not_followed
+        for name, text in sorted(now.items()):
+            if self._left_out.get(name) != text:
+                self.note(f"warning: {text}")
+        self._left_out = now
+
     def update(self, query: Any) -> None:
         if self.look(query):
             print(self.summary(), flush=True)
+        self._warn_left_out()
         phase = self.state.phase
         if phase != self._phase:
             self._phase = phase
@@ -330,13 +355,14 @@ class LiveProgress(Progress):
             table.add_column(col, justify="right" if col.startswith("snapshot") else "left")
         items = sorted(s.tables.items())
         for name, t in items[:_MAX_TABLE_ROWS]:
-            table.add_row(name, t.state, t.chunks)
+            table.add_row(name, t.state, t.chunks if t.state != NOT_FOLLOWED else "no key")
         if len(items) > _MAX_TABLE_ROWS:
             table.add_row(f"... {len(items) - _MAX_TABLE_ROWS} more", "", "")
         return Group(Text(self.headline(), style="bold"), table)
 
     def update(self, query: Any) -> None:
         self.look(query)
+        self._warn_left_out()
         self.live.update(self._render())  # the lag and the epoch's age move with the clock: redraw every poll
 
     def note(self, text: str) -> None:

@@ -26,7 +26,6 @@ import psycopg
 import pytest
 
 from flinkish_spark.testing.mirror import delta_differences, table_states
-from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
 pytestmark = pytest.mark.slow
@@ -73,7 +72,7 @@ def test_tables_without_a_key_are_left_out_with_a_warning_and_picked_up_once_the
         pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(SETUP)
-    meta, spark_cp = tmp_path / "meta", str(tmp_path / "meta" / "spark")
+    meta = tmp_path / "meta"
     cmd = [*flinkish(), "mirror", "--from", pg_url, "--tables", "public.k_*", "--to", str(tmp_path / "lake"),
            "--checkpoint", str(meta), "--trigger", "1s", "--source-option", "discoveryInterval=1"]
     log = tmp_path / "run.log"
@@ -102,9 +101,7 @@ def test_tables_without_a_key_are_left_out_with_a_warning_and_picked_up_once_the
         wait_for("k_nokey's snapshot", lambda: "tables snapshotted 3/3" in log.read_text(), proc, log)
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("UPDATE k_nokey SET v = 'followed' WHERE id = 1; INSERT INTO k_nokey VALUES (500, 'new')")
-        before = len(committed_batches(spark_cp))
-        wait_for("3 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 3, proc, log)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # a drain: every change up to now reaches the targets
         rc, out = ended(proc, log)
         assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
     finally:

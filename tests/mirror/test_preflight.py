@@ -187,7 +187,6 @@ def test_every_problem_is_named_at_once(pg_url: str, tmp_path: Path) -> None:
         "flinkish mirror: warning: public.fh_c is not followed: it has no primary key. ALTER TABLE public.fh_c ADD "
         "PRIMARY KEY (...) or ALTER TABLE public.fh_c REPLICA IDENTITY USING INDEX <a unique index on NOT NULL "
         "columns>, and it is picked up (snapshot, then its changes) at the next catalog poll, without a restart"], out
-    assert "2 problems to fix" in out, out
     assert slots_and_publications(pg_url) == (0, [])
 
 

@@ -13,6 +13,10 @@ advanced on completion) with a set of tables instead of one:
   every transaction older than that has ended (until then one of them might have written the
   table before A, where pgoutput did not publish it yet), and read while the change split keeps
   running. Why the result is exact: docs/postgres-source.md, "New tables".
+* **Tables without a usable key** (no primary key, and no ``REPLICA IDENTITY USING INDEX``) are
+  left out with a warning -- logged, and kept in the state (``not_followed``) for the progress
+  view and ``flinkish inspect`` -- never an error; every poll looks again, so a table that gets a
+  key joins like a new one (snapshot, then its changes) without a restart.
 * **Dropped tables** leave the registry (and the publication drops them by itself); a
   **renamed** table is one that left and, if the new name matches, one that joins.
 
@@ -25,6 +29,7 @@ the live splits only. An epoch of changes costs the same with 10 tables as with 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any, Collection
 
@@ -37,13 +42,15 @@ from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psyc
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.patterns import (
-    FoundTable, TablePatterns, check_followable, find_tables, followable_tables,
+    FoundTable, TablePatterns, check_followable, find_tables, followable_tables, split_followable,
 )
 from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.splits import changes_id, table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
 from flinkish_spark.source.split import Split
+
+log = logging.getLogger(__name__)
 
 
 class TablesEnumerator(PostgresEnumerator):
@@ -58,6 +65,7 @@ class TablesEnumerator(PostgresEnumerator):
         self.previous_name: str | None = None
         self._discovered_at = 0.0  # monotonic time of the last catalog poll (not state: a restart polls at once)
         self._retained_at = -1
+        self.not_followed: dict[str, str] = {}  # matching tables left out (no usable key) -> the warning
 
     @property
     def patterns(self) -> TablePatterns:
@@ -72,13 +80,23 @@ class TablesEnumerator(PostgresEnumerator):
 
     def snapshot_state(self) -> bytes:
         d = json.loads(super().snapshot_state())
-        return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name}).encode()
+        return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name,
+                           "not_followed": self.not_followed}).encode()
 
     def restore(self, state: bytes) -> None:
         super().restore(state)
         d = json.loads(state) if state else {}
         self.registry_name, self.previous_name = d.get("registry"), d.get("previous_registry")
         self.registry = registry.of_state(self.source.io, self.directory, state) or Registry()
+        self.not_followed = dict(d.get("not_followed") or {})
+
+    def _leave_out(self, tables: list[FoundTable]) -> None:
+        """The matching tables without a usable key, now: warn about each one newly left out."""
+        now = {t.name: t.not_followed() for t in tables}
+        for name, text in sorted(now.items()):
+            if self.not_followed.get(name) != text:
+                log.warning("%s: %s", self.source.component, text)
+        self.not_followed = now
 
     def _save(self, new: Registry) -> None:
         self.registry = new
@@ -93,7 +111,8 @@ class TablesEnumerator(PostgresEnumerator):
     def _start(self, known: Collection[str]) -> list[Split]:
         src = self.source
         with connect(src.conn_info, autocommit=True) as conn:
-            found = followable_tables(conn, self.patterns, src.component, self.uses_slot)
+            found, left_out = split_followable(followable_tables(conn, self.patterns, src.component, self.uses_slot))
+            self._leave_out(left_out)
             if self.uses_slot:
                 slots.check_logical_replication(conn, src.component)
                 # The publication, then the slot: every change after its consistent point is kept for us.
@@ -149,7 +168,8 @@ class TablesEnumerator(PostgresEnumerator):
                         publications.drop(conn, src.publication, e.oid)  # renamed out of the patterns: stop decoding it
                 entries = [e for e in entries if e not in ended]
                 known_oids = {e.oid for e in entries}
-                joined = [t for oid, t in found.items() if oid not in known_oids]
+                joined, left_out = split_followable([t for oid, t in found.items() if oid not in known_oids])
+                self._leave_out(left_out)
                 if joined:
                     entries += self._join(conn, joined, next_tid)
                     next_tid += len(joined)
