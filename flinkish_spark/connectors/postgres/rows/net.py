@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flinkish_spark.connectors.postgres.rows.decode import TableRows
+from flinkish_spark.connectors.postgres.rows.decode import ROW_META, TableRows
 
-_META = ("_op", "_lsn", "_seq", "_commit_ts")
+_META = ROW_META
 
 
 @dataclass(frozen=True)

@@ -320,16 +320,20 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
 
 
 def _encode(src: PostgresSourceHost, encoder: RowEncoder, change: Change) -> str:
+    """The change's JSON row. An update that left TOASTed values unchanged (the server did not send them) lists
+    those columns in the row (``rows.UNCHANGED_FIELD``): a keyed target keeps its stored value for them."""
     schema = encoder.schema
     if change.op == "d" and schema.key:
         return encoder.encode(change.values, schema.key)  # a delete carries the key (the rest may be null)
-    for name, value in change.values.items():
-        if value is UNCHANGED_TOAST:
-            raise PostgresSourceError(
-                f"{src.component}: an update of {schema.table} at LSN {format_lsn(change.commit_lsn)} left the TOASTed "
-                f"value of column {name!r} unchanged, and the server did not send it; the change cannot be a full row. "
-                f"Run ALTER TABLE {schema.table} REPLICA IDENTITY FULL (the server then sends the old row, which holds "
-                f"the value) and start over with a new snapshot, since this change is already in the WAL without it: "
-                f"SELECT pg_drop_replication_slot('{src.slot_name}') and restart with onSlotLost=resnapshot, or use a new uid"
-            )
-    return encoder.encode(change.values)
+    unchanged = [name for name, value in change.values.items() if value is UNCHANGED_TOAST]
+    if unchanged and change.moved:
+        # The value is the old key's row's, which a target applying by key does not look at for the new key.
+        raise PostgresSourceError(
+            f"{src.component}: an update of {schema.table} at LSN {format_lsn(change.commit_lsn)} changed the row's key "
+            f"and left the TOASTed value of column {unchanged[0]!r} unchanged, and the server did not send it; the new "
+            f"key's row cannot be completed. Run ALTER TABLE {schema.table} REPLICA IDENTITY FULL (the server then sends "
+            f"the old row, which holds the value) and start over with a new snapshot, since this change is already in "
+            f"the WAL without it: SELECT pg_drop_replication_slot('{src.slot_name}') and restart with "
+            f"onSlotLost=resnapshot, or use a new uid"
+        )
+    return encoder.encode(change.values, unchanged=unchanged)
