@@ -11,6 +11,7 @@ wait for the transactions that were open when it joined; dropped and renamed tab
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 import psycopg
 import pyarrow as pa
@@ -113,6 +114,7 @@ def test_discovery_takes_matching_tables_into_one_publication_and_one_slot(pg_ur
         drop_slot(conn)
 
 
+@pytest.mark.both_postgres
 def test_a_matching_table_without_a_usable_key_is_left_out_and_one_with_a_replica_identity_index_followed(
         pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -352,4 +354,29 @@ def test_a_keyless_table_created_while_running_is_left_out_with_a_warning_until_
         chunks = enum.discover({changes.split_id})  # it joins (its snapshot once open transactions end)
         assert [e.state for e in enum.registry.entries if e.name == "public.m_log"] == ["snapshot"] and len(chunks) == 1
         assert enum.not_followed == {}
+        drop_slot(conn)
+
+
+@pytest.mark.both_postgres
+def test_an_update_that_leaves_a_toasted_value_unchanged_lists_the_column_and_a_new_key_with_one_is_refused(
+        pg_url: str, tmp_path: Path) -> None:
+    """The default replica identity: the server sends 'unchanged' for an out-of-line value an update did not touch;
+    the row leaves it out and names it. An update that also changes the key cannot be completed by key: refused."""
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    big = "x" * 100 + os.urandom(3_000).hex()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_docs (id int PRIMARY KEY, n int, body text); "
+                     "ALTER TABLE m_docs ALTER COLUMN body SET STORAGE EXTERNAL")
+        conn.execute("INSERT INTO m_docs VALUES (1, 0, %s), (2, 0, 'small')", (big,))
+        src = source(pg_url, tmp_path)
+        enum, changes = start_streaming(src)
+        conn.execute("UPDATE m_docs SET n = 1 WHERE id IN (1, 2)")
+        rows, end = changes_between(src, enum, changes, 0)
+        got = [json.loads(r["row"]) for r in rows.to_pylist() if r["_op"] == "u"]
+        assert got == [{"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}, {"id": 2, "n": 1, "body": "small"}]
+        conn.execute("UPDATE m_docs SET id = 3 WHERE id = 1")
+        with pytest.raises(PostgresSourceError, match=r"public.m_docs .* changed the row's key and left the TOASTed "
+                                                      r"value of column 'body' unchanged.*REPLICA IDENTITY FULL"):
+            changes_between(src, enum, changes, end)
         drop_slot(conn)
