@@ -165,6 +165,11 @@ def plan_changes(options: KeyedOptions, schema: StructType, arrow_input: pa.Sche
     if options.deletes != "false" and OP not in names:
         raise ConfigError(f"{component}: option deletes={options.deletes!r} needs a column '_op' ('d' marks a "
                           f"delete); the query writes {schema.simpleString()}")
+    if UNCHANGED in names and not (pa.types.is_list(arrow_input.field(UNCHANGED).type)
+                                   and pa.types.is_string(arrow_input.field(UNCHANGED).type.value_type)):
+        raise ConfigError(f"{component}: the column '_unchanged' steers the change application (per row, the names "
+                          f"of the columns the change did not carry: array<string>) but has the type "
+                          f"{arrow_input.field(UNCHANGED).type}; rename it")
     if mode == "history" and COMMIT_TS not in names:
         raise ConfigError(f"{component}: mode 'history' needs a column '_commit_ts' (when each change was "
                           f"committed: it becomes _valid_from/_valid_to); the query writes {schema.simpleString()}")

@@ -383,3 +383,32 @@ def test_an_unchanged_column_keeps_the_value_of_the_keys_latest_version_in_the_e
     m.epoch(s.batch())  # a re-snapshot: its rows carry every value
     assert m.rows("public.d", "id") == [{"id": 1, "n": 10, "body": "r1"}] + [
         {"id": i, "n": 9, "body": f"r{i}"} for i in (2, 3, 4, 5)]
+
+
+def test_a_crash_before_the_version_that_keeps_an_unchanged_value_and_the_restart_writes_the_same_rows(
+        tmp_path: Path, monkeypatch) -> None:
+    from flinkish_spark.connectors.delta import epoch_commit
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    d = table_schema("public.d", [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    m = Mirror(tmp_path)
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "n": 0, "body": "one"}])
+    m.epoch(s.batch())
+    s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}))
+    batch = s.batch()
+
+    class Killed(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "delta.keyed.before_version":
+            raise Killed
+
+    monkeypatch.setattr(epoch_commit, "crash_point", crash)
+    with pytest.raises(Killed):
+        m.epoch(batch)  # the copy with the table's value is written, the version not
+    assert m.rows("public.d", "id") == [{"id": 1, "n": 0, "body": "one"}]
+    monkeypatch.undo()
+    m.epoch(batch)  # the restart: the same epoch against the same table
+    assert m.rows("public.d", "id") == [{"id": 1, "n": 1, "body": "one"}]
