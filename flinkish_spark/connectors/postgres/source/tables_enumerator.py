@@ -80,8 +80,9 @@ class TablesEnumerator(PostgresEnumerator):
 
     def snapshot_state(self) -> bytes:
         d = json.loads(super().snapshot_state())
+        left_out = {"not_followed": self.not_followed} if self.not_followed else {}  # small when there is none
         return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name,
-                           "not_followed": self.not_followed}).encode()
+                           **left_out}).encode()
 
     def restore(self, state: bytes) -> None:
         super().restore(state)
