@@ -14,8 +14,9 @@ read precedes the changes), then Spark partition, then row -- on top of what the
   key lookup found (the driver copies the task's row with those columns from there:
   :class:`Fill`); when none exists (a joining table's change before its snapshot row, which then
   replaces it) the column stays null. Deterministic in the epoch's rows and the table's state
-  before it, so a replay after a crash gives the same row. (``upsert``; ``history`` fills from
-  the task's own earlier versions only.)
+  before it, so a replay after a crash gives the same row. (``upsert`` with deletes ``true`` or
+  ``false`` -- what the routing sinks do; ``history`` and soft deletes fill from the task's own
+  earlier versions only: no flinkish source gives them such rows.)
 * ``history`` (SCD type 2): one row per version: ``_valid_from`` = its ``_commit_ts``,
   ``_valid_to`` = the next change's ``_commit_ts`` (null while current), ``_current``.
   The table's current row of a changed key is closed (``_valid_to`` = the epoch's first
@@ -322,7 +323,7 @@ class EpochChanges:
         if self.plan.deletes == "soft":
             self._soft_sources(out, winners, soft_copy, needs_table_row)
         self._drop(out, losers)
-        if E_UNFILLED in self.entries.column_names:
+        if E_UNFILLED in self.entries.column_names and self.plan.deletes != "soft":
             self._fill(matches, out, winners)
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
