@@ -159,7 +159,7 @@ def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
     and ``not followed`` (matching, but without a usable key: :func:`postgres_not_followed` says which)."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
     from flinkish_spark.connectors.postgres.source import registry
-    from flinkish_spark.connectors.postgres.source.patterns import not_followed_of_state
+    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
 
     out: dict[str, dict[str, int]] = {}
     for uid in source_uids(io, root):
@@ -172,7 +172,7 @@ def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
             counts: dict[str, int] = {}
             for e in tables.entries:
                 counts[e.state] = counts.get(e.state, 0) + 1
-            left_out = not_followed_of_state(latest.enumerator_state)
+            left_out = read_not_followed(io, store.directory)
             if left_out:
                 counts["not followed"] = len(left_out)
             out[uid] = counts
@@ -183,15 +183,13 @@ def postgres_not_followed(io: FileIO, root: str) -> dict[str, dict[str, str]]:
     """Per multi-table ``flinkish.postgres`` source uid: the matching tables it leaves out for want of a key ->
     the warning (why, and the ALTER TABLE that gets the table followed without a restart)."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
-    from flinkish_spark.connectors.postgres.source.patterns import not_followed_of_state
+    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
 
     out: dict[str, dict[str, str]] = {}
     for uid in source_uids(io, root):
-        latest = SourceCheckpointStore(io, root, uid, kind="").latest()
-        if latest is not None and latest.kind == "flinkish.postgres":
-            left_out = not_followed_of_state(latest.enumerator_state)
-            if left_out:
-                out[uid] = left_out
+        left_out = read_not_followed(io, SourceCheckpointStore(io, root, uid, kind="").directory)
+        if left_out:
+            out[uid] = left_out
     return out
 
 

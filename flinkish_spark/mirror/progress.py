@@ -155,11 +155,12 @@ class MirrorState:
         if ts is not None and (self.last_commit_us is None or int(ts) > self.last_commit_us):
             self.last_commit_us = int(ts)
 
-    def take_metadata(self, latest: Any, committed: int | None, tables: Sequence[Any] | None) -> None:
+    def take_metadata(self, latest: Any, committed: int | None, tables: Sequence[Any] | None,
+                      not_followed: dict[str, str] | None = None) -> None:
         """The source's newest checkpoint ``latest``, the id of the checkpoint Spark's last committed batch names
         (``committed``, None: none yet) and the registry entries of ``latest`` (None: not a multi-table source
-        yet): each table's state and chunks, and the running epoch."""
-        from flinkish_spark.connectors.postgres.source.patterns import not_followed_of_state
+        yet): each table's state and chunks, and the running epoch; ``not_followed``: the tables the source leaves
+        out for want of a key -> its warning."""
         from flinkish_spark.connectors.postgres.source.splits import table_of_chunk
 
         if latest is None or tables is None:
@@ -180,7 +181,7 @@ class MirrorState:
                 slot[0] += 1
             else:
                 slot[2] += 1
-        left_out = not_followed_of_state(latest.enumerator_state)
+        left_out = not_followed or {}
         for name in set(self.tables) - {e.name for e in tables} - set(left_out):
             if self.tables[name].state != NOT_FOLLOWED:
                 self.tables[name].state = "left"
@@ -220,9 +221,10 @@ class Metadata:
         self._latest: Any = None
         self._tables: tuple[bytes, Any] | None = None  # (enumerator state, its registry's entries)
 
-    def read(self) -> tuple[Any, int | None, Sequence[Any] | None]:
+    def read(self) -> tuple[Any, int | None, Sequence[Any] | None, dict[str, str]]:
         from flinkish_spark.checkpoint.store import SourceCheckpointStore
         from flinkish_spark.connectors.postgres.source import registry
+        from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
         from flinkish_spark.io.fileio import FileIO, storage_options_from
         from flinkish_spark.mirror.finished import committed_offset
 
@@ -234,7 +236,7 @@ class Metadata:
         committed = committed_offset(self.config.spark_checkpoint, self.config.uid)
         ids = self._store.ids()
         if not ids:
-            return None, None, None
+            return None, None, None, {}
         if self._latest is None or self._latest.ckpt_id != ids[-1]:
             self._latest = self._store.read(ids[-1])
         state = self._latest.enumerator_state
@@ -242,7 +244,7 @@ class Metadata:
             reg = registry.of_state(self._store.io, self._store.directory, state)
             self._tables = (state, None if reg is None else reg.entries)
         ckpt = committed.ckpt if committed is not None and committed.ckpt >= 0 else None
-        return self._latest, ckpt, self._tables[1]
+        return self._latest, ckpt, self._tables[1], read_not_followed(self._store.io, self._store.directory)
 
 
 def _age(seconds: float | None) -> str:

@@ -132,14 +132,15 @@ def test_the_running_epoch_its_chunks_per_table_and_caught_up_from_the_metadata(
 
 def test_a_table_left_out_for_want_of_a_key_is_shown_with_its_warning_until_it_is_followed(
         capsys: pytest.CaptureFixture[str]) -> None:
-    """What the enumerator's state records as not followed: a row 'not followed' in the live table, one warning line
+    """What the source records as not followed: a row 'not followed' in the live table, one warning line
     in the plain output (not repeated), not counted among the tables to snapshot; followed later: a table like any."""
     warning = "public.tmp is not followed: it has no primary key. ALTER TABLE public.tmp ADD PRIMARY KEY (...)"
     a = registry.TableEntry(0, 100, "public", "a", "streaming")
 
-    def look(entries: tuple[registry.TableEntry, ...], not_followed: dict[str, str]) -> tuple[Any, None, Any]:
-        state = json.dumps({"registry": "x", "not_followed": not_followed}).encode()
-        return SourceCheckpoint("mirror", "flinkish.postgres", 1, None, 0, "{}", state, False, ()), None, entries
+    def look(entries: tuple[registry.TableEntry, ...], not_followed: dict[str, str]) -> tuple[Any, None, Any, Any]:
+        state = json.dumps({"registry": "x"}).encode()
+        return (SourceCheckpoint("mirror", "flinkish.postgres", 1, None, 0, "{}", state, False, ()), None, entries,
+                not_followed)
 
     found = [look((a,), {"public.tmp": warning})]
     plain = Progress(CONFIG, SimpleNamespace(read=lambda: found[0]))

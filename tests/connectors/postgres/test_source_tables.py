@@ -349,11 +349,14 @@ def test_a_keyless_table_created_while_running_is_left_out_with_a_warning_until_
             assert enum.discover({changes.split_id}) == []  # no error: the source goes on
         assert [e.name for e in enum.registry.entries] == ["public.m_a"]
         assert "public.m_log is not followed: it has no primary key. ALTER TABLE public.m_log ADD PRIMARY KEY" in caplog.text
-        assert json.loads(enum.snapshot_state())["not_followed"] == enum.not_followed  # what progress and inspect read
+        from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+
+        directory = src.checkpoint_store().directory
+        assert read_not_followed(src.io, directory) == enum.not_followed  # what progress and inspect read, at once
         conn.execute("ALTER TABLE m_log ADD COLUMN id serial PRIMARY KEY")
         chunks = enum.discover({changes.split_id})  # it joins (its snapshot once open transactions end)
         assert [e.state for e in enum.registry.entries if e.name == "public.m_log"] == ["snapshot"] and len(chunks) == 1
-        assert enum.not_followed == {}
+        assert enum.not_followed == {} and read_not_followed(src.io, directory) == {}
         drop_slot(conn)
 
 

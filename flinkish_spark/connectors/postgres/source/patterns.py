@@ -151,16 +151,27 @@ def check_followable(table: FoundTable, what: str, uses_slot: bool, role: str = 
                                   f"GRANT SELECT ON {table.name} TO {role}, or exclude it with !{table.name}")
 
 
-def not_followed_of_state(enumerator_state: bytes | None) -> dict[str, str]:
-    """The matching tables a multi-table source leaves out for want of a key -> its warning, as its checkpointed
-    enumerator state records them (for the progress view and ``flinkish inspect``)."""
+#: In a multi-table source's folder: the matching tables it leaves out for want of a key -> its warning, written
+#: by the enumerator (driver) whenever that set changes -- at once, not with the next epoch (an idle source plans
+#: none) -- for the progress view and ``flinkish inspect``.
+NOT_FOLLOWED_FILE = "not-followed.json"
+
+
+def write_not_followed(io: Any, directory: str, tables: dict[str, str]) -> None:
+    import json
+
+    io.write_bytes(f"{directory}/{NOT_FOLLOWED_FILE}", json.dumps(tables, sort_keys=True).encode())
+
+
+def read_not_followed(io: Any, directory: str) -> dict[str, str]:
+    """What :func:`write_not_followed` wrote last (empty: none, or nothing written yet)."""
     import json
 
     try:
-        d = json.loads(enumerator_state or b"{}")
-    except ValueError:
+        d = json.loads(io.read_bytes(f"{directory}/{NOT_FOLLOWED_FILE}"))
+    except (FileNotFoundError, ValueError):
         return {}
-    return {str(k): str(v) for k, v in (d.get("not_followed") or {}).items()} if isinstance(d, dict) else {}
+    return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
 
 
 def split_followable(found: list[FoundTable]) -> tuple[list[FoundTable], list[FoundTable]]:

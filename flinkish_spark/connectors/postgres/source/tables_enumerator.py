@@ -14,8 +14,8 @@ advanced on completion) with a set of tables instead of one:
   table before A, where pgoutput did not publish it yet), and read while the change split keeps
   running. Why the result is exact: docs/postgres-source.md, "New tables".
 * **Tables without a usable key** (no primary key, and no ``REPLICA IDENTITY USING INDEX``) are
-  left out with a warning -- logged, and kept in the state (``not_followed``) for the progress
-  view and ``flinkish inspect`` -- never an error; every poll looks again, so a table that gets a
+  left out with a warning -- logged, and written to the source's folder
+  (:data:`.patterns.NOT_FOLLOWED_FILE`) for the progress view and ``flinkish inspect`` -- never an error; every poll looks again, so a table that gets a
   key joins like a new one (snapshot, then its changes) without a restart.
 * **Dropped tables** leave the registry (and the publication drops them by itself); a
   **renamed** table is one that left and, if the new name matches, one that joins.
@@ -42,7 +42,7 @@ from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psyc
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.patterns import (
-    FoundTable, TablePatterns, check_followable, find_tables, followable_tables, split_followable,
+    FoundTable, TablePatterns, check_followable, find_tables, followable_tables, split_followable, write_not_followed,
 )
 from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
@@ -66,6 +66,7 @@ class TablesEnumerator(PostgresEnumerator):
         self._discovered_at = 0.0  # monotonic time of the last catalog poll (not state: a restart polls at once)
         self._retained_at = -1
         self.not_followed: dict[str, str] = {}  # matching tables left out (no usable key) -> the warning
+        self._reported = False  # written to the source's folder in this process (a restart writes it anew)
 
     @property
     def patterns(self) -> TablePatterns:
@@ -80,16 +81,13 @@ class TablesEnumerator(PostgresEnumerator):
 
     def snapshot_state(self) -> bytes:
         d = json.loads(super().snapshot_state())
-        left_out = {"not_followed": self.not_followed} if self.not_followed else {}  # small when there is none
-        return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name,
-                           **left_out}).encode()
+        return json.dumps({**d, "registry": self.registry_name, "previous_registry": self.previous_name}).encode()
 
     def restore(self, state: bytes) -> None:
         super().restore(state)
         d = json.loads(state) if state else {}
         self.registry_name, self.previous_name = d.get("registry"), d.get("previous_registry")
         self.registry = registry.of_state(self.source.io, self.directory, state) or Registry()
-        self.not_followed = dict(d.get("not_followed") or {})
 
     def _leave_out(self, tables: list[FoundTable]) -> None:
         """The matching tables without a usable key, now: warn about each one newly left out."""
@@ -97,6 +95,9 @@ class TablesEnumerator(PostgresEnumerator):
         for name, text in sorted(now.items()):
             if self.not_followed.get(name) != text:
                 log.warning("%s: %s", self.source.component, text)
+        if now != self.not_followed or not self._reported:
+            write_not_followed(self.source.io, self.directory, now)
+            self._reported = True
         self.not_followed = now
 
     def _save(self, new: Registry) -> None:
