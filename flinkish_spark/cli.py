@@ -52,7 +52,9 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from flinkish_spark.inspect import postgres_slots, postgres_tables, recent_epochs, sink_epochs, sink_targets
+    from flinkish_spark.inspect import (
+        postgres_not_followed, postgres_slots, postgres_tables, recent_epochs, sink_epochs, sink_targets,
+    )
 
     root = args.checkpoint.rstrip("/")
     io = _root_io(args, args.checkpoint, "CHECKPOINT")
@@ -64,7 +66,8 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "sources": [e.to_json() for e in epochs],
                           "sinks": [e.to_json() for e in sinks], "sinkTargets": targets,
-                          "postgres_slots": [s.to_json() for s in slots], "postgres_tables": pg_tables}, indent=2))
+                          "postgres_slots": [s.to_json() for s in slots], "postgres_tables": pg_tables,
+                          "postgres_not_followed": postgres_not_followed(io, root)}, indent=2))
         return 0
     # Piped output (scripts, logs) is not cut to 80 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -95,6 +98,9 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(pt)
     for uid, counts in pg_tables.items():
         console.print(f"source uid {uid}: tables " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    for uid, left_out in postgres_not_followed(io, root).items():
+        for text in left_out.values():
+            console.print(f"source uid {uid}: warning: {text}", markup=False)
     return 0
 
 

@@ -155,9 +155,11 @@ def running_source_uids(io: FileIO, root: str, fresh_s: float = 30.0) -> list[st
 
 
 def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
-    """Per multi-table ``flinkish.postgres`` source uid: how many tables are joining, in their snapshot, streaming."""
+    """Per multi-table ``flinkish.postgres`` source uid: how many tables are joining, in their snapshot, streaming,
+    and ``not followed`` (matching, but without a usable key: :func:`postgres_not_followed` says which)."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
     from flinkish_spark.connectors.postgres.source import registry
+    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
 
     out: dict[str, dict[str, int]] = {}
     for uid in source_uids(io, root):
@@ -170,7 +172,24 @@ def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
             counts: dict[str, int] = {}
             for e in tables.entries:
                 counts[e.state] = counts.get(e.state, 0) + 1
+            left_out = read_not_followed(io, store.directory)
+            if left_out:
+                counts["not followed"] = len(left_out)
             out[uid] = counts
+    return out
+
+
+def postgres_not_followed(io: FileIO, root: str) -> dict[str, dict[str, str]]:
+    """Per multi-table ``flinkish.postgres`` source uid: the matching tables it leaves out for want of a key ->
+    the warning (why, and the ALTER TABLE that gets the table followed without a restart)."""
+    from flinkish_spark.checkpoint.store import SourceCheckpointStore
+    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+
+    out: dict[str, dict[str, str]] = {}
+    for uid in source_uids(io, root):
+        left_out = read_not_followed(io, SourceCheckpointStore(io, root, uid, kind="").directory)
+        if left_out:
+            out[uid] = left_out
     return out
 
 

@@ -55,10 +55,15 @@ EXIT_REFUSED = 2
 
 def preflight(config: MirrorConfig) -> list[str]:
     """Every problem found before Spark starts, one line each (:mod:`flinkish_spark.mirror.preflight`): a wrong
-    password, a missing privilege, a table without a key, an unwritable target ... in a second, with nothing created."""
+    password, a missing privilege, an unwritable target ... in a second, with nothing created. Its warnings (a table
+    left out for want of a key) are printed here: they do not stop the mirror."""
     from flinkish_spark.mirror.preflight import problems
 
-    return problems(config)
+    warnings: list[str] = []
+    found = problems(config, warnings)
+    for line in warnings:
+        print(f"flinkish mirror: warning: {' '.join(line.split())}", flush=True)
+    return found
 
 
 def supervise(config: MirrorConfig) -> int:

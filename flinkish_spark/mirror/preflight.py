@@ -11,10 +11,11 @@ them at once (not one per attempt):
   every matching table completely; one the source will create (the mirror's, or a given name that
   does not exist yet) needs CREATE on the database and ownership of the tables; a publication or
   slot of the mirror's names must not belong to something else;
-* the tables: at least one matches, and each can be followed (readable, a primary key, a
-  replica identity that carries it) -- the source's own checks
+* the tables: at least one matches, and each is readable -- the source's own checks
   (:func:`~flinkish_spark.connectors.postgres.source.patterns.table_problems`), so what the
-  running source refuses and what the preflight refuses stay the same;
+  running source refuses and what the preflight refuses stay the same; a table without a usable
+  key (a primary key, or REPLICA IDENTITY USING INDEX) is no problem but a *warning*: the source
+  leaves it out and picks it up once it has one (docs/postgres-source.md, "Keys");
 * the sink: its options, checked by the sink's own DataSource (what ``writeStream.start()``
   would refuse), the metadata root and the target root writable (a probe file created and
   deleted), and a PostgreSQL target that does not write onto the source tables (the source database with
@@ -53,15 +54,16 @@ def source_of(config: MirrorConfig) -> Any:
     return source
 
 
-def problems(config: MirrorConfig) -> list[str]:
-    """Every problem the preflight finds, one line each (empty: the mirror may start)."""
+def problems(config: MirrorConfig, warnings: list[str] | None = None) -> list[str]:
+    """Every problem the preflight finds, one line each (empty: the mirror may start); what does not stop the
+    mirror but deserves a word (a table left out for want of a key) is added to ``warnings``, if given."""
     found: list[str] = []
     try:
         source = source_of(config)
     except FlinkishError as e:
         return [str(e)]
     try:
-        found += _source_problems(config, source)
+        found += _source_problems(config, source, [] if warnings is None else warnings)
     except __import__("psycopg").Error as e:  # a catalog query refused or timed out: say so, start nothing
         found.append(source.conn_info.mask(f"--from: checking the source failed: {type(e).__name__}: {e}"))
     found += _sink_problems(config)
@@ -71,10 +73,10 @@ def problems(config: MirrorConfig) -> list[str]:
 # ---------------------------------------------------------------- the source
 
 
-def _source_problems(config: MirrorConfig, source: Any) -> list[str]:
+def _source_problems(config: MirrorConfig, source: Any, warnings: list[str]) -> list[str]:
     from flinkish_spark.connectors.postgres import slot as slots
     from flinkish_spark.connectors.postgres.connection import check_server_version, connect
-    from flinkish_spark.connectors.postgres.source.patterns import find_tables, table_problems
+    from flinkish_spark.connectors.postgres.source.patterns import find_tables, split_followable, table_problems
 
     what = "--from"
     uses_slot = source.startup != "snapshot"
@@ -97,8 +99,10 @@ def _source_problems(config: MirrorConfig, source: Any) -> list[str]:
                     out.append(str(e))
         tables = find_tables(conn, source.patterns)
         out += [str(e) for e in table_problems(tables, source.patterns, "--tables", uses_slot, user)]
-        if uses_slot and tables:
-            out += _publication_problems(conn, source, tables, user)
+        followed, left_out = split_followable(tables)
+        warnings += [t.not_followed() for t in left_out]
+        if uses_slot and followed:
+            out += _publication_problems(conn, source, followed, user)
         if config.format == "postgres":
             out += _target_is_source(config, conn, tables, source.patterns)
     return out

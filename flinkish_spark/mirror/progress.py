@@ -33,16 +33,19 @@ from flinkish_spark.mirror.config import MirrorConfig
 
 OBSERVED = "flinkish_mirror"
 _MAX_TABLE_ROWS = 15
+NOT_FOLLOWED = "not followed"
 
 
 @dataclass
 class TableProgress:
     #: the registry's state (joining, snapshot, streaming), ``copied`` for a table whose snapshot is read
-    #: while the source reads no changes (``--stop-after-snapshot``), ``left`` for a dropped table
+    #: while the source reads no changes (``--stop-after-snapshot``), ``left`` for a dropped table,
+    #: ``not followed`` for a matching table without a usable key (``note`` says why and what to do)
     state: str = "joining"
     chunks_done: int = 0  # snapshot chunks read in committed epochs
     chunks_running: int = 0  # read by the epoch that runs now
     chunks_left: int = 0  # planned, in no epoch yet
+    note: str = ""
 
     @property
     def chunks(self) -> str:
@@ -91,7 +94,12 @@ class MirrorState:
 
     @property
     def followed(self) -> list[TableProgress]:
-        return [t for t in self.tables.values() if t.state != "left"]
+        return [t for t in self.tables.values() if t.state not in ("left", NOT_FOLLOWED)]
+
+    @property
+    def not_followed(self) -> dict[str, str]:
+        """Matching tables left out for want of a key -> the source's warning (what to do)."""
+        return {name: t.note for name, t in self.tables.items() if t.state == NOT_FOLLOWED}
 
     @property
     def phase(self) -> str:
@@ -147,10 +155,12 @@ class MirrorState:
         if ts is not None and (self.last_commit_us is None or int(ts) > self.last_commit_us):
             self.last_commit_us = int(ts)
 
-    def take_metadata(self, latest: Any, committed: int | None, tables: Sequence[Any] | None) -> None:
+    def take_metadata(self, latest: Any, committed: int | None, tables: Sequence[Any] | None,
+                      not_followed: dict[str, str] | None = None) -> None:
         """The source's newest checkpoint ``latest``, the id of the checkpoint Spark's last committed batch names
         (``committed``, None: none yet) and the registry entries of ``latest`` (None: not a multi-table source
-        yet): each table's state and chunks, and the running epoch."""
+        yet): each table's state and chunks, and the running epoch; ``not_followed``: the tables the source leaves
+        out for want of a key -> its warning."""
         from flinkish_spark.connectors.postgres.source.splits import table_of_chunk
 
         if latest is None or tables is None:
@@ -171,8 +181,14 @@ class MirrorState:
                 slot[0] += 1
             else:
                 slot[2] += 1
-        for name in set(self.tables) - {e.name for e in tables}:
-            self.tables[name].state = "left"
+        left_out = not_followed or {}
+        for name in set(self.tables) - {e.name for e in tables} - set(left_out):
+            if self.tables[name].state != NOT_FOLLOWED:
+                self.tables[name].state = "left"
+            else:
+                del self.tables[name]  # dropped, or excluded, while left out: nothing to show
+        for name, text in left_out.items():
+            self.tables[name] = TableProgress(NOT_FOLLOWED, note=str(text))
         for e in tables:
             before = self.tables.get(e.name)
             if e.tid in counts:
@@ -205,9 +221,10 @@ class Metadata:
         self._latest: Any = None
         self._tables: tuple[bytes, Any] | None = None  # (enumerator state, its registry's entries)
 
-    def read(self) -> tuple[Any, int | None, Sequence[Any] | None]:
+    def read(self) -> tuple[Any, int | None, Sequence[Any] | None, dict[str, str]]:
         from flinkish_spark.checkpoint.store import SourceCheckpointStore
         from flinkish_spark.connectors.postgres.source import registry
+        from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
         from flinkish_spark.io.fileio import FileIO, storage_options_from
         from flinkish_spark.mirror.finished import committed_offset
 
@@ -219,7 +236,7 @@ class Metadata:
         committed = committed_offset(self.config.spark_checkpoint, self.config.uid)
         ids = self._store.ids()
         if not ids:
-            return None, None, None
+            return None, None, None, {}
         if self._latest is None or self._latest.ckpt_id != ids[-1]:
             self._latest = self._store.read(ids[-1])
         state = self._latest.enumerator_state
@@ -227,7 +244,7 @@ class Metadata:
             reg = registry.of_state(self._store.io, self._store.directory, state)
             self._tables = (state, None if reg is None else reg.entries)
         ckpt = committed.ckpt if committed is not None and committed.ckpt >= 0 else None
-        return self._latest, ckpt, self._tables[1]
+        return self._latest, ckpt, self._tables[1], read_not_followed(self._store.io, self._store.directory)
 
 
 def _age(seconds: float | None) -> str:
@@ -256,6 +273,7 @@ class Progress:
         self.metadata = metadata if metadata is not None else Metadata(config)
         self._looked = 0.0
         self._phase = self.state.phase
+        self._left_out: dict[str, str] = {}
 
     @staticmethod
     def for_stdout(config: MirrorConfig) -> "Progress":
@@ -280,9 +298,18 @@ class Progress:
                 pass
         return new
 
+    def _warn_left_out(self) -> None:
+        """A note for each table newly left out (the source's warning: why, and what to do)."""
+        now = self.state.not_followed
+        for name, text in sorted(now.items()):
+            if self._left_out.get(name) != text:
+                self.note(f"warning: {text}")
+        self._left_out = now
+
     def update(self, query: Any) -> None:
         if self.look(query):
             print(self.summary(), flush=True)
+        self._warn_left_out()
         phase = self.state.phase
         if phase != self._phase:
             self._phase = phase
@@ -330,13 +357,14 @@ class LiveProgress(Progress):
             table.add_column(col, justify="right" if col.startswith("snapshot") else "left")
         items = sorted(s.tables.items())
         for name, t in items[:_MAX_TABLE_ROWS]:
-            table.add_row(name, t.state, t.chunks)
+            table.add_row(name, t.state, t.chunks if t.state != NOT_FOLLOWED else "no key")
         if len(items) > _MAX_TABLE_ROWS:
             table.add_row(f"... {len(items) - _MAX_TABLE_ROWS} more", "", "")
         return Group(Text(self.headline(), style="bold"), table)
 
     def update(self, query: Any) -> None:
         self.look(query)
+        self._warn_left_out()
         self.live.update(self._render())  # the lag and the epoch's age move with the clock: redraw every poll
 
     def note(self, text: str) -> None:

@@ -3,7 +3,8 @@
 :func:`replay` applies the stream rows a ``flinkish.parquet`` sink wrote (epoch by epoch, as
 a keyed sink would: snapshot rows, then changes by ``(_lsn, _seq)``; at the end of an epoch with
 a re-snapshot's ``E``, the keys no row since the epoch holding ``B`` wrote are deleted) to one dict per table,
-key -> row, independently of :func:`flinkish_spark.connectors.postgres.rows.split_tables`.
+key -> row, independently of :func:`flinkish_spark.connectors.postgres.rows.split_tables` (a column an
+update lists as unchanged keeps the key's value).
 :func:`table_states` reads the server's tables as the same JSON rows (``row_sql``), so the
 two compare value for value. A column a row does not carry (it was written before an
 ``ADD COLUMN``) counts as null; columns the table no longer has are not compared (a mirror
@@ -21,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
-from flinkish_spark.connectors.postgres.rows import TableSchema
+from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD, TableSchema
 from flinkish_spark.mirror.compare import compare_rows, delta_reader, rows_by_key, source_rows
 from flinkish_spark.testing.spark_log import committed_batches
 
@@ -137,7 +138,8 @@ def replay(path: str) -> tuple[State, collections.Counter[tuple[str, tuple[Any, 
             if op == "d":
                 state[table].pop(k, None)
             else:
-                state[table][k] = row
+                unchanged = row.pop(UNCHANGED_FIELD, None) or ()  # not carried: the key's value stays
+                state[table][k] = {**{c: state[table].get(k, {}).get(c) for c in unchanged}, **row}
                 if op == "r":
                     snapshots[(table, k)] += 1
                 if table in resnapshot:  # as the keyed sinks: every key written since 'B', changes too

@@ -104,11 +104,6 @@ def no_matching_table(conn: Any, url: str, db: str) -> dict[str, Any]:
     return {"tables": "public.nothing_*"}
 
 
-def no_primary_key(conn: Any, url: str, db: str) -> dict[str, Any]:
-    conn.execute("CREATE TABLE fh_nokey (v text)")
-    return {}
-
-
 def to_under_a_file(conn: Any, url: str, db: str) -> dict[str, Any]:
     return {"to": "{tmp}/a-file/lake"}
 
@@ -145,7 +140,6 @@ CASES: list[tuple[Case, list[str]]] = [
                                    "this source", "DROP PUBLICATION flinkish_mirror",
                                    "SELECT pg_drop_replication_slot('flinkish_mirror')"]),
     (no_matching_table, ["no table matches 'tables' = 'public.nothing_*'"]),
-    (no_primary_key, ["table public.fh_nokey matches 'tables' but has no primary key"]),
     (to_under_a_file, ["is not writable"]),
     (to_the_source_database, ["--to names the source database itself"]),
     (sink_option_the_sink_refuses, ["mergeMode", "sometimes"]),
@@ -177,7 +171,7 @@ def test_a_mistake_is_found_before_anything_is_created(case: Case, expected: lis
 
 
 def test_every_problem_is_named_at_once(pg_url: str, tmp_path: Path) -> None:
-    """Two tables the role may not read and one without a key: three lines, not one per attempt."""
+    """Two tables the role may not read: two lines, not one per attempt; and one without a key: a warning."""
     db = urllib.parse.urlsplit(pg_url).path.lstrip("/")
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(TABLES + "CREATE TABLE fh_c (v text);")
@@ -189,7 +183,10 @@ def test_every_problem_is_named_at_once(pg_url: str, tmp_path: Path) -> None:
     lines = out.strip().splitlines()
     assert any("GRANT SELECT ON public.fh_a TO fh_owner" in ln for ln in lines), out
     assert any("GRANT SELECT ON public.fh_b TO fh_owner" in ln for ln in lines), out
-    assert any("public.fh_c matches 'tables' but has no primary key" in ln for ln in lines), out
+    assert [ln for ln in lines if "public.fh_c" in ln] == [
+        "flinkish mirror: warning: public.fh_c is not followed: it has no primary key. ALTER TABLE public.fh_c ADD "
+        "PRIMARY KEY (...) or ALTER TABLE public.fh_c REPLICA IDENTITY USING INDEX <a unique index on NOT NULL "
+        "columns>, and it is picked up (snapshot, then its changes) at the next catalog poll, without a restart"], out
     assert slots_and_publications(pg_url) == (0, [])
 
 
@@ -257,3 +254,25 @@ def test_wal_level_not_logical_is_found_before_anything_is_created(tmp_path: Pat
         assert rc == 2 and "wal_level is 'replica'" in out and "ALTER SYSTEM SET wal_level = 'logical'" in out, out
         assert seconds < 10 and slots_and_publications(server.uri) == (0, [])
         assert not (tmp_path / "lake").exists() and not (tmp_path / "meta").exists()
+
+
+def test_tables_without_a_usable_key_are_warnings_not_problems(pg_url: str, tmp_path: Path) -> None:
+    """No primary key, REPLICA IDENTITY FULL or NOTHING without one: the mirror may start, each is a warning;
+    REPLICA IDENTITY USING INDEX on a unique index is a key (no word about it)."""
+    from flinkish_spark.mirror.config import from_args
+    from flinkish_spark.mirror.preflight import problems
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE fh_ok (id int PRIMARY KEY); CREATE TABLE fh_none (v text); "
+                     "CREATE TABLE fh_full (v text); ALTER TABLE fh_full REPLICA IDENTITY FULL; "
+                     "CREATE TABLE fh_nothing (v text); ALTER TABLE fh_nothing REPLICA IDENTITY NOTHING; "
+                     "CREATE TABLE fh_index (code text NOT NULL); CREATE UNIQUE INDEX fh_index_code ON fh_index (code); "
+                     "ALTER TABLE fh_index REPLICA IDENTITY USING INDEX fh_index_code")
+    warnings: list[str] = []
+    assert problems(from_args(source=pg_url, tables="public.fh_*", to=str(tmp_path / "lake"), fmt=None,
+                              checkpoint=str(tmp_path / "meta")), warnings) == []
+    assert [w.split(" is not followed: ")[0] for w in warnings] == ["public.fh_full", "public.fh_none",
+                                                                    "public.fh_nothing"]
+    assert "public.fh_full is not followed: it has no primary key (REPLICA IDENTITY FULL alone" in warnings[0]
+    assert "REPLICA IDENTITY NOTHING, so its updates and deletes carry no key" in warnings[2]
+    assert slots_and_publications(pg_url) == (0, [])

@@ -128,3 +128,34 @@ def test_the_running_epoch_its_chunks_per_table_and_caught_up_from_the_metadata(
     plain.update(query(event(4, 7, 7, time.time())))  # the writer again
     assert plain.state.phase == "streaming"
 
+
+
+def test_a_table_left_out_for_want_of_a_key_is_shown_with_its_warning_until_it_is_followed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """What the source records as not followed: a row 'not followed' in the live table, one warning line
+    in the plain output (not repeated), not counted among the tables to snapshot; followed later: a table like any."""
+    warning = "public.tmp is not followed: it has no primary key. ALTER TABLE public.tmp ADD PRIMARY KEY (...)"
+    a = registry.TableEntry(0, 100, "public", "a", "streaming")
+
+    def look(entries: tuple[registry.TableEntry, ...], not_followed: dict[str, str]) -> tuple[Any, None, Any, Any]:
+        state = json.dumps({"registry": "x"}).encode()
+        return (SourceCheckpoint("mirror", "flinkish.postgres", 1, None, 0, "{}", state, False, ()), None, entries,
+                not_followed)
+
+    found = [look((a,), {"public.tmp": warning})]
+    plain = Progress(CONFIG, SimpleNamespace(read=lambda: found[0]))
+    plain.update(query(event(0, 5, 0, None)))
+    plain.update(query(event(0, 5, 0, None), event(1, 1, 1, time.time())))
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if "warning" in ln] == [f"flinkish mirror: warning: {warning}"]
+    assert lines[0].startswith("epoch 0: tables snapshotted 1/1"), lines
+    assert plain.state.tables["public.tmp"].state == "not followed"
+    out = io_module.StringIO()
+    live = LiveProgress(CONFIG, Console(file=out, force_terminal=True, width=200), SimpleNamespace(read=lambda: found[0]))
+    live.update(query(event(0, 5, 0, None)))
+    live.close()
+    assert "public.tmp" in out.getvalue() and "not followed" in out.getvalue() and "no key" in out.getvalue()
+
+    found[0] = look((a, registry.TableEntry(1, 101, "public", "tmp", "snapshot")), {})  # it got a key
+    plain.update(query(event(2, 1, 1, time.time())))
+    assert plain.state.tables["public.tmp"].state == "snapshot" and "tables snapshotted 1/2" in capsys.readouterr().out

@@ -31,7 +31,7 @@ from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
-from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches
+from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, fill_rows
 from flinkish_spark.faults import crash_point
 
 @dataclass(frozen=True)
@@ -180,21 +180,23 @@ class EpochCommit:
         """Rows written again with some columns changed (soft deletes, closed history versions)."""
         plan = self.sink.plan
         assert plan is not None
+        def read(file: str | None, task: int, positions: np.ndarray) -> pa.Table:
+            if file is not None:
+                return read_positions(self.sink.io, self._file_url(self.state.files[file]), positions)
+            c = self.committables[task]
+            parts = []
+            order = []
+            for j, local, sel in c.locate(positions):
+                parts.append(read_positions(self.sink.io, self.sink.url(c.files[j].path), local))
+                order.append(sel)
+            return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
         pieces = []
         for copy in apply.copies:
-            if copy.file is not None:
-                rows = read_positions(self.sink.io, self._file_url(self.state.files[copy.file]), copy.positions)
-            else:
-                c = self.committables[copy.task]
-                parts = []
-                order = []
-                for j, local, sel in c.locate(copy.positions):
-                    parts.append(read_positions(self.sink.io, self.sink.url(c.files[j].path), local))
-                    order.append(sel)
-                rows = pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+            rows = read(copy.file, copy.task, copy.positions)
             for name, values in copy.overrides.items():
                 rows = rows.set_column(rows.schema.get_field_index(name), name, values)
-            pieces.append(rows.cast(plan.table_schema))
+            pieces.append(fill_rows(rows, copy.fill, read).cast(plan.table_schema))
         if not pieces:
             return 0
         table = pa.concat_tables(pieces)

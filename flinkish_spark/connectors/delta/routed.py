@@ -46,7 +46,7 @@ from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
 from flinkish_spark.connectors.postgres.rows import TableSchema
@@ -117,7 +117,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         for name, schema, data in task_tables(batches):
             keyed = None
             if data.changes.num_rows:
-                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN)])
+                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN, UNCHANGED)])
                 target = self.target(name, schema, columns)
                 keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
             parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed,

@@ -51,7 +51,7 @@ from flinkish_spark.connectors.iceberg.lookup import LiveFiles
 from flinkish_spark.connectors.iceberg.table import TableInfo
 from flinkish_spark.connectors.lakehouse.changes import ChangePlan, check_rows
 from flinkish_spark.connectors.lakehouse.key_lookup import KeyLookup
-from flinkish_spark.connectors.lakehouse.resolve import E_POS, Apply, RowCopy, resolve_epoch, resolve_task
+from flinkish_spark.connectors.lakehouse.resolve import E_POS, Apply, RowCopy, fill_rows, resolve_epoch, resolve_task
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.protocol import PrepareContext
 
@@ -193,27 +193,28 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
 
 def _copies(target: Target, committables: list[KeyedCommittable], copies: list[RowCopy]) -> pa.Table:
     """The rows the resolution copies (from table files or this epoch's files), with their overrides."""
+    def read(file: str | None, task: int, positions: np.ndarray) -> pa.Table:
+        if file is not None:
+            return _read_at(target.io, file, positions)
+        c = committables[task]
+        which = np.searchsorted(np.asarray(c.first_rows), positions, side="right") - 1
+        pieces = []
+        for k in np.unique(which):
+            sel = np.flatnonzero(which == k)
+            pieces.append((sel, _read_at(target.io, c.files[int(k)].path, positions[sel] - c.first_rows[int(k)])))
+        rows = pa.concat_tables([p for _, p in pieces])
+        order = np.concatenate([sel for sel, _ in pieces])
+        return rows.take(pa.array(np.argsort(order, kind="stable")))
+
     parts = []
     for copy in copies:
         if not len(copy.positions):
             continue
-        if copy.file is not None:
-            rows = _read_at(target.io, copy.file, copy.positions)
-        else:
-            c = committables[copy.task]
-            which = np.searchsorted(np.asarray(c.first_rows), copy.positions, side="right") - 1
-            pieces = []
-            for k in np.unique(which):
-                sel = np.flatnonzero(which == k)
-                pieces.append((sel, _read_at(target.io, c.files[int(k)].path,
-                                             copy.positions[sel] - c.first_rows[int(k)])))
-            rows = pa.concat_tables([p for _, p in pieces])
-            order = np.concatenate([sel for sel, _ in pieces])
-            rows = rows.take(pa.array(np.argsort(order, kind="stable")))
+        rows = read(copy.file, copy.task, copy.positions)
         for column, values in copy.overrides.items():
             i = rows.schema.get_field_index(column)
             rows = rows.set_column(i, rows.schema.field(i), values.cast(rows.schema.field(i).type))
-        parts.append(rows)
+        parts.append(fill_rows(rows, copy.fill, read))
     if not parts:
         return pa.table({})
     return pa.concat_tables(parts, promote_options="permissive")

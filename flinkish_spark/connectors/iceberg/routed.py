@@ -69,7 +69,7 @@ from flinkish_spark.connectors.iceberg.table import (
     info_of,
     keyed_properties,
 )
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
@@ -168,7 +168,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
         identifier = self.route.target(part.table)
         table = self.load_target(identifier)
-        columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN)])
+        columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, UNCHANGED)])
         schema = write_schema(table, columns)
         types = schema_to_pyarrow(schema, include_field_ids=False)
         plan = table_plan(types, key, self.merge_mode)

@@ -18,8 +18,9 @@ Options (the names and meanings of the ``flinkish.postgres`` sink's):
   deletion vectors, Iceberg position deletes) | ``copyOnWrite`` (files that hold replaced
   rows are rewritten without them, for readers that cannot apply deletes).
 
-The change columns ``_op``, ``_lsn``, ``_commit_ts`` steer the keyed modes and are not
-written to the table. Order of changes within an epoch: ``_lsn`` (a row without one, a
+The change columns ``_op``, ``_lsn``, ``_commit_ts`` and ``_unchanged`` (a list of the columns
+a change did not carry, whose values the table keeps: the multi-table stream's unchanged TOASTed
+values) steer the keyed modes and are not written to the table. Order of changes within an epoch: ``_lsn`` (a row without one, a
 snapshot read, comes first), then the order of the input (Spark partition, then row).
 """
 
@@ -41,7 +42,10 @@ Deletes = Literal["true", "soft", "false"]
 MergeMode = Literal["mergeOnRead", "copyOnWrite"]
 
 OP, LSN, COMMIT_TS = "_op", "_lsn", "_commit_ts"
-CHANGE_COLUMNS = (OP, LSN, COMMIT_TS)
+#: list<string>: the columns a change did not carry (an update that left a TOASTed value unchanged); the table
+#: keeps that column's value -- the key's earlier version in the epoch, else its row in the table
+UNCHANGED = "_unchanged"
+CHANGE_COLUMNS = (OP, LSN, COMMIT_TS, UNCHANGED)
 OPS = ("r", "c", "u", "d")  # snapshot read, insert (create), update, delete
 DELETED = "_deleted"
 VALID_FROM, VALID_TO, CURRENT = "_valid_from", "_valid_to", "_current"
@@ -107,6 +111,10 @@ class ChangePlan:
         return LSN in self.input_schema.names
 
     @property
+    def has_unchanged(self) -> bool:
+        return UNCHANGED in self.input_schema.names
+
+    @property
     def data_columns(self) -> tuple[str, ...]:
         """The input's columns that the table holds as they are (not the change columns)."""
         return tuple(n for n in self.input_schema.names if n not in CHANGE_COLUMNS)
@@ -157,6 +165,11 @@ def plan_changes(options: KeyedOptions, schema: StructType, arrow_input: pa.Sche
     if options.deletes != "false" and OP not in names:
         raise ConfigError(f"{component}: option deletes={options.deletes!r} needs a column '_op' ('d' marks a "
                           f"delete); the query writes {schema.simpleString()}")
+    if UNCHANGED in names and not (pa.types.is_list(arrow_input.field(UNCHANGED).type)
+                                   and pa.types.is_string(arrow_input.field(UNCHANGED).type.value_type)):
+        raise ConfigError(f"{component}: the column '_unchanged' steers the change application (per row, the names "
+                          f"of the columns the change did not carry: array<string>) but has the type "
+                          f"{arrow_input.field(UNCHANGED).type}; rename it")
     if mode == "history" and COMMIT_TS not in names:
         raise ConfigError(f"{component}: mode 'history' needs a column '_commit_ts' (when each change was "
                           f"committed: it becomes _valid_from/_valid_to); the query writes {schema.simpleString()}")

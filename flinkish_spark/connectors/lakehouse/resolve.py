@@ -8,6 +8,15 @@ read precedes the changes), then Spark partition, then row -- on top of what the
   delete and a later insert in one epoch leave the insert. ``deletes=soft``: a delete
   leaves the key's last known row with ``_deleted = true`` -- the epoch's own earlier
   version of the key, else the table's row, else the delete's own values.
+* **Unchanged columns** (``_unchanged``: an update that left a TOASTed value unchanged does not
+  carry it): the row keeps the key's value from its latest earlier version in the epoch -- the
+  task's own (filled in the task), else another task's (a snapshot row), else the table's row the
+  key lookup found (the driver copies the task's row with those columns from there:
+  :class:`Fill`); when none exists (a joining table's change before its snapshot row, which then
+  replaces it) the column stays null. Deterministic in the epoch's rows and the table's state
+  before it, so a replay after a crash gives the same row. (``upsert`` with deletes ``true`` or
+  ``false`` -- what the routing sinks do; ``history`` and soft deletes fill from the task's own
+  earlier versions only: no flinkish source gives them such rows.)
 * ``history`` (SCD type 2): one row per version: ``_valid_from`` = its ``_commit_ts``,
   ``_valid_to`` = the next change's ``_commit_ts`` (null while current), ``_current``.
   The table's current row of a changed key is closed (``_valid_to`` = the epoch's first
@@ -30,13 +39,14 @@ one more data file, one commit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import (
-    COMMIT_TS, CURRENT, DELETED, LSN, OP, TIMESTAMP, VALID_FROM, VALID_TO, ChangePlan,
+    COMMIT_TS, CURRENT, DELETED, LSN, OP, TIMESTAMP, UNCHANGED, VALID_FROM, VALID_TO, ChangePlan,
 )
 
 # Entry columns (besides the key columns).
@@ -48,6 +58,7 @@ E_DELETED = "_e_deleted"  # soft: the row written is a soft delete (_deleted = t
 E_VLSN, E_VROW = "_e_vlsn", "_e_vrow"  # soft: the order of the version whose values the row holds
 E_TS, E_VALID_TO, E_CURRENT = "_e_ts", "_e_valid_to", "_e_current"  # history: as written
 E_TASK = "_e_task"  # added by resolve_epoch: index of the committable
+E_UNFILLED = "_e_unfilled"  # columns the written row lacks (unchanged, no earlier version in the task)
 KIND_VERSION, KIND_DELETE = 0, 1
 NO_LSN = int(np.iinfo(np.int64).min)
 
@@ -96,6 +107,9 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
     last = np.append(diff, True) if n else np.zeros(0, dtype=np.bool_)
     dele = np.asarray(work.column("_del").to_numpy(zero_copy_only=False), dtype=np.bool_)
     data = table.select(list(plan.data_columns))
+    unfilled: list[list[str] | None] | None = None
+    if plan.has_unchanged:
+        data, unfilled = _fill_unchanged(data, table.column(UNCHANGED), diff)
     keys = {k: work.column(k) for k in plan.key}
     if plan.mode == "history":
         return _history_task(plan, table, data, keys, work, last, dele)
@@ -115,12 +129,45 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
                    .append_column(E_DELETED, pa.array(win_delete))
                    .append_column(E_VLSN, work.column(E_LSN).take(at))
                    .append_column(E_VROW, work.column(E_ROW).take(at)))
-        return TaskChanges(rows, entries)
+        return TaskChanges(rows, _with_unfilled(entries, unfilled, source))
     versions = win[~win_delete]
     kinds = np.where(win_delete, KIND_DELETE, KIND_VERSION)
     pos = np.full(len(win), -1, dtype=np.int64)
     pos[~win_delete] = np.arange(len(versions))
-    return TaskChanges(data.take(pa.array(versions)), _entries(keys, work, win, kinds, pos))
+    entries = _entries(keys, work, win, kinds, pos)
+    return TaskChanges(data.take(pa.array(versions)), _with_unfilled(entries, unfilled, win))
+
+
+def _fill_unchanged(data: pa.Table, lists: pa.ChunkedArray, diff: np.ndarray) -> tuple[pa.Table, list[list[str] | None] | None]:
+    """Rows sorted by key and order: each column a row lists as unchanged takes the value of the key's latest
+    earlier row that carries it; the columns no earlier row of the key carries, per row (None: nothing unchanged)."""
+    n = data.num_rows
+    if lists.null_count == n:
+        return data, None
+    listed = lists.to_pylist()
+    first = np.insert(diff, 0, True) if n else np.zeros(0, dtype=np.bool_)
+    group_start = np.flatnonzero(first)[np.cumsum(first) - 1]
+    index = np.arange(n)
+    still: list[list[str] | None] = [None] * n
+    for name in sorted({c for cols in listed if cols for c in cols}):
+        marked = np.array([bool(cols) and name in cols for cols in listed], dtype=np.bool_)
+        if name in data.column_names:
+            src = np.maximum.accumulate(np.where(~marked, index, -1))
+            found = marked & (src >= group_start)
+            if found.any():
+                i = data.schema.get_field_index(name)
+                data = data.set_column(i, data.schema.field(i), data.column(i).take(pa.array(np.where(found, src, index))))
+            marked &= ~found
+        for row in np.flatnonzero(marked):
+            still[row] = (still[row] or []) + [name]
+    return data, still
+
+
+def _with_unfilled(entries: pa.Table, unfilled: list[list[str] | None] | None, rows: np.ndarray) -> pa.Table:
+    """``entries`` with the columns each one's written row (``rows``: its index among the sorted rows) lacks."""
+    if unfilled is None:
+        return entries
+    return entries.append_column(E_UNFILLED, pa.array([unfilled[int(i)] for i in rows], pa.list_(pa.string())))
 
 
 def _entries(keys: dict[str, pa.ChunkedArray], work: pa.Table, idx: np.ndarray, kinds: np.ndarray,
@@ -163,6 +210,30 @@ class RowCopy:
     task: int  # the committable whose rows they are, when file is None
     positions: np.ndarray
     overrides: dict[str, pa.Array]  # column -> values, aligned with positions
+    fill: "Fill | None" = None  # columns taken from other rows, after the overrides
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Columns of a :class:`RowCopy`'s rows taken from other rows (an unchanged value): a table file's, or this
+    epoch's rows of a committable; ``positions`` aligned with the copy's."""
+
+    file: str | None
+    task: int
+    positions: np.ndarray
+    columns: tuple[str, ...]
+
+
+def fill_rows(rows: pa.Table, fill: Fill | None, read: Callable[[str | None, int, np.ndarray], pa.Table]) -> pa.Table:
+    """``rows`` (a copy's) with ``fill``'s columns from the rows ``read(file, task, positions)`` returns."""
+    if fill is None or not len(fill.positions):
+        return rows
+    source = read(fill.file, fill.task, fill.positions)
+    for name in fill.columns:
+        if name in rows.column_names and name in source.column_names:
+            i = rows.schema.get_field_index(name)
+            rows = rows.set_column(i, rows.schema.field(i), source.column(name).cast(rows.schema.field(i).type))
+    return rows
 
 
 @dataclass
@@ -254,6 +325,8 @@ class EpochChanges:
         if self.plan.deletes == "soft":
             self._soft_sources(out, winners, soft_copy, needs_table_row)
         self._drop(out, losers)
+        if E_UNFILLED in self.entries.column_names and self.plan.deletes != "soft":
+            self._fill(matches, out, winners)
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
             if self.plan.deletes == "soft":
@@ -263,6 +336,39 @@ class EpochChanges:
                     out.copies.append(RowCopy(path, -1, positions[take],
                                               {DELETED: pa.array(np.ones(int(take.sum()), dtype=np.bool_))}))
                     self._drop(out, winners[key_index[take]])
+
+    def _fill(self, matches: Matches, out: Apply, winners: np.ndarray) -> None:
+        """Winners whose row lacks unchanged columns (no earlier version in their task): copied with those columns
+        from the key's latest earlier version in another task (a snapshot row), else from the table's row."""
+        assert self.entries is not None
+        unfilled = self.entries.column(E_UNFILLED).to_pylist()
+        need = [int(w) for w in winners if self.kind[w] == KIND_VERSION and unfilled[w]]
+        if not need:
+            return
+        in_table = {int(k): (path, int(p)) for path, (positions, key_index) in matches.by_file.items()
+                    for p, k in zip(positions, key_index)}
+        groups: dict[tuple[int, str | None, int, tuple[str, ...]], tuple[list[int], list[int]]] = {}
+        for w in need:
+            key = int(self.group[w])
+            source: tuple[str | None, int, int] | None = None
+            for j in range(w - 1, int(self.starts[key]) - 1, -1):
+                if self.kind[j] == KIND_DELETE:
+                    break  # the key was deleted before: no earlier value is its
+                if self.task[j] != self.task[w]:
+                    source = (None, int(self.task[j]), int(self.pos[j]))
+                    break
+            if source is None and key in in_table:
+                source = (in_table[key][0], -1, in_table[key][1])
+            if source is None:
+                continue  # nothing holds the value (see the module docstring)
+            entries, positions = groups.setdefault((int(self.task[w]), source[0], source[1], tuple(unfilled[w])), ([], []))
+            entries.append(w)
+            positions.append(source[2])
+        for (task, file, from_task, columns), (entries, positions) in groups.items():
+            at = np.asarray(entries, dtype=np.int64)
+            self._drop(out, at)
+            out.copies.append(RowCopy(None, task, self.pos[at], {},
+                                      Fill(file, from_task, np.asarray(positions, dtype=np.int64), columns)))
 
     def _soft_sources(self, out: Apply, winners: np.ndarray, soft_copy: np.ndarray, needs_table_row: np.ndarray) -> None:
         """Where a soft-deleted key's values come from: the epoch's last *version* of the key before

@@ -28,8 +28,9 @@ from typing import Any, Callable, Generic, Iterable, NamedTuple, Protocol, TypeV
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, ChangePlan, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, ChangePlan, MergeMode
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
+from flinkish_spark.connectors.postgres.rows.decode import ROW_META
 from flinkish_spark.errors import ConfigError, SchemaChangeError
 
 PLACEHOLDERS = ("{schema}", "{table}")
@@ -130,8 +131,10 @@ def check_stream(names: list[str], component: str, option: str) -> None:
 
 
 def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode) -> ChangePlan:
-    """The keyed plan of one table: upsert by ``key``, deletes applied, ``_op`` and ``_lsn`` steering."""
-    input_schema = pa.schema(list(data) + [pa.field(OP, pa.string()), pa.field(LSN, pa.int64())])
+    """The keyed plan of one table: upsert by ``key``, deletes applied, ``_op``, ``_lsn`` and ``_unchanged``
+    (the columns an update did not carry: the target keeps its value) steering."""
+    input_schema = pa.schema(list(data) + [pa.field(OP, pa.string()), pa.field(LSN, pa.int64()),
+                                           pa.field(UNCHANGED, pa.list_(pa.string()))])
     return ChangePlan("upsert", tuple(key), "true", merge_mode, input_schema, data)
 
 
@@ -139,7 +142,7 @@ def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode) -> 
 class TableInput:
     """One table's rows of one task, as a keyed target takes them."""
 
-    changes: pa.Table  # the data columns, _op (r/c/u/d) and _lsn, in stream order, after the last truncate
+    changes: pa.Table  # the data columns, _op (r/c/u/d), _lsn and _unchanged, in stream order, after the last truncate
     truncate: bool  # the task's rows hold a truncate: the target is emptied before ``changes``
     begin: bool  # a re-snapshot begins (B)
     end: bool  # ... ends (E): delete the keys no row since B carried
@@ -157,8 +160,9 @@ def table_input(rows: pa.Table) -> TableInput:
         rows = rows.slice(truncates[-1].as_py() + 1)
     rows = rows.filter(pc.is_in(rows.column("_op"), pa.array(["r", "c", "u", "d"])))
     lsn = pc.max(rows.column("_lsn")).as_py() if rows.num_rows else None
-    data = [n for n in rows.column_names if n not in ("_op", "_lsn", "_seq", "_commit_ts")]
-    changes = rows.select(data).append_column(OP, rows.column("_op")).append_column(LSN, rows.column("_lsn").cast(pa.int64()))
+    data = [n for n in rows.column_names if n not in ROW_META]
+    changes = (rows.select(data).append_column(OP, rows.column("_op"))
+               .append_column(LSN, rows.column("_lsn").cast(pa.int64())).append_column(UNCHANGED, rows.column(UNCHANGED)))
     return TableInput(changes, truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn))
 
 

@@ -12,7 +12,8 @@ Commit ``C``, Relation ``R``, Insert ``I``, Update ``U`` (with an old key ``K`` 
 ``O``, Type ``Y`` and logical Message ``M`` carry no row change and are skipped. Values
 arrive as text (``t``), null (``n``) or "unchanged TOASTed value" (``u``). An update's ``u``
 value is taken from its old row when the server sent one (``REPLICA IDENTITY FULL``); without
-it the value stays :data:`UNCHANGED_TOAST` and the caller must refuse the change.
+it the value stays :data:`UNCHANGED_TOAST`: the multi-table stream marks the column unchanged (a keyed
+target keeps its value), the single-table one refuses the change.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class Change:
     commit_lsn: int
     commit_ts_us: int
     seq: int  # ordinal of the change within its transaction (WAL order)
+    #: an update that changed the row's key (it follows the 'd' of the old key): an unchanged TOASTed value
+    #: in it belongs to the old key's row
+    moved: bool = False
 
 
 class _Reader:
@@ -270,6 +274,7 @@ def decode_changes(
                 yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
                 seq += 1
             new = msg.new
+            moved = msg.kind == "U" and msg.old_kind == "K" and msg.old is not None
             if msg.kind == "U" and msg.old_kind == "O" and msg.old is not None:
                 # REPLICA IDENTITY FULL: the old row is logged whole (its TOASTed values
                 # flattened), while the new row still says 'u' for an out-of-line value the
@@ -281,7 +286,7 @@ def decode_changes(
                     yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
                     seq += 1
             op: ChangeOp = "c" if msg.kind == "I" else "u"
-            yield Change(op, rel, dict(zip(names, new)), txn.final_lsn, txn.commit_ts_us, seq)
+            yield Change(op, rel, dict(zip(names, new)), txn.final_lsn, txn.commit_ts_us, seq, moved)
             seq += 1
 
 

@@ -43,7 +43,7 @@ from flinkish_spark.connectors.postgres.connection import (
 )
 from flinkish_spark.connectors.postgres.resnapshot import apply_markers
 from flinkish_spark.connectors.postgres.routed_schema import evolve, read_target
-from flinkish_spark.connectors.postgres.rows import Column, TableSchema
+from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD, Column, TableSchema
 from flinkish_spark.connectors.postgres.staging import (
     Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, check_staged, chunks, clear_staged, create_commits_table, staging_table_name,
 )
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 COMMIT_MODE = "routed"  # flinkish_commits.commit_mode of a routed epoch's rows (one per target)
 CHUNK_ROWS = 100_000
 _DATA_OPS = ("r", "c", "u", "d")
+_UNCHANGED_TEXT = json.dumps(UNCHANGED_FIELD)  # how the field's name appears in a row's JSON text
 
 
 def bookkeeping_schema(template: str) -> str:
@@ -82,6 +83,7 @@ class RoutedPart(TablePart):
 
     rows: int = 0
     keyed: None = None  # the parts' rows are in the staging table, not in files
+    unchanged: tuple[str, ...] = ()  # columns some of its rows did not carry (unchanged TOASTed values)
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
             name = schemas[sid].table
         else:
             sid, name = r["_schema_id"], r["_table"]
-        t = info.setdefault(name, {"lsn": -1, "rows": 0, "ops": set()})
+        t = info.setdefault(name, {"lsn": -1, "rows": 0, "ops": set(), "unchanged": set()})
         if sid and sid in schemas and (name not in newest or position >= newest[name][0]):
             newest[name] = (position, sid)
         if op == "s":
@@ -190,7 +192,9 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
             schema = schemas.get(sid)
             if schema is None:
                 raise ValueError(f"a row of {name} names schema {sid} without an 's' row in the same task")
-            row = pg_text_row(r["row"], schema)
+            row = pg_text_row(r["row"], schema)  # without the columns the change did not carry
+            if _UNCHANGED_TEXT in r["row"]:
+                t["unchanged"].update(json.loads(r["row"]).get(UNCHANGED_FIELD) or ())
             t["rows"] += 1
         else:
             t["ops"].add(op)
@@ -214,7 +218,8 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         return tuple(schemas[sid].to_json() for i, sid in enumerate(order) if sid != last and sid not in order[i + 1:])
 
     parts = tuple(RoutedPart(name, schemas[newest[name][1]].to_json() if name in newest else "", t["lsn"],
-                             "t" in t["ops"], "B" in t["ops"], "E" in t["ops"], t["rows"], earlier=earlier(name))
+                             "t" in t["ops"], "B" in t["ops"], "E" in t["ops"], t["rows"], earlier=earlier(name),
+                             unchanged=tuple(sorted(t["unchanged"])))
                   for name, t in sorted(info.items()))
     return staged, parts
 
@@ -224,7 +229,8 @@ ROUTED_PREFIX = b'{"kind":"routed"'  # how a routed committable's encoding start
 
 def encode_staged(c: RoutedStaged) -> bytes:
     parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
-              "end": p.end, "rows": p.rows, **({"earlier": list(p.earlier)} if p.earlier else {})} for p in c.parts]
+              "end": p.end, "rows": p.rows, "unchanged": list(p.unchanged),
+              **({"earlier": list(p.earlier)} if p.earlier else {})} for p in c.parts]
     return json.dumps({"kind": "routed", "attempt_id": c.attempt_id, "rows": c.rows, "parts": parts},
                       separators=(",", ":")).encode()
 
@@ -233,7 +239,8 @@ def decode_staged(data: bytes) -> RoutedStaged:
     d = json.loads(data)
     return RoutedStaged(str(d["attempt_id"]), int(d["rows"]), tuple(
         RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
-                   int(p["rows"]), earlier=tuple(p.get("earlier", ()))) for p in d["parts"]))
+                   int(p["rows"]), earlier=tuple(p.get("earlier", ())), unchanged=tuple(p.get("unchanged") or ()))
+                   for p in d["parts"]))
 
 
 class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
@@ -329,7 +336,9 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         psycopg = require_psycopg()
         params: tuple[Any, ...] = (epoch, ids, t.table) + (tuple(truncated_at) if truncated_at else ())
         try:
-            c.execute(_apply_sql(plan.staging, qualified_target, columns.columns, key, truncated_at is not None), params)
+            unchanged = sorted({n for p in t.parts for n in p.unchanged if n in columns.columns and n not in key})
+            c.execute(_apply_sql(plan.staging, qualified_target, columns.columns, key, truncated_at is not None,
+                                 unchanged), params)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
             raise TargetWriteError(
                 f"flinkish.postgres sink uid {self.uid!r}: epoch {epoch}'s rows of source table {t.table} do not fit its "
@@ -382,21 +391,41 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _apply_sql(staging: str, target: str, columns: dict[str, str], key: tuple[str, ...], after_truncate: bool) -> str:
+def _apply_sql(staging: str, target: str, columns: dict[str, str], key: tuple[str, ...], after_truncate: bool,
+               unchanged: list[str] | None = None) -> str:
     """The epoch's last change per key of one table (params: epoch, attempt ids, source table[, truncate's lsn, seq]):
-    deletes, then upserts of every target column (a column the row does not carry is null)."""
+    deletes, then upserts of every target column (a column the row does not carry is null).
+
+    ``unchanged``: columns some rows do not carry (an update that left a TOASTed value unchanged). Such a row
+    takes the value of the key's latest earlier staged row that carries it (a window over the key's rows in
+    stream order), else -- the key's last row still lacking it -- the target keeps its stored value (the
+    upsert sets the column to the target row's own value; null for a key the target does not hold)."""
     keys = ", ".join(quote_ident(k) for k in key)
     key_exprs = ", ".join(f"({_JSON}->>{_literal(k)})::{columns[k]} AS {quote_ident(k)}" for k in key)
     where = (f"{S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s) AND _table = %s AND _op IN ('r', 'c', 'u', 'd')"
              + (" AND (_lsn, _seq) > (%s, %s)" if after_truncate else ""))
     src = (f"SELECT {key_exprs}, {_JSON}, _op AS {_OP}, _lsn, _seq, {S_PART}, {S_ROW} FROM "
            f"(SELECT _row::jsonb AS {_JSON}, _op, _lsn, _seq, {S_PART}, {S_ROW} FROM {staging} WHERE {where}) s")
+    unchanged = unchanged or []
+    if unchanged:
+        carried = ", ".join(f"array_agg({_JSON}->{_literal(n)}) FILTER (WHERE {_JSON} ? {_literal(n)}) OVER w AS _f{i}"
+                            for i, n in enumerate(unchanged))
+        merged = _JSON
+        for i, n in enumerate(unchanged):
+            merged = (f"CASE WHEN {_JSON} ? {_literal(n)} OR _f{i} IS NULL THEN {merged} "
+                      f"ELSE {merged} || jsonb_build_object({_literal(n)}, _f{i}[array_upper(_f{i}, 1)]) END")
+        src = (f"SELECT {keys}, {merged} AS {_JSON}, {_OP}, _lsn, _seq, {S_PART}, {S_ROW} FROM "
+               f"(SELECT x.*, {carried} FROM ({src}) x WINDOW w AS (PARTITION BY {keys} ORDER BY _lsn NULLS FIRST, "
+               f"_seq NULLS FIRST, {S_PART}, {S_ROW} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)) y")
     # Snapshot rows (no _lsn) come before every change of the key; then (_lsn, _seq); ties cannot happen.
     last = (f"SELECT DISTINCT ON ({keys}) {keys}, {_JSON}, {_OP} FROM ({src}) x "
             f"ORDER BY {keys}, _lsn DESC NULLS LAST, _seq DESC NULLS LAST, {S_PART} DESC, {S_ROW} DESC")
     names = list(columns)
     cols = ", ".join(quote_ident(n) for n in names)
-    values = ", ".join(f"(l.{_JSON}->>{_literal(n)})::{columns[n]}" for n in names)
+    kept = " AND ".join(f"kept.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
+    values = ", ".join(f"(l.{_JSON}->>{_literal(n)})::{columns[n]}" if n not in unchanged else
+                       f"CASE WHEN l.{_JSON} ? {_literal(n)} THEN (l.{_JSON}->>{_literal(n)})::{columns[n]} "
+                       f"ELSE (SELECT kept.{quote_ident(n)} FROM {target} kept WHERE {kept}) END" for n in names)
     others = [n for n in names if n not in key]
     update = ("DO UPDATE SET " + ", ".join(f"{quote_ident(n)} = EXCLUDED.{quote_ident(n)}" for n in others)) if others else "DO NOTHING"
     match = " AND ".join(f"t.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)

@@ -374,3 +374,66 @@ def test_a_chunk_read_after_a_widening_does_not_make_the_older_changes_a_narrowi
     with pytest.raises(SchemaChangeError, match=r"column 'n' is now decimal128\(12, 2\).* holds decimal128\(14, 2\).*narrower"):
         m.epoch(w.narrowing)
     assert m.version(TABLE) == version
+
+
+def test_an_unchanged_column_keeps_the_value_of_the_keys_latest_version_in_the_epoch_or_the_table(tmp_path: Path) -> None:
+    """Rows that list a column unchanged (an update that left a TOASTed value unchanged) do not carry it; the
+    target keeps it: from the task's own earlier row of the key, another task's (a snapshot row), or the table."""
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    d = table_schema("public.d", [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    m = Mirror(tmp_path)
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "n": 0, "body": "one"}, {"id": 2, "n": 0, "body": "two"}])
+    m.epoch(s.batch())
+    snapshot = s.snapshot(d, [{"id": 3, "n": 0, "body": "three"}]).batch()  # a chunk read in the same epoch
+    s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}),  # the table's row
+                  (d, "c", {"id": 4, "n": 0, "body": "four"}), (d, "u", {"id": 4, "n": 1, UNCHANGED_FIELD: ["body"]}),
+                  (d, "u", {"id": 3, "n": 1, UNCHANGED_FIELD: ["body"]}),  # the other task's snapshot row
+                  (d, "u", {"id": 5, "n": 1, UNCHANGED_FIELD: ["body"]}))  # nothing holds it: null
+    m.epoch(snapshot, s.batch())
+    want = [{"id": 1, "n": 1, "body": "one"}, {"id": 2, "n": 0, "body": "two"}, {"id": 3, "n": 1, "body": "three"},
+            {"id": 4, "n": 1, "body": "four"}, {"id": 5, "n": 1, "body": None}]
+    assert m.rows("public.d", "id") == want
+    s.transaction((d, "u", {"id": 4, "n": 2, UNCHANGED_FIELD: ["body"]}), (d, "u", {"id": 2, "n": 2, "body": "new"}),
+                  (d, "u", {"id": 2, "n": 3, UNCHANGED_FIELD: ["body"]}))
+    again = s.batch()
+    m.epoch(again)
+    m.epochs -= 1
+    m.epoch(again)  # the same epoch once more (a replay after a crash): nothing changes
+    want[1], want[3] = {"id": 2, "n": 3, "body": "new"}, {"id": 4, "n": 2, "body": "four"}
+    assert m.rows("public.d", "id") == want
+    s.marker(d, "B").snapshot(d, [{"id": i, "n": 9, "body": f"r{i}"} for i in (1, 2, 3, 4, 5)]).marker(d, "E")
+    s.transaction((d, "u", {"id": 1, "n": 10, UNCHANGED_FIELD: ["body"]}))
+    m.epoch(s.batch())  # a re-snapshot: its rows carry every value
+    assert m.rows("public.d", "id") == [{"id": 1, "n": 10, "body": "r1"}] + [
+        {"id": i, "n": 9, "body": f"r{i}"} for i in (2, 3, 4, 5)]
+
+
+def test_a_crash_before_the_version_that_keeps_an_unchanged_value_and_the_restart_writes_the_same_rows(
+        tmp_path: Path, monkeypatch) -> None:
+    from flinkish_spark.connectors.delta import epoch_commit
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    d = table_schema("public.d", [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    m = Mirror(tmp_path)
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "n": 0, "body": "one"}])
+    m.epoch(s.batch())
+    s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}))
+    batch = s.batch()
+
+    class Killed(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "delta.keyed.before_version":
+            raise Killed
+
+    monkeypatch.setattr(epoch_commit, "crash_point", crash)
+    with pytest.raises(Killed):
+        m.epoch(batch)  # the copy with the table's value is written, the version not
+    assert m.rows("public.d", "id") == [{"id": 1, "n": 0, "body": "one"}]
+    monkeypatch.undo()
+    m.epoch(batch)  # the restart: the same epoch against the same table
+    assert m.rows("public.d", "id") == [{"id": 1, "n": 1, "body": "one"}]

@@ -61,7 +61,7 @@ def test_one_tables_rows_keep_only_what_follows_the_last_truncate_and_report_the
     s.transaction((a, "c", {"id": 3, "v": "y"}), (a, "d", {"id": 3}))
     got = table_input(split_tables(s.batch())["public.a"].rows)
     assert got.truncate and got.begin and not got.end
-    assert got.changes.column_names == ["id", "v", "_op", "_lsn"]
+    assert got.changes.column_names == ["id", "v", "_op", "_lsn", "_unchanged"]
     assert got.changes.select(["id", "_op"]).to_pylist() == [{"id": 3, "_op": "c"}, {"id": 3, "_op": "d"}]
     assert got.lsn == got.changes.column("_lsn")[-1].as_py()
     only_snapshot = table_input(split_tables(StreamBuilder().snapshot(a, [{"id": 1, "v": "s"}]).marker(a, "E").batch())["public.a"].rows)

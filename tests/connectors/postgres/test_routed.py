@@ -255,3 +255,32 @@ def test_a_chunk_read_after_a_widening_in_any_layout_is_followed_and_a_later_nar
     with pytest.raises(SchemaChangeError, match=r"column 'n' is now numeric\(12,2\).* holds numeric\(14,2\).*narrower"):
         m.epoch(w.narrowing)
     assert m.rows("public_w", "id") == [(r["id"], r["n"]) for r in w.rows]
+
+
+def test_an_unchanged_column_keeps_the_value_of_the_keys_latest_version_in_the_epoch_or_the_target(pg_url, tmp_path: Path) -> None:
+    """Rows that list a column unchanged (an update that left a TOASTed value unchanged) do not carry it; the
+    target keeps it: from an earlier staged row of the key (any task), else its own stored value."""
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    d = table_schema("public.d", [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    m = Mirror(tmp_path, pg_url)
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "n": 0, "body": "one"}, {"id": 2, "n": 0, "body": None}])
+    m.epoch(s.batch())
+    snapshot = s.snapshot(d, [{"id": 3, "n": 0, "body": "three"}]).batch()  # a chunk read in the same epoch
+    s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}),  # the target's row
+                  (d, "c", {"id": 4, "n": 0, "body": "four"}), (d, "u", {"id": 4, "n": 1, UNCHANGED_FIELD: ["body"]}),
+                  (d, "u", {"id": 3, "n": 1, UNCHANGED_FIELD: ["body"]}),  # the other task's snapshot row
+                  (d, "u", {"id": 2, "n": 1, UNCHANGED_FIELD: ["body"]}),  # a null stays null
+                  (d, "u", {"id": 5, "n": 1, UNCHANGED_FIELD: ["body"]}))  # nothing holds it: null
+    m.epoch(snapshot, s.batch())
+    want = [(1, 1, "one"), (2, 1, None), (3, 1, "three"), (4, 1, "four"), (5, 1, None)]
+    assert m.rows("public_d", "id") == want
+    s.transaction((d, "u", {"id": 4, "n": 2, UNCHANGED_FIELD: ["body"]}), (d, "u", {"id": 2, "n": 2, "body": "new"}),
+                  (d, "u", {"id": 2, "n": 3, UNCHANGED_FIELD: ["body"]}))
+    again = s.batch()
+    m.epoch(again)
+    m.epoch(again, epoch=m.epochs - 1)  # the same epoch once more (a replay after a crash): nothing changes
+    want[1], want[3] = (2, 3, "new"), (4, 2, "four")
+    assert m.rows("public_d", "id") == want
+    assert m.staged() == 0

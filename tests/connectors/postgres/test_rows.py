@@ -168,7 +168,7 @@ def test_split_tables_brings_old_and_new_schema_rows_to_one_typed_table() -> Non
     assert set(tables) == {"public.t", "public.o"}
     t = tables["public.t"]
     assert [s.schema_id for s in t.schemas] == [v1.schema_id, v2.schema_id] and t.schema == v2
-    assert t.rows.column_names == ["id", "added", "gone", "_op", "_lsn", "_seq", "_commit_ts"]
+    assert t.rows.column_names == ["id", "added", "gone", "_op", "_lsn", "_seq", "_commit_ts", "_unchanged"]
     assert t.rows.schema.field("id").type == pa.int64()  # widened to the newest type
     assert [(r["_op"], r["id"], r["added"], r["gone"]) for r in t.rows.to_pylist()] == [
         ("r", 1, None, "x"), ("u", 1, None, "y"), ("c", 5000000000, True, None), ("d", 1, None, None), ("t", None, None, None),
@@ -199,3 +199,16 @@ def test_net_changes_keep_each_keys_last_row_and_start_over_after_a_truncate() -
     truncated = rows + [("public.t", "t", 13, 0, s2[0], None), ("public.t", "c", 14, 0, s2[0], '{"id":9,"added":true}')]
     net = net_changes(split_tables(stream_batch(truncated))["public.t"])
     assert net.truncate and net.upserts.column("id").to_pylist() == [9] and net.deletes.num_rows == 0
+
+
+def test_an_update_that_did_not_carry_a_column_lists_it_and_split_tables_gives_the_list() -> None:
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED, UNCHANGED_FIELD, RowEncoder
+    from flinkish_spark.testing.stream_rows import table_schema
+
+    t = table_schema("public.t", [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    text = RowEncoder(t).encode({"id": "1", "n": "2", "body": None}, unchanged=["body"])
+    assert json.loads(text) == {"id": 1, "n": 2, UNCHANGED_FIELD: ["body"]}  # no value for it, and its name
+    rows = [("public.t", "s", 10, 0, t.schema_id, t.to_json()), ("public.t", "c", 10, 1, t.schema_id, '{"id":1,"n":1,"body":"b"}'),
+            ("public.t", "u", 11, 0, t.schema_id, text)]
+    got = split_tables(stream_batch(rows))["public.t"].rows.to_pylist()
+    assert [(r["_op"], r["n"], r["body"], r[UNCHANGED]) for r in got] == [("c", 1, "b", None), ("u", 2, None, ["body"])]

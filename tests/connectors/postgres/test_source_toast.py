@@ -1,5 +1,9 @@
-"""``flinkish.postgres`` source: an update that leaves a TOASTed value unchanged, after the remedy
-docs/postgres-source.md gives (``REPLICA IDENTITY FULL``), arrives as a full row.
+"""``flinkish.postgres`` source: an update that leaves a TOASTed value unchanged.
+
+With the option ``table`` (one table, typed columns) it needs ``REPLICA IDENTITY FULL`` and then
+arrives as a full row. With ``tables`` (the multi-table stream) the default replica identity is
+enough: the row marks the column unchanged and a keyed target keeps its stored value (one mirror
+per target kind, ending equal to the source).
 
 pgoutput sends an unchanged value that is stored out of line as 'u' ("unchanged TOASTed value",
 no data) in the new row; with REPLICA IDENTITY FULL the old row carries it. The value here is
@@ -10,11 +14,16 @@ really is TOASTed (checked), as a large document or JSON column would be.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 import pyarrow.parquet as pq
+import pytest
 
 import flinkish_spark
 
@@ -49,3 +58,76 @@ def test_update_of_another_column_carries_the_unchanged_toasted_value(spark, pg_
     rows = pq.read_table(str(tmp_path / "out")).to_pylist()
     updates = sorted((r["id"], r["n"], r["body"]) for r in rows if r["_op"] == "u")
     assert updates == [(1, 1, big), (2, 2, "changed")]
+
+
+# -- the multi-table stream into keyed targets, without REPLICA IDENTITY FULL ---------------------------------------
+
+MIRROR_SETUP = """
+CREATE TABLE t_docs (id int PRIMARY KEY, n int, body text);
+ALTER TABLE t_docs ALTER COLUMN body SET STORAGE EXTERNAL;
+"""
+
+
+@pytest.fixture
+def target_url(pg_url: str) -> Any:
+    """A second database on the same server for the PostgreSQL targets."""
+    name = pg_url.rsplit("/", 1)[1] + "_t"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield pg_url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def _wait(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert proc.poll() is None, f"the mirror ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
+        assert time.time() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "postgres"])
+def test_a_mirror_keeps_the_unchanged_toasted_value_in_its_target(fmt: str, pg_url: str, target_url: str,
+                                                                  tmp_path: Path) -> None:
+    """The default replica identity: an update of another column sends the large value as "unchanged"; the
+    target keeps its stored value -- the table's row (an earlier epoch), the epoch's own insert or update of the
+    key -- and ends equal to the source."""
+    if fmt != "postgres":
+        pytest.importorskip("deltalake" if fmt == "delta" else "pyiceberg")
+    big = [os.urandom(2_000).hex() for _ in range(5)]  # 4 kB each: out of line (checked)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(MIRROR_SETUP)
+        conn.execute("INSERT INTO t_docs VALUES (1, 0, %s), (2, 0, %s), (3, 0, 'small')", (big[0], big[1]))
+        toast = conn.execute("SELECT reltoastrelid::regclass::text FROM pg_class WHERE oid = 't_docs'::regclass").fetchone()[0]
+        assert conn.execute(f"SELECT count(*) FROM {toast}").fetchone()[0] > 0
+    to = {"delta": [str(tmp_path / "lake")], "iceberg": ["mirror.{schema}_{table}", "--format", "iceberg"],
+          "postgres": [target_url, "--sink-option", "table=mirror.{schema}_{table}"]}[fmt]
+    args = ["--from", pg_url, "--tables", "public.t_*", "--to", *to, "--checkpoint", str(tmp_path / "meta")]
+    log = tmp_path / "run.log"
+    proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.cli", "mirror", *args, "--trigger", "1s"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    try:
+        _wait("the snapshot", lambda: "tables snapshotted 1/1" in log.read_text(), proc, log)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE t_docs SET n = 1 WHERE id = 1")  # the value is in the target's row
+            with conn.transaction():  # an insert, then an update of the key in the same epoch
+                conn.execute("INSERT INTO t_docs VALUES (10, 0, %s)", (big[2],))
+                conn.execute("UPDATE t_docs SET n = 5 WHERE id = 10")
+            conn.execute("UPDATE t_docs SET body = %s WHERE id = 2", (big[3],))  # changed, then unchanged
+            conn.execute("UPDATE t_docs SET n = 7 WHERE id = 2")
+        _wait("the changes", lambda: "changes 5" in log.read_text(), proc, log)
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # later epochs: the values are in the target's rows
+            conn.execute("UPDATE t_docs SET n = 9 WHERE id IN (1, 2, 10)")
+            conn.execute("UPDATE t_docs SET n = 11 WHERE id = 10")
+            conn.execute("INSERT INTO t_docs VALUES (11, 0, %s)", (big[4],))
+        proc.send_signal(signal.SIGTERM)  # a drain: every change up to now
+        assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "mirror", "compare", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr + log.read_text()[-3000:]
+    assert "all 1 tables equal to their source" in out.stdout, out.stdout

@@ -19,7 +19,10 @@ sinks, ``foreachBatch`` code, Spark SQL). Every row has these columns
     _seq        int        ordinal of the row in its transaction (s rows included); null for snapshot rows
     _commit_ts  timestamp  commit time of the transaction; null for snapshot rows
     _schema_id  string     the schema ``row`` is written in (a content hash of table, columns, key)
-    row         string     the row as a JSON object, keys = column names (encoding: :mod:`.schema`)
+    row         string     the row as a JSON object, keys = column names (encoding: :mod:`.schema`); an
+                           update that left a TOASTed value unchanged omits that column and lists it in the
+                           field ``"\\u0000unchanged"`` (:data:`UNCHANGED_FIELD`): a keyed target keeps its
+                           stored value (:func:`split_tables` gives the list as the column ``_unchanged``)
 
 Guarantees a consumer can build on:
 
@@ -51,12 +54,13 @@ from typing import TYPE_CHECKING
 
 from flinkish_spark.connectors.postgres.rows.decode import (
     META_COLUMNS,
+    UNCHANGED,
     TableRows,
     decode_rows,
     mirror_rows,
     split_tables,
 )
-from flinkish_spark.connectors.postgres.rows.encode import RowEncoder, row_sql
+from flinkish_spark.connectors.postgres.rows.encode import UNCHANGED_FIELD, RowEncoder, row_sql
 from flinkish_spark.connectors.postgres.rows.net import NetChanges, net_changes
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type, make_column
 
@@ -104,5 +108,5 @@ def table_schema(url: str, table: str, password_env: str | None = None) -> Table
 __all__ = [
     "Column", "META_COLUMNS", "NetChanges", "RESNAPSHOT_BEGIN", "RESNAPSHOT_END", "RowEncoder", "STREAM_DDL",
     "TableRows", "TableSchema", "arrow_type", "decode_rows", "make_column", "mirror_rows", "net_changes", "row_sql",
-    "split_tables", "stream_schema", "table_schema",
+    "split_tables", "stream_schema", "table_schema", "UNCHANGED", "UNCHANGED_FIELD",
 ]

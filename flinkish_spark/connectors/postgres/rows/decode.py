@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flinkish_spark.connectors.postgres.rows.encode import UNCHANGED_FIELD
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type
 
 if TYPE_CHECKING:
@@ -28,6 +29,12 @@ if TYPE_CHECKING:
 
 #: The columns every row of the stream has besides ``row`` (see :mod:`flinkish_spark.connectors.postgres.rows`).
 META_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id")
+#: The column of :attr:`TableRows.rows` that lists, per row, the columns its change did not carry (an update that
+#: left a TOASTed value unchanged; null: it carries every column). A keyed target keeps its value for them.
+UNCHANGED = "_unchanged"
+#: The columns of :attr:`TableRows.rows` besides the table's own.
+ROW_META = ("_op", "_lsn", "_seq", "_commit_ts", UNCHANGED)
+_UNCHANGED_TEXT = json.dumps(UNCHANGED_FIELD)  # how the field's name appears in a row's JSON text
 
 
 def _read_type(column: Column) -> pa.DataType:
@@ -131,7 +138,8 @@ class TableRows:
     target to. ``rows``: the data rows (``_op`` r, c, u, d, t, and B/E) in stream order -- snapshot
     rows first, then changes by (``_lsn``, ``_seq``) -- with the columns of every schema
     (newest first, then columns only older schemas had, null in newer rows) in the newest
-    type, plus ``_op``, ``_lsn``, ``_seq`` and ``_commit_ts``.
+    type, plus ``_op``, ``_lsn``, ``_seq``, ``_commit_ts`` and ``_unchanged`` (:data:`UNCHANGED`: the
+    columns an update did not carry -- null in ``rows`` -- or null).
     """
 
     table: str
@@ -192,7 +200,7 @@ def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
             if f.name not in {x.name for x in fields}:
                 fields.append(f)
     union = pa.schema(fields)
-    meta = ["_op", "_lsn", "_seq", "_commit_ts"]
+    meta = list(ROW_META)
     indices = pc.sort_indices(
         pa.table({"s": pc.is_null(rows.column("_lsn")), "l": rows.column("_lsn"), "q": rows.column("_seq")}),
         sort_keys=[("s", "descending"), ("l", "ascending"), ("q", "ascending")],
@@ -214,13 +222,25 @@ def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
                 cols.append(col if col.type == f.type else col.cast(f.type))
             else:
                 cols.append(pa.nulls(part.num_rows, f.type))
-        cols += [part.column(m) for m in meta]
+        cols += [part.column(m) for m in meta if m != UNCHANGED] + [_unchanged(part.column("row"))]
         parts.append((positions, pa.Table.from_arrays(cols, names=union.names + meta)))
     if not parts:
-        return pa.schema(list(union) + [rows.schema.field(m) for m in meta]).empty_table()
+        return pa.schema(list(union) + [rows.schema.field(m) for m in meta if m != UNCHANGED]
+                         + [pa.field(UNCHANGED, pa.list_(pa.string()))]).empty_table()
     merged = pa.concat_tables([p for _, p in parts])
     order = pc.sort_indices(pa.concat_arrays([pos for pos, _ in parts]))
     return merged.take(order)
+
+
+def _unchanged(texts: pa.ChunkedArray) -> pa.Array:
+    """Per JSON row, the columns it lists in ``UNCHANGED_FIELD`` (null when none: nearly every row, found by a
+    substring search without parsing)."""
+    marked = pc.fill_null(pc.match_substring(texts, _UNCHANGED_TEXT), False)
+    out: list[list[str] | None] = [None] * len(texts)
+    for i in pc.indices_nonzero(marked).to_pylist():
+        listed = json.loads(texts[i].as_py()).get(UNCHANGED_FIELD)
+        out[i] = [str(c) for c in listed] if listed else None
+    return pa.array(out, pa.list_(pa.string()))
 
 
 def mirror_rows(df: "DataFrame", schema: TableSchema) -> "DataFrame":

@@ -116,6 +116,14 @@ def _array_json(text: str, element: Callable[[str], str]) -> str:
     return "".join(out)
 
 
+#: The field of a change row's JSON object that lists the columns the change did not carry (an update that left
+#: a TOASTed value unchanged: the server does not send it). No column can have this name (PostgreSQL's names hold
+#: no NUL), Spark's ``from_json`` and the rows' decoder ignore it as a value; :func:`..decode.split_tables` turns
+#: it into the ``_unchanged`` column. The row holds no value for those columns.
+UNCHANGED_FIELD = "\x00unchanged"
+_UNCHANGED_PREFIX = json.dumps(UNCHANGED_FIELD) + ":"
+
+
 class RowEncoder:
     """Encodes the text values of one schema's rows (changes) as JSON objects."""
 
@@ -124,12 +132,18 @@ class RowEncoder:
         self._prefixes = {c.name: _json_string(c.name) + ":" for c in schema.columns}
         self._encoders = {c.name: value_encoder(c) for c in schema.columns}
 
-    def encode(self, values: dict[str, object], names: Sequence[str] | None = None) -> str:
-        """The JSON object of ``values`` (text or None by column name), columns in ``names`` (default: all)."""
+    def encode(self, values: dict[str, object], names: Sequence[str] | None = None,
+               unchanged: Sequence[str] = ()) -> str:
+        """The JSON object of ``values`` (text or None by column name), columns in ``names`` (default: all);
+        ``unchanged``: columns the change did not carry, left out and listed in :data:`UNCHANGED_FIELD`."""
         parts = []
         for name in names if names is not None else self.schema.names:
+            if name in unchanged:
+                continue
             v = values.get(name)
             parts.append(self._prefixes[name] + ("null" if v is None else self._encoders[name](v)))  # type: ignore[arg-type]
+        if unchanged:
+            parts.append(_UNCHANGED_PREFIX + json.dumps(list(unchanged), ensure_ascii=False))
         return "{" + ",".join(parts) + "}"
 
 

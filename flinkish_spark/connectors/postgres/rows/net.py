@@ -7,6 +7,9 @@ computes that set with pyarrow (no Python per row). A truncate (``t``) in the ep
 everything before the last one and says so (``truncate``: empty the target first).
 Re-snapshot markers (``B``/``E``) are reported, not applied: at an ``E`` the sink deletes the
 keys no ``r`` row since the ``B`` carried (see :mod:`flinkish_spark.connectors.postgres.rows`).
+An upsert whose row lists columns as unchanged (``_unchanged``: a TOASTed value an update did not
+carry) is null there: these helpers do not fill it (the routing sinks do, from the key's earlier
+row or the target's stored value).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flinkish_spark.connectors.postgres.rows.decode import TableRows
+from flinkish_spark.connectors.postgres.rows.decode import ROW_META, TableRows
 
-_META = ("_op", "_lsn", "_seq", "_commit_ts")
+_META = ROW_META
 
 
 @dataclass(frozen=True)

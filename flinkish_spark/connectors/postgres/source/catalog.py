@@ -82,14 +82,18 @@ def _column(name: str, info: TypeInfo) -> Column:
 
 
 def primary_keys(query: Query, relids: Iterable[int]) -> dict[int, tuple[str, ...]]:
-    """The primary key columns of each relation, in column order (as pgoutput flags them); relations without one are absent."""
+    """The key columns of each relation, in column order (as pgoutput flags them): its primary key, or under
+    ``REPLICA IDENTITY USING INDEX`` that index's columns (what its updates and deletes carry); relations
+    without one are absent."""
     ids = sorted(set(relids))
     if not ids:
         return {}
     rows = query(
         "SELECT i.indrelid, array_agg(a.attname::text ORDER BY a.attnum) "
-        "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-        f"WHERE i.indrelid = ANY({_int_array(ids)}::oid[]) AND i.indisprimary GROUP BY i.indrelid"
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        f"WHERE i.indrelid = ANY({_int_array(ids)}::oid[]) "
+        "AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END GROUP BY i.indrelid"
     )
     return {int(r[0]): tuple(str(c) for c in r[1]) for r in rows}
 

@@ -18,7 +18,7 @@ from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
-from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, followable_tables
+from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, followable_tables, split_followable
 from flinkish_spark.connectors.postgres.source.reader import PostgresReader
 from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_table_info
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
@@ -133,7 +133,8 @@ class PostgresSourceDataSource(SplitDataSource):
             check_server_version(conn, self.conn_info, self.component)
             if self.startup != "snapshot":
                 slots.check_logical_replication(conn, self.component)
-            found = followable_tables(conn, self.patterns, self.component, self.startup != "snapshot")
+            # Tables without a usable key are left out (the enumerator warns): only the others must be published.
+            found = split_followable(followable_tables(conn, self.patterns, self.component, self.startup != "snapshot"))[0]
             if self.startup != "snapshot":
                 # At every start: a publication can be altered while stopped. One the user gave must
                 # publish every matching table; the source's own, the ones it already holds.

@@ -99,9 +99,33 @@ class FoundTable:
     name: str  # schema.table
     schema: str
     table: str
-    has_key: bool
+    has_key: bool  # a primary key
     replica_identity: ReplicaIdentity
     readable: bool
+
+    @property
+    def key_problem(self) -> str | None:
+        """Why the table has no key its changes can be applied by (None: it has one).
+
+        The key is the primary key, or -- under ``REPLICA IDENTITY USING INDEX`` -- the columns of that
+        unique index (PostgreSQL requires it unique, not partial, on NOT NULL columns; deletes and updates
+        carry exactly them). ``REPLICA IDENTITY FULL`` without a primary key is not enough: two equal rows
+        cannot be told apart, so an update or delete of one could not name its row in the target.
+        """
+        if self.replica_identity == "i":
+            return None
+        if self.replica_identity == "n":
+            return "it has REPLICA IDENTITY NOTHING, so its updates and deletes carry no key"
+        if not self.has_key:
+            return ("it has no primary key" + (" (REPLICA IDENTITY FULL alone does not tell equal rows apart)"
+                                               if self.replica_identity == "f" else ""))
+        return None
+
+    def not_followed(self) -> str:
+        """The warning for a table :attr:`key_problem` leaves out: what to do, and that no restart is needed."""
+        return (f"{self.name} is not followed: {self.key_problem}. ALTER TABLE {self.name} ADD PRIMARY KEY (...) "
+                f"or ALTER TABLE {self.name} REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>, and it "
+                "is picked up (snapshot, then its changes) at the next catalog poll, without a restart")
 
 
 def find_tables(conn: Any, patterns: TablePatterns) -> list[FoundTable]:
@@ -120,28 +144,46 @@ def find_tables(conn: Any, patterns: TablePatterns) -> list[FoundTable]:
 
 
 def check_followable(table: FoundTable, what: str, uses_slot: bool, role: str = "<the role>") -> None:
-    """A table whose changes can be mirrored by key, or one clear error naming it and the fix."""
+    """A table this role may read, or one clear error naming it and the fix. A table without a usable key is
+    no error: it is left out with a warning (:attr:`FoundTable.key_problem`, :func:`split_followable`)."""
     if not table.readable:
         raise PostgresSourceError(f"{what}: table {table.name} matches 'tables' but this role may not read it: "
                                   f"GRANT SELECT ON {table.name} TO {role}, or exclude it with !{table.name}")
-    if not table.has_key:
-        raise PostgresSourceError(
-            f"{what}: table {table.name} matches 'tables' but has no primary key; its snapshot is split and its "
-            f"changes applied by key. Add one (ALTER TABLE {table.name} ADD PRIMARY KEY (...)), or exclude it: "
-            f"'..., !{table.name}'"
-        )
-    if uses_slot and table.replica_identity not in ("d", "f"):
-        raise PostgresSourceError(
-            f"{what}: table {table.name} has REPLICA IDENTITY "
-            f"{'NOTHING' if table.replica_identity == 'n' else 'USING INDEX'}, so its deletes do not carry the primary "
-            f"key. Set ALTER TABLE {table.name} REPLICA IDENTITY DEFAULT (or FULL), or exclude it: '..., !{table.name}'"
-        )
+
+
+#: In a multi-table source's folder: the matching tables it leaves out for want of a key -> its warning, written
+#: by the enumerator (driver) whenever that set changes -- at once, not with the next epoch (an idle source plans
+#: none) -- for the progress view and ``flinkish inspect``.
+NOT_FOLLOWED_FILE = "not-followed.json"
+
+
+def write_not_followed(io: Any, directory: str, tables: dict[str, str]) -> None:
+    import json
+
+    io.write_bytes(f"{directory}/{NOT_FOLLOWED_FILE}", json.dumps(tables, sort_keys=True).encode())
+
+
+def read_not_followed(io: Any, directory: str) -> dict[str, str]:
+    """What :func:`write_not_followed` wrote last (empty: none, or nothing written yet)."""
+    import json
+
+    try:
+        d = json.loads(io.read_bytes(f"{directory}/{NOT_FOLLOWED_FILE}"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
+
+
+def split_followable(found: list[FoundTable]) -> tuple[list[FoundTable], list[FoundTable]]:
+    """``found`` as (the tables with a usable key, those without one: left out, with a warning)."""
+    return [t for t in found if t.key_problem is None], [t for t in found if t.key_problem is not None]
 
 
 def table_problems(found: list[FoundTable], patterns: TablePatterns, what: str, uses_slot: bool,
                    role: str = "<the role>") -> list[PostgresSourceError]:
     """Every reason the matching tables ``found`` cannot be mirrored (none matching, or each table that cannot
-    be followed), one error each -- for a preflight that names them all at once."""
+    be read), one error each -- for a preflight that names them all at once. Tables without a usable key are
+    no problem here (:func:`split_followable`: they are left out with a warning)."""
     if not found:
         return [PostgresSourceError(
             f"{what}: no table matches 'tables' = {patterns.text!r} (ordinary or partitioned tables this role can "
@@ -157,7 +199,8 @@ def table_problems(found: list[FoundTable], patterns: TablePatterns, what: str, 
 
 
 def followable_tables(conn: Any, patterns: TablePatterns, what: str, uses_slot: bool) -> list[FoundTable]:
-    """The matching tables, each one followable; a clear error when none matches or one cannot be followed."""
+    """The matching tables, each one readable (those without a usable key too: see :func:`split_followable`);
+    a clear error when none matches or one cannot be read."""
     found = find_tables(conn, patterns)
     problems = table_problems(found, patterns, what, uses_slot)
     if problems:

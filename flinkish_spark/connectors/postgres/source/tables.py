@@ -96,8 +96,11 @@ def load_table_info(conn: Any, table: str, split_column: str | None, what: str) 
     key = [
         r[0]
         for r in conn.execute(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-            "WHERE i.indrelid = %s AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)",
+            # The primary key; under REPLICA IDENTITY USING INDEX that unique index (what changes carry).
+            "SELECT a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = %s AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END "
+            "ORDER BY array_position(i.indkey::int2[], a.attnum)",
             (oid,),
         ).fetchall()
     ]

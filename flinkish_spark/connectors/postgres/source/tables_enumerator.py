@@ -13,6 +13,10 @@ advanced on completion) with a set of tables instead of one:
   every transaction older than that has ended (until then one of them might have written the
   table before A, where pgoutput did not publish it yet), and read while the change split keeps
   running. Why the result is exact: docs/postgres-source.md, "New tables".
+* **Tables without a usable key** (no primary key, and no ``REPLICA IDENTITY USING INDEX``) are
+  left out with a warning -- logged, and written to the source's folder
+  (:data:`.patterns.NOT_FOLLOWED_FILE`) for the progress view and ``flinkish inspect`` -- never an error; every poll looks again, so a table that gets a
+  key joins like a new one (snapshot, then its changes) without a restart.
 * **Dropped tables** leave the registry (and the publication drops them by itself); a
   **renamed** table is one that left and, if the new name matches, one that joins. A joining
   table's chunks are bracketed by ``B``/``E`` (a keyed sink replaces the target's rows).
@@ -49,7 +53,7 @@ from flinkish_spark.connectors.postgres.source.changes import peek
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.patterns import (
-    FoundTable, TablePatterns, check_followable, find_tables, followable_tables,
+    FoundTable, TablePatterns, check_followable, find_tables, followable_tables, split_followable, write_not_followed,
 )
 from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
 from flinkish_spark.connectors.postgres.source.signature import change, signatures
@@ -81,6 +85,8 @@ class TablesEnumerator(PostgresEnumerator):
         self._retained_at = -1
         self._tids: tuple[Registry | None, frozenset[int]] = (None, frozenset())  # (a registry, its tids)
         self._drain_asked: float | None = None  # monotonic time of the first drain_ready() that said no
+        self.not_followed: dict[str, str] = {}  # matching tables left out (no usable key) -> the warning
+        self._reported = False  # written to the source's folder in this process (a restart writes it anew)
 
     @property
     def patterns(self) -> TablePatterns:
@@ -105,6 +111,17 @@ class TablesEnumerator(PostgresEnumerator):
         self.registry = registry.of_state(self.source.io, self.directory, state) or Registry()
         self.requests_handled = requests.handled_of_state(state)
 
+    def _leave_out(self, tables: list[FoundTable]) -> None:
+        """The matching tables without a usable key, now: warn about each one newly left out."""
+        now = {t.name: t.not_followed() for t in tables}
+        for name, text in sorted(now.items()):
+            if self.not_followed.get(name) != text:
+                log.warning("%s: %s", self.source.component, text)
+        if now != self.not_followed or not self._reported:
+            write_not_followed(self.source.io, self.directory, now)
+            self._reported = True
+        self.not_followed = now
+
     def _save(self, new: Registry) -> None:
         self.registry = new
         self.registry_name = registry.write(self.source.io, self.directory, new)
@@ -118,7 +135,8 @@ class TablesEnumerator(PostgresEnumerator):
     def _start(self, known: Collection[str]) -> list[Split]:
         src = self.source
         with connect(src.conn_info, autocommit=True) as conn:
-            found = followable_tables(conn, self.patterns, src.component, self.uses_slot)
+            found, left_out = split_followable(followable_tables(conn, self.patterns, src.component, self.uses_slot))
+            self._leave_out(left_out)
             if self.uses_slot:
                 slots.check_logical_replication(conn, src.component)
                 # The publication, then the slot: every change after its consistent point is kept for us.
@@ -194,7 +212,8 @@ class TablesEnumerator(PostgresEnumerator):
                     names_ended = tuple(x for x in names_ended if x[0] not in gone) + tuple((n, lsn) for n in sorted(gone))
                 entries = [e for e in entries if e not in ended]
                 known_oids = {e.oid for e in entries}
-                joined = [t for oid, t in found.items() if oid not in known_oids]
+                joined, left_out = split_followable([t for oid, t in found.items() if oid not in known_oids])
+                self._leave_out(left_out)
                 if joined:
                     entries += self._join(conn, joined, next_tid, {n for n, _ in names_ended})
                     next_tid += len(joined)

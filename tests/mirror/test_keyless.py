@@ -1,0 +1,117 @@
+"""``flinkish mirror`` and matching tables without a primary key: left out with a warning, never an error.
+
+One mirror (the command, into local Delta tables) over ``public.k_*``:
+
+* ``k_a`` has a primary key; ``k_ri`` has none but ``REPLICA IDENTITY USING INDEX`` on a unique
+  index (its key: the index's column); ``k_nokey`` has none at the start; ``k_scratch`` is created
+  without one while the mirror runs (someone's scratch table).
+* The keyed tables are snapshotted and followed; the keyless ones are reported -- the progress
+  lines and ``flinkish inspect`` say which and what to do -- and the mirror keeps running.
+* ``ALTER TABLE k_nokey ADD PRIMARY KEY`` while it runs: the next catalog poll picks it up
+  (snapshot, then its changes) without a restart. After a drain every followed target equals its
+  table and ``k_scratch`` has none.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import psycopg
+import pytest
+
+from flinkish_spark.testing.mirror import delta_differences, table_states
+
+pytest.importorskip("deltalake")
+pytestmark = pytest.mark.slow
+
+SETUP = """
+CREATE TABLE k_a (id int PRIMARY KEY, v text);
+CREATE TABLE k_ri (code text NOT NULL, v text);
+CREATE UNIQUE INDEX k_ri_code ON k_ri (code);
+ALTER TABLE k_ri REPLICA IDENTITY USING INDEX k_ri_code;
+CREATE TABLE k_nokey (id int NOT NULL, v text);
+INSERT INTO k_a SELECT g, 'a' || g FROM generate_series(1, 200) g;
+INSERT INTO k_ri SELECT 'c' || g, 'r' || g FROM generate_series(1, 200) g;
+INSERT INTO k_nokey SELECT g, 'n' || g FROM generate_series(1, 200) g;
+"""
+
+
+def flinkish() -> list[str]:
+    script = os.path.join(os.path.dirname(sys.executable), "flinkish")  # the console script users run
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "flinkish_spark.cli"]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+
+
+def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert proc.poll() is None, f"the mirror ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
+        assert time.time() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.5)
+
+
+def ended(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> tuple[int, str]:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the mirror did not end within {timeout}s:\n{log.read_text()[-4000:]}") from None
+    return rc, log.read_text()
+
+
+def test_tables_without_a_key_are_left_out_with_a_warning_and_picked_up_once_they_have_one(
+        pg_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    meta = tmp_path / "meta"
+    cmd = [*flinkish(), "mirror", "--from", pg_url, "--tables", "public.k_*", "--to", str(tmp_path / "lake"),
+           "--checkpoint", str(meta), "--trigger", "1s", "--source-option", "discoveryInterval=1"]
+    log = tmp_path / "run.log"
+    proc = start(cmd, log)
+    try:
+        wait_for("the snapshot of the keyed tables", lambda: "tables snapshotted 2/2" in log.read_text(), proc, log)
+        out = log.read_text()
+        assert ("warning: public.k_nokey is not followed: it has no primary key. ALTER TABLE public.k_nokey ADD "
+                "PRIMARY KEY (...) or ALTER TABLE public.k_nokey REPLICA IDENTITY USING INDEX") in out, out[-4000:]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE k_scratch (x int); INSERT INTO k_scratch VALUES (1), (1)")
+            conn.execute("UPDATE k_a SET v = 'changed' WHERE id <= 10; DELETE FROM k_a WHERE id > 190; "
+                         "INSERT INTO k_a VALUES (1000, 'new')")
+            conn.execute("UPDATE k_ri SET v = 'changed' WHERE code IN ('c1', 'c2'); DELETE FROM k_ri WHERE code = 'c3'; "
+                         "UPDATE k_ri SET code = 'moved' WHERE code = 'c4'")
+            conn.execute("UPDATE k_nokey SET v = 'before its key' WHERE id <= 5")
+        wait_for("the scratch table's warning", lambda: "public.k_scratch is not followed" in log.read_text(), proc, log)
+        inspect = subprocess.run([*flinkish(), "inspect", str(meta)], capture_output=True, text=True, timeout=120)
+        assert inspect.returncode == 0, inspect.stdout + inspect.stderr
+        assert "2 not followed" in inspect.stdout, inspect.stdout
+        assert "warning: public.k_scratch is not followed: it has no primary key" in inspect.stdout, inspect.stdout
+
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE k_nokey ADD PRIMARY KEY (id)")
+            conn.execute("UPDATE k_nokey SET v = 'after its key' WHERE id BETWEEN 6 AND 9; DELETE FROM k_nokey WHERE id = 200")
+        wait_for("k_nokey's snapshot", lambda: "tables snapshotted 3/3" in log.read_text(), proc, log)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE k_nokey SET v = 'followed' WHERE id = 1; INSERT INTO k_nokey VALUES (500, 'new')")
+        proc.send_signal(signal.SIGTERM)  # a drain: every change up to now reaches the targets
+        rc, out = ended(proc, log)
+        assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    tables = ["public.k_a", "public.k_ri", "public.k_nokey"]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, tables)
+    assert schemas["public.k_ri"].key == ("code",)
+    assert len(source["public.k_nokey"]) == 200  # 199 + the new one
+    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
+    assert sorted(os.listdir(tmp_path / "lake" / "public")) == ["k_a", "k_nokey", "k_ri"]  # never k_scratch
