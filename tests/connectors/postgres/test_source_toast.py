@@ -3,7 +3,8 @@
 With the option ``table`` (one table, typed columns) it needs ``REPLICA IDENTITY FULL`` and then
 arrives as a full row. With ``tables`` (the multi-table stream) the default replica identity is
 enough: the row marks the column unchanged and a keyed target keeps its stored value (one mirror
-per target kind, ending equal to the source).
+per target kind, ending equal to the source; and one routed Delta mirror killed with kill -9 inside the
+commit of such an epoch, restarted from its checkpoint).
 
 pgoutput sends an unchanged value that is stored out of line as 'u' ("unchanged TOASTed value",
 no data) in the new row; with REPLICA IDENTITY FULL the old row carries it. The value here is
