@@ -3,7 +3,8 @@
 With the option ``table`` (one table, typed columns) it needs ``REPLICA IDENTITY FULL`` and then
 arrives as a full row. With ``tables`` (the multi-table stream) the default replica identity is
 enough: the row marks the column unchanged and a keyed target keeps its stored value (one mirror
-per target kind, ending equal to the source).
+per target kind, ending equal to the source; and one routed Delta mirror killed with kill -9 inside the
+commit of such an epoch, restarted from its checkpoint).
 
 pgoutput sends an unchanged value that is stored out of line as 'u' ("unchanged TOASTed value",
 no data) in the new row; with REPLICA IDENTITY FULL the old row carries it. The value here is
@@ -131,3 +132,52 @@ def test_a_mirror_keeps_the_unchanged_toasted_value_in_its_target(fmt: str, pg_u
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr + log.read_text()[-3000:]
     assert "all 1 tables equal to their source" in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+def test_a_kill_inside_an_epoch_of_unchanged_toasted_values_ends_with_the_values_in_the_target(
+        pg_url: str, run_pipeline: Callable[..., Any], tmp_path: Path) -> None:
+    """kill -9 of the driver in the routed Delta sink's commit of an epoch whose updates leave TOASTed values
+    unchanged (``sink.between_tables``: one table has the epoch, the other not yet), then the same pipeline
+    again: the replay skips the table that has the epoch and fills the other's unchanged values from its stored
+    rows and the epoch's own earlier versions -- every target ends equal to its source, no value null."""
+    pytest.importorskip("deltalake")
+    from flinkish_spark.testing.mirror import delta_differences, delta_reader, table_states
+
+    tables = ["public.t_docs", "public.t_notes"]
+    big = [os.urandom(2_000).hex() for _ in range(4)]  # 4 kB each: out of line (checked)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(MIRROR_SETUP + MIRROR_SETUP.replace("t_docs", "t_notes"))
+        for i, table in enumerate(tables):
+            conn.execute(f"INSERT INTO {table} VALUES (1, 0, %s), (2, 0, %s)", (big[2 * i], big[2 * i + 1]))
+            toast = conn.execute(f"SELECT reltoastrelid::regclass::text FROM pg_class WHERE oid = '{table}'::regclass").fetchone()[0]
+            assert conn.execute(f"SELECT count(*) FROM {toast}").fetchone()[0] > 0
+    meta, lake = str(tmp_path / "meta"), str(tmp_path / "lake")
+    spec = {"source": {"format": "flinkish.postgres", "options": {"uid": "mirror", "checkpoint": meta, "url": pg_url,
+                                                                  "tables": "public.t_*"}},
+            "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"),
+                     "options": {"uid": "lake", "checkpoint": meta, "path": lake + "/{schema}/{table}"}},
+            "trigger": "availableNow"}
+    first = run_pipeline(spec)  # the snapshot
+    assert first.returncode == 0, first.output[-4000:]
+
+    # One transaction: one epoch holding both tables' changes, the only one the next run commits.
+    with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
+        for i, table in enumerate(tables):
+            conn.execute(f"UPDATE {table} SET n = 1 WHERE id = 1")  # the value is in the target's row
+            conn.execute(f"INSERT INTO {table} VALUES (10, 0, %s)", (big[2 * i],))  # then unchanged in the epoch
+            conn.execute(f"UPDATE {table} SET n = 5 WHERE id = 10")
+            conn.execute(f"UPDATE {table} SET body = %s WHERE id = 2", (big[2 * i] + "x",))  # changed, then unchanged
+            conn.execute(f"UPDATE {table} SET n = 7 WHERE id = 2")
+    killed = run_pipeline(spec, crash_at="sink.between_tables:1")
+    assert killed.killed, killed.output[-4000:]
+    read = delta_reader(lake)
+    n_of_1 = {t: dict(zip(*read(t).select(["id", "n"]).to_pydict().values()))[1] for t in tables}
+    assert sorted(n_of_1.values()) == [0, 1], n_of_1  # the kill landed inside that epoch: one table has it
+
+    again = run_pipeline(spec)  # the replay of the epoch, from the checkpoint
+    assert again.returncode == 0, again.output[-4000:]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        source, schemas = table_states(conn, tables)
+    assert sorted(len(r["body"]) for t in tables for r in source[t].values()) == [4000] * 4 + [4001] * 2
+    assert delta_differences(lake, source, schemas) == {}
