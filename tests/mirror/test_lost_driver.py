@@ -52,7 +52,7 @@ def start(url: str, machine: Path, endpoint: str, log: Path) -> subprocess.Popen
 
 def spark_folder(machine: Path) -> str:
     """The machine's default Spark checkpoint (one mirror: one folder), '' before the command made it."""
-    found = glob.glob(str(machine / "flinkish_spark" / "mirror" / "*"))
+    found = [p for p in glob.glob(str(machine / "flinkish_spark" / "mirror" / "*")) if os.path.isdir(p)]  # not its .log
     return found[0] if found else ""
 
 
