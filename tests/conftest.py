@@ -204,6 +204,19 @@ def pg_url(pg_server: PostgresForTests, request: pytest.FixtureRequest) -> Itera
         pass  # best effort: a slot still in use by a query the test left running
 
 
+
+@pytest.fixture
+def target_url(pg_url: str) -> Iterator[str]:
+    """A second database on the same server as ``pg_url``: the target of a PostgreSQL mirror."""
+    import psycopg
+
+    name = pg_url.rsplit("/", 1)[1] + "_t"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield pg_url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
 def _exit_within(proc: subprocess.Popen, seconds: float) -> int | None:
     try:
         return proc.wait(timeout=seconds)

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -59,16 +58,6 @@ def compare(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "mirror", "compare", *args],
                           capture_output=True, text=True, timeout=120)
 
-
-@pytest.fixture
-def target_url(pg_url: str) -> Any:
-    """A second database on the same server for the PostgreSQL targets."""
-    name = pg_url.rsplit("/", 1)[1] + "_t"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield pg_url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg", "postgres"])

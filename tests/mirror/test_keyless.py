@@ -17,15 +17,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 import psycopg
 import pytest
 
 from flinkish_spark.testing.mirror import delta_differences, table_states
+from flinkish_spark.testing.mirror_process import ended, flinkish, start, wait_for
 
 pytest.importorskip("deltalake")
 pytestmark = pytest.mark.slow
@@ -42,30 +40,12 @@ INSERT INTO k_nokey SELECT g, 'n' || g FROM generate_series(1, 200) g;
 """
 
 
-def flinkish() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "flinkish")  # the console script users run
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "flinkish_spark.cli"]
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
-def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while not check():
-        assert proc.poll() is None, f"the mirror ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
-        assert time.time() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}"
-        time.sleep(0.5)
 
 
-def ended(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> tuple[int, str]:
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"the mirror did not end within {timeout}s:\n{log.read_text()[-4000:]}") from None
-    return rc, log.read_text()
 
 
 def test_tables_without_a_key_are_left_out_with_a_warning_and_picked_up_once_they_have_one(

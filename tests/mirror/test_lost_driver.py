@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.mirror_process import flinkish, wait_for
 from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
@@ -34,9 +35,6 @@ LAKE, META = "s3://test/lake", "s3://test/meta"
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "27"))
 
 
-def flinkish() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "flinkish")
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "flinkish_spark.cli"]
 
 
 def command(url: str) -> list[str]:
@@ -101,12 +99,6 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.1)
 
 
-def wait_for(what: str, check, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.time() + timeout
-    while not check():
-        assert proc.poll() is None, f"the mirror ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
-        assert time.time() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}"
-        time.sleep(0.2)
 
 
 def test_the_same_command_on_a_new_machine_continues_exactly_once(pg_url: str, s3_proc: str, tmp_path: Path) -> None:

@@ -19,12 +19,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 import pytest
 
 from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.mirror_process import ended, flinkish, start, wait_for
 from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
@@ -43,9 +44,6 @@ def files_holding(root: Path, text: str) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
 
-def flinkish() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "flinkish")  # the console script users run
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "flinkish_spark.cli"]
 
 
 def command(url: str, tmp_path: Path, *extra: str) -> list[str]:
@@ -54,25 +52,10 @@ def command(url: str, tmp_path: Path, *extra: str) -> list[str]:
             "--source-option", "maxRowsPerTrigger=2000", "--source-option", "discoveryInterval=1", *extra]
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
-def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while not check():
-        assert proc.poll() is None, f"the mirror ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
-        assert time.time() < deadline, f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}"
-        time.sleep(0.5)
 
 
-def ended(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> tuple[int, str]:
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"the mirror did not end within {timeout}s:\n{log.read_text()[-4000:]}") from None
-    return rc, log.read_text()
 
 
 def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drain(pg_url: str, tmp_path: Path) -> None:

@@ -69,16 +69,6 @@ ALTER TABLE t_docs ALTER COLUMN body SET STORAGE EXTERNAL;
 """
 
 
-@pytest.fixture
-def target_url(pg_url: str) -> Any:
-    """A second database on the same server for the PostgreSQL targets."""
-    name = pg_url.rsplit("/", 1)[1] + "_t"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield pg_url.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
 
 def _wait(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
     deadline = time.time() + timeout
