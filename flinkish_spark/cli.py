@@ -9,9 +9,13 @@ process) and ``orphans`` (staged sink output that a crash left behind)."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
 import sys
-from typing import TYPE_CHECKING, Sequence
+import threading
+import traceback
+from typing import TYPE_CHECKING, NoReturn, Sequence
 
 from flinkish_spark.errors import FlinkishError
 
@@ -319,5 +323,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entry() -> NoReturn:
+    """The ``flinkish`` command: :func:`main`, then an exit that skips native teardown.
+
+    Why: pyarrow's (and delta-rs') native thread pools can still be alive while CPython finalizes
+    the interpreter; their destructors then call ``std::terminate`` and a command that did all its
+    work dies with SIGABRT (exit -6; apache/arrow#34314; seen once in CI on ``mirror resnapshot``).
+    So the command waits for its own threads, runs the ``atexit`` handlers (logging, pyspark's
+    gateway), flushes its output and leaves with ``os._exit``: nothing native is torn down.
+    """
+    code: int
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's usage errors and --help
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 -- printed as Python would, then the same clean exit
+        traceback.print_exc()
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`flinkish ... | head`): nothing left to say
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

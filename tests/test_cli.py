@@ -169,3 +169,20 @@ def test_stop_takes_checkpoint_as_an_option_too(tmp_path: Path) -> None:
     write_epochs(FileIO.for_url(root), root)
     out = flinkish("stop", "--checkpoint", root)
     assert out.returncode == 2 and f"no running flinkish source under {root}" in out.stderr
+
+
+def test_the_command_exits_with_its_code_after_its_threads_atexit_handlers_and_output() -> None:
+    """`flinkish` leaves with os._exit (native thread pools can abort CPython's finalization:
+    apache/arrow#34314); what Python's own exit does must still happen: buffered output written,
+    atexit handlers run, non-daemon threads finished, the command's code (and argparse's) kept."""
+    script = ("import atexit, sys, threading, time\n"
+              "from flinkish_spark import cli\n"
+              "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+              "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done', end=''))).start()\n"
+              "cli.main = lambda: (print('no newline yet', end=''), 7)[1]\n"
+              "cli.entry()\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout, out.stderr) == (7, "no newline yetthread done", "atexit ran\n")
+    usage = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "no-such-command"], capture_output=True,
+                           text=True, timeout=60)
+    assert usage.returncode == 2 and "invalid choice: 'no-such-command'" in usage.stderr
