@@ -257,6 +257,7 @@ def test_a_chunk_read_after_a_widening_in_any_layout_is_followed_and_a_later_nar
     assert m.rows("public_w", "id") == [(r["id"], r["n"]) for r in w.rows]
 
 
+@pytest.mark.both_postgres
 def test_an_unchanged_column_keeps_the_value_of_the_keys_latest_version_in_the_epoch_or_the_target(pg_url, tmp_path: Path) -> None:
     """Rows that list a column unchanged (an update that left a TOASTed value unchanged) do not carry it; the
     target keeps it: from an earlier staged row of the key (any task), else its own stored value."""

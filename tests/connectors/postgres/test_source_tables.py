@@ -294,6 +294,7 @@ def test_a_lost_slot_with_resnapshot_reads_every_table_again_between_markers(pg_
     assert sorted(json.loads(r["row"])["id"] for r in rows if r["_table"] == "public.m_b" and r["_op"] == "r") == [1, 3]
 
 
+@pytest.mark.both_postgres
 def test_a_keyless_table_created_while_running_is_left_out_with_a_warning_until_it_has_a_key(
         pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
