@@ -17,8 +17,10 @@ def flinkish() -> list[str]:
     return [script] if os.path.exists(script) else [sys.executable, "-m", "flinkish_spark.cli"]
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``env``: variables added to this process's environment (e.g. a crash point, :mod:`flinkish_spark.faults`)."""
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path,
