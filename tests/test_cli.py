@@ -186,3 +186,16 @@ def test_the_command_exits_with_its_code_after_its_threads_atexit_handlers_and_o
     usage = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "no-such-command"], capture_output=True,
                            text=True, timeout=60)
     assert usage.returncode == 2 and "invalid choice: 'no-such-command'" in usage.stderr
+
+
+def test_the_command_ends_although_a_library_left_its_thread_pool_open() -> None:
+    """A library's executor that is never shut down (pyiceberg's shared one: `flinkish mirror compare --format
+    iceberg` printed its answer, then waited for ever): its queued work is done and its idle workers end, as at
+    Python's own exit -- the command does not hang."""
+    script = ("import concurrent.futures, time\n"
+              "from flinkish_spark import cli\n"
+              "pool = concurrent.futures.ThreadPoolExecutor(2)\n"
+              "cli.main = lambda: (pool.submit(lambda: (time.sleep(0.3), print('queued work done', end=''))), 3)[1]\n"
+              "cli.entry()\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout, out.stderr) == (3, "queued work done", "")
