@@ -329,8 +329,9 @@ def entry() -> NoReturn:
     Why: pyarrow's (and delta-rs') native thread pools can still be alive while CPython finalizes
     the interpreter; their destructors then call ``std::terminate`` and a command that did all its
     work dies with SIGABRT (exit -6; apache/arrow#34314; seen once in CI on ``mirror resnapshot``).
-    So the command waits for its own threads, runs the ``atexit`` handlers (logging, pyspark's
-    gateway), flushes its output and leaves with ``os._exit``: nothing native is torn down.
+    So the command waits for its own threads (as Python's exit does: after its threading hooks, which end
+    idle thread-pool workers), runs the ``atexit`` handlers (logging, pyspark's gateway), flushes its output
+    and leaves with ``os._exit``: nothing native is torn down.
     """
     code: int
     try:
@@ -344,9 +345,16 @@ def entry() -> NoReturn:
     except BaseException:  # noqa: BLE001 -- printed as Python would, then the same clean exit
         traceback.print_exc()
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # What CPython's own exit does first, in its order: the threading atexit hooks -- concurrent.futures' ends
+    # the idle workers of every executor nobody shut down (pyiceberg's shared one), after their queued work --
+    # then it waits for the non-daemon threads. Joining the threads without the hooks waits for ever.
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # not in any CPython this package supports (3.10-3.13 have it)
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
