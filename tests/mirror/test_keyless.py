@@ -98,7 +98,8 @@ def test_tables_without_a_key_are_left_out_with_a_warning_and_picked_up_once_the
         hits = crashes / f"{POINT}.hits"  # faults.crash_point counts a hit as one byte of this file
         assert hits.stat().st_size < KILL_AT - 1
         os.truncate(hits, KILL_AT - 1)
-        with psycopg.connect(pg_url, autocommit=True) as conn:
+        # One transaction: committed before the poll that picks k_nokey up, so its first epoch is the snapshot.
+        with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
             conn.execute("ALTER TABLE k_nokey ADD PRIMARY KEY (id)")
             conn.execute("UPDATE k_nokey SET v = 'after its key' WHERE id BETWEEN 6 AND 9; DELETE FROM k_nokey WHERE id = 200")
         rc, out = ended(proc, log)
