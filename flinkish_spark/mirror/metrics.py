@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Iterator
 
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.faults import crash_point
 from flinkish_spark.mirror import counts
 from flinkish_spark.mirror.config import MirrorConfig
 from flinkish_spark.mirror.progress import OBSERVED
@@ -176,6 +177,7 @@ class Recorder:
                 took = getattr(p, "durationMs", None) or {}
                 for phase, keys in PHASES.items():
                     self.durations.labels(phase).observe(sum(float(took.get(k) or 0) for k in keys) / 1000)
+        crash_point("mirror.before_status_record")  # the batches are committed, their counts not recorded yet
         counts.write(self.io, self.root, self.config.uid, record)
         self.record = record
 

@@ -17,8 +17,9 @@ def flinkish() -> list[str]:
     return [script] if os.path.exists(script) else [sys.executable, "-m", "flinkish_spark.cli"]
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``cmd`` started with its output in ``log``; ``env``: its environment (default: this process's)."""
+    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
 
 
 def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path,
