@@ -136,6 +136,11 @@ def test_metrics_while_it_runs_and_status_when_stopped(pg_url: str, tmp_path: Pa
         epoch = samples[("flinkish_mirror_last_committed_epoch", ())]
         sink = [e.epoch for e in sink_epochs(FileIO.for_url(str(meta)), str(meta), last=50) if e.state == "committed"]
         assert epoch in sink, (epoch, sink)
+        # per table: its lag and its newest epoch with rows (both tables changed in the last epochs with changes)
+        lags = per_table(samples, "flinkish_mirror_table_lag_seconds")
+        assert lags.keys() == set(SNAPSHOT) and all(0 <= v < 60 for v in lags.values()), lags
+        assert max(lags.values()) >= samples[("flinkish_mirror_lag_seconds", ())]  # the mirror-wide: the newest change
+        assert all(e <= epoch for e in per_table(samples, "flinkish_mirror_table_last_committed_epoch").values())
 
         proc.send_signal(signal.SIGTERM)
         rc, out = ended(proc, log)
@@ -149,4 +154,5 @@ def test_metrics_while_it_runs_and_status_when_stopped(pg_url: str, tmp_path: Pa
     got = json.loads(status.stdout)
     assert {t["name"]: (t["snapshot_rows"], t["changes"]) for t in got["tables"]} == {
         t: (SNAPSHOT[t], expected_changes[t]) for t in SNAPSHOT}
+    assert all(t["lag_s"] is not None and t["last_epoch"] is not None for t in got["tables"]) and got["counts_exact"]
     assert got["runs"] == 2 and got["errors"] == 0 and got["last_epoch"] >= epoch
