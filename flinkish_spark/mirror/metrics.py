@@ -160,7 +160,8 @@ class Recorder:
             if force or time.monotonic() - self._refreshed >= self.REFRESH_S:
                 self._refreshed = time.monotonic()
                 try:
-                    self.status = mirror_status(self.root, self.config.uid, slot=True, io=self.io)
+                    self.status = mirror_status(self.root, self.config.uid, slot=True, io=self.io,
+                                                record=None if self._behind else self.record)
                 except Exception:  # noqa: BLE001 - keep the last status
                     pass
 
@@ -177,9 +178,9 @@ class Recorder:
                     self.durations.labels(phase).observe(sum(float(took.get(k) or 0) for k in keys) / 1000)
         if not (new or force or self._behind):
             return
-        self._behind = True
+        behind, self._behind = self._behind, True  # until the record is written
         record = counts.fold(self.record, self.log)
-        if record is not self.record:
+        if record is not self.record or behind:
             crash_point("mirror.before_status_record")  # the epochs are committed, their counts not recorded yet
             counts.write(self.io, self.root, self.config.uid, record)
             self.record = record

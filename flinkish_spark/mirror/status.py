@@ -98,9 +98,11 @@ def _uid(io: FileIO, root: str, uid: str | None) -> str:
 
 
 def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapping[str, str] | None = None,
-                  slot: bool = True, io: FileIO | None = None) -> MirrorStatus:
+                  slot: bool = True, io: FileIO | None = None, record: Any = None) -> MirrorStatus:
     """The status of the mirror whose metadata root is ``checkpoint`` (its ``--checkpoint``); ``uid``: its
-    ``--uid`` (default: the one mirror there). ``slot=False`` skips asking the source database."""
+    ``--uid`` (default: the one mirror there). ``slot=False`` skips asking the source database. ``record``: the
+    counts to show (a :class:`~flinkish_spark.mirror.counts.Record`: the pipeline process passes its own, current
+    one); default: read from the metadata."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
     from flinkish_spark.connectors.postgres.source import registry
     from flinkish_spark.inspect import postgres_slots, running_source_uids, sink_epochs
@@ -114,7 +116,8 @@ def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapp
     store = SourceCheckpointStore(io, root, uid, kind="")
     latest = store.latest()
     reg = None if latest is None else registry.of_state(io, store.directory, latest.enumerator_state)
-    record = counts.current(io, root, uid)
+    if record is None:
+        record = counts.current(io, root, uid)
     tables = tuple(_table(record, e.name, e.state) for e in (reg.entries if reg else ()))
     committed = [e for e in sink_epochs(io, root, last=2) if e.uid == f"{uid}_sink" and e.state == "committed"]
     last = max(committed, key=lambda e: e.epoch) if committed else None

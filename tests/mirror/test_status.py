@@ -138,3 +138,29 @@ def test_the_exporter_serves_the_status_as_prometheus_text(tmp_path: Path) -> No
     assert samples[("flinkish_mirror_table_last_committed_epoch", (("table", B),))] == 0
     assert ("flinkish_mirror_table_lag_seconds", (("table", B),)) not in samples  # no change yet: no sample
     assert samples[("flinkish_mirror_restarts_total", ())] == 2 and samples[("flinkish_mirror_errors_total", ())] == 1
+
+
+def test_the_pipeline_counts_a_killed_runs_epochs_at_its_start_then_each_committed_batch_once(tmp_path: Path) -> None:
+    from flinkish_spark.mirror.config import MirrorConfig
+    from flinkish_spark.mirror.metrics import Recorder
+
+    root = str(tmp_path / "meta")
+    write_mirror(root)  # the record holds epoch 0; epoch 1 was committed by a run killed before it recorded it
+    io = FileIO.for_url(root)
+    config = MirrorConfig("mirror", "m", "postgresql://db/x", "public.*", "delta", str(tmp_path / "lake/{schema}/{table}"),
+                          root, str(tmp_path / "spark"))
+    query = SimpleNamespace(recentProgress=[])
+    recorder = Recorder(config, query)
+    try:
+        at_start = counts.read(io, root, "mirror")
+        assert at_start is not None and (at_start.epoch, at_start.tables[A].changes, at_start.runs) == (1, 5, 4)
+        log = DecisionLog(io, root, "mirror_sink")
+        log.io.write_exclusive(log.done_path(2), encode_done(T0 // 1000 + 3_000, figures(public__orders=(0, 2, 0, T0))))
+        query.recentProgress = [SimpleNamespace(batchId=0, durationMs={})]  # the batch of epoch 2 committed
+        recorder.step()
+        recorder.step()
+        after = counts.read(io, root, "mirror")
+        assert after is not None and (after.epoch, after.tables[A].changes, after.rows) == (2, 7, 1015)
+    finally:
+        recorder.close()
+    assert recorder.status is not None and recorder.status.tables[0].changes == 7
