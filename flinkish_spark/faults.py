@@ -25,7 +25,9 @@ Points (see docs/guarantees.md):
   visible; ``sink.after_commit`` -- committed, Spark's commit log not yet written;
   ``sink.between_tables`` -- a routing sink's commit (docs/mirror.md), after the first table
   has the epoch and before the next one; ``iceberg.routed.after_schema`` -- the routed Iceberg sink
-  created a target or updated its schema, the epoch's data snapshot not yet written.
+  created a target or updated its schema, the epoch's data snapshot not yet written;
+  ``mirror.before_status_record`` -- the ``flinkish mirror`` pipeline process, after committed epochs
+  were folded into its counts and before the record is written (:mod:`flinkish_spark.mirror.counts`).
 """
 
 from __future__ import annotations

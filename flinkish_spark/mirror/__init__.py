@@ -6,5 +6,5 @@ YAML into the options a Python user would pass to ``flinkish.postgres`` (``table
 sink; :mod:`.pipeline` runs that query and stops it with drain on Ctrl-C / SIGTERM; :mod:`.progress`
 shows what the checkpoint metadata and Spark's progress say; :mod:`.status` (``flinkish mirror status``,
 ``flinkish_spark.mirror_status``) and :mod:`.metrics` (``--metrics-port``) the same figures per table, from
-the metadata and the counts :mod:`.counts` records per batch.
+the metadata and the counts :mod:`.counts` folds from each committed epoch (exact under ``kill -9``).
 """

@@ -1,8 +1,10 @@
 """In the pipeline process: record each committed batch's counts, and serve Prometheus metrics (``--metrics-port``).
 
-:class:`Recorder` runs a thread that, every second, takes the query's new progress events (Spark's
-``recentProgress``: a committed batch's observed metrics and durations) into the counts record
-(:mod:`flinkish_spark.mirror.counts`) and, every :attr:`Recorder.REFRESH_S`, reads the status from the
+:class:`Recorder` folds, at its start, the epochs a killed run committed after its last record, then runs
+a thread that every second looks at the query's new progress events (Spark's ``recentProgress``): after a
+committed batch it folds the sink's new done epochs into the counts record and writes it
+(:mod:`flinkish_spark.mirror.counts`: exact under ``kill -9``), and takes the batch's durations into the
+epoch histograms. Every :attr:`Recorder.REFRESH_S` it reads the status from the
 metadata (:func:`flinkish_spark.mirror.status.mirror_status`, the one ``flinkish mirror status`` prints).
 A scrape answers from what the thread read last: it never waits on the query or the metadata, so the
 endpoint answers while a batch runs. Metric names, types and labels: docs/mirror.md, "Metrics and status".
@@ -13,13 +15,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from datetime import datetime
 from typing import Any, Iterator
 
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.faults import crash_point
 from flinkish_spark.mirror import counts
 from flinkish_spark.mirror.config import MirrorConfig
-from flinkish_spark.mirror.progress import OBSERVED
 from flinkish_spark.mirror.status import MirrorStatus, mirror_status
 
 PREFIX = "flinkish_mirror"
@@ -29,13 +30,6 @@ STATES = ("joining", "snapshot", "streaming")
 PHASES = {"plan": ("latestOffset", "queryPlanning", "getBatch"), "batch": ("addBatch",),
           "commit": ("walCommit", "commitOffsets")}
 BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
-
-
-def _visible_ms(progress: Any) -> int:
-    """When a batch's output was visible: its trigger's start plus the trigger's duration."""
-    start = datetime.fromisoformat(str(progress.timestamp).replace("Z", "+00:00")).timestamp()
-    took = (getattr(progress, "durationMs", None) or {}).get("triggerExecution") or 0
-    return int(start * 1000 + took)
 
 
 class _Collector:
@@ -54,19 +48,30 @@ class _Collector:
                                   labels=["table", "state"])
         snap = CounterMetricFamily(f"{PREFIX}_table_snapshot_rows", "rows read by the table's snapshots",
                                    labels=["table"])
-        chg = CounterMetricFamily(f"{PREFIX}_table_changes", "inserts, updates and deletes applied to the table's "
-                                  "target", labels=["table"])
+        chg = CounterMetricFamily(f"{PREFIX}_table_changes", "inserts, updates, deletes and truncates applied to "
+                                  "the table's target", labels=["table"])
+        lag = GaugeMetricFamily(f"{PREFIX}_table_lag_seconds", "visible in the table's target minus the source commit "
+                                "time of its newest change, its newest epoch with changes", labels=["table"])
+        last = GaugeMetricFamily(f"{PREFIX}_table_last_change_commit_timestamp_seconds", "source commit time of the "
+                                 "table's newest change in its target", labels=["table"])
+        epoch = GaugeMetricFamily(f"{PREFIX}_table_last_committed_epoch", "the newest committed epoch with rows of "
+                                  "the table", labels=["table"])
         for t in s.tables:
             for st in STATES:
                 state.add_metric([t.name, st], 1.0 if t.state == st else 0.0)
             snap.add_metric([t.name], t.snapshot_rows)
             chg.add_metric([t.name], t.changes)
-        yield from (state, snap, chg)
+            for family, value in ((lag, t.lag_s), (epoch, t.last_epoch),
+                                  (last, None if t.last_commit_ms is None else t.last_commit_ms / 1000)):
+                if value is not None:  # none yet: no sample (a 0 would read as 'no lag', 'epoch 0', '1970')
+                    family.add_metric([t.name], value)
+        yield from (state, snap, chg, lag, last, epoch)
         yield CounterMetricFamily(f"{PREFIX}_rows", "data rows of all committed batches", value=s.rows)
         yield CounterMetricFamily(f"{PREFIX}_changes", "changes of all committed batches", value=s.changes)
         gauges = {
             "running": ("1 while the source's lease is renewed", float(s.running)),
-            "lag_seconds": ("visible in the targets minus source commit time, newest batch with changes", s.lag_s),
+            "lag_seconds": ("visible in the targets minus source commit time of the newest change, newest epoch with "
+                            "changes (every table holds every change up to it)", s.lag_s),
             "last_change_commit_timestamp_seconds": ("source commit time of the newest change in the targets",
                                                      None if s.last_commit_ms is None else s.last_commit_ms / 1000),
             "last_committed_epoch": ("the sink's newest committed epoch", s.last_epoch),
@@ -95,6 +100,7 @@ class Recorder:
 
     FOLD_S = 1.0
     REFRESH_S = 2.0
+    _behind = False  # a fold or write failed: try again at the next look, not only after the next batch
 
     def __init__(self, config: MirrorConfig, query: Any, port: int | None = None) -> None:
         from flinkish_spark.io.fileio import FileIO, storage_options_from
@@ -103,16 +109,23 @@ class Recorder:
         self.root = config.checkpoint.rstrip("/")
         self.io = FileIO.for_url(self.root, storage_options_from(dict(config.source_extra), self.root),
                                  what="--checkpoint")
+        self.log = counts.sink_log(self.io, self.root, config.uid)
         before = counts.read(self.io, self.root, config.uid) or counts.Record()
-        self.record = replace(before, runs=before.runs + 1).for_query(str(query.id))
+        self.record = replace(before, runs=before.runs + 1)
+        try:
+            # the epochs a killed run committed after its last write, counted before this run's first batch
+            self.record = counts.fold(self.record, self.log)
+        except Exception:  # noqa: BLE001 - figures never stop a mirror: the next fold takes them
+            self._behind = True
         try:
             counts.write(self.io, self.root, config.uid, self.record)
-        except Exception:  # noqa: BLE001 - figures never stop a mirror: the next batch writes it again
-            pass
+        except Exception:  # noqa: BLE001 - the next batch writes it again
+            self._behind = True
         self.status: MirrorStatus | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._refreshed = 0.0
+        self._seen = -1  # the newest Spark batch of this run whose progress was taken
         self.server: Any = None
         self.durations: Any = None
         if port is not None:
@@ -138,46 +151,40 @@ class Recorder:
             self.step()
 
     def step(self, force: bool = False) -> None:
-        """Fold in new batches; refresh the status when due. Best effort: figures never stop a mirror."""
+        """Fold in new epochs; refresh the status when due. Best effort: figures never stop a mirror."""
         with self._lock:
             try:
-                self._fold()
+                self._fold(force)
             except Exception:  # noqa: BLE001 - see the docstring
-                pass
+                self._behind = True
             if force or time.monotonic() - self._refreshed >= self.REFRESH_S:
                 self._refreshed = time.monotonic()
                 try:
-                    self.status = mirror_status(self.root, self.config.uid, slot=True, io=self.io)
+                    self.status = mirror_status(self.root, self.config.uid, slot=True, io=self.io,
+                                                record=None if self._behind else self.record)
                 except Exception:  # noqa: BLE001 - keep the last status
                     pass
 
-    def _names(self) -> list[str]:
-        from flinkish_spark.checkpoint.store import SourceCheckpointStore
-        from flinkish_spark.connectors.postgres.source import registry
-
-        store = SourceCheckpointStore(self.io, self.root, self.config.uid, kind="")
-        latest = store.latest()
-        reg = None if latest is None else registry.of_state(self.io, store.directory, latest.enumerator_state)
-        return sorted({*(e.name for e in (reg.entries if reg else ())), *self.record.tables})
-
-    def _fold(self) -> None:
-        new = sorted((p for p in list(self.query.recentProgress or [])
-                      if self.record.batch is None or int(p.batchId) > self.record.batch), key=lambda p: int(p.batchId))
-        if not new:
-            return
-        names = self._names()
-        record = self.record
+    def _fold(self, force: bool) -> None:
+        """After a committed batch (its progress event), or when forced or behind: the sink's new done epochs into
+        the record, and the record written. The batch's durations go to the histograms."""
+        new = sorted((p for p in list(self.query.recentProgress or []) if int(p.batchId) > self._seen),
+                     key=lambda p: int(p.batchId))
         for p in new:
-            observed = (getattr(p, "observedMetrics", None) or {}).get(OBSERVED)
-            metrics = {} if observed is None else (observed.asDict(recursive=True) if hasattr(observed, "asDict")
-                                                   else dict(observed))
-            record = record.with_batch(int(p.batchId), metrics, _visible_ms(p), names)
+            self._seen = int(p.batchId)
             if self.durations is not None:
                 took = getattr(p, "durationMs", None) or {}
                 for phase, keys in PHASES.items():
                     self.durations.labels(phase).observe(sum(float(took.get(k) or 0) for k in keys) / 1000)
-        counts.write(self.io, self.root, self.config.uid, record)
-        self.record = record
+        if not (new or force or self._behind):
+            return
+        behind, self._behind = self._behind, True  # until the record is written
+        record = counts.fold(self.record, self.log)
+        if record is not self.record or behind:
+            crash_point("mirror.before_status_record")  # the epochs are committed, their counts not recorded yet
+            counts.write(self.io, self.root, self.config.uid, record)
+            self.record = record
+        self._behind = False
 
     def close(self, failure: BaseException | None = None) -> None:
         """The last batches in, the failure (if any) recorded; the server stopped."""

@@ -150,12 +150,11 @@ def _killed(pgid: int, signum: int, by_us: bool) -> int:
 
 
 def _observe(df: Any) -> Any:
-    """The stream with Spark observed metrics per batch: rows, snapshot rows, newest change's commit time. Rows are
-    data rows (snapshot rows, inserts, updates, deletes), not the stream's internal rows (a table's schema row
-    ``s``, re-snapshot markers), which no target holds."""
+    """The stream with Spark observed metrics per batch, for the progress view: rows, snapshot rows, newest change's
+    commit time. Rows are data rows (snapshot rows, inserts, updates, deletes), not the stream's internal rows (a
+    table's schema row ``s``, re-snapshot markers), which no target holds. Per-table counts are the sink's
+    (:mod:`flinkish_spark.mirror.counts`): recorded with each epoch's commit, where a kill cannot lose them."""
     from pyspark.sql import functions as F
-
-    from flinkish_spark.mirror.counts import observed_columns
 
     op = F.col("_op")
     return df.observe(
@@ -164,7 +163,6 @@ def _observe(df: Any) -> Any:
         F.count_if(op == "r").alias("snapshot_rows"),
         F.count_if(op.isin("c", "u", "d", "t")).alias("changes"),
         F.max(F.when(op.isin("c", "u", "d", "t"), F.unix_micros(F.col("_commit_ts")))).alias("last_commit_us"),
-        *observed_columns(op, F.col("_table")),  # per-table counts (mirror.counts)
     )
 
 

@@ -17,8 +17,8 @@ snapshot may take a while):
 
 The lag is ``now - commit time of the newest change the targets hold`` (it grows while the
 database is idle: it is the age of the newest change, not a queue length). Rows and changes are
-counted for all tables together: a per-table count would need a per-table aggregate in every
-batch (:mod:`flinkish_spark.mirror.counts` records one for ``flinkish mirror status`` and the
+counted for all tables together here; per table they are the routing sink's figures of each
+committed epoch (:mod:`flinkish_spark.mirror.counts`, for ``flinkish mirror status`` and the
 metrics). Reading the metadata is best effort: a progress view never stops a mirror.
 """
 

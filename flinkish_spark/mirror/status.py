@@ -4,11 +4,14 @@
 Read only, without Spark, for a mirror that runs or is stopped; each figure says where it comes from:
 
 * per table: its state (the registry the source's newest checkpoint names: ``joining``, ``snapshot``,
-  ``streaming``), the rows its snapshots read and the changes applied (the record the pipeline process
-  writes per committed batch, :mod:`flinkish_spark.mirror.counts`);
+  ``streaming``), the rows its snapshots read, the changes applied, its newest committed epoch with rows
+  and its lag (:mod:`flinkish_spark.mirror.counts`: the record the pipeline process writes, with the
+  epochs committed since folded in from the sink's ``.done`` markers -- exact also right after a
+  ``kill -9``);
 * the newest committed epoch: the sink's decision log (``sinks/<uid>_sink``), and when it was decided;
-* the lag: for the newest batch that had changes, when it was visible in the targets minus the source
-  commit time of its newest change (``_commit_ts``);
+* the lag: for the newest epoch that had changes, when it was visible in the targets minus the source
+  commit time of its newest change (``_commit_ts``); per table the same with the table's newest change
+  (the difference: docs/mirror.md, "Metrics and status");
 * the replication slot: ``pg_current_wal_lsn() - restart_lsn`` (WAL the server keeps for it) and
   ``pg_current_wal_lsn() - confirmed_flush_lsn`` (WAL not confirmed yet), asked from the source database
   (:func:`flinkish_spark.inspect.postgres_slots`; best effort: an unreachable server is a note);
@@ -30,8 +33,11 @@ from flinkish_spark.io.fileio import FileIO
 class TableStatus:
     name: str  # schema.table
     state: str  # joining, snapshot, streaming (the registry's)
-    snapshot_rows: int  # rows read by its snapshots (recorded batches)
-    changes: int  # inserts, updates, deletes applied (recorded batches)
+    snapshot_rows: int  # rows read by its snapshots
+    changes: int  # inserts, updates, deletes and truncates applied
+    last_epoch: int | None = None  # the newest committed epoch with rows of the table
+    last_commit_ms: int | None = None  # source commit time of its newest change visible in its target
+    lag_s: float | None = None  # visible in its target - that commit time, for its newest epoch with changes
 
 
 @dataclass(frozen=True)
@@ -43,11 +49,11 @@ class MirrorStatus:
     tables: tuple[TableStatus, ...]
     rows: int  # data rows of every recorded batch (snapshot rows and changes)
     changes: int
-    counts_exact: bool  # every batch's per-table counts were recorded (see mirror.counts)
+    counts_exact: bool  # every epoch's per-table counts were folded in (see mirror.counts)
     last_epoch: int | None  # the sink's newest committed epoch
     last_epoch_ms: int | None  # when it was decided (epoch ms)
     last_commit_ms: int | None  # source commit time of the newest change visible in the targets
-    lag_s: float | None  # visible in the targets - source commit time, newest batch with changes
+    lag_s: float | None  # visible in the targets - source commit time of the newest change, newest epoch with changes
     slot: str | None
     slot_retained_bytes: int | None  # pg_current_wal_lsn() - restart_lsn
     slot_confirmed_lag_bytes: int | None  # pg_current_wal_lsn() - confirmed_flush_lsn
@@ -92,9 +98,11 @@ def _uid(io: FileIO, root: str, uid: str | None) -> str:
 
 
 def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapping[str, str] | None = None,
-                  slot: bool = True, io: FileIO | None = None) -> MirrorStatus:
+                  slot: bool = True, io: FileIO | None = None, record: Any = None) -> MirrorStatus:
     """The status of the mirror whose metadata root is ``checkpoint`` (its ``--checkpoint``); ``uid``: its
-    ``--uid`` (default: the one mirror there). ``slot=False`` skips asking the source database."""
+    ``--uid`` (default: the one mirror there). ``slot=False`` skips asking the source database. ``record``: the
+    counts to show (a :class:`~flinkish_spark.mirror.counts.Record`: the pipeline process passes its own, current
+    one); default: read from the metadata."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
     from flinkish_spark.connectors.postgres.source import registry
     from flinkish_spark.inspect import postgres_slots, running_source_uids, sink_epochs
@@ -108,8 +116,9 @@ def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapp
     store = SourceCheckpointStore(io, root, uid, kind="")
     latest = store.latest()
     reg = None if latest is None else registry.of_state(io, store.directory, latest.enumerator_state)
-    record = counts.read(io, root, uid) or counts.Record()
-    tables = tuple(TableStatus(e.name, e.state, *_counted(record, e.name)) for e in (reg.entries if reg else ()))
+    if record is None:
+        record = counts.current(io, root, uid)
+    tables = tuple(_table(record, e.name, e.state) for e in (reg.entries if reg else ()))
     committed = [e for e in sink_epochs(io, root, last=2) if e.uid == f"{uid}_sink" and e.state == "committed"]
     last = max(committed, key=lambda e: e.epoch) if committed else None
     found = next((s for s in postgres_slots(io, root) if s.uid == uid), None) if slot else None
@@ -126,9 +135,12 @@ def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapp
         last_error=record.last_error, read_ms=int(time.time() * 1000))
 
 
-def _counted(record: Any, name: str) -> tuple[int, int]:
+def _table(record: Any, name: str, state: str) -> TableStatus:
     t = record.tables.get(name)
-    return (0, 0) if t is None else (t.snapshot_rows, t.changes)
+    if t is None:
+        return TableStatus(name, state, 0, 0)
+    return TableStatus(name, state, t.snapshot_rows, t.changes, t.last_epoch,
+                       None if t.last_commit_us is None else t.last_commit_us // 1000, t.lag_s)
 
 
 def _when(ms: int | None) -> str:
@@ -160,14 +172,16 @@ def render(status: MirrorStatus, console: Any = None) -> None:
                       f"{s.slot_confirmed_lsn or '-'} ({_bytes(s.slot_confirmed_lag_bytes)} behind)"
                       + (f"; {s.slot_note}" if s.slot_note else ""))
     table = Table()
-    for col in ("table", "state", "rows snapshotted", "changes applied"):
-        table.add_column(col, justify="left" if col in ("table", "state") else "right")
+    # the newest change's commit time per table: in --json (and the metrics); a table name is never cut
+    for col in ("table", "state", "rows snapshotted", "changes applied", "last epoch", "lag"):
+        table.add_column(col, justify="left" if col in ("table", "state") else "right", no_wrap=col == "table")
     for t in s.tables:
-        table.add_row(t.name, t.state, str(t.snapshot_rows), str(t.changes))
+        table.add_row(t.name, t.state, str(t.snapshot_rows), str(t.changes),
+                      "-" if t.last_epoch is None else str(t.last_epoch), "-" if t.lag_s is None else f"{t.lag_s:.1f}s")
     console.print(table)
     if not s.counts_exact:
-        console.print("note: some batches' per-table counts were not recorded (more tables in one batch than "
-                      "the counts hold); the totals are complete")
+        console.print("note: the counts miss some epochs (committed by an older flinkish, or their records were "
+                      "removed before they were counted: docs/mirror.md, 'Metrics and status')")
 
 
 def to_json_text(status: MirrorStatus) -> str:

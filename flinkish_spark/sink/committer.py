@@ -11,7 +11,8 @@ For one epoch (the *target* epoch: Spark's batch id plus the incarnation's offse
    the one in force (a crash after deciding): commit *its* committables, abort ours
    (recover-and-commit, outcome ``RECOVERED``);
 3. commit the decided committables with the sink (retrying ``RETRY_LATER``), then
-   mark the epoch done;
+   mark the epoch done, the marker recording when and the sink's figures of the decided
+   committables (:meth:`~flinkish_spark.sink.protocol.EpochCommitter.figures`);
 4. remove what no decided committable names (recover-and-abort of failed attempts);
 5. delete the records of done epochs beyond the newest ``retain`` (from the same listing).
 
@@ -68,9 +69,10 @@ def commit_epoch(
         decision, recorded_now = log.record(epoch, encoded, run_id)
         crash_point("sink.after_decision")
         kept = set(decision.committables)
-        _commit(sink, [sink.decode(b) for b in decision.committables], epoch, log, retries)
+        decided_now = [sink.decode(b) for b in decision.committables]
+        _commit(sink, decided_now, epoch, log, retries)
         crash_point("sink.before_done")
-        log.mark_done(epoch)
+        log.mark_done(epoch, _figures(sink, decided_now))
         outcome = "COMMITTED" if recorded_now else "RECOVERED"
     extra = [c for c, b in zip(ours, encoded) if b not in kept]
     if extra:
@@ -79,6 +81,14 @@ def commit_epoch(
     if retain > 0:
         log.retain(retain, epoch, (sorted({*decided, epoch}), {*done, epoch}))
     return CommitResult(epoch, outcome, len(kept))
+
+
+def _figures(sink: EpochCommitter[Any], committables: list[Any]) -> Any:
+    """The sink's figures of the decided committables; a figure never fails a commit (None: not recorded)."""
+    try:
+        return sink.figures(committables)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
 
 
 def _commit(sink: EpochCommitter[Any], committables: list[Any], epoch: int, log: DecisionLog, retries: int) -> None:

@@ -3,7 +3,8 @@
 Layout below the sink's metadata root::
 
     <root>/sinks/<uid>/decisions/<epoch, 12 digits>.parquet   the decision: what to commit
-    <root>/sinks/<uid>/decisions/<epoch, 12 digits>.done      made visible (empty marker)
+    <root>/sinks/<uid>/decisions/<epoch, 12 digits>.done      made visible: when, and the sink's figures of the
+                                                               epoch (JSON, :class:`Done`; empty from older versions)
     <root>/sinks/<uid>/_lease.json                             fencing (see lease.py)
     <root>/sinks/<uid>/_schema.json                            the schema the sink was started with
     <root>/sinks/<uid>/_query.json                             the incarnation: Spark query id, checkpointLocation,
@@ -14,7 +15,10 @@ Guarantees:
 * a decision is written with put-if-absent before any output of its epoch becomes
   visible; once written it is never changed -- a replay of the epoch commits the
   recorded committables, never new ones;
-* the ``.done`` marker is written only after the sink made every committable visible;
+* the ``.done`` marker is written only after the sink made every committable visible, once (put-if-absent);
+  it records when (``visible_ms``) and what the decided committables carried (the sink's
+  :meth:`~flinkish_spark.sink.protocol.EpochCommitter.figures`, e.g. rows per table): so a status that
+  folds each epoch's figures in by epoch counts every visible epoch exactly once;
 * recording costs O(1) object-store requests per epoch, whatever the number of writers
   (one row per committable in one file).
 
@@ -25,8 +29,10 @@ Decision files use the versioned Parquet conventions of the source checkpoints
 from __future__ import annotations
 
 import io
+import json
 import time
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,6 +53,30 @@ class Decision:
     run_id: str
     created_ms: int
     committables: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Done:
+    """What an epoch's ``.done`` marker records (a marker written before it recorded anything: both None)."""
+
+    epoch: int
+    visible_ms: int | None  # when every committable of the epoch was visible (epoch ms)
+    figures: Mapping[str, Any] | None  # the sink's figures of the decided committables
+
+
+def encode_done(visible_ms: int, figures: Mapping[str, Any] | None) -> bytes:
+    return json.dumps({"visible_ms": visible_ms, "figures": figures}, separators=(",", ":")).encode()
+
+
+def decode_done(epoch: int, data: bytes) -> Done:
+    """A marker's content; an empty or unreadable one is a marker all the same (the epoch is visible)."""
+    try:
+        d = json.loads(data) if data else {}
+        raw = d.get("visible_ms")
+        figures = d.get("figures")
+        return Done(epoch, None if raw is None else int(raw), figures if isinstance(figures, dict) else None)
+    except (ValueError, TypeError, AttributeError):
+        return Done(epoch, None, None)
 
 
 def encode_decision(d: Decision) -> bytes:
@@ -131,11 +161,19 @@ class DecisionLog:
     def is_done(self, epoch: int) -> bool:
         return self.io.small_file_exists(self.done_path(epoch))
 
-    def mark_done(self, epoch: int) -> None:
+    def mark_done(self, epoch: int, figures: Mapping[str, Any] | None = None) -> None:
+        """The epoch is visible: its marker, with the time now and the sink's ``figures`` of it."""
         try:
-            self.io.write_exclusive(self.done_path(epoch), b"")
+            self.io.write_exclusive(self.done_path(epoch), encode_done(int(time.time() * 1000), figures))
         except AlreadyExistsError:
-            pass  # a repeated commit of a done epoch
+            pass  # a repeated commit of a done epoch: the first marker stands
+
+    def read_done(self, epoch: int) -> Done | None:
+        """The epoch's ``.done`` marker (None: not done, or removed by retention)."""
+        try:
+            return decode_done(epoch, self.io.read_bytes(self.done_path(epoch)))
+        except FileNotFoundError:
+            return None
 
     def epochs(self) -> tuple[list[int], set[int]]:
         """(epochs with a decision, epochs marked done), from one listing."""

@@ -14,6 +14,8 @@ Implement :class:`TwoPhaseCommitSink` for any transactional target:
 * :meth:`~TwoPhaseCommitSink.cleanup` removes leftovers of an epoch that no committable
   names (failed task attempts, attempts of a crashed run) -- the recover-and-abort step.
   It must never remove a file that a committed version of the target names.
+* :meth:`~EpochCommitter.figures` (optional) sums what an epoch's committables carry (rows per table): the
+  framework records it with the epoch's ``.done`` marker, once per epoch, from the decided committables.
 * :meth:`~EpochCommitter.last_committed_epoch` answers from the *target* which epoch of the
   sink uid it holds last (its idempotence record). The framework asks it when the sink's
   metadata is missing or belongs to another Spark query (a deleted checkpointLocation), so
@@ -34,7 +36,7 @@ from __future__ import annotations
 import pickle
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Generic, Iterator, Literal, TypeVar
+from typing import Any, Generic, Iterator, Literal, Mapping, TypeVar
 
 import pyarrow as pa
 
@@ -67,6 +69,12 @@ class EpochCommitter(ABC, Generic[C]):
         """Remove prepared output of ``epoch`` that no committable in ``keep`` names (default: none).
 
         Never a file that a committed version of the target names, whatever ``keep`` says."""
+
+    def figures(self, committables: list[C]) -> Mapping[str, Any] | None:
+        """What an epoch with these (decided) committables carries, for a status -- e.g. rows per table (the
+        routing sinks: :mod:`flinkish_spark.connectors.lakehouse.figures`); JSON-able, recorded with the epoch's
+        ``.done`` marker. Default None: no figures."""
+        return None
 
     def last_committed_epoch(self) -> int | None:
         """The last epoch of this sink uid that the target holds, -1 for none; None when the

@@ -1,11 +1,13 @@
-"""The status model below Spark: the per-table counts a batch's observed metrics carry, the record the pipeline
-writes, ``mirror_status`` / ``flinkish mirror status`` on a metadata root, and the exporter's text."""
+"""The status model below Spark: the per-table figures the sink records with each epoch's ``.done`` marker folded
+into the counts record once per epoch, ``mirror_status`` / ``flinkish mirror status`` on a metadata root (with the
+epochs a killed run did not record), and the exporter's text."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,47 +18,53 @@ from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.connectors.postgres.source import registry
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.mirror import counts
-from flinkish_spark.sink.decisions import DecisionLog
+from flinkish_spark.sink.decisions import DecisionLog, encode_done
 
 A, B = "public.orders", "sales.items"
+T0 = 1_700_000_000_000_000  # a source commit time, epoch µs
 
 
-def bins(**by_table: int) -> list[dict[str, float]]:
-    """Histogram bins as Spark returns them: one per table and partition (the same key twice is summed)."""
-    out = []
-    for name, n in by_table.items():
-        table = name.replace("__", ".")
-        out += [{"x": counts.table_key(table), "y": float(n - n // 2)}, {"x": counts.table_key(table), "y": float(n // 2)}]
-    return out
+def figures(**by_table: tuple[int, int, int, int]) -> dict:
+    """A ``.done`` marker's figures: table (``schema__table``) -> (snapshot rows, changes, truncates, commit_us)."""
+    return {"tables": {name.replace("__", "."): list(f) for name, f in by_table.items()}}
 
 
-def batch(snapshot: dict[str, int], changes: dict[str, int], last_commit_us: int | None = None) -> dict:
-    return {"rows": sum(snapshot.values()) + sum(changes.values()), "changes": sum(changes.values()),
-            "last_commit_us": last_commit_us,
-            counts.SNAPSHOT_BY_TABLE: bins(**{k.replace(".", "__"): v for k, v in snapshot.items()}),
-            counts.CHANGES_BY_TABLE: bins(**{k.replace(".", "__"): v for k, v in changes.items()})}
+def done(log: DecisionLog, epoch: int, visible_ms: int, figs: dict | None) -> None:
+    """Epoch ``epoch`` decided and done, its marker as the sink's commit writes it (at ``visible_ms``)."""
+    log.record(epoch, [b"x"], "run")
+    log.io.write_exclusive(log.done_path(epoch), encode_done(visible_ms, figs) if figs is not None else b"")
 
 
-def test_a_record_folds_each_batch_once_per_table_and_knows_the_lag() -> None:
-    r = counts.Record().with_batch(0, batch({A: 1001, B: 7}, {}), 1_000_000, [A, B])
-    r = r.with_batch(1, batch({}, {A: 5}, last_commit_us=1_000_000_000 - 2_500_000), 1_000_000, [A, B])
-    assert r.with_batch(1, batch({}, {A: 5}), 2_000_000, [A, B]) == r  # a batch seen again: not counted twice
-    assert r.tables == {A: counts.TableCounts(1001, 5), B: counts.TableCounts(7, 0)}
-    assert (r.rows, r.changes, r.batch, r.exact) == (1013, 5, 1, True)
-    assert r.lag_s == pytest.approx(2.5) and r.last_commit_us == 1_000_000_000 - 2_500_000
-    # A bin that names no table (merged bins: more tables in a batch than the histogram holds): totals only.
-    merged = {**batch({}, {A: 1}), counts.CHANGES_BY_TABLE: [{"x": 12345.0, "y": 3.0}]}
-    later = r.with_batch(2, merged, 1_000_000, [A, B])
-    assert later.tables[A].changes == 5 and later.changes == 6 and not later.exact
-    assert counts.Record.from_json(later.to_json()) == later
-    # A new Spark checkpoint (a new query id) numbers its batches from 0 again: they count.
-    again = later.for_query("q1").with_batch(0, batch({}, {B: 2}), 1_000_000, [A, B])
-    assert again.tables[B].changes == 2 and again.for_query("q1") == again
+def test_a_record_folds_each_epoch_once_per_table_and_knows_each_tables_lag(tmp_path: Path) -> None:
+    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path), "mirror_sink")
+    done(log, 0, T0 // 1000, figures(public__orders=(1001, 0, 0, -1), sales__items=(7, 0, 0, -1)))
+    done(log, 1, T0 // 1000 + 4_000, figures(public__orders=(0, 5, 1, T0 + 1_500_000), sales__items=(0, 2, 0, T0)))
+    r = counts.fold(counts.Record(), log)
+    assert counts.fold(r, log) is r  # folded again: nothing new, nothing counted twice
+    assert r.tables[A] == counts.TableCounts(1001, 6, 1, T0 + 1_500_000, pytest.approx(2.5))
+    assert r.tables[B] == counts.TableCounts(7, 2, 1, T0, pytest.approx(4.0))
+    assert (r.epoch, r.rows, r.changes, r.exact) == (1, 1001 + 7 + 7, 8, True)  # a truncate is a change, not a row
+    # mirror-wide: the epoch's newest change (every table holds the changes up to it)
+    assert r.lag_s == pytest.approx(2.5) and r.last_commit_us == T0 + 1_500_000
+    assert counts.Record.from_json(r.to_json()) == r
+    # An epoch without figures (an older flinkish committed it), then a gap (retention removed epoch 3 before a
+    # fold took it): the counts say they are not exact.
+    done(log, 2, T0 // 1000 + 5_000, None)
+    later = counts.fold(r, log)
+    assert (later.epoch, later.tables, later.exact) == (2, r.tables, False)
+    done(log, 4, T0 // 1000 + 6_000, figures(public__orders=(0, 1, 0, T0 + 5_000_000)))
+    assert not counts.fold(replace(r, epoch=2), log).exact
+    # A record of an older flinkish (Spark batch ids, no epochs) counted the epochs done now: it goes on after them.
+    legacy = counts.Record.from_json(json.dumps({"batch": 9, "rows": 5, "changes": 5, "tables": {
+        A: {"snapshot_rows": 0, "changes": 5}}}).encode())
+    on = counts.fold(legacy, log)
+    assert (on.epoch, on.rows, on.tables[A].changes, on.legacy) == (4, 5, 5, False)
 
 
 def write_mirror(root: str) -> None:
-    """A stopped mirror's metadata: its source's newest checkpoint naming a registry of two tables, a committed
-    and a decided sink epoch, and the counts record."""
+    """A stopped mirror's metadata: its source's newest checkpoint naming a registry of two tables; sink epochs 0
+    and 1 committed, 2 decided; the counts record written after epoch 0 only (the run was killed before it
+    recorded epoch 1)."""
     io = FileIO.for_url(root)
     store = SourceCheckpointStore(io, root, "mirror", "flinkish.postgres")
     reg = registry.Registry(1, 2, (registry.TableEntry(0, 100, "public", "orders", "streaming"),
@@ -66,14 +74,11 @@ def write_mirror(root: str) -> None:
     store.write(SourceCheckpoint("mirror", "flinkish.postgres", 3, None, 0, "{}", state, False,
                                  (SplitRecord("changes-0", 0, 4096),)))
     log = DecisionLog(io, root, "mirror_sink")
-    for epoch in (6, 7):
-        log.record(epoch, [b"x"], "run")
-    log.mark_done(6)
-    r = counts.Record().with_batch(6, batch({A: 1001, B: 7}, {A: 5}, last_commit_us=1_700_000_000_000_000),
-                                   1_700_000_001_500, [A, B])
-    from dataclasses import replace
-
+    done(log, 0, T0 // 1000, figures(public__orders=(1000, 0, 0, -1), sales__items=(7, 0, 0, -1)))
+    r = counts.fold(counts.Record(), log)
     counts.write(io, root, "mirror", replace(r, runs=3, errors=1, last_error="TargetWriteError: disk full"))
+    done(log, 1, T0 // 1000 + 1_500, figures(public__orders=(1, 5, 0, T0)))
+    log.record(2, [b"x"], "run")
 
 
 def test_mirror_status_and_the_command_read_the_metadata(tmp_path: Path) -> None:
@@ -82,18 +87,25 @@ def test_mirror_status_and_the_command_read_the_metadata(tmp_path: Path) -> None
     root = str(tmp_path / "meta")
     write_mirror(root)
     s = flinkish_spark.mirror_status(root)
-    assert [(t.name, t.state, t.snapshot_rows, t.changes) for t in s.tables] == [
-        (A, "streaming", 1001, 5), (B, "snapshot", 7, 0)]
-    assert (s.uid, s.last_epoch, s.rows, s.changes, s.restarts, s.errors, s.running) == ("mirror", 6, 1013, 5, 2, 1, False)
-    assert s.lag_s == pytest.approx(1.5) and s.slot is None  # no slot: the source did not create one here
+    # epoch 1, which the killed run did not record, is counted (once: the record is not written by a reader)
+    assert [(t.name, t.state, t.snapshot_rows, t.changes, t.last_epoch) for t in s.tables] == [
+        (A, "streaming", 1001, 5, 1), (B, "snapshot", 7, 0, 0)]
+    assert s.tables[0].lag_s == pytest.approx(1.5) and s.tables[0].last_commit_ms == T0 // 1000
+    assert s.tables[1].lag_s is None and s.tables[1].last_commit_ms is None  # snapshot rows only: no lag
+    assert (s.uid, s.last_epoch, s.rows, s.changes, s.restarts, s.errors, s.running) == ("mirror", 1, 1013, 5, 2, 1, False)
+    assert s.lag_s == pytest.approx(1.5) and s.counts_exact and s.slot is None  # no slot: the source created none here
+    assert flinkish_spark.mirror_status(root).tables == s.tables
 
     run = [sys.executable, "-m", "flinkish_spark.cli", "mirror", "status", "--checkpoint", root]
     got = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=120, check=True).stdout)
-    assert got["tables"] == [{"name": A, "state": "streaming", "snapshot_rows": 1001, "changes": 5},
-                             {"name": B, "state": "snapshot", "snapshot_rows": 7, "changes": 0}]
-    assert (got["last_epoch"], got["restarts"], got["last_error"]) == (6, 2, "TargetWriteError: disk full")
+    assert got["tables"] == [{"name": A, "state": "streaming", "snapshot_rows": 1001, "changes": 5, "last_epoch": 1,
+                              "last_commit_ms": T0 // 1000, "lag_s": pytest.approx(1.5)},
+                             {"name": B, "state": "snapshot", "snapshot_rows": 7, "changes": 0, "last_epoch": 0,
+                              "last_commit_ms": None, "lag_s": None}]
+    assert (got["last_epoch"], got["restarts"], got["last_error"]) == (1, 2, "TargetWriteError: disk full")
     text = subprocess.run(run, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert "last committed epoch 6" in text and "1001" in text and "restarts 2" in text, text
+    assert "last committed epoch 1" in text and "1001" in text and "restarts 2" in text, text
+    assert "1.5s" in text.split(A)[1].splitlines()[0], text  # the table's lag on its line
 
     missing = subprocess.run([*run[:-1], str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no flinkish checkpoint at" in missing.stderr, missing.stderr
@@ -118,6 +130,37 @@ def test_the_exporter_serves_the_status_as_prometheus_text(tmp_path: Path) -> No
     assert samples[("flinkish_mirror_table_changes_total", (("table", A),))] == 5
     assert samples[("flinkish_mirror_table_state", (("state", "snapshot"), ("table", B)))] == 1
     assert samples[("flinkish_mirror_table_state", (("state", "streaming"), ("table", B)))] == 0
-    assert samples[("flinkish_mirror_last_committed_epoch", ())] == 6
+    assert samples[("flinkish_mirror_last_committed_epoch", ())] == 1
     assert samples[("flinkish_mirror_lag_seconds", ())] == pytest.approx(1.5)
+    assert samples[("flinkish_mirror_table_lag_seconds", (("table", A),))] == pytest.approx(1.5)
+    assert samples[("flinkish_mirror_table_last_change_commit_timestamp_seconds", (("table", A),))] == T0 / 1e6
+    assert samples[("flinkish_mirror_table_last_committed_epoch", (("table", A),))] == 1
+    assert samples[("flinkish_mirror_table_last_committed_epoch", (("table", B),))] == 0
+    assert ("flinkish_mirror_table_lag_seconds", (("table", B),)) not in samples  # no change yet: no sample
     assert samples[("flinkish_mirror_restarts_total", ())] == 2 and samples[("flinkish_mirror_errors_total", ())] == 1
+
+
+def test_the_pipeline_counts_a_killed_runs_epochs_at_its_start_then_each_committed_batch_once(tmp_path: Path) -> None:
+    from flinkish_spark.mirror.config import MirrorConfig
+    from flinkish_spark.mirror.metrics import Recorder
+
+    root = str(tmp_path / "meta")
+    write_mirror(root)  # the record holds epoch 0; epoch 1 was committed by a run killed before it recorded it
+    io = FileIO.for_url(root)
+    config = MirrorConfig("mirror", "m", "postgresql://db/x", "public.*", "delta", str(tmp_path / "lake/{schema}/{table}"),
+                          root, str(tmp_path / "spark"))
+    query = SimpleNamespace(recentProgress=[])
+    recorder = Recorder(config, query)
+    try:
+        at_start = counts.read(io, root, "mirror")
+        assert at_start is not None and (at_start.epoch, at_start.tables[A].changes, at_start.runs) == (1, 5, 4)
+        log = DecisionLog(io, root, "mirror_sink")
+        log.io.write_exclusive(log.done_path(2), encode_done(T0 // 1000 + 3_000, figures(public__orders=(0, 2, 0, T0))))
+        query.recentProgress = [SimpleNamespace(batchId=0, durationMs={})]  # the batch of epoch 2 committed
+        recorder.step()
+        recorder.step()
+        after = counts.read(io, root, "mirror")
+        assert after is not None and (after.epoch, after.tables[A].changes, after.rows) == (2, 7, 1015)
+    finally:
+        recorder.close()
+    assert recorder.status is not None and recorder.status.tables[0].changes == 7

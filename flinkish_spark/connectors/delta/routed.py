@@ -48,6 +48,7 @@ from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
+from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
@@ -77,7 +78,7 @@ class RoutedCommittable:
 def encode_routed(c: RoutedCommittable) -> bytes:
     parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
               "end": p.end, "keyed": None if p.keyed is None else base64.b64encode(encode_keyed(p.keyed)).decode(),
-              **({"earlier": list(p.earlier)} if p.earlier else {})}
+              "n": p.figures.to_json(), **({"earlier": list(p.earlier)} if p.earlier else {})}
              for p in c.parts]
     return ROUTED_MAGIC + json.dumps({"partition": c.partition, "parts": parts}, separators=(",", ":")).encode()
 
@@ -87,7 +88,7 @@ def decode_routed(data: bytes) -> RoutedCommittable:
     return RoutedCommittable(int(d["partition"]), tuple(
         RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
                    None if p["keyed"] is None else decode_keyed(base64.b64decode(p["keyed"])),
-                   earlier=tuple(p.get("earlier", ())))
+                   earlier=tuple(p.get("earlier", ())), figures=Figures.from_json(p.get("n")))
         for p in d["parts"]))
 
 
@@ -121,7 +122,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                 target = self.target(name, schema, columns)
                 keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
             parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed,
-                                    earlier=data.earlier))
+                                    earlier=data.earlier, figures=data.figures))
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
 
     # -- commit (driver) -------------------------------------------------------------------------
@@ -205,6 +206,9 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         epochs = [DeltaTarget(self.io, self.io.url(p), self.uid, pa.schema([]), ()).last_committed_epoch()
                   for p in sorted(logs) if stripped.matches(p)]
         return max(epochs, default=-1)
+
+    def figures(self, committables: list[RoutedCommittable]) -> dict[str, Any]:
+        return epoch_figures(p for c in committables for p in c.parts)
 
     def encode(self, committable: RoutedCommittable) -> bytes:
         return encode_routed(committable)

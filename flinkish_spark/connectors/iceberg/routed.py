@@ -72,6 +72,7 @@ from flinkish_spark.connectors.iceberg.table import (
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
+from flinkish_spark.connectors.lakehouse.figures import epoch_figures
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
 from flinkish_spark.connectors.lakehouse.routing import (
     Route,
@@ -157,7 +158,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         parts = []
         for name, schema, data in task_tables(batches):
             part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None,
-                              earlier=data.earlier)
+                              earlier=data.earlier, figures=data.figures)
             if data.changes.num_rows:
                 part = self._prepare_table(part, schema.key, data.changes, ctx)
             parts.append(part)
@@ -379,6 +380,9 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                 except NoSuchTableError:
                     continue  # dropped meanwhile
         return best
+
+    def figures(self, committables: list[RoutedCommittable]) -> dict[str, Any]:
+        return epoch_figures(p for c in committables for p in c.parts)
 
     # -- abort / cleanup (driver) ----------------------------------------------------------------
 

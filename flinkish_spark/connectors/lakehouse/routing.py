@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, ChangePlan, MergeMode
+from flinkish_spark.connectors.lakehouse.figures import Figures, figures_by_table
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
 from flinkish_spark.connectors.postgres.rows.decode import ROW_META
 from flinkish_spark.errors import ConfigError, SchemaChangeError
@@ -148,6 +149,7 @@ class TableInput:
     end: bool  # ... ends (E): delete the keys no row since B carried
     lsn: int  # the largest _lsn of the rows (-1: snapshot rows only)
     earlier: tuple[str, ...] = ()  # TableSchema JSON: the older schemas changes of these rows announced, oldest first
+    figures: Figures = Figures()  # what the rows were, all of them (before the truncate): set by task_tables
 
 
 def table_input(rows: pa.Table) -> TableInput:
@@ -175,8 +177,9 @@ def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchem
     stream = pa.Table.from_batches(got)
     schema_rows = stream.filter(pc.and_(pc.equal(stream.column("_op"), "s"), pc.is_valid(stream.column("_lsn"))))
     by_change = set(schema_rows.column("_schema_id").to_pylist())  # schemas an 's' row of the change stream announced
+    figures = figures_by_table(stream)
     return [(name, require_key(name, rows.schema),
-             replace(table_input(rows.rows),
+             replace(table_input(rows.rows), figures=figures.get(name, Figures()),
                      earlier=tuple(s.to_json() for s in rows.schemas[:-1] if s.schema_id in by_change)))
             for name, rows in sorted(split_tables(stream).items())]
 
@@ -207,6 +210,8 @@ class TablePart:
     #: The task's older schemas of the table that its changes announced (TableSchema JSON, oldest first):
     #: a change task can hold a type and its narrowing, which the evolution must both see.
     earlier: tuple[str, ...] = field(default=(), kw_only=True)
+    #: What the task's rows of the table were (counted rows, newest commit time): the epoch's figures for a status.
+    figures: Figures = field(default=Figures(), kw_only=True)
 
 
 class PartLike(Protocol):
@@ -232,6 +237,9 @@ class PartLike(Protocol):
 
     @property
     def earlier(self) -> tuple[str, ...]: ...
+
+    @property
+    def figures(self) -> Figures: ...
 
     @property
     def keyed(self) -> Any: ...

@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures, figures_by_table
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, require_key, tables_of
 from flinkish_spark.connectors.postgres.connection import (
     ConnectionInfo, adbc_connect, check_server_version, connect, qualified, quote_ident, require_psycopg, split_table,
@@ -217,9 +218,10 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         last = newest[name][1] if name in newest else None
         return tuple(schemas[sid].to_json() for i, sid in enumerate(order) if sid != last and sid not in order[i + 1:])
 
+    figures = figures_by_table(table)
     parts = tuple(RoutedPart(name, schemas[newest[name][1]].to_json() if name in newest else "", t["lsn"],
                              "t" in t["ops"], "B" in t["ops"], "E" in t["ops"], t["rows"], earlier=earlier(name),
-                             unchanged=tuple(sorted(t["unchanged"])))
+                             unchanged=tuple(sorted(t["unchanged"])), figures=figures.get(name, Figures()))
                   for name, t in sorted(info.items()))
     return staged, parts
 
@@ -229,7 +231,7 @@ ROUTED_PREFIX = b'{"kind":"routed"'  # how a routed committable's encoding start
 
 def encode_staged(c: RoutedStaged) -> bytes:
     parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
-              "end": p.end, "rows": p.rows, "unchanged": list(p.unchanged),
+              "end": p.end, "rows": p.rows, "unchanged": list(p.unchanged), "n": p.figures.to_json(),
               **({"earlier": list(p.earlier)} if p.earlier else {})} for p in c.parts]
     return json.dumps({"kind": "routed", "attempt_id": c.attempt_id, "rows": c.rows, "parts": parts},
                       separators=(",", ":")).encode()
@@ -239,7 +241,8 @@ def decode_staged(data: bytes) -> RoutedStaged:
     d = json.loads(data)
     return RoutedStaged(str(d["attempt_id"]), int(d["rows"]), tuple(
         RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
-                   int(p["rows"]), earlier=tuple(p.get("earlier", ())), unchanged=tuple(p.get("unchanged") or ()))
+                   int(p["rows"]), earlier=tuple(p.get("earlier", ())), unchanged=tuple(p.get("unchanged") or ()),
+                   figures=Figures.from_json(p.get("n")))
                    for p in d["parts"]))
 
 
@@ -375,6 +378,9 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
             row = c.execute(f"SELECT max(epoch) FROM {self.plan.commits} WHERE sink_uid = %s AND commit_mode = %s",
                             (self.uid, COMMIT_MODE)).fetchone()
         return -1 if row is None or row[0] is None else int(row[0])
+
+    def figures(self, committables: list[RoutedStaged]) -> dict[str, Any]:
+        return epoch_figures(p for c in committables for p in c.parts)
 
     def encode(self, committable: RoutedStaged) -> bytes:
         return encode_staged(committable)

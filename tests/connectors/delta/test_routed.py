@@ -87,6 +87,10 @@ def test_each_table_is_mirrored_to_its_own_keyed_target_and_quiet_tables_get_no_
     s.transaction((A, "d", {"id": 1}))
     m.epoch(s.batch())
     assert {r["id"] for r in m.rows("public.a", "id")} == {1, 3, 4, 5, 9}
+    # Each epoch's .done marker records its rows per table (a mirror's status counts them): the replay's rows
+    # are not counted, the epoch's stay as committed.
+    assert m.log().read_done(0).figures == {"tables": {"public.a": [5, 0, 0, -1], "public.b": [4, 0, 0, -1]}}
+    assert m.log().read_done(1).figures == {"tables": {"public.a": [0, 6, 0, 1200 * 10**6]}}
 
 
 def test_added_dropped_and_widened_columns_evolve_the_target_in_the_epochs_version(tmp_path: Path) -> None:

@@ -253,6 +253,8 @@ def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_fir
     assert m.rows("public.b", "k") == [{"k": "x", "n": 2}]
     assert m.epochs_of("public.a") == [0, 1] and m.epochs_of("public.b") == [0, 1]
     assert m.stray_files("public.a") == set() and m.stray_files("public.b") == set()
+    # the .done marker counts the decision's rows once, with their commit time (a mirror's status: mirror.counts)
+    assert m.log().read_done(1).figures == {"tables": {"public.a": [0, 1, 0, 1100 * 10**6], "public.b": [0, 1, 0, 1100 * 10**6]}}
 
 
 def test_a_column_dropped_within_an_epoch_keeps_the_rows_of_both_schemas(tmp_path: Path) -> None:

@@ -3,9 +3,12 @@ one table's rows as a keyed input (truncate, re-snapshot markers)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pyarrow as pa
 import pytest
 
+from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
 from flinkish_spark.connectors.lakehouse.routing import (
     STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input, task_tables,
 )
@@ -67,6 +70,24 @@ def test_one_tables_rows_keep_only_what_follows_the_last_truncate_and_report_the
     only_snapshot = table_input(split_tables(StreamBuilder().snapshot(a, [{"id": 1, "v": "s"}]).marker(a, "E").batch())["public.a"].rows)
     assert only_snapshot.end and only_snapshot.lsn == -1 and only_snapshot.changes.column("_lsn").null_count == 1
     assert pa.types.is_int64(only_snapshot.changes.schema.field("_lsn").type)
+
+
+def test_a_tasks_rows_are_counted_per_table_as_the_stream_carries_them() -> None:
+    """What a mirror's status shows per table (mirror.counts): snapshot rows, changes, truncates, the newest
+    change's commit time -- every row, also the changes a later truncate of the task empties."""
+    a = table_schema("public.a", [("id", "int"), ("v", "text")], ("id",))
+    b = table_schema("public.b", [("id", "int")], ("id",))
+    s = StreamBuilder()
+    s.marker(a, "B").snapshot(a, [{"id": 1, "v": "snap"}, {"id": 2, "v": "snap"}]).snapshot(b, [{"id": 1}])
+    s.transaction((a, "c", {"id": 3, "v": "x"}), (b, "u", {"id": 1}))  # lsn 1100
+    s.transaction((a, "t", None))  # lsn 1200
+    s.transaction((a, "d", {"id": 3}))  # lsn 1300
+    got = {name: data.figures for name, _, data in task_tables(s.batch().to_batches())}
+    assert got == {"public.a": Figures(2, 2, 1, 1300 * 10**6), "public.b": Figures(1, 1, 0, 1100 * 10**6)}
+    parts = [SimpleNamespace(table="public.a", figures=got["public.a"]), SimpleNamespace(table="public.a", figures=Figures(1)),
+             SimpleNamespace(table="public.b", figures=got["public.b"])]
+    assert epoch_figures(parts) == {"tables": {"public.a": [3, 2, 1, 1300 * 10**6], "public.b": [1, 1, 0, 1100 * 10**6]}}
+    assert Figures.from_json(Figures(3, 2, 1, 7).to_json()) == Figures(3, 2, 1, 7) and Figures.from_json(None) == Figures()
 
 
 def test_a_table_whose_schema_has_no_key_is_one_clear_error_naming_it() -> None:

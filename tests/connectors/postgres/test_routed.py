@@ -187,6 +187,8 @@ def test_a_kill_between_two_tables_leaves_nothing_and_the_restart_commits_every_
     monkeypatch.undo()
     m.epoch(batch, epoch=1)  # the restart: recover-and-commit of the recorded decision
     m.epoch(batch, epoch=1)  # and a replay of the committed epoch changes nothing
+    # the .done marker counts the decision's rows once (a mirror's status: mirror.counts), with their commit time
+    assert m.log().read_done(1).figures == {"tables": {"public.a": [0, 1, 0, 1100 * 10**6], "public.b": [0, 1, 0, 1100 * 10**6]}}
     assert m.rows("public_a", "id") == [(1, "a2", __import__("decimal").Decimal("1.00"), 5)]
     assert m.rows("public_b", "k") == [("x", 2.0, True)]
     assert m.commits() == [(0, "mirror.public_a"), (0, "mirror.public_b"), (1, "mirror.public_a"), (1, "mirror.public_b")]
