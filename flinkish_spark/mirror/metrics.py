@@ -21,10 +21,10 @@ from flinkish_spark.errors import ConfigError
 from flinkish_spark.faults import crash_point
 from flinkish_spark.mirror import counts
 from flinkish_spark.mirror.config import MirrorConfig
-from flinkish_spark.mirror.status import MirrorStatus, mirror_status
+from flinkish_spark.mirror.status import NOT_FOLLOWED, MirrorStatus, mirror_status
 
 PREFIX = "flinkish_mirror"
-STATES = ("joining", "snapshot", "streaming")
+STATES = ("joining", "snapshot", "streaming", NOT_FOLLOWED)
 #: Spark's durations (``durationMs``) per phase of an epoch: planning it (the source's offsets, the plan),
 #: running it (reading and writing; the sink's commit runs at its end, on the driver), committing Spark's logs
 PHASES = {"plan": ("latestOffset", "queryPlanning", "getBatch"), "batch": ("addBatch",),
@@ -44,8 +44,8 @@ class _Collector:
         s = self.recorder.status
         if s is None:
             return
-        state = GaugeMetricFamily(f"{PREFIX}_table_state", "1 for the table's state (joining, snapshot, streaming)",
-                                  labels=["table", "state"])
+        state = GaugeMetricFamily(f"{PREFIX}_table_state", "1 for the table's state (joining, snapshot, streaming; "
+                                  "not followed: it matches, without a usable key)", labels=["table", "state"])
         snap = CounterMetricFamily(f"{PREFIX}_table_snapshot_rows", "rows read by the table's snapshots",
                                    labels=["table"])
         chg = CounterMetricFamily(f"{PREFIX}_table_changes", "inserts, updates, deletes and truncates applied to "
@@ -59,6 +59,8 @@ class _Collector:
         for t in s.tables:
             for st in STATES:
                 state.add_metric([t.name, st], 1.0 if t.state == st else 0.0)
+            if t.state == NOT_FOLLOWED:  # no target: its state (and the warning in status) is all there is
+                continue
             snap.add_metric([t.name], t.snapshot_rows)
             chg.add_metric([t.name], t.changes)
             for family, value in ((lag, t.lag_s), (epoch, t.last_epoch),

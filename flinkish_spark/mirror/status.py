@@ -4,7 +4,8 @@
 Read only, without Spark, for a mirror that runs or is stopped; each figure says where it comes from:
 
 * per table: its state (the registry the source's newest checkpoint names: ``joining``, ``snapshot``,
-  ``streaming``), the rows its snapshots read, the changes applied, its newest committed epoch with rows
+  ``streaming``; ``not followed`` for a matching table without a usable key, from the source's
+  ``not-followed.json``, with the reason and the statement that makes it followed), the rows its snapshots read, the changes applied, its newest committed epoch with rows
   and its lag (:mod:`flinkish_spark.mirror.counts`: the record the pipeline process writes, with the
   epochs committed since folded in from the sink's ``.done`` markers -- exact also right after a
   ``kill -9``);
@@ -28,16 +29,19 @@ from typing import Any, Mapping
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.io.fileio import FileIO
 
+#: the state of a matching table the mirror leaves out (no usable key): in the table, --json and the metrics
+NOT_FOLLOWED = "not followed"
 
 @dataclass(frozen=True)
 class TableStatus:
     name: str  # schema.table
-    state: str  # joining, snapshot, streaming (the registry's)
+    state: str  # joining, snapshot, streaming (the registry's); not followed (matching, without a usable key)
     snapshot_rows: int  # rows read by its snapshots
     changes: int  # inserts, updates, deletes and truncates applied
     last_epoch: int | None = None  # the newest committed epoch with rows of the table
     last_commit_ms: int | None = None  # source commit time of its newest change visible in its target
     lag_s: float | None = None  # visible in its target - that commit time, for its newest epoch with changes
+    note: str = ""  # a table not followed: why, and the statement that makes it followed
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapp
     one); default: read from the metadata."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
     from flinkish_spark.connectors.postgres.source import registry
+    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
     from flinkish_spark.inspect import postgres_slots, running_source_uids, sink_epochs
     from flinkish_spark.io.fileio import storage_options_from
     from flinkish_spark.mirror import counts
@@ -119,6 +124,8 @@ def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapp
     if record is None:
         record = counts.current(io, root, uid)
     tables = tuple(_table(record, e.name, e.state) for e in (reg.entries if reg else ()))
+    tables += tuple(TableStatus(name, NOT_FOLLOWED, 0, 0, note=why)
+                    for name, why in sorted(read_not_followed(io, store.directory).items()))
     committed = [e for e in sink_epochs(io, root, last=2) if e.uid == f"{uid}_sink" and e.state == "committed"]
     last = max(committed, key=lambda e: e.epoch) if committed else None
     found = next((s for s in postgres_slots(io, root) if s.uid == uid), None) if slot else None
@@ -174,11 +181,14 @@ def render(status: MirrorStatus, console: Any = None) -> None:
     table = Table()
     # the newest change's commit time per table: in --json (and the metrics); a table name is never cut
     for col in ("table", "state", "rows snapshotted", "changes applied", "last epoch", "lag"):
-        table.add_column(col, justify="left" if col in ("table", "state") else "right", no_wrap=col == "table")
+        table.add_column(col, justify="left" if col in ("table", "state") else "right", no_wrap=col in ("table", "state"))
     for t in s.tables:
         table.add_row(t.name, t.state, str(t.snapshot_rows), str(t.changes),
                       "-" if t.last_epoch is None else str(t.last_epoch), "-" if t.lag_s is None else f"{t.lag_s:.1f}s")
     console.print(table)
+    for t in s.tables:
+        if t.note:
+            console.print(f"warning: {t.note}")
     if not s.counts_exact:
         console.print("note: the counts miss some epochs (committed by an older flinkish, or their records were "
                       "removed before they were counted: docs/mirror.md, 'Metrics and status')")

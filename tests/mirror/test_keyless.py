@@ -17,6 +17,7 @@ One mirror (the command, into local Delta tables) over ``public.k_*``:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -132,3 +133,10 @@ def test_tables_without_a_key_are_left_out_with_a_warning_and_picked_up_once_the
     out = inspect(meta)
     assert "1 not followed" in out and "public.k_nokey is not followed" not in out, out
     assert "warning: public.k_scratch is not followed" in out, out
+    status = subprocess.run([*flinkish(), "mirror", "status", "--checkpoint", str(meta), "--json"], capture_output=True,
+                            text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    states = {t["name"]: (t["state"], t["note"].split(":")[0]) for t in json.loads(status.stdout)["tables"]}
+    assert states == {"public.k_a": ("streaming", ""), "public.k_ri": ("streaming", ""),
+                      "public.k_nokey": ("streaming", ""),
+                      "public.k_scratch": ("not followed", "public.k_scratch is not followed")}, states

@@ -16,6 +16,7 @@ import pytest
 from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.connectors.postgres.source import registry
+from flinkish_spark.connectors.postgres.source.patterns import write_not_followed
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.mirror import counts
 from flinkish_spark.sink.decisions import DecisionLog, encode_done
@@ -61,6 +62,11 @@ def test_a_record_folds_each_epoch_once_per_table_and_knows_each_tables_lag(tmp_
     assert (on.epoch, on.rows, on.tables[A].changes, on.legacy) == (4, 5, 5, False)
 
 
+C = "public.scratch"
+NOTE = ("public.scratch is not followed: it has no primary key. ALTER TABLE public.scratch ADD PRIMARY KEY (...) "
+        "makes it followed")
+
+
 def write_mirror(root: str) -> None:
     """A stopped mirror's metadata: its source's newest checkpoint naming a registry of two tables; sink epochs 0
     and 1 committed, 2 decided; the counts record written after epoch 0 only (the run was killed before it
@@ -73,6 +79,7 @@ def write_mirror(root: str) -> None:
     state = json.dumps({"registry": name}).encode()
     store.write(SourceCheckpoint("mirror", "flinkish.postgres", 3, None, 0, "{}", state, False,
                                  (SplitRecord("changes-0", 0, 4096),)))
+    write_not_followed(io, store.directory, {C: NOTE})  # a matching table without a key
     log = DecisionLog(io, root, "mirror_sink")
     done(log, 0, T0 // 1000, figures(public__orders=(1000, 0, 0, -1), sales__items=(7, 0, 0, -1)))
     r = counts.fold(counts.Record(), log)
@@ -89,7 +96,8 @@ def test_mirror_status_and_the_command_read_the_metadata(tmp_path: Path) -> None
     s = flinkish_spark.mirror_status(root)
     # epoch 1, which the killed run did not record, is counted (once: the record is not written by a reader)
     assert [(t.name, t.state, t.snapshot_rows, t.changes, t.last_epoch) for t in s.tables] == [
-        (A, "streaming", 1001, 5, 1), (B, "snapshot", 7, 0, 0)]
+        (A, "streaming", 1001, 5, 1), (B, "snapshot", 7, 0, 0), (C, "not followed", 0, 0, None)]
+    assert s.tables[2].note == NOTE and s.table_states() == {"streaming": 1, "snapshot": 1, "not followed": 1}
     assert s.tables[0].lag_s == pytest.approx(1.5) and s.tables[0].last_commit_ms == T0 // 1000
     assert s.tables[1].lag_s is None and s.tables[1].last_commit_ms is None  # snapshot rows only: no lag
     assert (s.uid, s.last_epoch, s.rows, s.changes, s.restarts, s.errors, s.running) == ("mirror", 1, 1013, 5, 2, 1, False)
@@ -99,13 +107,16 @@ def test_mirror_status_and_the_command_read_the_metadata(tmp_path: Path) -> None
     run = [sys.executable, "-m", "flinkish_spark.cli", "mirror", "status", "--checkpoint", root]
     got = json.loads(subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=120, check=True).stdout)
     assert got["tables"] == [{"name": A, "state": "streaming", "snapshot_rows": 1001, "changes": 5, "last_epoch": 1,
-                              "last_commit_ms": T0 // 1000, "lag_s": pytest.approx(1.5)},
+                              "last_commit_ms": T0 // 1000, "lag_s": pytest.approx(1.5), "note": ""},
                              {"name": B, "state": "snapshot", "snapshot_rows": 7, "changes": 0, "last_epoch": 0,
-                              "last_commit_ms": None, "lag_s": None}]
+                              "last_commit_ms": None, "lag_s": None, "note": ""},
+                             {"name": C, "state": "not followed", "snapshot_rows": 0, "changes": 0, "last_epoch": None,
+                              "last_commit_ms": None, "lag_s": None, "note": NOTE}]
     assert (got["last_epoch"], got["restarts"], got["last_error"]) == (1, 2, "TargetWriteError: disk full")
     text = subprocess.run(run, capture_output=True, text=True, timeout=120, check=True).stdout
     assert "last committed epoch 1" in text and "1001" in text and "restarts 2" in text, text
     assert "1.5s" in text.split(A)[1].splitlines()[0], text  # the table's lag on its line
+    assert "not followed" in text.split(C)[1].splitlines()[0] and f"warning: {NOTE}" in " ".join(text.split()), text
 
     missing = subprocess.run([*run[:-1], str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no flinkish checkpoint at" in missing.stderr, missing.stderr
@@ -137,6 +148,8 @@ def test_the_exporter_serves_the_status_as_prometheus_text(tmp_path: Path) -> No
     assert samples[("flinkish_mirror_table_last_committed_epoch", (("table", A),))] == 1
     assert samples[("flinkish_mirror_table_last_committed_epoch", (("table", B),))] == 0
     assert ("flinkish_mirror_table_lag_seconds", (("table", B),)) not in samples  # no change yet: no sample
+    assert samples[("flinkish_mirror_table_state", (("state", "not followed"), ("table", C)))] == 1
+    assert ("flinkish_mirror_table_snapshot_rows_total", (("table", C),)) not in samples  # no target, no count
     assert samples[("flinkish_mirror_restarts_total", ())] == 2 and samples[("flinkish_mirror_errors_total", ())] == 1
 
 
