@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 
 from typing import Mapping
@@ -140,12 +141,18 @@ class SparkCheckpointCopy:
         short) from the copy; the number of files written (0: nothing to do).
 
         ``metadata`` is written last, so a restore cut short is done again by the next start; Spark writes
-        its ``metadata`` before any other file, so a folder without it holds nothing of Spark's."""
-        if os.path.exists(os.path.join(self.local, "metadata")):
-            return 0
+        its ``metadata`` before any other file, so a folder without it holds nothing of Spark's.
+
+        A folder that is *behind* the copy (:meth:`stale`: the machine came back after another one went on
+        with the query) is moved aside to ``<folder>.stale-<epoch seconds>`` (kept, never deleted) and the
+        copy restored in its place: the store, where every decision is, says where the query is."""
         names = sorted(self._remote_names(), key=lambda n: n == "metadata")
         if "metadata" not in names:
             return 0
+        if os.path.exists(os.path.join(self.local, "metadata")):
+            if not self.stale(names):
+                return 0
+            os.replace(self.local, f"{self.local.rstrip(os.sep)}.stale-{int(time.time())}")
         for name in names:
             target = os.path.join(self.local, *name.split("/"))
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -154,6 +161,31 @@ class SparkCheckpointCopy:
                 f.write(self.io.read_bytes(join(self.remote, name)))
             os.replace(tmp, target)
         return len(names)
+
+    def stale(self, names: set[str] | list[str] | None = None) -> bool:
+        """Whether the local folder (of the same Spark query) is behind the copy: the copy holds offsets of a
+        batch after the folder's newest commit that the folder lacks or holds with other bytes -- batches
+        another machine planned and decided. On the machine that wrote the copy this is never so: it copies
+        its own offsets byte for byte, and only its one planned-not-committed batch may be missing there."""
+        have = set(self._remote_names() if names is None else names)
+        local_meta = self._read_local("metadata")
+        if local_meta is None or "metadata" not in have or self.io.read_bytes(join(self.remote, "metadata")) != local_meta:
+            return False  # a folder Spark has not started in, or another query's: not this module's to judge
+        committed = [int(n) for n in _listdir(os.path.join(self.local, "commits")) if n.isdigit()]
+        newest = max(committed, default=-1)
+        for name in sorted(have):
+            batch = _batch_of(name)
+            if name.startswith("offsets/") and batch is not None and batch > newest:
+                if self._read_local(name) != self.io.read_bytes(join(self.remote, name)):
+                    return True
+        return False
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
 
 
 def _batch_of(name: str) -> int | None:
@@ -168,8 +200,9 @@ def restore_spark_checkpoint(checkpoint_location: str, checkpoint: str, uid: str
 
     Call it on the driver's machine before ``writeStream...start()``, with the sink's ``uid`` and
     ``checkpoint`` and its storage options (``endpointUrl``, ``region``, ``storageOptions``). A folder
-    Spark has started in (it has ``metadata``) is left alone, and so is everything when there is no
-    copy (a new query). Returns the number of files restored::
+    Spark has started in (it has ``metadata``) is left alone unless it is behind the copy (the machine
+    came back after another one went on: it is moved aside to ``<folder>.stale-<seconds>``), and so is
+    everything when there is no copy (a new query). Returns the number of files restored::
 
         flinkish_spark.restore_spark_checkpoint("/var/lib/app/spark", "s3://bucket/meta", "orders_sink")
         query = df.writeStream.format("flinkish.delta").option("uid", "orders_sink") \\

@@ -3,7 +3,8 @@ below Spark: the driver-side calls Spark makes, on a ``flinkish.parquet`` sink w
 
 * what the copy holds after a batch's commit, and the restore into a new machine's empty folder;
 * the lost machine coming back after the new one took over: its commit fails with FencedError and
-  writes nothing -- neither a decision nor the copy's offsets.
+  writes nothing -- neither a decision nor the copy's offsets; the same command started again there
+  moves its folder, which is behind, aside and continues from the copy.
 """
 
 from __future__ import annotations
@@ -141,3 +142,14 @@ def test_the_lost_machine_coming_back_is_fenced_and_writes_nothing(s3: str, tmp_
     with pytest.raises(FencedError):
         old_sink.streamWriter(SCHEMA, False).commit([], 2)
     assert log.read(2) is None and not io.exists(f"{META}/sinks/out/spark/offsets/2")
+
+    # The new machine restarts where Spark has not logged batch 1's commit yet: its folder is not behind.
+    assert restore_spark_checkpoint(str(new), META, "out", {"endpointUrl": s3}) == 0
+    # The old machine runs the same command again: its folder is behind the store (batch 1 as the new machine
+    # planned it and committed). It is moved aside, kept, and the copy takes its place.
+    stale_files = files(old)
+    assert restore_spark_checkpoint(str(old), META, "out", {"endpointUrl": s3}) > 0
+    [aside] = tmp_path.glob("machine-1.stale-*")
+    assert files(aside) == stale_files
+    assert json.loads(files(old)["offsets/1"].splitlines()[2])["run"] == "new" and "commits/1" in files(old)
+    assert restore_spark_checkpoint(str(old), META, "out", {"endpointUrl": s3}) == 0  # now it is not behind
