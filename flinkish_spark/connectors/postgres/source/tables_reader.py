@@ -277,46 +277,61 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
         planned = None if planned_keys is None else functools.cache(planned_keys)
         schemas = RelationSchemas(psycopg_query(conn), planned)
         schemas.prepare(r for r in relations.values() if patterns.matches(f"{r.namespace}.{r.name}"))
-        rows = _Rows()
-        emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
-        # relid -> (the Relation it was resolved for, its schema or None when not followed, its encoder);
-        # compared by identity: decode_changes hands out the same Relation object until the next Relation message.
-        resolved: dict[int, tuple[Relation, TableSchema | None, RowEncoder | None]] = {}
-        txn, seq = -1, 0
-        for change in decode_changes(messages, start, end):
-            lsn = change.commit_lsn
-            if lsn != txn:
-                txn, seq = lsn, 0
-            rels = [relations[r] for r in change.relids] if isinstance(change, Truncate) else [change.relation]
-            for rel in rels:
-                entry = resolved.get(rel.relid)
-                if entry is None or entry[0] is not rel:
-                    follow = patterns.matches(f"{rel.namespace}.{rel.name}")
-                    schema = schemas.schema(rel) if follow else None
-                    if schema is not None and not schema.key and planned is not None and rel.relid not in planned():
-                        # A table left out for want of a key (the enumerator warns), published by a publication
-                        # the user gave (FOR ALL TABLES): not followed. A followed table that lost its key is
-                        # planned, and its keyless schema reaches the sink, which says what to do.
-                        schema = None
-                    entry = (rel, schema, None if schema is None else RowEncoder(schema))
-                    resolved[rel.relid] = entry
-                _, schema, encoder = entry
-                if schema is None or encoder is None:
-                    continue
-                if emitted.get(rel.relid) != schema.schema_id:
-                    emitted[rel.relid] = schema.schema_id
-                    rows.add(schema.table, "s", lsn, seq, change.commit_ts_us, schema.schema_id, schema.to_json())
-                    seq += 1
-                if isinstance(change, Truncate):
-                    rows.add(schema.table, "t", lsn, seq, change.commit_ts_us, schema.schema_id, None)
-                else:
-                    rows.add(schema.table, change.op, lsn, seq, change.commit_ts_us, schema.schema_id,
-                             _encode(src, encoder, change))
+
+        def resolve(rel: Relation) -> TableSchema | None:
+            if not patterns.matches(f"{rel.namespace}.{rel.name}"):
+                return None
+            schema = schemas.schema(rel)
+            if not schema.key and planned is not None and rel.relid not in planned():
+                # A table left out for want of a key (the enumerator warns), published by a publication
+                # the user gave (FOR ALL TABLES): not followed. A followed table that lost its key is
+                # planned, and its keyless schema reaches the sink, which says what to do.
+                return None
+            return schema
+
+        yield from stream_batches(src, messages, start, end, relations, resolve)
+
+
+def stream_batches(src: PostgresSourceHost, messages: list[bytes], start: int, end: int,
+                   relations: Mapping[int, Relation], resolve: Callable[[Relation], TableSchema | None]
+                   ) -> Iterator[pa.RecordBatch]:
+    """The stream rows of the pgoutput ``messages`` of ``[start, end)`` (a pure function of its arguments);
+    ``relations``: every Relation message of ``messages`` by relid (the tables of a truncate);
+    ``resolve``: a relation's schema, None when the table is not followed (called once per Relation message)."""
+    rows = _Rows()
+    emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
+    # relid -> (the Relation it was resolved for, its schema or None when not followed, its encoder);
+    # compared by identity: decode_changes hands out the same Relation object until the next Relation message.
+    resolved: dict[int, tuple[Relation, TableSchema | None, RowEncoder | None]] = {}
+    txn, seq = -1, 0
+    for change in decode_changes(messages, start, end):
+        lsn = change.commit_lsn
+        if lsn != txn:
+            txn, seq = lsn, 0
+        rels = [relations[r] for r in change.relids] if isinstance(change, Truncate) else [change.relation]
+        for rel in rels:
+            entry = resolved.get(rel.relid)
+            if entry is None or entry[0] is not rel:
+                schema = resolve(rel)
+                entry = (rel, schema, None if schema is None else RowEncoder(schema))
+                resolved[rel.relid] = entry
+            _, schema, encoder = entry
+            if schema is None or encoder is None:
+                continue
+            if emitted.get(rel.relid) != schema.schema_id:
+                emitted[rel.relid] = schema.schema_id
+                rows.add(schema.table, "s", lsn, seq, change.commit_ts_us, schema.schema_id, schema.to_json())
                 seq += 1
-            if len(rows) >= BATCH_ROWS:
-                yield rows.flush()
-        if len(rows):
+            if isinstance(change, Truncate):
+                rows.add(schema.table, "t", lsn, seq, change.commit_ts_us, schema.schema_id, None)
+            else:
+                rows.add(schema.table, change.op, lsn, seq, change.commit_ts_us, schema.schema_id,
+                         _encode(src, encoder, change))
+            seq += 1
+        if len(rows) >= BATCH_ROWS:
             yield rows.flush()
+    if len(rows):
+        yield rows.flush()
 
 
 def _encode(src: PostgresSourceHost, encoder: RowEncoder, change: Change) -> str:
