@@ -86,7 +86,7 @@ def prepare(url: str, changes: int, txn: int, recv_slots: int) -> int:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
         for lo in range(1, changes + 1, txn):
             conn.execute(FILL.replace("%s", str(lo), 1).replace("%s", str(min(changes, lo + txn - 1)), 1))
-        return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+        return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
 
 
 def _peek(info: ConnectionInfo, end: int) -> list[bytes]:

@@ -93,7 +93,7 @@ def record() -> None:
                 return schema
 
             src = SimpleNamespace(component="fixture", slot_name="fixture")
-            rows = [b.to_pylist() for b in stream_batches(src, messages, 0, 1 << 63, relations, resolve)]  # type: ignore[arg-type]
+            rows = [b.to_pylist() for b in stream_batches(src, messages, 0, 1 << 63, relations, resolve)]
     finally:
         pg.stop()
     flat = [dict(r, _commit_ts=None if r["_commit_ts"] is None else r["_commit_ts"].isoformat()) for b in rows for r in b]

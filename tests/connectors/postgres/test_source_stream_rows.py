@@ -38,7 +38,7 @@ def replay(start: int = 0, end: int = 1 << 63) -> tuple[list[dict[str, Any]], li
         return None if text is None else TableSchema.from_json(text)
 
     src = SimpleNamespace(component="test", slot_name="fixture")
-    got = [r for b in stream_batches(src, messages, start, end, relations, resolve) for r in b.to_pylist()]  # type: ignore[arg-type]
+    got = [r for b in stream_batches(src, messages, start, end, relations, resolve) for r in b.to_pylist()]
     for r in got:
         assert r["_commit_ts"] is None or isinstance(r["_commit_ts"], datetime)
         r["_commit_ts"] = None if r["_commit_ts"] is None else r["_commit_ts"].isoformat()
