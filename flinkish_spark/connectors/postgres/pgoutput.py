@@ -18,6 +18,7 @@ target keeps its value), the single-table one refuses the change.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -52,6 +53,15 @@ class Relation:
     name: str
     replica_identity: str  # 'd' default (primary key), 'f' full, 'i' index, 'n' nothing
     columns: tuple[Column, ...]
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @functools.cached_property
+    def key_positions(self) -> tuple[int, ...]:
+        """The positions of the replica identity's columns (all of them under REPLICA IDENTITY FULL)."""
+        return tuple(i for i, c in enumerate(self.columns) if c.is_key)
 
 
 @dataclass(frozen=True)
@@ -238,56 +248,150 @@ def decode_changes(
     Relation messages seen anywhere in the stream are remembered (the server sends one
     before a relation's first change in each decoding session, also in skipped transactions).
     """
+    for item in raw_changes(messages, start_lsn, end_lsn):
+        if isinstance(item, Truncate):
+            yield item
+        else:
+            op, rel, values, lsn, ts, seq, moved = item
+            yield Change(op, rel, dict(zip(rel.names, values)), lsn, ts, seq, moved)
+
+
+#: A change as :func:`raw_changes` gives it: (op, relation, values in the relation's column order, commit LSN,
+#: commit time, seq, moved) -- the fields of :class:`Change` without building its dict.
+RawChange = tuple[ChangeOp, Relation, tuple[object, ...], int, int, int, bool]
+
+_U32 = struct.Struct(">I").unpack_from
+_I32 = struct.Struct(">i").unpack_from
+_I16 = struct.Struct(">h").unpack_from
+_BEGIN = struct.Struct(">qq").unpack_from
+
+
+def _tuple_at(data: bytes, pos: int) -> tuple[tuple[object, ...], int]:
+    """The TupleData at ``pos`` and the offset after it (what :meth:`_Reader.tuple_data` reads, without a method
+    call per field: this runs for every column of every change)."""
+    try:
+        (n,) = _I16(data, pos)
+        pos += 2
+        values: list[object] = []
+        add = values.append
+        for _ in range(n):
+            kind = data[pos]
+            pos += 1
+            if kind == 116:  # 't'
+                (size,) = _I32(data, pos)
+                pos += 4
+                end = pos + size
+                if end > len(data):
+                    raise IndexError
+                add(data[pos:end].decode("utf-8"))
+                pos = end
+            elif kind == 110:  # 'n'
+                add(None)
+            elif kind == 117:  # 'u'
+                add(UNCHANGED_TOAST)
+            elif kind == 98:  # 'b'
+                raise PgOutputError("binary tuple values ('b') are not supported: do not ask for binary 'true'")
+            else:
+                raise PgOutputError(f"unknown tuple value kind {chr(kind)!r}")
+    except (IndexError, struct.error):
+        raise PgOutputError(f"message truncated: a tuple runs past the end of its {len(data)} bytes") from None
+    return tuple(values), pos
+
+
+def raw_changes(messages: Iterable[bytes], start_lsn: int = 0,
+                end_lsn: int | None = None) -> Iterator[RawChange | Truncate]:
+    """:func:`decode_changes` as tuples (:data:`RawChange`), the same changes in the same order: for a reader that
+    turns each change into a row right away and needs no :class:`Change` (nor its dict) on the way. The messages of
+    Begin, Commit, Insert, Update and Delete are read here in place; the others by :func:`decode_message`."""
     relations: dict[int, Relation] = {}
-    txn: Begin | None = None
-    seq = 0
+    in_txn = False
+    lsn = ts = seq = 0
+    wanted = False
     for data in messages:
-        msg = decode_message(data)
-        if isinstance(msg, Relation):
-            relations[msg.relid] = msg
-        elif isinstance(msg, Begin):
-            txn, seq = msg, 0
-        elif isinstance(msg, Commit):
-            txn = None
-        elif isinstance(msg, (RowMessage, Truncate)):
-            if txn is None:
-                raise PgOutputError("a row change outside of a transaction (the messages do not start at a Begin)")
-            if txn.final_lsn < start_lsn or (end_lsn is not None and txn.final_lsn >= end_lsn):
-                continue
-            if isinstance(msg, Truncate):
-                # The server sends the Relation of each truncated table before the message.
-                yield Truncate(msg.relids, tuple((relations[r].namespace, relations[r].name) for r in msg.relids if r in relations),
-                               txn.final_lsn, txn.commit_ts_us)
-                continue
-            rel = relations.get(msg.relid)
-            if rel is None:
-                raise PgOutputError(f"change of relation {msg.relid} before its Relation message")
-            names = [c.name for c in rel.columns]
-            if msg.kind == "D":
-                assert msg.old is not None
-                yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
-                seq += 1
-                continue
-            assert msg.new is not None
-            if msg.kind == "U" and msg.old_kind == "K" and msg.old is not None:
+        kind = data[:1]
+        if kind == b"B":
+            lsn, pg_ts = _BEGIN(data, 1)
+            ts = pg_ts + PG_EPOCH_US
+            in_txn, seq = True, 0
+            wanted = lsn >= start_lsn and (end_lsn is None or lsn < end_lsn)
+            continue
+        if kind == b"C":
+            in_txn = False
+            continue
+        if kind not in (b"I", b"U", b"D"):
+            msg = decode_message(data)
+            if isinstance(msg, Relation):
+                relations[msg.relid] = msg
+            elif isinstance(msg, Truncate):
+                if not in_txn:
+                    raise PgOutputError("a row change outside of a transaction (the messages do not start at a Begin)")
+                if wanted:
+                    # The server sends the Relation of each truncated table before the message.
+                    yield Truncate(msg.relids, tuple((relations[r].namespace, relations[r].name) for r in msg.relids
+                                                     if r in relations), lsn, ts)
+            elif not isinstance(msg, Skipped):
+                raise PgOutputError(f"unexpected {type(msg).__name__} message")
+            continue
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        if len(data) < 6:
+            decode_message(data)  # says why
+        (relid,) = _U32(data, 1)
+        tag = data[5]
+        if kind == b"I":
+            if tag != 78:  # 'N'
+                raise PgOutputError("insert message without a new tuple")
+            new, _ = _tuple_at(data, 6)
+            op: ChangeOp = "c"
+            old = None
+            old_tag = 0
+        elif kind == b"U":
+            old, old_tag, pos = None, 0, 6
+            if tag in (75, 79):  # 'K', 'O'
+                old_tag = tag
+                old, pos = _tuple_at(data, 6)
+                if pos >= len(data):
+                    raise PgOutputError("message truncated: an update without its new tuple")
+                tag = data[pos]
+                pos += 1
+            if tag != 78:
+                raise PgOutputError(f"update message: expected a new tuple 'N', got {chr(tag)!r}")
+            new, _ = _tuple_at(data, pos)
+            op = "u"
+        else:
+            if tag not in (75, 79):
+                raise PgOutputError(f"delete message: expected an old key 'K' or row 'O', got {chr(tag)!r}")
+            old, _ = _tuple_at(data, 6)
+            new, op, old_tag = old, "d", tag
+        if not in_txn:
+            raise PgOutputError("a row change outside of a transaction (the messages do not start at a Begin)")
+        if not wanted:
+            continue
+        rel = relations.get(relid)
+        if rel is None:
+            raise PgOutputError(f"change of relation {relid} before its Relation message")
+        if op == "d":
+            yield ("d", rel, new, lsn, ts, seq, False)
+            seq += 1
+            continue
+        moved = False
+        if old is not None:
+            if old_tag == 75:
                 # Default replica identity sends the old key only when the key changed.
-                yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
+                yield ("d", rel, old, lsn, ts, seq, False)
                 seq += 1
-            new = msg.new
-            moved = msg.kind == "U" and msg.old_kind == "K" and msg.old is not None
-            if msg.kind == "U" and msg.old_kind == "O" and msg.old is not None:
+                moved = True
+            else:
                 # REPLICA IDENTITY FULL: the old row is logged whole (its TOASTed values
                 # flattened), while the new row still says 'u' for an out-of-line value the
                 # update did not touch -- so the value is the old row's.
-                new = _unchanged_from_old(new, msg.old)
-                old_key = {c.name: v for c, v in zip(rel.columns, msg.old) if c.is_key}
-                new_key = {c.name: v for c, v in zip(rel.columns, new) if c.is_key}
-                if old_key != new_key:
-                    yield Change("d", rel, dict(zip(names, msg.old)), txn.final_lsn, txn.commit_ts_us, seq)
+                new = _unchanged_from_old(new, old)
+                keys = rel.key_positions
+                if [old[i] for i in keys] != [new[i] for i in keys]:
+                    yield ("d", rel, old, lsn, ts, seq, False)
                     seq += 1
-            op: ChangeOp = "c" if msg.kind == "I" else "u"
-            yield Change(op, rel, dict(zip(names, new)), txn.final_lsn, txn.commit_ts_us, seq, moved)
-            seq += 1
+        yield (op, rel, new, lsn, ts, seq, moved)
+        seq += 1
 
 
 def _unchanged_from_old(new: tuple[object, ...], old: tuple[object, ...]) -> tuple[object, ...]:

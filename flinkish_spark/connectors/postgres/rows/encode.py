@@ -33,8 +33,13 @@ def session_settings_sql() -> list[str]:
 _NON_FINITE = ("NaN", "Infinity", "-Infinity")
 
 
+#: ``json.dumps(v, ensure_ascii=False)`` of a string is exactly this function of the json module (C code), without the
+#: encoder object dumps builds per call.
+_encode_basestring: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def _json_string(v: str) -> str:
-    return json.dumps(v, ensure_ascii=False)
+    return _encode_basestring(v)
 
 
 def _bytea_base64(v: str) -> str:
@@ -145,6 +150,24 @@ class RowEncoder:
         if unchanged:
             parts.append(_UNCHANGED_PREFIX + json.dumps(list(unchanged), ensure_ascii=False))
         return "{" + ",".join(parts) + "}"
+
+    def compile(self, columns: Sequence[str], names: Sequence[str] | None = None) -> Callable[[tuple[object, ...]], str]:
+        """:meth:`encode` for values as a tuple in the order of ``columns`` (a Relation's), chosen once per
+        relation: ``compile(columns, names)(values) == encode(dict(zip(columns, values)), names)`` for values
+        without an unchanged TOASTed one. A column of ``names`` that ``columns`` lacks is null, as in encode."""
+        index = {n: i for i, n in enumerate(columns)}
+        missing = len(columns)  # the position of the None appended for columns the values lack
+        plan = [(self._prefixes[n], self._encoders[n], index.get(n, missing))
+                for n in (names if names is not None else self.schema.names)]
+        pad = (None,) if any(i == missing for _, _, i in plan) else ()
+
+        def encode(values: tuple[object, ...]) -> str:
+            if pad:
+                values = values + pad
+            return "{" + ",".join([p + ("null" if (v := values[i]) is None else enc(v))  # type: ignore[arg-type]
+                                   for p, enc, i in plan]) + "}"
+
+        return encode
 
 
 def _sql_literal(text: str) -> str:

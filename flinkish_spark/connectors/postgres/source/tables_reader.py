@@ -33,9 +33,9 @@ from flinkish_spark.connectors.postgres.pgoutput import (
     Change,
     Relation,
     Truncate,
-    decode_changes,
     decode_message,
     format_lsn,
+    raw_changes,
 )
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
@@ -277,46 +277,102 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
         planned = None if planned_keys is None else functools.cache(planned_keys)
         schemas = RelationSchemas(psycopg_query(conn), planned)
         schemas.prepare(r for r in relations.values() if patterns.matches(f"{r.namespace}.{r.name}"))
-        rows = _Rows()
-        emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
-        # relid -> (the Relation it was resolved for, its schema or None when not followed, its encoder);
-        # compared by identity: decode_changes hands out the same Relation object until the next Relation message.
-        resolved: dict[int, tuple[Relation, TableSchema | None, RowEncoder | None]] = {}
-        txn, seq = -1, 0
-        for change in decode_changes(messages, start, end):
-            lsn = change.commit_lsn
+
+        def resolve(rel: Relation) -> TableSchema | None:
+            if not patterns.matches(f"{rel.namespace}.{rel.name}"):
+                return None
+            schema = schemas.schema(rel)
+            if not schema.key and planned is not None and rel.relid not in planned():
+                # A table left out for want of a key (the enumerator warns), published by a publication
+                # the user gave (FOR ALL TABLES): not followed. A followed table that lost its key is
+                # planned, and its keyless schema reaches the sink, which says what to do.
+                return None
+            return schema
+
+        yield from stream_batches(src, messages, start, end, relations, resolve)
+
+
+def stream_batches(src: PostgresSourceHost, messages: list[bytes], start: int, end: int,
+                   relations: Mapping[int, Relation], resolve: Callable[[Relation], TableSchema | None]
+                   ) -> Iterator[pa.RecordBatch]:
+    """The stream rows of the pgoutput ``messages`` of ``[start, end)`` (a pure function of its arguments);
+    ``relations``: every Relation message of ``messages`` by relid (the tables of a truncate);
+    ``resolve``: a relation's schema, None when the table is not followed (called once per Relation message).
+
+    Per change this is the hot path of the source: the row's JSON comes from encoders compiled once per Relation
+    message (values by position, no dict per change), and the columns are plain lists until a batch is full."""
+    rows = _Rows()
+    tables, ops, lsns, seqs, tss, sids, texts = (rows.cols[f.name] for f in STREAM_ARROW)
+    emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
+    # relid -> the Relation it was resolved for, its schema (None: not followed), its encoder and the compiled
+    # encodings of a full row and of a delete's key; compared by identity: raw_changes hands out the same
+    # Relation object until the next Relation message.
+    resolved: dict[int, tuple[Relation, TableSchema | None, RowEncoder | None, Any, Any]] = {}
+
+    def resolve_entry(rel: Relation) -> tuple[Relation, TableSchema | None, RowEncoder | None, Any, Any]:
+        schema = resolve(rel)
+        if schema is None:
+            entry: tuple[Relation, TableSchema | None, RowEncoder | None, Any, Any] = (rel, None, None, None, None)
+        else:
+            encoder = RowEncoder(schema)
+            entry = (rel, schema, encoder, encoder.compile(rel.names),
+                     encoder.compile(rel.names, schema.key) if schema.key else None)
+        resolved[rel.relid] = entry
+        return entry
+
+    txn, seq = -1, 0
+    for change in raw_changes(messages, start, end):
+        if isinstance(change, Truncate):
+            lsn, ts = change.commit_lsn, change.commit_ts_us
             if lsn != txn:
                 txn, seq = lsn, 0
-            rels = [relations[r] for r in change.relids] if isinstance(change, Truncate) else [change.relation]
-            for rel in rels:
+            for rel in [relations[r] for r in change.relids]:
                 entry = resolved.get(rel.relid)
                 if entry is None or entry[0] is not rel:
-                    follow = patterns.matches(f"{rel.namespace}.{rel.name}")
-                    schema = schemas.schema(rel) if follow else None
-                    if schema is not None and not schema.key and planned is not None and rel.relid not in planned():
-                        # A table left out for want of a key (the enumerator warns), published by a publication
-                        # the user gave (FOR ALL TABLES): not followed. A followed table that lost its key is
-                        # planned, and its keyless schema reaches the sink, which says what to do.
-                        schema = None
-                    entry = (rel, schema, None if schema is None else RowEncoder(schema))
-                    resolved[rel.relid] = entry
-                _, schema, encoder = entry
-                if schema is None or encoder is None:
+                    entry = resolve_entry(rel)
+                schema = entry[1]
+                if schema is None:
                     continue
                 if emitted.get(rel.relid) != schema.schema_id:
                     emitted[rel.relid] = schema.schema_id
-                    rows.add(schema.table, "s", lsn, seq, change.commit_ts_us, schema.schema_id, schema.to_json())
+                    rows.add(schema.table, "s", lsn, seq, ts, schema.schema_id, schema.to_json())
                     seq += 1
-                if isinstance(change, Truncate):
-                    rows.add(schema.table, "t", lsn, seq, change.commit_ts_us, schema.schema_id, None)
-                else:
-                    rows.add(schema.table, change.op, lsn, seq, change.commit_ts_us, schema.schema_id,
-                             _encode(src, encoder, change))
+                rows.add(schema.table, "t", lsn, seq, ts, schema.schema_id, None)
                 seq += 1
-            if len(rows) >= BATCH_ROWS:
-                yield rows.flush()
-        if len(rows):
+        else:
+            op, rel, values, lsn, ts, _, moved = change
+            if lsn != txn:
+                txn, seq = lsn, 0
+            entry = resolved.get(rel.relid)
+            if entry is None or entry[0] is not rel:
+                entry = resolve_entry(rel)
+            _, schema, encoder, encode_row, encode_key = entry
+            if schema is None or encoder is None:
+                continue
+            sid = schema.schema_id
+            if emitted.get(rel.relid) != sid:
+                emitted[rel.relid] = sid
+                rows.add(schema.table, "s", lsn, seq, ts, sid, schema.to_json())
+                seq += 1
+            if op == "d" and encode_key is not None:
+                text = encode_key(values)  # a delete carries the key (the rest may be null)
+            elif UNCHANGED_TOAST in values:
+                text = _encode(src, encoder, Change(op, rel, dict(zip(rel.names, values)), lsn, ts, 0, moved))
+            else:
+                text = encode_row(values)
+            tables.append(schema.table)
+            ops.append(op)
+            lsns.append(lsn)
+            seqs.append(seq)
+            tss.append(ts)
+            sids.append(sid)
+            texts.append(text)
+            seq += 1
+        if len(texts) >= BATCH_ROWS:
             yield rows.flush()
+            tables, ops, lsns, seqs, tss, sids, texts = (rows.cols[f.name] for f in STREAM_ARROW)
+    if len(rows):
+        yield rows.flush()
 
 
 def _encode(src: PostgresSourceHost, encoder: RowEncoder, change: Change) -> str:
