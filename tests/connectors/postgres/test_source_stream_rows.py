@@ -65,3 +65,32 @@ def test_a_range_gives_the_recorded_rows_of_its_transactions() -> None:
 
     assert data(got) == data([r for r in want if lsns[2] <= r["_lsn"] < lsns[5]])
     assert {r["_table"] for r in got if r["_op"] == "s"} == {r["_table"] for r in got}
+
+
+def test_split_tables_gives_each_table_the_same_rows_alone_mixed_or_out_of_order() -> None:
+    """A sink's task sees one table alone (a one-table mirror), several, or rows not in stream order: the
+    typed rows of a table are the same (the fast paths -- no filter for one table, no take for rows in order
+    or of one schema -- against the general ones; ``docs`` has two schemas, a truncate and TOASTed values)."""
+    import random
+
+    import pyarrow as pa
+
+    from flinkish_spark.connectors.postgres.rows import split_tables
+
+    recorded = json.loads(FIXTURE.read_text())
+    rows = [dict(r, _commit_ts=None if r["_commit_ts"] is None else datetime.fromisoformat(r["_commit_ts"]))
+            for r in recorded["rows"]]
+    schema = pa.schema([("_table", pa.string()), ("_op", pa.string()), ("_lsn", pa.int64()), ("_seq", pa.int64()),
+                        ("_commit_ts", pa.timestamp("us", "UTC")), ("_schema_id", pa.string()), ("row", pa.string())])
+
+    def split(some: list[dict[str, Any]]) -> dict[str, Any]:
+        # repr: NaN is not equal to itself
+        return {t: (r.schemas, repr(r.rows.to_pylist())) for t, r in split_tables(pa.Table.from_pylist(some, schema)).items()}
+
+    mixed = split(rows)
+    assert len(mixed) >= 3 and len(mixed["public.docs"][0]) == 2
+    shuffled = rows[:]
+    random.Random(3).shuffle(shuffled)
+    assert split(shuffled) == mixed
+    for table in mixed:
+        assert split([r for r in rows if r["_table"] == table]) == {table: mixed[table]}

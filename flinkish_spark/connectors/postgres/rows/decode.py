@@ -166,9 +166,12 @@ def split_tables(batch: pa.Table | pa.RecordBatch) -> dict[str, TableRows]:
         schemas[ts.schema_id] = ts
         order.setdefault(ts.table, []).append((_sort_key(s), ts.schema_id))
     data = table.filter(pc.not_equal(ops, "s"))
+    in_data = pc.unique(data.column("_table")).to_pylist()
     out: dict[str, TableRows] = {}
-    for name in sorted(set(data.column("_table").to_pylist()) | set(order)):
-        mine = data.filter(pc.equal(data.column("_table"), name))
+    for name in sorted(set(in_data) | set(order)):
+        # One table in the rows (a one-table mirror, or a task of one table's changes): they are all its own, no
+        # copy of the JSON texts by a filter.
+        mine = data if in_data == [name] else data.filter(pc.equal(data.column("_table"), name))
         versions = _versions(order.get(name, []))
         missing = set(mine.column("_schema_id").to_pylist()) - set(versions) - {None}
         if missing:
@@ -205,7 +208,8 @@ def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
         pa.table({"s": pc.is_null(rows.column("_lsn")), "l": rows.column("_lsn"), "q": rows.column("_seq")}),
         sort_keys=[("s", "descending"), ("l", "ascending"), ("q", "ascending")],
     )
-    rows = rows.take(indices)
+    if not _in_order(indices):  # the rows of one task come in stream order: then no copy by a take
+        rows = rows.take(indices)
     parts = []
     by_id = {s.schema_id: s for s in schemas}
     ids = rows.column("_schema_id")
@@ -213,7 +217,8 @@ def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
         positions = pc.indices_nonzero(pc.equal(ids, sid))
         if len(positions) == 0:
             continue
-        part = rows.take(positions)
+        whole = len(positions) == rows.num_rows  # every row of this schema (nearly always): no copy by a take
+        part = rows if whole else rows.take(positions)
         decoded = decode_rows(part.column("row"), schema)
         cols = []
         for f in union:
@@ -227,9 +232,19 @@ def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
     if not parts:
         return pa.schema(list(union) + [rows.schema.field(m) for m in meta if m != UNCHANGED]
                          + [pa.field(UNCHANGED, pa.list_(pa.string()))]).empty_table()
+    if len(parts) == 1 and len(parts[0][0]) == rows.num_rows:
+        return parts[0][1]
     merged = pa.concat_tables([p for _, p in parts])
     order = pc.sort_indices(pa.concat_arrays([pos for pos, _ in parts]))
     return merged.take(order)
+
+
+def _in_order(indices: pa.Array) -> bool:
+    """Whether sort indices are 0, 1, 2, ...: the rows are sorted already."""
+    import numpy as np
+
+    n = len(indices)
+    return n == 0 or bool(np.array_equal(indices.to_numpy(zero_copy_only=False), np.arange(n, dtype=np.uint64)))
 
 
 def _unchanged(texts: pa.ChunkedArray) -> pa.Array:
