@@ -237,6 +237,17 @@ def decode_message(data: bytes) -> Message:
     raise PgOutputError(f"unknown pgoutput message type {kind!r}")
 
 
+def relations_in(messages: Iterable[bytes]) -> dict[int, Relation]:
+    """The Relation messages among ``messages`` by relid (the last one of each: its newest columns)."""
+    relations: dict[int, Relation] = {}
+    for data in messages:
+        if data[:1] == b"R":
+            rel = decode_message(data)
+            assert isinstance(rel, Relation)
+            relations[rel.relid] = rel
+    return relations
+
+
 def decode_changes(
     messages: Iterable[bytes], start_lsn: int = 0, end_lsn: int | None = None
 ) -> Iterator[Change | Truncate]:

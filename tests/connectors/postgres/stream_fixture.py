@@ -47,7 +47,7 @@ SCENARIO = [
 def record() -> None:
     import psycopg
 
-    from flinkish_spark.connectors.postgres.pgoutput import Relation, decode_message
+    from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
     from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
     from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, psycopg_query
     from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
@@ -75,12 +75,7 @@ def record() -> None:
             messages = [bytes(r[0]) for r in conn.execute(
                 "SELECT data FROM pg_logical_slot_peek_binary_changes('fixture', NULL, NULL, 'proto_version', '1', "
                 "'publication_names', 'p')").fetchall()]
-            relations = {}
-            for m in messages:
-                if m[:1] == b"R":
-                    rel = decode_message(m)
-                    assert isinstance(rel, Relation)
-                    relations[rel.relid] = rel
+            relations = relations_in(messages)
             patterns = TablePatterns.parse("public.*, !public.other", "fixture")
             schemas = RelationSchemas(psycopg_query(conn))
             schemas.prepare(relations.values())

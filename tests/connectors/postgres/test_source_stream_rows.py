@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from flinkish_spark.connectors.postgres.pgoutput import Relation, decode_message
+from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.connectors.postgres.source.tables_reader import stream_batches
 
@@ -26,12 +26,7 @@ def replay(start: int = 0, end: int = 1 << 63) -> tuple[list[dict[str, Any]], li
     recorded = json.loads(FIXTURE.read_text())
     messages = [bytes.fromhex(m) for m in recorded["messages"]]
     schemas = {(r["relid"], tuple(r["columns"])): r["schema"] for r in recorded["resolved"]}
-    relations = {}
-    for m in messages:
-        if m[:1] == b"R":
-            rel = decode_message(m)
-            assert isinstance(rel, Relation)
-            relations[rel.relid] = rel
+    relations = relations_in(messages)
 
     def resolve(rel: Relation) -> TableSchema | None:
         text = schemas[(rel.relid, tuple(c.name for c in rel.columns))]

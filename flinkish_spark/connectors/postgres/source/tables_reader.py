@@ -33,9 +33,9 @@ from flinkish_spark.connectors.postgres.pgoutput import (
     Change,
     Relation,
     Truncate,
-    decode_message,
     format_lsn,
     raw_changes,
+    relations_in,
 )
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
@@ -268,12 +268,7 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
         for statement in session_settings_sql():
             conn.execute(statement)
         messages = peek(conn, src.slot_name, src.publication, end, None)
-        relations = {}
-        for data in messages:
-            if data[:1] == b"R":
-                rel = decode_message(data)
-                assert isinstance(rel, Relation)
-                relations[rel.relid] = rel
+        relations = relations_in(messages)
         planned = None if planned_keys is None else functools.cache(planned_keys)
         schemas = RelationSchemas(psycopg_query(conn), planned)
         schemas.prepare(r for r in relations.values() if patterns.matches(f"{r.namespace}.{r.name}"))
