@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from flinkish_spark.mirror.config import MirrorConfig
+from flinkish_spark.mirror.status import NOT_FOLLOWED
 
 OBSERVED = "flinkish_mirror"
 _MAX_TABLE_ROWS = 15
-NOT_FOLLOWED = "not followed"
 
 
 @dataclass
