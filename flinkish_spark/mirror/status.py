@@ -5,8 +5,8 @@ Read only, without Spark, for a mirror that runs or is stopped; each figure says
 
 * per table: its state (the registry the source's newest checkpoint names: ``joining``, ``snapshot``,
   ``streaming``; ``not followed`` for a matching table without a usable key, from the source's
-  ``not-followed.json``, with the reason and the statement that makes it followed), the rows its snapshots read, the changes applied, its newest committed epoch with rows
-  and its lag (:mod:`flinkish_spark.mirror.counts`: the record the pipeline process writes, with the
+  ``not-followed.json``, with the reason and the statement that makes it followed), the rows its
+  snapshots read, the changes applied, its newest committed epoch with rows and its lag (:mod:`flinkish_spark.mirror.counts`: the record the pipeline process writes, with the
   epochs committed since folded in from the sink's ``.done`` markers -- exact also right after a
   ``kill -9``);
 * the newest committed epoch: the sink's decision log (``sinks/<uid>_sink``), and when it was decided;
@@ -31,6 +31,7 @@ from flinkish_spark.io.fileio import FileIO
 
 #: the state of a matching table the mirror leaves out (no usable key): in the table, --json and the metrics
 NOT_FOLLOWED = "not followed"
+
 
 @dataclass(frozen=True)
 class TableStatus:
@@ -181,7 +182,8 @@ def render(status: MirrorStatus, console: Any = None) -> None:
     table = Table()
     # the newest change's commit time per table: in --json (and the metrics); a table name is never cut
     for col in ("table", "state", "rows snapshotted", "changes applied", "last epoch", "lag"):
-        table.add_column(col, justify="left" if col in ("table", "state") else "right", no_wrap=col in ("table", "state"))
+        left = col in ("table", "state")
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
     for t in s.tables:
         table.add_row(t.name, t.state, str(t.snapshot_rows), str(t.changes),
                       "-" if t.last_epoch is None else str(t.last_epoch), "-" if t.lag_s is None else f"{t.lag_s:.1f}s")

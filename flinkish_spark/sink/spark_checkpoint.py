@@ -169,8 +169,10 @@ class SparkCheckpointCopy:
         its own offsets byte for byte, and only its one planned-not-committed batch may be missing there."""
         have = set(self._remote_names() if names is None else names)
         local_meta = self._read_local("metadata")
-        if local_meta is None or "metadata" not in have or self.io.read_bytes(join(self.remote, "metadata")) != local_meta:
-            return False  # a folder Spark has not started in, or another query's: not this module's to judge
+        if local_meta is None or "metadata" not in have:
+            return False  # a folder Spark has not started in, or no copy
+        if self.io.read_bytes(join(self.remote, "metadata")) != local_meta:
+            return False  # another query's folder: not this module's to judge
         committed = [int(n) for n in _listdir(os.path.join(self.local, "commits")) if n.isdigit()]
         newest = max(committed, default=-1)
         for name in sorted(have):
