@@ -79,19 +79,27 @@ def _install(out: str) -> None:
     from flinkish_spark.connectors.postgres.source import tables_reader
 
     tables_reader.TablesReader.read = timed("source.read", tables_reader.TablesReader.read)  # type: ignore[method-assign]
-    tables_reader.peek = timed("source.peek", tables_reader.peek)
+    if hasattr(tables_reader, "peek"):  # before the range was read in pieces (changes.peek_pieces)
+        tables_reader.peek = timed("source.peek", tables_reader.peek)
+    else:
+        tables_reader.peek_pieces = timed("source.peek", tables_reader.peek_pieces)
     split = timed("sink.task_tables", routing.task_tables)
 
     def task_tables(batches):
-        # the input first: pulling it waits for the JVM (and the source's worker behind it)
+        # pulling the input waits for the JVM (and the source's worker behind it); the batches are passed on as they
+        # come (task_tables decodes them in groups as they arrive): sink.input_wait ends with the last batch
         t0, t = time.time(), time.perf_counter()
-        got: list[Any] = []
-        for b in batches:
-            if not got:
-                record("sink.first_batch_wait", t0, time.perf_counter() - t)
-            got.append(b)
-        record("sink.input_wait", t0, time.perf_counter() - t)
-        return split(got)
+
+        def feed() -> Any:
+            first = True
+            for b in batches:
+                if first:
+                    record("sink.first_batch_wait", t0, time.perf_counter() - t)
+                    first = False
+                yield b
+            record("sink.input_wait", t0, time.perf_counter() - t)
+
+        return split(feed())
 
     routed.task_tables = task_tables
     routed.RoutedDeltaSink.prepare = timed("sink.prepare", routed.RoutedDeltaSink.prepare)  # type: ignore[method-assign]
