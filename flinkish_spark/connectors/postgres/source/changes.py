@@ -1,11 +1,18 @@
-"""Reading the slot without consuming it (peek), and the text values of pgoutput as Python values."""
+"""Reading the slot without consuming it (peek), and the text values of pgoutput as Python values.
+
+:func:`peek` returns a range's messages as one list; :func:`peek_pieces` hands them out in pieces of a bounded
+number, so a reader of a range holds one piece at a time whatever the range holds -- the server decodes a
+transaction only whole (a peek stops only at a transaction's end), so a range holds at least one whole
+transaction, and one ``UPDATE`` of millions of rows is millions of messages (docs/postgres-source.md, "Big
+transactions").
+"""
 
 from __future__ import annotations
 
 import time
 from datetime import date, datetime, timezone
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from flinkish_spark.connectors.postgres.pgoutput import format_lsn
 from flinkish_spark.connectors.postgres.source.tables import ColumnInfo
@@ -24,6 +31,48 @@ def peek(conn: Any, slot: str, publication: str, upto: int, nchanges: int | None
         return [bytes(r[0]) for r in rows]
 
     return with_busy_slot(run)
+
+
+#: Messages per piece of :func:`peek_pieces` (~100-200 bytes each for a row of a few columns: a piece is a few MB).
+PEEK_PIECE = 20_000
+
+
+def peek_pieces(conn: Any, slot: str, publication: str, upto: int, nchanges: int | None = None,
+                piece: int = PEEK_PIECE) -> Generator[list[bytes], None, None]:
+    """The messages of :func:`peek`, ``piece`` at a time, through a server-side cursor.
+
+    The server still decodes the whole range before the first piece (into its own tuple store, which spills to a
+    temporary file past ``work_mem``); the client holds one piece. The cursor lives in a transaction of its own on
+    ``conn`` (an autocommit connection), open until the generator ends or is closed: other queries on ``conn`` (the
+    catalog's) may run between two pieces. The same messages in the same order as :func:`peek`.
+    """
+    sql = ("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
+           "'proto_version', '1', 'publication_names', %s)")
+    params = (slot, format_lsn(upto), nchanges, publication)
+
+    def first() -> tuple[Any, Any, list[bytes]]:
+        tx = conn.transaction()
+        tx.__enter__()
+        try:
+            cur = conn.cursor(name="flinkish_peek", binary=True)
+            cur.execute(sql, params)
+            return tx, cur, [bytes(r[0]) for r in cur.fetchmany(piece)]
+        except BaseException as e:
+            tx.__exit__(type(e), e, e.__traceback__)  # rolled back: a busy slot is tried again
+            raise
+
+    tx, cur, rows = with_busy_slot(first)
+    try:
+        while rows:
+            yield rows
+            if len(rows) < piece:
+                break
+            rows = [bytes(r[0]) for r in cur.fetchmany(piece)]
+        cur.close()
+    except BaseException as e:
+        tx.__exit__(type(e), e, e.__traceback__)
+        raise
+    tx.__exit__(None, None, None)
 
 
 def with_busy_slot(fn: Callable[[], Any]) -> Any:

@@ -10,7 +10,7 @@ from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect
 from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, format_lsn, parse_lsn
-from flinkish_spark.connectors.postgres.source.changes import peek, with_busy_slot
+from flinkish_spark.connectors.postgres.source.changes import peek_pieces, with_busy_slot
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.signature import (
     Signature, fixed_schema_change, fixed_schema_error, signatures,
@@ -179,27 +179,30 @@ class PostgresEnumerator(SplitEnumerator):
         with connect(src.conn_info, autocommit=True) as conn:
             flush = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
             while True:
-                rows = peek(conn, src.slot_name, src.publication, flush, want + stale)
-                finals, old = [], 0
+                # Piece by piece: a peek returns whole transactions, and one big transaction is millions of
+                # messages, of which only the Begins are looked at here (docs/postgres-source.md, "Big transactions").
+                finals, old, seen = [], 0, 0
                 current: int | None = None
-                for data in rows:
-                    if data[:1] == b"B":
-                        msg = decode_message(data)
-                        assert isinstance(msg, Begin)
-                        current = msg.final_lsn
-                        if current >= position:
-                            finals.append(current)
-                    if current is None or current < position:
-                        old += 1
+                for piece in peek_pieces(conn, src.slot_name, src.publication, flush, want + stale):
+                    seen += len(piece)
+                    for data in piece:
+                        if data[:1] == b"B":
+                            msg = decode_message(data)
+                            assert isinstance(msg, Begin)
+                            current = msg.final_lsn
+                            if current >= position:
+                                finals.append(current)
+                        if current is None or current < position:
+                            old += 1
                 # The slot lags behind ``position`` only until the completed epoch's advance
                 # (normally done just before): peek again past the transactions already read.
-                if old <= stale or len(rows) < want + stale:
+                if old <= stale or seen < want + stale:
                     break
                 stale = old
             if not finals:
                 # Nothing new: no epoch (and no empty batch), unless the slot must move.
                 return flush if self._heartbeat_due(conn, position, flush) else position
-        if limit is not None and len(rows) - old >= limit:
+        if limit is not None and seen - old >= limit:
             return finals[-1] + 1  # the peek stopped after a whole transaction: end just after it
         return flush
 

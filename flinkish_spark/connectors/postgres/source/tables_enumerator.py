@@ -49,7 +49,7 @@ from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
 from flinkish_spark.connectors.postgres.source import registry
 from flinkish_spark.connectors.postgres.source import resnapshot_request as requests
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
-from flinkish_spark.connectors.postgres.source.changes import peek
+from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.patterns import (
@@ -305,7 +305,13 @@ class TablesEnumerator(PostgresEnumerator):
         every change before it is in a committed epoch (the slot is advanced only then)."""
         best = -1
         for lsn in sorted(set(lsns)):
-            if peek(conn, self.source.slot_name, self.source.publication, lsn, 1):
+            # One message says it (a peek returns a whole transaction: one message of it, not millions)
+            pieces = peek_pieces(conn, self.source.slot_name, self.source.publication, lsn, 1, piece=1)
+            try:
+                held = next(pieces, None) is not None
+            finally:
+                pieces.close()
+            if held:
                 break
             best = lsn
         return best

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -41,7 +41,7 @@ from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source import registry
-from flinkish_spark.connectors.postgres.source.changes import peek
+from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.reader import SplitReader
@@ -267,11 +267,18 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
     with connect(src.conn_info, autocommit=True) as conn:
         for statement in session_settings_sql():
             conn.execute(statement)
-        messages = peek(conn, src.slot_name, src.publication, end, None)
-        relations = relations_in(messages)
         planned = None if planned_keys is None else functools.cache(planned_keys)
         schemas = RelationSchemas(psycopg_query(conn), planned)
-        schemas.prepare(r for r in relations.values() if patterns.matches(f"{r.namespace}.{r.name}"))
+        relations: dict[int, Relation] = {}
+
+        def messages() -> Iterator[bytes]:
+            # The range piece by piece (one big transaction is millions of messages): each piece's new relations
+            # resolved at once (one catalog query for a piece of many tables), before any of its changes.
+            for piece in peek_pieces(conn, src.slot_name, src.publication, end):
+                found = relations_in(piece)
+                schemas.prepare(r for r in found.values() if patterns.matches(f"{r.namespace}.{r.name}"))
+                relations.update(found)
+                yield from piece
 
         def resolve(rel: Relation) -> TableSchema | None:
             if not patterns.matches(f"{rel.namespace}.{rel.name}"):
@@ -284,14 +291,15 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
                 return None
             return schema
 
-        yield from stream_batches(src, messages, start, end, relations, resolve)
+        yield from stream_batches(src, messages(), start, end, relations, resolve)
 
 
-def stream_batches(src: PostgresSourceHost, messages: list[bytes], start: int, end: int,
+def stream_batches(src: PostgresSourceHost, messages: Iterable[bytes], start: int, end: int,
                    relations: Mapping[int, Relation], resolve: Callable[[Relation], TableSchema | None]
                    ) -> Iterator[pa.RecordBatch]:
     """The stream rows of the pgoutput ``messages`` of ``[start, end)`` (a pure function of its arguments);
-    ``relations``: every Relation message of ``messages`` by relid (the tables of a truncate);
+    ``relations``: the Relation messages of ``messages`` by relid (the tables of a truncate), at least those
+    before the message being decoded (:func:`read_changes` fills it as the pieces of the range arrive);
     ``resolve``: a relation's schema, None when the table is not followed (called once per Relation message).
 
     Per change this is the hot path of the source: the row's JSON comes from encoders compiled once per Relation
