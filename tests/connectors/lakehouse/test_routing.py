@@ -4,6 +4,7 @@ one table's rows as a keyed input (truncate, re-snapshot markers)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -99,3 +100,30 @@ def test_a_table_whose_schema_has_no_key_is_one_clear_error_naming_it() -> None:
     with pytest.raises(SchemaChangeError, match=r"source table public\.k: .* has no primary key.*ADD PRIMARY KEY.*!public\.k"):
         task_tables(s.batch().to_batches())
     assert [name for name, _, _ in task_tables(StreamBuilder().transaction((a, "c", {"id": 1})).batch().to_batches())] == ["public.a"]
+
+
+def test_a_task_decoded_in_groups_gives_the_rows_of_one_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sink task decodes its rows a group at a time (a big transaction's texts are never all held): a schema
+    change, a truncate and two tables spread over many groups give the same inputs as one decode of the task."""
+    import flinkish_spark.connectors.lakehouse.routing as routing
+
+    a1 = table_schema("public.a", [("id", "int"), ("v", "int")], ("id",))
+    a2 = table_schema("public.a", [("id", "int"), ("v", "bigint"), ("w", "text")], ("id",))
+    b = table_schema("public.b", [("id", "int")], ("id",))
+    s = StreamBuilder()
+    s.transaction(*[(a1, "c", {"id": i, "v": i}) for i in range(5)], (b, "c", {"id": 1}))
+    s.transaction((a1, "u", {"id": 1, "v": 10}), (b, "t", None))
+    s.transaction(*[(a2, "u", {"id": i, "v": 2**40 + i, "w": "x"}) for i in range(3)], (b, "c", {"id": 2}))
+    s.transaction((a2, "d", {"id": 4}))
+    batches = s.batch().to_batches(max_chunksize=2)
+
+    def inputs() -> list[tuple[str, str, Any]]:
+        return [(name, schema.to_json(), (d.changes.to_pylist(), d.truncate, d.lsn, d.earlier, d.figures))
+                for name, schema, d in task_tables(iter(batches))]
+
+    whole = inputs()
+    monkeypatch.setattr(routing, "DECODE_ROWS", 3)
+    assert inputs() == whole
+    assert [n for n, _, _ in whole] == ["public.a", "public.b"] and whole[1][2][1]  # b's truncate
+    rows_a = whole[0][2][0]
+    assert len(rows_a) == 10 and rows_a[-4]["v"] == 2**40 and rows_a[0]["w"] is None
