@@ -204,11 +204,12 @@ def roles(sampler: Sampler, timers: str) -> dict[int, str]:
     return out
 
 
-def one(n: int, extra: dict[str, str]) -> dict[str, Any]:
+def one(n: int, extra: dict[str, str], code: str | None = None) -> dict[str, Any]:
+    """``code``: the folder that holds the ``flinkish_spark`` to run (default: the one on ``PYTHONPATH``)."""
     work = tempfile.mkdtemp(prefix="flinkish-bench-big-txn-")
     phase_file, out, timers = (os.path.join(work, x) for x in ("phase", "out.json", "timers.jsonl"))
     env = {**os.environ, "FLINKISH_BENCH_TIMERS": timers, "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "timers"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "timers"), code or os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(n), "--work", work,
                              "--extra", json.dumps(extra)], env=env)
     sampler = Sampler(proc.pid, phase_file)
@@ -237,6 +238,8 @@ def main() -> None:
     ap.add_argument("--rows", default="500000,1000000,2000000")
     ap.add_argument("--name", default="big_transaction", help="results/<name>.json")
     ap.add_argument("--extra", default="{}", help="more source options, JSON")
+    ap.add_argument("--code", default="", help="folders holding a flinkish_spark to run, comma-separated: each size "
+                    "runs with each, side by side (e.g. a `git archive` of the base commit, then this worktree)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -245,13 +248,15 @@ def main() -> None:
         child(args.child, args.work, os.path.join(args.work, "phase"), os.path.join(args.work, "out.json"), extra)
         return
     results = []
-    for n in (int(x) for x in args.rows.split(",")):
+    codes = args.code.split(",") if args.code else [None]
+    for n, code in ((int(x), c) for x in args.rows.split(",") for c in codes):
         load = os.getloadavg()[0]
-        r = one(n, extra)
+        r = one(n, extra, code)
+        r["code"] = code
         r["load_before"] = load
         r["load_after"] = os.getloadavg()[0]
         results.append(r)
-        print(f"\n{n:,} rows: snapshot {r['snapshot_s']:.1f} s; UPDATE {r['update_s']:.1f} s; its commit -> every row "
+        print(f"\n{n:,} rows{f' ({code})' if code else ''}: snapshot {r['snapshot_s']:.1f} s; UPDATE {r['update_s']:.1f} s; its commit -> every row "
               f"through the mirror {r['txn_s']:.1f} s (epoch of {r['big_epoch_rows']:,} rows: "
               f"{r['big_epoch_ms'].get('triggerExecution')} ms); target equals source: {r['equal']}; "
               f"load {r['load_before']:.1f} -> {r['load_after']:.1f}", flush=True)
