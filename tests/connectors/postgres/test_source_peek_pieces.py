@@ -24,7 +24,9 @@ def test_a_range_in_pieces_is_the_one_peek_and_a_bounded_peek_stops_after_a_whol
             conn.execute("INSERT INTO t SELECT g, 'a' || g FROM generate_series(1, 2500) g")  # one big transaction
             conn.execute("UPDATE t SET v = v || '!' WHERE id <= 10")
             conn.execute("DELETE FROM t WHERE id > 2490")
-            end = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+            row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+            assert row is not None
+            end = parse_lsn(row[0])
 
             whole = peek(conn, "pieces", "pieces", end, None)
             pieces = list(peek_pieces(conn, "pieces", "pieces", end, piece=1000))
