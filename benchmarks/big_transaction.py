@@ -14,7 +14,11 @@ The Python processes are named by what they ran (the benchmark timers of ``bench
 the source's reader (``source.read``), the sink's task (``sink.prepare``), the driver-side Python that
 commits (``driver.writer_commit``, Spark's streaming Python runner of the source's planning too).
 
-    python benchmarks/big_transaction.py [--rows 500000,1000000,2000000] [--name big_transaction]
+``--sink iceberg`` (a SQLite catalog, local warehouse) or ``--sink postgres`` (schema ``mirror`` of the same server)
+routes to the other targets instead of Delta; ``--code DIR,DIR`` runs each size with each ``flinkish_spark`` (e.g.
+the base commit's, then this worktree's), side by side in one run.
+
+    python benchmarks/big_transaction.py [--rows 500000,1000000,2000000] [--sink delta] [--code DIR,...] [--name N]
 """
 
 from __future__ import annotations
@@ -47,14 +51,47 @@ def phase(path: str, name: str) -> None:
         f.write(name)
 
 
-def start_query(spark: Any, url: str, meta: str, cp: str, lake: str, extra: dict[str, str]) -> Any:
+def sink_options(sink: str, url: str, work: str) -> dict[str, str]:
+    """The routed sink's target options: Delta on local disk, Iceberg in a SQLite catalog, PostgreSQL in the same
+    server's schema ``mirror``."""
+    if sink == "delta":
+        return {"path": os.path.join(work, "lake", "{schema}", "{table}")}
+    if sink == "iceberg":
+        return {"table": "mirror.{schema}_{table}", "catalogUri": f"sqlite:///{work}/catalog.db",
+                "warehouse": f"file://{work}/wh"}
+    return {"url": url, "table": "mirror.{table}"}
+
+
+def start_query(spark: Any, url: str, meta: str, cp: str, sink: str, work: str, extra: dict[str, str]) -> Any:
     r = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
          .option("url", url).option("tables", "bench.*").option("maxRowsPerTrigger", "200000"))
     for k, v in extra.items():
         r = r.option(k, v)
-    return (r.load().writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
-            .option("path", os.path.join(lake, "{schema}", "{table}"))
-            .option("checkpointLocation", cp).trigger(processingTime="1 seconds").start())
+    w = r.load().writeStream.format(f"flinkish.{sink}").option("uid", "lake").option("checkpoint", meta)
+    for k, v in sink_options(sink, url, work).items():
+        w = w.option(k, v)
+    return w.option("checkpointLocation", cp).trigger(processingTime="1 seconds").start()
+
+
+def target_figures(sink: str, url: str, work: str, meta: str) -> tuple[int, int]:
+    """(rows, sum of v) of the target, as a reader of its format sees it."""
+    if sink == "postgres":
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            n, total = conn.execute("SELECT count(*), sum(v) FROM mirror.t").fetchone()  # type: ignore[misc]
+        return int(n), int(total)
+    if sink == "iceberg":
+        from flinkish_spark.mirror.compare import iceberg_reader
+
+        opts = sink_options(sink, url, work)
+        target = iceberg_reader(opts.pop("table"), opts, meta)("bench.t")
+    else:
+        from flinkish_spark.mirror.compare import read_delta
+
+        target = read_delta(os.path.join(work, "lake", "bench", "t"))
+    assert target is not None
+    return target.num_rows, sum(x for x in target.column("v").to_pylist())
 
 
 def wait_rows(q: Any, wanted: int, timeout: float) -> float:
@@ -68,19 +105,19 @@ def wait_rows(q: Any, wanted: int, timeout: float) -> float:
     return time.time()
 
 
-def child(n: int, work: str, phase_file: str, out: str, extra: dict[str, str]) -> None:
+def child(n: int, work: str, phase_file: str, out: str, extra: dict[str, str], sink: str = "delta") -> None:
     import psycopg
 
     import flinkish_spark
     from flinkish_spark.embedded.postgres import start_postgres
-    from flinkish_spark.mirror.compare import read_delta
 
     phase(phase_file, "setup")
     pg = start_postgres(os.path.join(work, "data"), settings={"max_wal_size": "4GB"})
-    meta, cp, lake = (os.path.join(work, x) for x in ("meta", "cp", "lake"))
+    meta, cp = (os.path.join(work, x) for x in ("meta", "cp"))
     try:
         with psycopg.connect(pg.uri, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA bench")
+            conn.execute("CREATE SCHEMA mirror")
             conn.execute(DDL)
             for lo in range(1, n + 1, 500_000):
                 conn.execute(FILL.format(lo=lo, hi=min(n, lo + 499_999)))
@@ -90,7 +127,7 @@ def child(n: int, work: str, phase_file: str, out: str, extra: dict[str, str]) -
         spark.sparkContext.setLogLevel("ERROR")
         phase(phase_file, "snapshot")
         t0 = time.time()
-        q = start_query(spark, pg.uri, meta, cp, lake, extra)
+        q = start_query(spark, pg.uri, meta, cp, sink, work, extra)
         snap_done = wait_rows(q, n, 3600)
         time.sleep(3)  # an empty epoch or two: the change split starts
         phase(phase_file, "transaction")
@@ -104,11 +141,9 @@ def child(n: int, work: str, phase_file: str, out: str, extra: dict[str, str]) -
         phase(phase_file, "verify")
         flinkish_spark.stop(q, drain=False, timeout=300)
         spark.stop()
-        target = read_delta(os.path.join(lake, "bench", "t"))
-        assert target is not None
+        got = target_figures(sink, pg.uri, work, meta)
         with psycopg.connect(pg.uri) as conn:
             count, total = conn.execute("SELECT count(*), sum(v) FROM bench.t").fetchone()  # type: ignore[misc]
-        got = (target.num_rows, sum(x for x in target.column("v").to_pylist()))
         big = max(progress, key=lambda p: p.numInputRows)
         with open(out, "w") as f:
             json.dump({"rows": n, "snapshot_s": snap_done - t0, "update_s": update_s, "txn_s": done - committed,
@@ -204,13 +239,13 @@ def roles(sampler: Sampler, timers: str) -> dict[int, str]:
     return out
 
 
-def one(n: int, extra: dict[str, str], code: str | None = None) -> dict[str, Any]:
+def one(n: int, extra: dict[str, str], code: str | None = None, sink: str = "delta") -> dict[str, Any]:
     """``code``: the folder that holds the ``flinkish_spark`` to run (default: the one on ``PYTHONPATH``)."""
     work = tempfile.mkdtemp(prefix="flinkish-bench-big-txn-")
     phase_file, out, timers = (os.path.join(work, x) for x in ("phase", "out.json", "timers.jsonl"))
     env = {**os.environ, "FLINKISH_BENCH_TIMERS": timers, "PYSPARK_PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "timers"), code or os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, __file__, "--child", str(n), "--work", work,
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(n), "--work", work, "--sink", sink,
                              "--extra", json.dumps(extra)], env=env)
     sampler = Sampler(proc.pid, phase_file)
     thread = threading.Thread(target=sampler.run, daemon=True)
@@ -240,23 +275,25 @@ def main() -> None:
     ap.add_argument("--extra", default="{}", help="more source options, JSON")
     ap.add_argument("--code", default="", help="folders holding a flinkish_spark to run, comma-separated: each size "
                     "runs with each, side by side (e.g. a `git archive` of the base commit, then this worktree)")
+    ap.add_argument("--sink", default="delta", choices=("delta", "iceberg", "postgres"), help="the routed target")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     extra = json.loads(args.extra)
     if args.child is not None:
-        child(args.child, args.work, os.path.join(args.work, "phase"), os.path.join(args.work, "out.json"), extra)
+        child(args.child, args.work, os.path.join(args.work, "phase"), os.path.join(args.work, "out.json"), extra,
+              args.sink)
         return
     results = []
     codes = args.code.split(",") if args.code else [None]
     for n, code in ((int(x), c) for x in args.rows.split(",") for c in codes):
         load = os.getloadavg()[0]
-        r = one(n, extra, code)
-        r["code"] = code
+        r = one(n, extra, code, args.sink)
+        r["code"], r["sink"] = code, args.sink
         r["load_before"] = load
         r["load_after"] = os.getloadavg()[0]
         results.append(r)
-        print(f"\n{n:,} rows{f' ({code})' if code else ''}: snapshot {r['snapshot_s']:.1f} s; UPDATE {r['update_s']:.1f} s; its commit -> every row "
+        print(f"\n{n:,} rows into routed {args.sink}{f' ({code})' if code else ''}: snapshot {r['snapshot_s']:.1f} s; UPDATE {r['update_s']:.1f} s; its commit -> every row "
               f"through the mirror {r['txn_s']:.1f} s (epoch of {r['big_epoch_rows']:,} rows: "
               f"{r['big_epoch_ms'].get('triggerExecution')} ms); target equals source: {r['equal']}; "
               f"load {r['load_before']:.1f} -> {r['load_after']:.1f}", flush=True)
