@@ -32,10 +32,13 @@ def test_a_range_in_pieces_is_the_one_peek_and_a_bounded_peek_stops_after_a_whol
             pieces = list(peek_pieces(conn, "pieces", "pieces", end, piece=1000))
             assert len(whole) == 2527 and [len(p) for p in pieces] == [1000, 1000, 527]
             assert [m for p in pieces for m in p] == whole
-            # Between two pieces the connection takes other queries (the catalog's), in the cursor's transaction.
+            # Between two pieces the connection takes other queries (the catalog's), and no transaction stays open.
             reading = peek_pieces(conn, "pieces", "pieces", end, piece=1000)
             first = next(reading)
             assert conn.execute("SELECT count(*) FROM t").fetchone() == (2490,)
+            with psycopg.connect(pg_url) as other:  # what vacuum waits for: no open transaction of the reader
+                assert other.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                                     "pid <> pg_backend_pid() AND backend_xmin IS NOT NULL").fetchone() == (0,)
             assert first + [m for p in reading for m in p] == whole
 
             # nchanges: whole transactions only -- the first one entire, though it holds 2,500 changes.

@@ -39,40 +39,40 @@ PEEK_PIECE = 20_000
 
 def peek_pieces(conn: Any, slot: str, publication: str, upto: int, nchanges: int | None = None,
                 piece: int = PEEK_PIECE) -> Generator[list[bytes], None, None]:
-    """The messages of :func:`peek`, ``piece`` at a time, through a server-side cursor.
+    """The messages of :func:`peek`, ``piece`` at a time, through a server-side cursor ``WITH HOLD``.
 
-    The server still decodes the whole range before the first piece (into its own tuple store, which spills to a
-    temporary file past ``work_mem``); the client holds one piece. The cursor lives in a transaction of its own on
-    ``conn`` (an autocommit connection), open until the generator ends or is closed: other queries on ``conn`` (the
-    catalog's) may run between two pieces. The same messages in the same order as :func:`peek`.
+    The server decodes the range when the cursor is declared and keeps the result (a tuple store, which spills to a
+    temporary file past ``work_mem``) until the cursor is closed; the client holds one piece. ``WITH HOLD`` on the
+    autocommit connection: no transaction -- no snapshot holding back vacuum -- stays open while a big range is
+    read at the pace of its consumer, and ``conn`` takes other queries (the catalog's) between two pieces. The same
+    messages in the same order as :func:`peek`. The cursor is closed when the last piece is fetched, or when the
+    generator is closed.
     """
     sql = ("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
            "'proto_version', '1', 'publication_names', %s)")
     params = (slot, format_lsn(upto), nchanges, publication)
 
-    def first() -> tuple[Any, Any, list[bytes]]:
-        tx = conn.transaction()
-        tx.__enter__()
+    def declare() -> Any:
+        cur = conn.cursor(name="flinkish_peek", binary=True, withhold=True)
         try:
-            cur = conn.cursor(name="flinkish_peek", binary=True)
-            cur.execute(sql, params)
-            return tx, cur, [bytes(r[0]) for r in cur.fetchmany(piece)]
-        except BaseException as e:
-            tx.__exit__(type(e), e, e.__traceback__)  # rolled back: a busy slot is tried again
+            cur.execute(sql, params)  # a busy slot fails here: tried again
+        except BaseException:
+            cur.close()
             raise
+        return cur
 
-    tx, cur, rows = with_busy_slot(first)
+    cur = with_busy_slot(declare)
     try:
-        while rows:
-            yield rows
-            if len(rows) < piece:
-                break
+        while True:
             rows = [bytes(r[0]) for r in cur.fetchmany(piece)]
+            if len(rows) < piece:
+                cur.close()  # the last piece: the server's copy of the range goes before the consumer takes it
+                if rows:
+                    yield rows
+                return
+            yield rows
+    finally:
         cur.close()
-    except BaseException as e:
-        tx.__exit__(type(e), e, e.__traceback__)
-        raise
-    tx.__exit__(None, None, None)
 
 
 def with_busy_slot(fn: Callable[[], Any]) -> Any:

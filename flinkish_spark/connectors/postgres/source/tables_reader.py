@@ -10,7 +10,9 @@
   Why: docs/postgres-source.md, "New tables". A chunk of a table the patterns no longer match
   (excluded after it was planned, e.g. as a sink's error about its name says) reads nothing,
   as its changes in a WAL range are not read either.
-* **A WAL range** ``[start, end)`` is peeked from the slot and decoded in WAL order. Every
+* **A WAL range** ``[start, end)`` is peeked from the slot -- fetched in pieces
+  (:func:`.changes.peek_pieces`), so one transaction of millions of rows is never held whole -- and
+  decoded in WAL order, yielding Arrow batches as it goes. Every
   change of a table that matches the patterns becomes a row; before a table's first row, and
   whenever its Relation message announces other columns, an ``s`` row with its schema. The key
   of a table with a replica identity other than DEFAULT is the one recorded when it was planned,
