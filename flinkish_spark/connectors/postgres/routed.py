@@ -160,6 +160,10 @@ def _array_literal(v: Any) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+#: Stream rows turned into Python values at once by :func:`stage_rows`.
+STAGE_SLICE_ROWS = 65_536
+
+
 def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[pa.Table, tuple[RoutedPart, ...]]:
     """A task's stream rows as staging rows, and per table what the commit needs to know: the task's newest
     schema of it (the one its target is evolved to, as the lakehouse routing sinks do: rows of an older schema
@@ -173,7 +177,9 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
     newest: dict[str, tuple[tuple[int, int, int], str]] = {}  # table -> (position, schema id) of its newest schema
     by_change: dict[str, list[tuple[tuple[int, int, int], str]]] = {}  # table -> its schemas the changes announced
     info: dict[str, dict[str, Any]] = {}
-    for r in table.to_pylist():
+    # A slice at a time: the task's rows as Python dicts all at once were most of the task's memory (a big
+    # transaction's epoch: 1.2 GiB at 1 M rows); one slice of them, and the staging columns, suffice.
+    for r in (r for batch in table.to_batches(max_chunksize=STAGE_SLICE_ROWS) for r in batch.to_pylist()):
         op, lsn, seq = r["_op"], r["_lsn"], r["_seq"]
         position = (0, 0, 0) if lsn is None else (1, int(lsn), int(seq or 0))
         if op == "s":
