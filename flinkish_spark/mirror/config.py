@@ -10,6 +10,11 @@ Two ways in, one result:
   ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``checkpoint``, ``trigger``, ...)
   (:func:`flinkish_spark.mirror.pipeline_file.from_yaml`).
 
+Where it runs (:mod:`flinkish_spark.mirror.cluster`): ``--master URL`` / ``pipeline.master`` (a local or
+cluster Spark driven from the pipeline process) or ``--remote sc://host:port`` / ``pipeline.remote``
+(a Spark Connect server runs the query; the pipeline process is its client). Local paths are made
+absolute here: executors and a Connect server resolve a relative path against their own folder.
+
 Guarantees: every unknown key and bad value is refused here with one :class:`ConfigError`
 naming the key and the fix -- before a Spark session, a connection or a file exists. A
 password (in a URL, a ``password`` key) is split off into :attr:`MirrorConfig.source_password`
@@ -84,6 +89,10 @@ class MirrorConfig:
     trigger_s: float = DEFAULT_TRIGGER_S
     stop_after_snapshot: bool = False
     master: str = "local[2]"
+    #: a Spark Connect server (``sc://host:port``) that runs the query; None: a Spark driver in the pipeline process
+    remote: str | None = None
+    #: how long a call waits for a Connect server that does not answer before the mirror exits (--remote only)
+    server_timeout_s: float | None = None
     verbose: bool = False  # Spark's log and the full traces on the terminal instead of in :attr:`log_file`
     metrics_port: int | None = None  # serve Prometheus metrics on this port (mirror.metrics)
     source_extra: tuple[tuple[str, str], ...] = ()
@@ -156,11 +165,11 @@ def unknown_key(key: str, known: Sequence[str], where: str, hint: str = "") -> C
     return ConfigError(f"{where}: unknown key {key!r}.{did} Known keys: {', '.join(sorted(known))}.{hint}")
 
 
-def parse_trigger(value: Any, what: str) -> float:
+def parse_trigger(value: Any, what: str, noun: str = "a trigger interval") -> float:
     """``10s``, ``500ms``, ``1m``, ``10 seconds`` or a number of seconds -> seconds (> 0)."""
     m = _TRIGGER.match(str(value))
     if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"{what}: {str(value)!r} is not a trigger interval; write e.g. 10s, 500ms, 1m")
+        raise ConfigError(f"{what}: {str(value)!r} is not {noun}; write e.g. 10s, 500ms, 1m")
     return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
 
 
@@ -217,6 +226,16 @@ def default_spark_checkpoint(checkpoint: str, uid: str) -> str:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     tag = hashlib.sha256(checkpoint.rstrip("/").encode()).hexdigest()[:12]
     return os.path.join(base, "flinkish_spark", "mirror", f"{uid}-{tag}")
+
+
+def absolute(path: str) -> str:
+    """A local path (or ``file://`` URL) made absolute; any other URL as is. A relative path would be resolved
+    by Spark's executors and a Connect server against their own working folders, not this one."""
+    if "://" in path and not path.startswith("file://"):
+        return path
+    if path.startswith("file://"):
+        return "file://" + os.path.abspath(path[len("file://"):])
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def check_spark_checkpoint(path: str, what: str) -> str:
@@ -276,11 +295,16 @@ def delta_target(to: str) -> str:
 
 # ---------------------------------------------------------------- flags
 
+#: How the flags name the settings :func:`flinkish_spark.mirror.cluster.placement` checks.
+FLAG_NAMES = {"master": "--master", "remote": "--remote", "server_timeout": "--server-timeout",
+              "checkpoint": "--checkpoint", "spark_checkpoint": "--spark-checkpoint"}
+
 
 def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: str | None, checkpoint: str | None,
               trigger: str | None = None, stop_after_snapshot: bool = False, uid: str | None = None,
               spark_checkpoint: str | None = None, source_option: Sequence[str] = (),
-              sink_option: Sequence[str] = ()) -> MirrorConfig:
+              sink_option: Sequence[str] = (), master: str | None = None, remote: str | None = None,
+              server_timeout: str | None = None) -> MirrorConfig:
     """The configuration of ``flinkish mirror --from ... --tables ... --to ... --checkpoint ...``."""
     missing = [flag for flag, v in (("--from", source), ("--tables", tables), ("--to", to), ("--checkpoint", checkpoint))
                if not v]
@@ -305,18 +329,24 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         sink_given["url"] = url
         target = sink_given.pop(target_key, "{schema}.{table}")
     elif form == "delta":
-        target = delta_target(to)
+        target = absolute(delta_target(to))
     else:
         target = to
     allowed = (*SINK_OPTIONS[form], *(("url", target_key) if form == "postgres" else ()))
+    from flinkish_spark.mirror.cluster import placement
+
+    place = placement(master, remote, server_timeout, checkpoint=checkpoint, spark_checkpoint=spark_checkpoint,
+                      passwords=(("--from", source_password, src_given.get("passwordEnv")),
+                                 ("--to", sink_password, sink_given.get("passwordEnv"))), names=FLAG_NAMES)
+    checkpoint = absolute(checkpoint)
     return MirrorConfig(
         uid=uid, name=uid, source_url=source_url, tables=check_tables(tables, "--tables"), format=form,
         target=check_target(form, target, "--to" if form != "postgres" else "--sink-option table"),
         checkpoint=checkpoint,
-        spark_checkpoint=check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
-                                                 "--spark-checkpoint"),
+        spark_checkpoint=absolute(check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
+                                                          "--spark-checkpoint")),
         trigger_s=parse_trigger(trigger, "--trigger") if trigger else DEFAULT_TRIGGER_S,
-        stop_after_snapshot=stop_after_snapshot,
+        stop_after_snapshot=stop_after_snapshot, **place,
         source_extra=_extra(src_given, SOURCE_OPTIONS, "--source-option"),
         sink_extra=_extra(sink_given, allowed, f"--sink-option (format {form})"),
         source_password=source_password, sink_password=sink_password,
