@@ -50,6 +50,9 @@ DEFAULT_TRIGGER_S = 10.0
 DEFAULT_MAX_ROWS_PER_TRIGGER = 200_000
 
 _STORAGE = ("endpointUrl", "region", "storageOptions")
+#: Options of every routing sink a mirror may set: the storage ones and keepSparkCheckpoint (a copy of Spark's
+#: checkpoint with the metadata also for a local --checkpoint, e.g. a shared folder a new machine sees).
+_COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
                   "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
@@ -60,10 +63,10 @@ SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.
 STARTUP_MODES = {"initial": "snapshotThenChanges", "snapshot": "snapshot", "latest-offset": "changes"}
 #: Options each routing sink accepts from a mirror (the target option and uid/checkpoint are the mirror's).
 SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
-    "delta": ("createTable", "checkpointInterval", "rowsPerFile", "targetFileSize", "mergeMode", *_STORAGE),
+    "delta": ("createTable", "checkpointInterval", "rowsPerFile", "targetFileSize", "mergeMode", *_COMMON_SINK),
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
-                "retainSnapshots", "mergeMode", *_STORAGE),
-    "postgres": ("createTable", "lockTimeout", "passwordEnv"),
+                "retainSnapshots", "mergeMode", *_COMMON_SINK),
+    "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.
 TARGET_OPTION: dict[Format, str] = {"delta": "path", "iceberg": "table", "postgres": "table"}

@@ -183,9 +183,13 @@ def start_query(spark: Any, config: MirrorConfig) -> Any:
         writer = writer.option(key, value)
     writer = writer.option("checkpointLocation", config.spark_checkpoint)
     # A new machine (empty local folder) continues from the copy the sink keeps with the metadata. Under --remote
-    # the folder is the Connect server's, which this process may not see: not here (docs/mirror.md, 'On a cluster').
+    # the folder is the Connect server's, which this process may not see: restored there.
     if config.remote is None:
         restore_spark_checkpoint(config.spark_checkpoint, config.checkpoint, config.sink_uid, config.sink_options())
+    else:
+        from flinkish_spark.sink.spark_checkpoint_restore import restore_on_server
+
+        restore_on_server(spark, config.spark_checkpoint, config.checkpoint, config.sink_uid, config.sink_options())
     return writer.trigger(processingTime=f"{config.trigger_s:g} seconds").queryName(config.uid).start()
 
 

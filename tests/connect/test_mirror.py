@@ -2,13 +2,16 @@
 
 While a writer changes the tables, the server is killed with SIGKILL mid-run. The mirror notices within
 ``--server-timeout`` (not pyspark's ten minutes), says so in one line and exits 75 (a supervisor restarts it);
-the server and the same command are started again, and after the writer stopped SIGTERM drains it: every Delta
-target equals its source table. The command is given relative paths and runs in another folder than the server.
+the server comes back "on a new machine" (its Spark checkpoint folder deleted: the server restores it from the
+copy the sink keeps with the metadata), the same command is started again, and after the writer stopped SIGTERM
+drains it: every Delta target equals its source table. The command is given relative paths and runs in another
+folder than the server.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +36,8 @@ SLACK_S = 60  # the call in flight when the server died, the exit, a busy two-co
 def start(url: str, remote: str, work: Path, log: Path) -> subprocess.Popen[bytes]:
     cmd = [*flinkish(), "mirror", "--from", url, "--tables", "public.m_*", "--to", "lake", "--checkpoint", "meta",
            "--trigger", "1s", "--remote", remote, "--server-timeout", f"{BOUND_S}s",
-           "--source-option", "splitSize=500", "--source-option", "maxRowsPerTrigger=2000"]
+           "--source-option", "splitSize=500", "--source-option", "maxRowsPerTrigger=2000",
+           "--sink-option", "keepSparkCheckpoint=true"]  # a copy of Spark's checkpoint with the metadata
     return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=work)
 
 
@@ -60,6 +64,7 @@ def test_a_killed_connect_server_ends_the_mirror_quickly_and_the_same_command_co
         assert "Traceback" not in out, out[-4000:]  # one line, the details in the log
         assert re.search(r"^epoch \d+: .*, rows [1-9]", out, re.M), out[-4000:]  # the progress events' figures
         committed = len(committed_batches(spark_cp))
+        shutil.rmtree(spark_cp)  # the server comes back on a new machine: its local folder is empty
 
         connect_server.start()
         log2 = tmp_path / "run2.log"
@@ -71,6 +76,8 @@ def test_a_killed_connect_server_ends_the_mirror_quickly_and_the_same_command_co
         rc, out = ended(run2, log2)
         assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
         assert f"connecting to the Spark Connect server {connect_server.url}" in out
+        first = re.search(r"^epoch (\d+):", out, re.M)  # restored in the server: it goes on numbering
+        assert first is not None and int(first.group(1)) >= committed - 1, out[-4000:]
     finally:
         stop_writer.touch()
         writer.wait(timeout=60)
