@@ -58,15 +58,14 @@ def check_remote(value: str, what: str) -> str:
     return value
 
 
-def placement(master: str | None, remote: str | None, server_timeout: str | None, *, checkpoint: str,
+def placement(master: str | None, remote: str | None, server_timeout: float | None, *, checkpoint: str,
               spark_checkpoint: str | None, passwords: Sequence[tuple[str, str | None, str | None]],
               names: Mapping[str, str], parallelism: str | None = None, where: str = "") -> dict[str, Any]:
     """The :class:`~flinkish_spark.mirror.config.MirrorConfig` fields of where the mirror runs (``master``,
-    ``remote``, ``server_timeout_s``), or one :class:`ConfigError`. ``passwords``: (setting, password given to
+    ``remote``, ``server_timeout_s``), or one :class:`ConfigError`. ``server_timeout``: seconds, parsed by the
+    caller (:func:`~flinkish_spark.mirror.config.parse_trigger`). ``passwords``: (setting, password given to
     this process, the ``passwordEnv`` option) of the source and the sink; ``names``: how the caller names the
     settings (flags or pipeline-file keys); ``where``: what every message starts with (``pipeline file: ``)."""
-    from flinkish_spark.mirror.config import _is_local, parse_trigger
-
     if master is not None and remote is not None:
         raise ConfigError(f"{where}{names['master']} and {names['remote']} together: the query runs either on a Spark "
                           f"master driven from this process or in a Spark Connect server; give one")
@@ -81,8 +80,7 @@ def placement(master: str | None, remote: str | None, server_timeout: str | None
         default = f"local[{parallelism}]" if parallelism else "local[2]"
         return {"master": check_master(master, where + names["master"]) if master is not None else default}
     remote = check_remote(remote, where + names["remote"])
-    timeout = parse_trigger(server_timeout, where + names["server_timeout"], "a duration") if server_timeout else None
-    if not _is_local(checkpoint) and not spark_checkpoint:
+    if "://" in checkpoint and not checkpoint.startswith("file://") and not spark_checkpoint:
         raise ConfigError(
             f"{where}{names['remote']} with a {names['checkpoint']} that is not a local folder: give "
             f"{names['spark_checkpoint']}, a folder on the Spark Connect server's machine (Spark's own checkpoint; "
@@ -94,7 +92,7 @@ def placement(master: str | None, remote: str | None, server_timeout: str | None
                 f"Connect server (this process's environment is not the server's). Leave it out and set it in the "
                 "server's environment (PGPASSWORD or ~/.pgpass there), or name a variable the server has with the "
                 "connector's passwordEnv option")
-    return {"remote": remote, "server_timeout_s": timeout}
+    return {"remote": remote, "server_timeout_s": server_timeout}
 
 
 def session(config: Any) -> Any:

@@ -338,7 +338,8 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
     allowed = (*SINK_OPTIONS[form], *(("url", target_key) if form == "postgres" else ()))
     from flinkish_spark.mirror.cluster import placement
 
-    place = placement(master, remote, server_timeout, checkpoint=checkpoint, spark_checkpoint=spark_checkpoint,
+    timeout = parse_trigger(server_timeout, "--server-timeout", "a duration") if server_timeout else None
+    place = placement(master, remote, timeout, checkpoint=checkpoint, spark_checkpoint=spark_checkpoint,
                       passwords=(("--from", source_password, src_given.get("passwordEnv")),
                                  ("--to", sink_password, sink_given.get("passwordEnv"))), names=FLAG_NAMES)
     checkpoint = absolute(checkpoint)

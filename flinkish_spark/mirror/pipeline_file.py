@@ -251,8 +251,10 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
     if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
         raise ConfigError(f"pipeline file: pipeline.metrics-port must be a port number (1-65535), got {port!r}")
     spark_checkpoint = _text(pipe, "spark-checkpoint", "pipeline")
+    timeout = _text(pipe, "server-timeout", "pipeline")
     place = placement(_text(pipe, "master", "pipeline"), _text(pipe, "remote", "pipeline"),
-                      _text(pipe, "server-timeout", "pipeline"), checkpoint=checkpoint,
+                      parse_trigger(timeout, "pipeline file: pipeline.server-timeout", "a duration") if timeout else None,
+                      checkpoint=checkpoint,
                       spark_checkpoint=spark_checkpoint, parallelism=parallelism, names=_NAMES, where="pipeline file: ",
                       passwords=(("source", source_password, src_extra.get("passwordEnv")),
                                  ("sink", sink_password, sink_extra.get("passwordEnv"))))
