@@ -120,3 +120,28 @@ def test_a_lost_server_says_how_to_continue_without_the_token() -> None:
     assert line.startswith("the Spark Connect server sc://spark:15002 did not answer for 20s (--server-timeout): the "
                            "mirror's query no longer runs there") and f"(exit {EXIT_RETRY})" in line
     assert "SECRET" not in lost_server_line(c, RuntimeError("UNAVAILABLE"))
+
+
+def test_the_session_of_each_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flinkish_spark
+    from flinkish_spark.mirror.cluster import session
+    from flinkish_spark.mirror.config import SOURCE_PASSWORD_ENV
+
+    calls: list[dict[str, Any]] = []
+
+    class Driver:
+        sparkContext = type("SC", (), {"setLogLevel": lambda self, level: None})()
+
+    def fake_session(**kw: Any) -> Driver:
+        calls.append(kw)
+        return Driver()
+
+    monkeypatch.setattr(flinkish_spark, "session", fake_session)
+    secret = "postgresql://u:pw@h/db"
+    session(flags(source=secret, master="spark://m:7077"))
+    session(flags(source=secret))
+    session(flags(remote="sc://h:15002", server_timeout="5s"))
+    # executors of other machines get the password's variable (Spark redacts names with PASSWORD); local ones inherit it
+    assert calls[0]["master"] == "spark://m:7077" and calls[0]["conf"] == {f"spark.executorEnv.{SOURCE_PASSWORD_ENV}": "pw"}
+    assert calls[1]["master"] == "local[2]" and calls[1]["conf"] == {}
+    assert calls[2] == {"remote": "sc://h:15002", "app_name": "flinkish-mirror-mirror", "server_timeout": 5.0}
