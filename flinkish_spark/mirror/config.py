@@ -105,7 +105,11 @@ class MirrorConfig:
 
     @property
     def log_file(self) -> str:
-        """The pipeline's log (Spark's own, the full traces of a failure): beside Spark's checkpoint, on this machine."""
+        """The pipeline's log (Spark's own, the full traces of a failure): beside Spark's checkpoint, on this machine.
+        Under ``--remote`` Spark's checkpoint is the server's: beside the default one (``<checkpoint>/spark.log`` for
+        a local ``--checkpoint``, else in this machine's state folder)."""
+        if self.remote is not None:
+            return default_spark_checkpoint(self.checkpoint, self.uid).rstrip("/") + ".log"
         return self.spark_checkpoint.rstrip("/") + ".log"
 
     @property

@@ -145,3 +145,13 @@ def test_the_session_of_each_placement(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls[0]["master"] == "spark://m:7077" and calls[0]["conf"] == {f"spark.executorEnv.{SOURCE_PASSWORD_ENV}": "pw"}
     assert calls[1]["master"] == "local[2]" and calls[1]["conf"] == {}
     assert calls[2] == {"remote": "sc://h:15002", "app_name": "flinkish-mirror-mirror", "server_timeout": 5.0}
+
+
+def test_under_remote_the_log_is_on_this_machine_not_beside_the_servers_spark_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    c = flags(checkpoint="s3://b/meta", spark_checkpoint="/local_disk0/mirror", remote="sc://h:1")
+    assert c.log_file.startswith(str(tmp_path / "state" / "flinkish_spark" / "mirror" / "mirror-"))
+    assert c.log_file.endswith(".log")
+    assert flags(checkpoint="/meta", spark_checkpoint="/srv/spark", remote="sc://h:1").log_file == "/meta/spark.log"
+    assert flags(checkpoint="/meta", spark_checkpoint="/srv/spark").log_file == "/srv/spark.log"  # the driver is here
