@@ -116,7 +116,9 @@ class EmbeddedMariaDB:
         args = [_program("mariadb"), "--no-defaults", "-uroot", f"--socket={self.socket_path}", "-N", "-B"]
         if database:
             args.append(database)
-        out = subprocess.run(args, input=statements, capture_output=True, text=True, check=False)
+        # Binary columns print as raw bytes: replaced, not a decode error (the output is for reading).
+        out = subprocess.run(args, input=statements, capture_output=True, encoding="utf-8", errors="replace",
+                             check=False)
         if out.returncode != 0:
             raise RuntimeError(f"mariadb failed ({out.returncode}): {out.stderr.strip()}")
         return out.stdout
