@@ -67,7 +67,7 @@ def write_changes(db: EmbeddedMariaDB, changes: int, txn: int, per_statement: in
             parts.append("INSERT INTO bench.t VALUES " + ",".join(value_row(i) for i in ids[k:k + per_statement]) + ";")
         parts.append("COMMIT;")
     t0 = time.monotonic()
-    out = subprocess.run([find_program("mariadb"), "--no-defaults", "-uroot", f"--socket={db.socket_path}"],
+    out = subprocess.run([str(find_program("mariadb")), "--no-defaults", "-uroot", f"--socket={db.socket_path}"],
                          input="\n".join(parts), text=True, capture_output=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
@@ -76,7 +76,7 @@ def write_changes(db: EmbeddedMariaDB, changes: int, txn: int, per_statement: in
 
 
 def run_mariadb_binlog(db: EmbeddedMariaDB, log_file: str, verbose: bool) -> int:
-    args = [find_program("mariadb-binlog"), "--no-defaults", "--read-from-remote-server", "-h127.0.0.1",
+    args = [str(find_program("mariadb-binlog")), "--no-defaults", "--read-from-remote-server", "-h127.0.0.1",
             f"-P{db.port}", "-uroot", *(["-v"] if verbose else []), log_file]
     with open(os.devnull, "w") as null:
         subprocess.run(args, stdout=null, check=True)
@@ -251,7 +251,7 @@ def main() -> None:
         print(f"check, {name}: {c}")
     if missing:
         print(f"not importable (not measured): {', '.join(missing)}")
-    versions = {}
+    versions: dict[str, str | None] = {}
     for dist in ("mysql-replication", "pymysql", "mysql-event-stream"):
         try:
             from importlib.metadata import version

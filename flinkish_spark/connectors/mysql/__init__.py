@@ -11,6 +11,8 @@ of ``connectors/postgres/source/``):
   whether the server purged the logs a position needs;
 * :mod:`.types` -- MySQL column types -> Arrow and Spark types.
 
-The binary log decoder is ``mysql-replication`` (pure Python, on PyMySQL; the extra
-``flinkish_spark[mysql]``), chosen by measurement: docs/benchmarks.md, "MySQL binary log decoders".
+The binary log decoder is ``mysql-event-stream`` (a C++ engine behind ctypes; Linux wheels, Python
+3.11+), PyMySQL the SQL client (the extra ``flinkish_spark[mysql]``), chosen by measurement against
+``mariadb-binlog`` and ``mysql-replication``: docs/benchmarks.md, "MySQL binary log decoders" (what
+each decoder makes of every type, and what the source must do after it, is there too).
 """
