@@ -13,7 +13,9 @@ from its start to the last change:
 * ``mysql-replication`` (pure Python, on PyMySQL): ``BinLogStreamReader`` with ``only_events`` the row events,
   each event's ``rows`` built (every value decoded to Python);
 * ``mysql-event-stream`` (a C++ engine behind ctypes): ``BinlogClient`` + ``CdcEngine``, every ``ChangeEvent``
-  (its ``before``/``after`` dicts) taken.
+  (its ``before``/``after`` dicts) taken;
+* ``own pure-Python prototype`` (``benchmarks/binlog_rows_prototype.py``): what a decoder of the project's
+  own would cost -- PyMySQL's packet reader, one precompiled reader per column, this table's types only.
 
 A candidate that is not importable is reported as missing. Candidates are not dependencies of the benchmark
 run: install them somewhere private and put that on ``PYTHONPATH``::
@@ -23,13 +25,15 @@ run: install them somewhere private and put that on ``PYTHONPATH``::
 
 Last, checks that matter for the choice, against the same server: column names from the table map
 (``binlog_row_metadata=FULL``), the last row's values, and starting from a MariaDB GTID (``domain-server-seq``).
-The machine may be shared: each figure carries the load average at its end; compare ratios within a run.
+The machine may be shared: each figure carries the load average at its end and the CPU seconds the reader used
+(this process and its children: the server's are in neither); compare ratios within a run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -132,6 +136,14 @@ def run_mysql_event_stream(db: EmbeddedMariaDB, log_file: str, changes: int) -> 
     return count, last
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process (all its threads: the C++ engine's reader too) and of its finished children
+    (mariadb-binlog): on a shared machine a steadier measure than wall time. The server's own CPU is in neither."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def importable(module: str) -> bool:
     try:
         __import__(module)
@@ -159,7 +171,7 @@ def checks(db: EmbeddedMariaDB, log_file: str, first_seq: int) -> dict[str, Any]
                 gtids.append(event.gtid)
             elif first_id is None:
                 first_id, names = event.rows[0]["values"]["id"], list(event.rows[0]["values"])
-            if len(gtids) >= 3 and first_id is not None:
+            if len(gtids) >= 2 and first_id is not None:  # blocking: the workload has 3 transactions or more
                 break
         stream.close()
         out["mysql-replication"] = {"start_gtid": start_gtid, "first_gtids_after": gtids, "first_id_after": first_id,
@@ -209,42 +221,57 @@ def main() -> None:
         candidates["mysql-replication"] = lambda db, f: run_mysql_replication(db, f, args.changes)
     if importable("mysql_event_stream"):
         candidates["mysql-event-stream"] = lambda db, f: run_mysql_event_stream(db, f, args.changes)
+    if importable("pymysql"):
+        from binlog_rows_prototype import read_rows
+
+        candidates["own pure-Python prototype"] = lambda db, f: read_rows(db.port, f, args.changes, SERVER_ID)
     missing = [m for m in ("pymysqlreplication", "mysql_event_stream") if not importable(m)]
 
     # Faster generation: the benchmark measures reading the log, not the server's durability.
     with temporary_mariadb("flinkish-bench-mariadb-",
                            extra_args=("--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0")) as db:
         log_file, first_seq = write_changes(db, args.changes, args.txn, args.per_statement)
-        size = int(db.sql("SHOW BINARY LOGS").splitlines()[-2].split("\t")[1])
+        size = next(int(line.split("\t")[1]) for line in db.sql("SHOW BINARY LOGS").splitlines()
+                    if line.split("\t")[0] == log_file)
         secs: dict[str, list[float]] = {name: [] for name in candidates}
+        cpus: dict[str, list[float]] = {name: [] for name in candidates}
         loads: dict[str, list[float]] = {name: [] for name in candidates}
         lasts: dict[str, str] = {}
         for r in range(args.repeats):
             for name, run in candidates.items():
-                t0 = time.monotonic()
+                t0, c0 = time.monotonic(), cpu_seconds()
                 count, last = run(db, log_file)
                 secs[name].append(time.monotonic() - t0)
+                cpus[name].append(cpu_seconds() - c0)
                 loads[name].append(round(os.getloadavg()[0], 2))
                 if count not in (-1, args.changes):
                     raise RuntimeError(f"{name} read {count} changes, not {args.changes}")
                 if last is not None:
-                    lasts[name] = repr(last.after if hasattr(last, "after") else last)
-                print(f"round {r + 1}: {name}: {secs[name][-1]:.2f} s (load {loads[name][-1]})", flush=True)
+                    lasts[name] = repr(getattr(last, "after", last))
+                print(f"round {r + 1}: {name}: {secs[name][-1]:.2f} s, {cpus[name][-1]:.2f} CPU s "
+                      f"(load {loads[name][-1]})", flush=True)
         checked = checks(db, log_file, first_seq)
 
     base = statistics.median(secs["mariadb-binlog (no row decoding)"])
+    base_cpu = statistics.median(cpus["mariadb-binlog (no row decoding)"])
     rows, results = [], {}
     for name in candidates:
         med = statistics.median(secs[name])
         rate = args.changes / med
         results[name] = {"seconds": [round(s, 3) for s in secs[name]], "median_s": round(med, 3),
                          "changes_per_s": round(rate), "ratio_to_mariadb_binlog": round(base / med, 3),
-                         "us_per_change": round(med / args.changes * 1e6, 2), "load_average_1min": loads[name]}
+                         "us_per_change": round(med / args.changes * 1e6, 2), "load_average_1min": loads[name],
+                         "cpu_seconds": [round(c, 3) for c in cpus[name]],
+                         "cpu_us_per_change": round(statistics.median(cpus[name]) / args.changes * 1e6, 2),
+                         "cpu_ratio_to_mariadb_binlog": round(base_cpu / statistics.median(cpus[name]), 3)}
+        cpu = statistics.median(cpus[name])
         rows.append([name, f"{rate:,.0f}", f"{base / med:.2f}", f"{med / args.changes * 1e6:.2f}",
+                     f"{cpu / args.changes * 1e6:.2f}", f"{base_cpu / cpu:.2f}",
                      " ".join(f"{s:.2f}" for s in secs[name]), " ".join(str(x) for x in loads[name])])
     print(f"\n{args.changes:,} changes, {args.txn}-row transactions, {args.per_statement} row(s) per statement, "
           f"log file {size / 2**20:.1f} MiB, medians of {args.repeats}")
-    print_table(["decoder", "changes/s", "x mariadb-binlog", "us/change", "seconds", "load avg"], rows)
+    print_table(["decoder", "changes/s", "x mariadb-binlog", "us/change", "CPU us/change", "CPU x mariadb-binlog",
+                 "seconds", "load avg"], rows)
     for name, last in lasts.items():
         print(f"last row, {name}: {last}")
     for name, c in checked.items():

@@ -11,8 +11,8 @@ of ``connectors/postgres/source/``):
   whether the server purged the logs a position needs;
 * :mod:`.types` -- MySQL column types -> Arrow and Spark types.
 
-The binary log decoder is ``mysql-event-stream`` (a C++ engine behind ctypes; Linux wheels, Python
-3.11+), PyMySQL the SQL client (the extra ``flinkish_spark[mysql]``), chosen by measurement against
-``mariadb-binlog`` and ``mysql-replication``: docs/benchmarks.md, "MySQL binary log decoders" (what
-each decoder makes of every type, and what the source must do after it, is there too).
+The binary log's row events are to be decoded by the project's own pure-Python code over PyMySQL (the
+extra ``flinkish_spark[mysql]``), as ``connectors/postgres/pgoutput.py`` decodes PostgreSQL's: chosen by
+measurement against ``mariadb-binlog``, ``mysql-replication`` and ``mysql-event-stream``
+(docs/benchmarks.md, "MySQL binary log decoders", with what each makes of every type).
 """
