@@ -19,7 +19,7 @@ CHAR, VARCHAR, *TEXT              string                 string                 
 ENUM                              string                 string                     the label ('' for invalid)
 SET                               string                 string                     labels joined by ',' as MySQL shows
 JSON                              string                 string                     JSON text (MariaDB: LONGTEXT)
-BINARY, VARBINARY, *BLOB          binary                 binary
+BINARY(n), VARBINARY, *BLOB       binary                 binary                     BINARY: padded to n (a)
 BIT(1)                            boolean                bool
 BIT(n), n > 1                     binary                 binary                     big-endian, ceil(n/8) bytes
 DATE                              date                   date32                     zero date -> NULL
@@ -30,6 +30,8 @@ YEAR                              short                  int16                  
 GEOMETRY types                    binary                 binary                     MySQL's SRID + WKB bytes
 INET4, INET6, UUID (MariaDB)      string                 string                     as MySQL shows them
 ================================  =====================  =========================  ==========================
+
+(a) The binary log drops a BINARY(n) value's trailing zero bytes; a decoder pads them back.
 
 Zero dates (``0000-00-00``, ``0000-00-00 00:00:00`` and dates with a zero year, month or day, which
 MySQL stores unless ``NO_ZERO_DATE``/``NO_ZERO_IN_DATE`` forbid them; year 0 is also outside Spark's
