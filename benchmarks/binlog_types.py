@@ -78,8 +78,8 @@ def main() -> None:
     with temporary_mariadb("flinkish-bench-mariadb-") as db:
         db.sql(f"CREATE DATABASE ty; CREATE TABLE ty.t (id int PRIMARY KEY, {', '.join(COLUMNS)})")
         log_file = db.sql("SHOW MASTER STATUS").split("\t")[0]
-        db.sql("SET sql_mode = ''; SET time_zone = '+00:00'; INSERT INTO ty.t (id, " + ", ".join(names) + ") VALUES (1, "
-               + ", ".join(VALUES[n] for n in names) + ")")
+        db.sql("SET sql_mode = ''; SET time_zone = '+00:00'; INSERT INTO ty.t (id, " + ", ".join(names)
+               + ") VALUES (1, " + ", ".join(VALUES[n] for n in names) + ")")
         shown = db.sql("SET time_zone = '+00:00'; SELECT " + ", ".join(
             f"HEX({n})" if n in ("bn", "vb", "bl", "g", "b9") else f"{n} + 0" if n == "b1" else n for n in names)
             + " FROM ty.t").rstrip("\n").split("\t")

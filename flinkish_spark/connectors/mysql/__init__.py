@@ -9,7 +9,10 @@ of ``connectors/postgres/source/``):
   metadata), one error each naming the setting to change;
 * :mod:`.position` -- file+offset and MariaDB GTID positions (comparable, one string each) and
   whether the server purged the logs a position needs;
-* :mod:`.types` -- MySQL column types -> Arrow and Spark types.
+* :mod:`.types` -- MySQL column types -> Arrow and Spark types;
+* :mod:`.binlog` -- the log's events over the replication protocol (file+offset starts) and its table
+  map events with the optional metadata of ``binlog_row_metadata=FULL`` (the first layer of the row
+  decoder; the row events' value readers are still to come: benchmarks/binlog_rows_prototype.py).
 
 The binary log's row events are to be decoded by the project's own pure-Python code over PyMySQL (the
 extra ``flinkish_spark[mysql]``), as ``connectors/postgres/pgoutput.py`` decodes PostgreSQL's: chosen by

@@ -48,7 +48,7 @@ class ServerInfo:
 
     @property
     def gtid_kind(self) -> str:
-        """``mariadb`` (domain-server-seq, always on), ``mysql`` (uuid:interval sets, when gtid_mode=ON), or ``none``."""
+        """``mariadb`` (domain-server-seq, always on), ``mysql`` (uuid:interval sets, when gtid_mode=ON) or ``none``."""
         if self.mariadb:
             return "mariadb"
         return "mysql" if self.settings.get("gtid_mode", "OFF").upper() == "ON" else "none"

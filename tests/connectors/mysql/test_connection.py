@@ -1,4 +1,4 @@
-"""``mysql://`` URLs, where the password comes from, and what a refused or unreachable server says (never the password)."""
+"""``mysql://`` URLs, where the password comes from, what a refused or unreachable server says (never the password)."""
 
 from __future__ import annotations
 
