@@ -11,8 +11,9 @@ of ``connectors/postgres/source/``):
   whether the server purged the logs a position needs;
 * :mod:`.types` -- MySQL column types -> Arrow and Spark types;
 * :mod:`.binlog` -- the log's events over the replication protocol (file+offset starts) and its table
-  map events with the optional metadata of ``binlog_row_metadata=FULL`` (the first layer of the row
-  decoder; the row events' value readers are still to come: benchmarks/binlog_rows_prototype.py).
+  map events with the optional metadata of ``binlog_row_metadata=FULL``;
+* :mod:`.row_values` -- row events -> Python values, one precompiled reader per column, by the rules
+  of :mod:`.types`.
 
 The binary log's row events are to be decoded by the project's own pure-Python code over PyMySQL (the
 extra ``flinkish_spark[mysql]``), as ``connectors/postgres/pgoutput.py`` decodes PostgreSQL's: chosen by

@@ -114,3 +114,11 @@ def oldest_gtid_list(conn: Any, oldest_file: str) -> MariaGtidPosition:
     with conn.cursor() as cur:
         cur.execute("SHOW BINLOG EVENTS IN %s LIMIT 3", (oldest_file,))
         return first_gtid_list(cur.fetchall())
+
+
+def collation_charsets(conn: Any) -> dict[int, str]:
+    """Collation id -> character set name, as this server numbers them (MariaDB and MySQL differ above 255)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATIONS")
+        # MariaDB 10.10+ lists collations without an id (UCA 14.0.0 ones, named only): never in a table map.
+        return {int(i): str(name) for i, name in cur.fetchall() if i is not None}

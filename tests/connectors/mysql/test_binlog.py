@@ -1,6 +1,10 @@
-"""The binary log read over the replication protocol, and its table map events with binlog_row_metadata=FULL."""
+"""The binary log read over the replication protocol: table map events with binlog_row_metadata=FULL, and every
+column type of a row read back from insert, update and delete events as the type rule (types.py) says."""
 
 from __future__ import annotations
+
+from datetime import date, datetime, timezone
+from decimal import Decimal
 
 from flinkish_spark.connectors.mysql import binlog
 from flinkish_spark.connectors.mysql.connection import connect, parse_url
@@ -45,3 +49,63 @@ def test_the_table_map_carries_names_types_signedness_collations_labels_and_key(
 def _charset(mariadb, collation_id: int) -> str:
     return mariadb.sql(f"SELECT CHARACTER_SET_NAME FROM information_schema.COLLATIONS WHERE ID = {collation_id}")\
         .strip()
+
+
+ALL_TYPES = {  # column definition: (SQL literal, the value read from the log)
+    "ti tinyint": ("-5", -5), "tiu tinyint unsigned": ("255", 255), "si smallint": ("-300", -300),
+    "mi mediumint": ("-8388608", -8388608), "miu mediumint unsigned": ("16777215", 16777215),
+    "i int": ("-7", -7), "iu int unsigned": ("4294967295", 4294967295),
+    "bi bigint": ("-9223372036854775808", -9223372036854775808),
+    "biu bigint unsigned": ("18446744073709551615", 18446744073709551615),
+    "d decimal(12,2)": ("-1234567890.12", Decimal("-1234567890.12")), "d0 decimal": ("42", Decimal(42)),
+    "dfrac decimal(4,4)": ("-0.0001", Decimal("-0.0001")),
+    "d65 decimal(65,30)": ("12345678901234567890123456789012345.123456789012345678901234567890",
+                           Decimal("12345678901234567890123456789012345.123456789012345678901234567890")),
+    "f float": ("1.5", 1.5), "db double": ("2.25", 2.25), "c char(3)": ("'ab'", "ab"),
+    "vc varchar(20) CHARACTER SET latin1": ("'Zoë €'", "Zoë €"), "tx text": ("'text ✓'", "text ✓"),
+    "bn binary(4)": ("x'01020300'", b"\x01\x02\x03\x00"), "vb varbinary(9)": ("x'ff00'", b"\xff\x00"),
+    "bl longblob": ("x'deadbeef'", b"\xde\xad\xbe\xef"), "e enum('small','it''s, big')": ("'it''s, big'", "it's, big"),
+    "st set('a','b','c')": ("'a,c'", "a,c"), "b1 bit(1)": ("b'1'", True), "b9 bit(9)": ("b'100000001'", b"\x01\x01"),
+    "j json": ("'{\"k\": [1, 2]}'", '{"k": [1, 2]}'), "dz date": ("'0000-00-00'", None),
+    "dd date": ("'2024-02-29'", date(2024, 2, 29)),
+    "dtm datetime(6)": ("'2024-02-29 23:59:59.123456'", datetime(2024, 2, 29, 23, 59, 59, 123456)),
+    "dtz datetime": ("'0000-00-00 00:00:00'", None),
+    "ts timestamp(3) NULL": ("'2024-03-01 12:00:00.5'", datetime(2024, 3, 1, 12, 0, 0, 500000, timezone.utc)),
+    "tm time(2)": ("'-838:59:59.5'", "-838:59:59.50"), "tm0 time": ("'12:34:56'", "12:34:56"),
+    "tm6 time(6)": ("'-00:00:01.000001'", "-00:00:01.000001"), "y year": ("0", 0), "y2 year": ("2024", 2024),
+    "n int": ("NULL", None),
+}
+
+
+def test_every_type_is_read_from_the_log_as_the_type_rule_says(mariadb, mysql_db: str) -> None:
+    from flinkish_spark.connectors.mysql.row_values import compile_readers, decode_rows, rows_table_id
+    from flinkish_spark.connectors.mysql.server import collation_charsets
+
+    names = [c.split()[0] for c in ALL_TYPES]
+    mariadb.sql(f"CREATE TABLE a (id int PRIMARY KEY, {', '.join(ALL_TYPES)})", database=mysql_db)
+    start_file = mariadb.sql("SHOW MASTER STATUS").split("\t")[0]
+    row = ", ".join(literal for literal, _ in ALL_TYPES.values())
+    mariadb.sql(f"SET sql_mode = ''; SET time_zone = '+00:00'; INSERT INTO a (id, {', '.join(names)}) "
+                f"VALUES (1, {row}); UPDATE a SET i = 8, tx = NULL WHERE id = 1; DELETE FROM a", database=mysql_db)
+    with connect(parse_url(mariadb.url_for(mysql_db))) as conn:
+        charsets = collation_charsets(conn)
+        events = list(binlog.dump_events(conn, FilePosition(start_file, 4), server_id=9002))
+    readers: dict[int, list] = {}  # the table ids of this test's table (the file holds earlier tests' events too)
+    changes = []
+    for event in events:
+        kind = event[4]
+        if kind == binlog.TABLE_MAP_EVENT:
+            table = binlog.parse_table_map(event, mariadb=True)
+            if (table.database, table.table) == (mysql_db, "a"):
+                readers[table.table_id] = compile_readers(table, charsets)
+        elif kind in (binlog.WRITE_ROWS_V1, binlog.UPDATE_ROWS_V1, binlog.DELETE_ROWS_V1):
+            if rows_table_id(event) in readers:
+                changes.extend(decode_rows(event, readers[rows_table_id(event)]))
+    expected = [1, *(value for _, value in ALL_TYPES.values())]
+    assert [op for op, _, _ in changes] == ["insert", "update", "delete"]
+    inserted = changes[0][2]
+    assert dict(zip(["id", *names], inserted)) == dict(zip(["id", *names], expected))
+    before, after = changes[1][1], changes[1][2]
+    assert before == inserted
+    assert after == [8 if n == "i" else None if n == "tx" else v for n, v in zip(["id", *names], expected)]
+    assert changes[2][1] == after and changes[2][2] is None
