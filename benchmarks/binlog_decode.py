@@ -15,7 +15,9 @@ from its start to the last change:
 * ``mysql-event-stream`` (a C++ engine behind ctypes): ``BinlogClient`` + ``CdcEngine``, every ``ChangeEvent``
   (its ``before``/``after`` dicts) taken;
 * ``own pure-Python prototype`` (``benchmarks/binlog_rows_prototype.py``): what a decoder of the project's
-  own would cost -- PyMySQL's packet reader, one precompiled reader per column, this table's types only.
+  own would cost -- PyMySQL's packet reader, one precompiled reader per column, this table's types only;
+* ``flinkish connectors/mysql``: the decoder built after it (``binlog.dump_events``, ``parse_table_map``,
+  ``row_values.RowDecoder``: every type, values as Python objects, table maps kept by their bytes).
 
 A candidate that is not importable is reported as missing. Candidates are not dependencies of the benchmark
 run: install them somewhere private and put that on ``PYTHONPATH``::
@@ -136,6 +138,30 @@ def run_mysql_event_stream(db: EmbeddedMariaDB, log_file: str, changes: int) -> 
     return count, last
 
 
+def run_flinkish(db: EmbeddedMariaDB, log_file: str, changes: int) -> tuple[int, Any]:
+    """connectors/mysql: dump_events + parse_table_map + compile_readers + decode_rows (every value to Python)."""
+    from flinkish_spark.connectors.mysql import binlog
+    from flinkish_spark.connectors.mysql.connection import connect, parse_url
+    from flinkish_spark.connectors.mysql.position import FilePosition
+    from flinkish_spark.connectors.mysql.row_values import ROW_EVENTS, RowDecoder
+    from flinkish_spark.connectors.mysql.server import collation_charsets
+
+    count, last = 0, None
+    with connect(parse_url(db.url)) as conn:
+        decoder = RowDecoder(collation_charsets(conn), mariadb=True)
+        for event in binlog.dump_events(conn, FilePosition(log_file, 4), SERVER_ID):
+            kind = event[4]
+            if kind == binlog.TABLE_MAP_EVENT:
+                decoder.table_map(event)
+            elif kind in ROW_EVENTS:
+                for _op, _before, after in decoder.rows(event)[1]:
+                    count += 1
+                    last = after
+            if count >= changes:
+                break
+    return count, last
+
+
 def cpu_seconds() -> float:
     """CPU seconds of this process (all its threads: the C++ engine's reader too) and of its finished children
     (mariadb-binlog): on a shared machine a steadier measure than wall time. The server's own CPU is in neither."""
@@ -225,6 +251,7 @@ def main() -> None:
         from binlog_rows_prototype import read_rows
 
         candidates["own pure-Python prototype"] = lambda db, f: read_rows(db.port, f, args.changes, SERVER_ID)
+        candidates["flinkish connectors/mysql"] = lambda db, f: run_flinkish(db, f, args.changes)
     missing = [m for m in ("pymysqlreplication", "mysql_event_stream") if not importable(m)]
 
     # Faster generation: the benchmark measures reading the log, not the server's durability.

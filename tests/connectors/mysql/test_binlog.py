@@ -78,7 +78,7 @@ ALL_TYPES = {  # column definition: (SQL literal, the value read from the log)
 
 
 def test_every_type_is_read_from_the_log_as_the_type_rule_says(mariadb, mysql_db: str) -> None:
-    from flinkish_spark.connectors.mysql.row_values import compile_readers, decode_rows, rows_table_id
+    from flinkish_spark.connectors.mysql.row_values import RowDecoder
     from flinkish_spark.connectors.mysql.server import collation_charsets
 
     names = [c.split()[0] for c in ALL_TYPES]
@@ -90,17 +90,18 @@ def test_every_type_is_read_from_the_log_as_the_type_rule_says(mariadb, mysql_db
     with connect(parse_url(mariadb.url_for(mysql_db))) as conn:
         charsets = collation_charsets(conn)
         events = list(binlog.dump_events(conn, FilePosition(start_file, 4), server_id=9002))
-    readers: dict[int, list] = {}  # the table ids of this test's table (the file holds earlier tests' events too)
-    changes = []
+    decoder = RowDecoder(charsets, mariadb=True)
+    changes, maps = [], []
     for event in events:
         kind = event[4]
         if kind == binlog.TABLE_MAP_EVENT:
-            table = binlog.parse_table_map(event, mariadb=True)
-            if (table.database, table.table) == (mysql_db, "a"):
-                readers[table.table_id] = compile_readers(table, charsets)
+            maps.append(decoder.table_map(event))
         elif kind in (binlog.WRITE_ROWS_V1, binlog.UPDATE_ROWS_V1, binlog.DELETE_ROWS_V1):
-            if rows_table_id(event) in readers:
-                changes.extend(decode_rows(event, readers[rows_table_id(event)]))
+            table, rows = decoder.rows(event)
+            if (table.database, table.table) == (mysql_db, "a"):  # the file holds earlier tests' events too
+                changes.extend(rows)
+    ours = [m for m in maps if m.table == "a" and m.database == mysql_db]
+    assert len(ours) == 3 and ours[0] is ours[1] is ours[2]  # one map per statement, parsed once
     expected = [1, *(value for _, value in ALL_TYPES.values())]
     assert [op for op, _, _ in changes] == ["insert", "update", "delete"]
     inserted = changes[0][2]
