@@ -18,7 +18,7 @@ tables ``many.t_<i>`` of ``--table-rows`` rows each, the same row. One warm-up o
 ``mirror_path.py``): per epoch the sink's prepare, commit and the source's read, summed.
 
     python benchmarks/mirror_snapshot.py [--rows 2000000] [--tables 100 --table-rows 20000] [--cases big,many]
-        [--trigger 1] [--max-rows 200000] [--split-size 100000] [--timers] [--tag NAME]
+        [--variants 200000@1,1000000@1,200000@10] [--split-size 100000] [--timers] [--tag NAME]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _common import print_table, write_results  # noqa: E402
 from mirror_path import timers_by_epoch  # noqa: E402
+from postgres_source import cpu_seconds  # noqa: E402
 
 JDBC_JAR = os.path.expanduser("~/.m2/repository/org/postgresql/postgresql/42.7.13/postgresql-42.7.13.jar")
 COLUMNS = "id bigint PRIMARY KEY, k int, v double precision, name text, ts timestamptz"
@@ -55,19 +56,20 @@ def load(url: str, schema: str, tables: int, rows: int) -> list[str]:
     return names
 
 
-def mirror(spark: Any, url: str, schema: str, work: str, tag: str, args: argparse.Namespace) -> tuple[float, Any]:
+def mirror(spark: Any, url: str, schema: str, work: str, tag: str, max_rows: int, trigger: float,
+           split_size: int) -> tuple[float, Any]:
     import flinkish_spark
 
     meta, lake = os.path.join(work, f"meta-{tag}"), os.path.join(work, f"lake-{tag}")
     r = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
          .option("url", url).option("tables", f"{schema}.*").option("startup", "snapshot")
-         .option("maxRowsPerTrigger", str(args.max_rows)).option("splitSize", str(args.split_size))
+         .option("maxRowsPerTrigger", str(max_rows)).option("splitSize", str(split_size))
          .option("snapshotPartitions", "2"))
     t0 = time.time()
     q = (r.load().writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
          .option("path", os.path.join(lake, "{schema}", "{table}"))
          .option("checkpointLocation", os.path.join(work, f"cp-{tag}"))
-         .trigger(processingTime=f"{args.trigger} seconds").start())
+         .trigger(processingTime=f"{trigger} seconds").start())
     end = flinkish_spark.await_finished(q, timeout=3600)
     secs = time.time() - t0
     assert end == "finished", end
@@ -100,8 +102,9 @@ def main() -> None:
     ap.add_argument("--tables", type=int, default=100)
     ap.add_argument("--table-rows", type=int, default=20_000)
     ap.add_argument("--cases", default="big,many")
-    ap.add_argument("--trigger", type=float, default=1.0)
-    ap.add_argument("--max-rows", type=int, default=200_000, help="maxRowsPerTrigger (the mirror's default: 200,000)")
+    ap.add_argument("--variants", default="200000@1",
+                    help="mirror runs, each MAXROWS@TRIGGER: maxRowsPerTrigger (the mirror's default: 200,000) and the "
+                         "processing-time trigger in seconds (the mirror's default: 10)")
     ap.add_argument("--split-size", type=int, default=100_000)
     ap.add_argument("--timers", action="store_true")
     ap.add_argument("--profile", default="")
@@ -122,8 +125,16 @@ def main() -> None:
     import flinkish_spark
     from flinkish_spark.embedded.postgres import start_postgres
 
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a kill still stops the server and removes the folder
     pg = start_postgres(os.path.join(work, "pg"))
-    results: dict[str, Any] = {"args": vars(args), "cases": {}}
+    pgroot = int(open(os.path.join(pg.data_dir, "postmaster.pid")).readline())
+
+    def cpu_since(before: dict[str, float]) -> dict[str, float]:
+        return {k: round(v - before.get(k, 0.0), 1) for k, v in cpu_seconds(os.getpid(), pgroot).items()}
+
+    results: dict[str, Any] = {"args": vars(args), "runs": []}
     try:
         t0 = time.time()
         warm = load(pg.uri, "warm", 0, 200_000)
@@ -135,42 +146,55 @@ def main() -> None:
                                        conf={"spark.jars": JDBC_JAR, "spark.driver.memory": "2g"})
         spark.sparkContext.setLogLevel("ERROR")
         jdbc(spark, pg.jdbc_url, warm, 200_000, work, "warm")
-        mirror(spark, pg.uri, "warm", work, "warm", args)
+        mirror(spark, pg.uri, "warm", work, "warm", 200_000, 1.0, args.split_size)
+        variants = [(int(v.split("@")[0]), float(v.split("@")[1])) for v in args.variants.split(",")]
         rows_out = []
         for case in cases:
             schema, names, per_table = data[case]
             total = per_table * len(names)
-            load_before = os.getloadavg()
+            before = cpu_seconds(os.getpid(), pgroot)
             j = jdbc(spark, pg.jdbc_url, names, per_table, work, case)
-            m, (progress, lake) = mirror(spark, pg.uri, schema, work, case, args)
-            load_after = os.getloadavg()
-            got = delta_rows(lake, names)
-            assert got == total, (case, got, total)
-            epochs = [p for p in progress if p.numInputRows]
-            timers = timers_by_epoch(timer_file, progress) if args.timers else {}
-            summed: dict[str, float] = {}
-            for d in timers.values():
-                for k, v in d.items():
-                    summed[k] = summed.get(k, 0.0) + v
-            durations: dict[str, int] = {}
-            for p in progress:
-                for k, v in (p.durationMs or {}).items():
-                    durations[k] = durations.get(k, 0) + int(v)
-            r = {"tables": len(names), "rows": total, "jdbc_s": round(j, 2), "mirror_s": round(m, 2),
-                 "jdbc_rows_per_s": round(total / j), "mirror_rows_per_s": round(total / m),
-                 "ratio": round(j / m, 3), "epochs": len(epochs), "load_before": load_before, "load_after": load_after,
-                 "duration_ms": durations, "timers_s": {k: round(v, 2) for k, v in sorted(summed.items())}}
-            results["cases"][case] = r
-            print(f"{case}: JDBC {j:.1f}s, mirror {m:.1f}s ({r['ratio']}x), {len(epochs)} epochs, "
-                  f"load {load_before[0]:.1f} -> {load_after[0]:.1f}; durations {durations}; timers {r['timers_s']}",
-                  flush=True)
-            rows_out.append([case, f"{len(names)} x {per_table:,}", f"{j:.1f}", f"{total / j:,.0f}", f"{m:.1f}",
-                             f"{total / m:,.0f}", f"{r['ratio']:.2f}x", len(epochs),
-                             f"{load_before[0]:.1f} / {load_after[0]:.1f}"])
-            shutil.rmtree(lake, ignore_errors=True)
+            jcpu = cpu_since(before)
+            print(f"{case}: JDBC {j:.1f}s, CPU s {jcpu}", flush=True)
+            for max_rows, trigger in variants:
+                tag = f"{case}-{max_rows}-{trigger:g}"
+                load_before = os.getloadavg()
+                before = cpu_seconds(os.getpid(), pgroot)
+                m, (progress, lake) = mirror(spark, pg.uri, schema, work, tag, max_rows, trigger, args.split_size)
+                load_after = os.getloadavg()
+                mcpu = cpu_since(before)
+                got = delta_rows(lake, names)
+                assert got == total, (case, got, total)
+                epochs = [p for p in progress if p.numInputRows]
+                timers = timers_by_epoch(timer_file, progress) if args.timers else {}
+                summed: dict[str, float] = {}
+                for d in timers.values():
+                    for k, v in d.items():
+                        summed[k] = summed.get(k, 0.0) + v
+                durations: dict[str, int] = {}
+                for p in progress:
+                    for k, v in (p.durationMs or {}).items():
+                        durations[k] = durations.get(k, 0) + int(v)
+                r = {"case": case, "tables": len(names), "rows": total, "max_rows_per_trigger": max_rows,
+                     "trigger_s": trigger, "jdbc_s": round(j, 2), "mirror_s": round(m, 2),
+                     "jdbc_rows_per_s": round(total / j), "mirror_rows_per_s": round(total / m),
+                     "ratio": round(j / m, 3), "epochs": len(epochs), "load_before": load_before,
+                     "load_after": load_after, "duration_ms": durations, "jdbc_cpu_s": jcpu, "mirror_cpu_s": mcpu,
+                     "cpu_ratio": round(sum(jcpu.values()) / max(0.1, sum(mcpu.values())), 3),
+                     "timers_s": {k: round(v, 2) for k, v in sorted(summed.items())}}
+                results["runs"].append(r)
+                print(f"{tag}: JDBC {j:.1f}s, mirror {m:.1f}s ({r['ratio']}x), CPU s {mcpu} ({r['cpu_ratio']}x), "
+                      f"{len(epochs)} epochs, "
+                      f"load {load_before[0]:.1f} -> {load_after[0]:.1f}; durations {durations}; timers {r['timers_s']}",
+                      flush=True)
+                rows_out.append([case, f"{len(names)} x {per_table:,}", f"{max_rows:,} @ {trigger:g} s", f"{j:.1f}",
+                                 f"{total / j:,.0f}", f"{m:.1f}", f"{total / m:,.0f}", f"{r['ratio']:.2f}x",
+                                 f"{sum(jcpu.values()):.0f} / {sum(mcpu.values()):.0f}", len(epochs),
+                                 f"{load_before[0]:.1f} / {load_after[0]:.1f}"])
+                shutil.rmtree(lake, ignore_errors=True)
             shutil.rmtree(os.path.join(work, f"pq-{case}"), ignore_errors=True)
         print()
-        print_table(["case", "tables x rows", "JDBC s", "JDBC rows/s", "mirror s", "mirror rows/s", "mirror / JDBC",
+        print_table(["case", "tables x rows", "maxRowsPerTrigger @ trigger", "JDBC s", "JDBC rows/s", "mirror s", "mirror rows/s", "mirror / JDBC", "CPU s JDBC / mirror",
                      "epochs", "load 1 min before / after"], rows_out)
         spark.stop()
         name = "mirror_snapshot" + (f"_{args.tag}" if args.tag else "")
