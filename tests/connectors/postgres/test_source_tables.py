@@ -47,6 +47,15 @@ def test_options_table_and_tables_exclude_each_other(pg_url: str, tmp_path: Path
         source(pg_url, tmp_path, splitColumn="id")
 
 
+def test_snapshot_rows_per_trigger_bounds_the_chunks_of_an_epoch_and_defaults_to_max_rows_per_trigger(
+        pg_url: str, tmp_path: Path) -> None:
+    def chunks(**options: str) -> int:
+        return source(pg_url, tmp_path, splitSize="100", **options).default_read_limit().max_files  # type: ignore[attr-defined]
+
+    assert chunks(maxRowsPerTrigger="200", snapshotRowsPerTrigger="1000") == 10
+    assert chunks(maxRowsPerTrigger="200") == 2
+
+
 @pytest.mark.both_postgres
 def test_discovery_takes_matching_tables_into_one_publication_and_one_slot(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
