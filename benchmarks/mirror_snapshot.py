@@ -35,12 +35,46 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _common import print_table, write_results  # noqa: E402
 from mirror_path import timers_by_epoch  # noqa: E402
-from postgres_source import cpu_seconds  # noqa: E402
 
 JDBC_JAR = os.path.expanduser("~/.m2/repository/org/postgresql/postgresql/42.7.13/postgresql-42.7.13.jar")
 COLUMNS = "id bigint PRIMARY KEY, k int, v double precision, name text, ts timestamptz"
 FILL = ("INSERT INTO {t} SELECT g, g % 1000, g * 0.25, 'name ' || g, timestamptz '2024-01-01' + g * interval '1 second' "
         "FROM generate_series(1, {n}) g")
+
+
+def cpu_seconds(driver: int, postmaster: int) -> dict[str, float]:
+    """CPU seconds so far (Linux /proc) of the JVM, Spark's Python workers and PostgreSQL: per live process its own
+    time plus that of its ended children it waited for (a Python worker's time lands in its daemon's when it
+    ends, a backend's in the postmaster's), so a process that ended in between is still counted."""
+    tck = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, float, str]] = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{p}/cmdline", "rb") as fb:
+                cmd = fb.read().decode(errors="replace")
+        except OSError:
+            continue
+        procs[int(p)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tck, cmd)
+
+    def root_of(pid: int) -> int | None:
+        while pid in procs and pid > 1:
+            if pid in (driver, postmaster):
+                return pid
+            pid = procs[pid][0]
+        return None
+
+    out = {"jvm": 0.0, "python workers": 0.0, "postgres": 0.0}
+    for pid, (_, used, cmd) in procs.items():
+        root = root_of(pid)
+        if root == postmaster:
+            out["postgres"] += used
+        elif root == driver and pid != driver:
+            out["jvm" if "java" in cmd else "python workers"] += used
+    return out
 
 
 def load(url: str, schema: str, tables: int, rows: int) -> list[str]:
@@ -105,6 +139,7 @@ def main() -> None:
     ap.add_argument("--variants", default="200000@1",
                     help="mirror runs, each MAXROWS@TRIGGER: maxRowsPerTrigger (the mirror's default: 200,000) and the "
                          "processing-time trigger in seconds (the mirror's default: 10)")
+    ap.add_argument("--many-variants", default=None, help="the many-tables case's variants (default: --variants)")
     ap.add_argument("--split-size", type=int, default=100_000)
     ap.add_argument("--timers", action="store_true")
     ap.add_argument("--profile", default="")
@@ -147,7 +182,9 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         jdbc(spark, pg.jdbc_url, warm, 200_000, work, "warm")
         mirror(spark, pg.uri, "warm", work, "warm", 200_000, 1.0, args.split_size)
-        variants = [(int(v.split("@")[0]), float(v.split("@")[1])) for v in args.variants.split(",")]
+        def parse(text: str) -> list[tuple[int, float]]:
+            return [(int(v.split("@")[0]), float(v.split("@")[1])) for v in text.split(",")]
+
         rows_out = []
         for case in cases:
             schema, names, per_table = data[case]
@@ -156,7 +193,7 @@ def main() -> None:
             j = jdbc(spark, pg.jdbc_url, names, per_table, work, case)
             jcpu = cpu_since(before)
             print(f"{case}: JDBC {j:.1f}s, CPU s {jcpu}", flush=True)
-            for max_rows, trigger in variants:
+            for max_rows, trigger in parse(args.many_variants if case == "many" and args.many_variants else args.variants):
                 tag = f"{case}-{max_rows}-{trigger:g}"
                 load_before = os.getloadavg()
                 before = cpu_seconds(os.getpid(), pgroot)
