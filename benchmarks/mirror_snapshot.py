@@ -238,6 +238,12 @@ def main() -> None:
         print("\nwrote", write_results(name, results))
     finally:
         pg.stop()
+        if args.profile:  # the profiles of the timed calls outlive the run's folder
+            keep = os.path.join(HERE, "results", "profiles")
+            os.makedirs(keep, exist_ok=True)
+            for name in os.listdir(work):
+                if name.endswith(".prof"):
+                    shutil.move(os.path.join(work, name), os.path.join(keep, name))
         shutil.rmtree(work, ignore_errors=True)
 
 
