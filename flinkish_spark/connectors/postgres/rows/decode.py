@@ -10,7 +10,6 @@ rows to one Arrow schema. :func:`mirror_rows` is the Spark SQL equivalent for on
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 from dataclasses import dataclass
@@ -55,22 +54,22 @@ def decode_rows(rows: Iterable[str] | pa.Array | pa.ChunkedArray, schema: TableS
     (as in Spark's ``from_json``); the JSON text keeps them exactly.
     A key-only delete row has nulls in its other columns.
     """
-    texts = [t if t is not None else "{}" for t in  # a truncate row has no row: all null
-             (rows.to_pylist() if isinstance(rows, (pa.Array, pa.ChunkedArray)) else list(rows))]
     target = schema.arrow_schema()
-    if not texts:
+    if not isinstance(rows, (pa.Array, pa.ChunkedArray)):
+        rows = pa.array(list(rows), pa.string())
+    if len(rows) == 0:
         return target.empty_table()
     import pyarrow.json as pj
 
     read_schema = pa.schema([pa.field(c.name, _read_type(c)) for c in schema.columns])
     try:
         table = pj.read_json(
-            io.BytesIO("\n".join(texts).encode()),
+            pa.BufferReader(_ndjson(rows)),
             read_options=pj.ReadOptions(block_size=1 << 24),
             parse_options=pj.ParseOptions(explicit_schema=read_schema, unexpected_field_behavior="ignore"),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return _decode_slowly(texts, schema)
+        return _decode_slowly([t if t is not None else "{}" for t in rows.to_pylist()], schema)
     arrays = []
     for column, field in zip(schema.columns, target):
         arr = table.column(column.name)
@@ -81,6 +80,20 @@ def decode_rows(rows: Iterable[str] | pa.Array | pa.ChunkedArray, schema: TableS
                                              pa.binary())])
         arrays.append(arr)
     return pa.Table.from_arrays(arrays, schema=target)
+
+
+def _ndjson(rows: pa.Array | pa.ChunkedArray) -> pa.Buffer:
+    """The JSON texts one a line (a null -- a truncate row has no row -- as ``{}``: all null), built in Arrow:
+    no Python string per row (a list of them cost most of a snapshot's decode)."""
+    text = pc.fill_null(rows.combine_chunks() if isinstance(rows, pa.ChunkedArray) else rows, "{}")
+    lines = pc.binary_join_element_wise(text, pa.scalar("", text.type), "\n")  # each text + "\n"
+    # With no nulls left the values buffer between the first and the last offset is the lines, one after another.
+    offsets = lines.buffers()[1]
+    width = 8 if pa.types.is_large_string(lines.type) else 4
+    first = int.from_bytes(offsets[lines.offset * width:(lines.offset + 1) * width].to_pybytes(), "little", signed=True)
+    last = int.from_bytes(offsets[(lines.offset + len(lines)) * width:(lines.offset + len(lines) + 1) * width]
+                          .to_pybytes(), "little", signed=True)
+    return lines.buffers()[2][first:last]
 
 
 def _decode_slowly(texts: list[str], schema: TableSchema) -> pa.Table:
@@ -251,8 +264,11 @@ def _unchanged(texts: pa.ChunkedArray) -> pa.Array:
     """Per JSON row, the columns it lists in ``UNCHANGED_FIELD`` (null when none: nearly every row, found by a
     substring search without parsing)."""
     marked = pc.fill_null(pc.match_substring(texts, _UNCHANGED_TEXT), False)
+    found = pc.indices_nonzero(marked).to_pylist()
+    if not found:
+        return pa.nulls(len(texts), pa.list_(pa.string()))
     out: list[list[str] | None] = [None] * len(texts)
-    for i in pc.indices_nonzero(marked).to_pylist():
+    for i in found:
         listed = json.loads(texts[i].as_py()).get(UNCHANGED_FIELD)
         out[i] = [str(c) for c in listed] if listed else None
     return pa.array(out, pa.list_(pa.string()))
