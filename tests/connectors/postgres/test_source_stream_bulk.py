@@ -246,3 +246,38 @@ def test_the_sink_decodes_arrow_rows_as_it_decodes_their_texts(small_runs: None)
     listed = _unchanged(pieces).to_pylist()
     assert any(listed) and listed == [None if t is None or "unchanged" not in t else listed[i]
                                       for i, t in enumerate(pieces.to_pylist())]
+
+
+def test_a_sinks_task_decodes_its_batches_as_they_come_into_what_split_tables_gives() -> None:
+    """``IncrementalSplit`` (what a routing sink's task uses): a one-table task in stream order is decoded batch by
+    batch, anything else -- several tables, a schema change, rows out of order -- falls back to ``split_tables``;
+    either way the tables are ``split_tables``' to the last value."""
+    from flinkish_spark.connectors.postgres.rows import split_tables
+    from flinkish_spark.connectors.postgres.rows.split_stream import IncrementalSplit
+
+    r = random.Random(8)
+    one = Stream()
+    one.relation(1, "bench.t", COLUMNS)
+    for t in range(4):
+        one.txn([insert(1, _row(r, t * 100 + i, COLUMNS)) for i in range(100)]
+                + [update(1, [v if i % 4 else "u" for i, v in enumerate(_row(r, t, COLUMNS))])])
+    mixed = _mixed_stream(9)
+
+    def both(batches: list[pa.RecordBatch]) -> tuple[bool, str, str]:
+        split = IncrementalSplit()
+        for b in batches:
+            split.add(b)
+        stream = pa.Table.from_batches(batches)
+        got, want = split.result(stream), split_tables(stream)
+        show = lambda d: repr({t: (v.schemas, v.rows.to_pylist()) for t, v in d.items()})  # noqa: E731  (NaN)
+        return split.fits, show(got), show(want)
+
+    batches = one.rows()
+    rows = pa.Table.from_batches(batches)
+    fits, got, want = both([b for c in (rows.slice(0, 7), rows.slice(7, 250), rows.slice(257)) for b in c.to_batches()])
+    assert fits and got == want
+    shuffled = rows.take(pa.array(random.Random(1).sample(range(rows.num_rows), rows.num_rows)))
+    fits, got, want = both(shuffled.to_batches(max_chunksize=100))
+    assert not fits and got == want
+    fits, got, want = both(pa.Table.from_batches(mixed.rows()).to_batches(max_chunksize=64))
+    assert not fits and got == want
