@@ -88,16 +88,12 @@ class Messages:
 
 
 def _be32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    return ((buf[at].astype(np.int64) << 24) | (buf[at + 1].astype(np.int64) << 16)
-            | (buf[at + 2].astype(np.int64) << 8) | buf[at + 3])
+    """The unsigned 32-bit big-endian integers at ``at`` (a relid, a length), as int64."""
+    return np.lib.stride_tricks.sliding_window_view(buf, 4)[at].copy().view(">u4").ravel().astype(np.int64)
 
 
 def _be64(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    b = buf[at[:, None] + np.arange(8)].astype(np.uint64)
-    v = np.zeros(len(at), np.uint64)
-    for i in range(8):
-        v = (v << np.uint64(8)) | b[:, i]
-    return v.view(np.int64)
+    return np.lib.stride_tricks.sliding_window_view(buf, 8)[at].copy().view(">i8").ravel().astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -206,17 +202,16 @@ def _strings(buf: np.ndarray, v: _Values) -> tuple[pa.Array, np.ndarray]:
     n = len(v.starts)
     sizes = np.where(v.present, v.sizes, 0).astype(np.int32)
     starts = np.where(v.present, v.starts, 0)
-    views = np.zeros((n, 16), np.uint8)
+    views = np.empty((n, 16), np.uint8)
+    # the 12 bytes from each value's start (the buffer is padded: they exist), zeroed past a short value's end
+    views[:, 4:] = np.lib.stride_tricks.sliding_window_view(buf, 12)[starts]
+    views[:, 4:] *= np.arange(12, dtype=np.int32)[None, :] < sizes[:, None]
     words = views.view(np.int32)  # (n, 4), little-endian as Arrow's views are
     words[:, 0] = sizes
-    head = buf[starts[:, None] + np.arange(12)]  # the buffer is padded: 12 bytes past any value's start exist
-    head[np.arange(12)[None, :] >= sizes[:, None]] = 0
-    inline = sizes <= 12
-    views[inline, 4:] = head[inline]
-    out_of_line = ~inline
+    out_of_line = sizes > 12
     if out_of_line.any():
-        views[out_of_line, 4:8] = head[out_of_line, :4]
-        words[out_of_line, 3] = starts[out_of_line]  # buffer 0 (words[:, 2] stays 0)
+        words[out_of_line, 2] = 0  # buffer 0: the messages
+        words[out_of_line, 3] = starts[out_of_line]
     validity = None if v.present.all() else pa.py_buffer(np.packbits(v.present, bitorder="little"))
     arr = pa.Array.from_buffers(pa.string_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buf)])
     arr = arr.cast(pa.string())
@@ -228,28 +223,46 @@ def _strings(buf: np.ndarray, v: _Values) -> tuple[pa.Array, np.ndarray]:
     return arr, np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8, int(sizes.sum()))
 
 
-def _piece(buf: np.ndarray, col: Column, v: _Values) -> pa.Array:
-    """The column's JSON value of each row (``null`` included), as :func:`..rows.encode.value_encoder` writes it."""
+#: A piece of the row's JSON: text before the column's values, the values (their JSON, ``null`` included), text after.
+Piece = tuple[str, pa.Array, str]
+
+
+def _piece(buf: np.ndarray, col: Column, v: _Values) -> Piece:
+    """The column's JSON value of each row, as :func:`..rows.encode.value_encoder` writes it. A string column
+    without nulls leaves its quotes to the literal text around it (one pass less)."""
+    nulls = not v.present.all()
+    if col.encoding == "bool":
+        first = buf[np.where(v.present, v.starts, 0)]
+        if np.all(~v.present | ((v.sizes == 1) & ((first == ord("t")) | (first == ord("f"))))):
+            # 't' or 'f' (what PostgreSQL sends): no text to decode or check
+            piece = pc.if_else(pa.array(first == ord("t")), "true", "false")
+            return "", pc.if_else(pa.array(v.present), piece, "null") if nulls else piece, ""
     arr, data = _strings(buf, v)
     if col.encoding == "number":
         piece = arr
     elif col.encoding == "bool":
-        t = v.present & (v.sizes == 1) & (buf[np.where(v.present, v.starts, 0)] == ord("t"))
-        piece = pc.if_else(pa.array(t), "true", "false")
+        piece = pc.if_else(pc.equal(arr, "t"), "true", "false")
         piece = pc.if_else(pa.array(v.present), piece, pa.scalar(None, pa.string()))
     elif col.encoding == "string":
-        piece = _json_strings(arr, data)
+        escaped = _json_escaped(arr, data)
+        if escaped is None:
+            piece = pa.array([None if s is None else _json_string(s) for s in arr.to_pylist()], pa.string())
+        elif not nulls:
+            return '"', escaped, '"'
+        else:
+            piece = pc.binary_join_element_wise('"', escaped, '"', "")
     else:  # bytea, arrays: their Python encoder, per value
         enc = value_encoder(col)
         piece = pa.array([None if s is None else enc(s) for s in arr.to_pylist()], pa.string())
-    return pc.fill_null(piece, "null")
+    return "", pc.fill_null(piece, "null") if nulls else piece, ""
 
 
-def _json_strings(arr: pa.Array, data: np.ndarray) -> pa.Array:
-    """``json.dumps(v, ensure_ascii=False)`` of each value (null stays null)."""
+def _json_escaped(arr: pa.Array, data: np.ndarray) -> pa.Array | None:
+    """What ``json.dumps(v, ensure_ascii=False)`` writes between the quotes of each value (null stays null); None
+    when a control character without a short escape is among the bytes (the json module writes those)."""
     ctl = data < 32
     if np.any(ctl) and not np.all(np.isin(data[ctl], list(_SHORT_ESCAPES))):
-        return pa.array([None if s is None else _json_string(s) for s in arr.to_pylist()], pa.string())
+        return None
     if np.any(data == 92):
         arr = pc.replace_substring(arr, "\\", "\\\\")
     if np.any(data == 34):
@@ -258,7 +271,7 @@ def _json_strings(arr: pa.Array, data: np.ndarray) -> pa.Array:
         for byte, esc in _SHORT_ESCAPES.items():
             if np.any(data == byte):
                 arr = pc.replace_substring(arr, chr(byte), esc)
-    return pc.binary_join_element_wise('"', arr, '"', "")
+    return arr
 
 
 def rows_json(m: Messages, msgs: np.ndarray, rel_names: Sequence[str], schema: TableSchema,
@@ -275,9 +288,10 @@ def rows_json(m: Messages, msgs: np.ndarray, rel_names: Sequence[str], schema: T
         if i is None:
             lit += "null"  # a column the values lack is null, as in compile
             continue
-        parts.append(lit)
-        parts.append(_piece(m.buf, by_name[name], vals[i]))
-        lit = ""
+        before, values, after = _piece(m.buf, by_name[name], vals[i])
+        parts.append(lit + before)
+        parts.append(values)
+        lit = after
     parts.append(lit + "}")
     if len(parts) == 1:
         return pa.array([parts[0]] * len(msgs), pa.string())
