@@ -241,7 +241,7 @@ def relations_in(messages: Iterable[bytes]) -> dict[int, Relation]:
     """The Relation messages among ``messages`` by relid (the last one of each: its newest columns)."""
     relations: dict[int, Relation] = {}
     for data in messages:
-        if data[:1] == b"R":
+        if data and data[0] == 82:  # "R" (an index, not a slice: this looks at every message of a peek)
             rel = decode_message(data)
             assert isinstance(rel, Relation)
             relations[rel.relid] = rel
