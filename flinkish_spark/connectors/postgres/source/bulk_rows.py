@@ -200,7 +200,10 @@ def _strings(buf: np.ndarray, v: _Values) -> tuple[pa.Array, np.ndarray]:
     either the value itself, up to 12 bytes, or its first 4 bytes and offset), which Arrow's cast then copies
     into a plain string array: no index per byte, as a gather with numpy would need."""
     n = len(v.starts)
-    sizes = np.where(v.present, v.sizes, 0).astype(np.int32)
+    sizes64 = np.where(v.present, v.sizes, 0)
+    if int(sizes64.sum()) >= 1 << 31:
+        raise Declined("more than 2 GiB of text in a column")  # a string array's offsets are 32-bit
+    sizes = sizes64.astype(np.int32)
     starts = np.where(v.present, v.starts, 0)
     views = np.empty((n, 16), np.uint8)
     # the 12 bytes from each value's start (the buffer is padded: they exist), zeroed past a short value's end
