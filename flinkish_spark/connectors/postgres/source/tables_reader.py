@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
 from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
-from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
+from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source import registry
