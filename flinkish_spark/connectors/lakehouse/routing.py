@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, ChangePlan, MergeMode
 from flinkish_spark.connectors.lakehouse.figures import Figures, figures_by_table
-from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
+from flinkish_spark.connectors.postgres.rows import TableSchema
+from flinkish_spark.connectors.postgres.rows.split_stream import IncrementalSplit
 from flinkish_spark.connectors.postgres.rows.decode import ROW_META
 from flinkish_spark.errors import ConfigError, SchemaChangeError
 
@@ -171,7 +172,12 @@ def table_input(rows: pa.Table) -> TableInput:
 def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchema, TableInput]]:
     """A task's rows per source table (sorted by name): the table's newest schema in the task and its input
     (with :attr:`TableInput.earlier`: what the commit's evolution must see of a schema change within the task)."""
-    got = [b for b in batches if b.num_rows]
+    got = []
+    split = IncrementalSplit()  # decodes the batches of a one-table task as they come (overlapping the source)
+    for b in batches:
+        if b.num_rows:
+            got.append(b)
+            split.add(b)
     if not got:
         return []
     stream = pa.Table.from_batches(got)
@@ -181,7 +187,7 @@ def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchem
     return [(name, require_key(name, rows.schema),
              replace(table_input(rows.rows), figures=figures.get(name, Figures()),
                      earlier=tuple(s.to_json() for s in rows.schemas[:-1] if s.schema_id in by_change)))
-            for name, rows in sorted(split_tables(stream).items())]
+            for name, rows in sorted(split.result(stream).items())]
 
 
 def require_key(table: str, schema: TableSchema) -> TableSchema:
