@@ -4,7 +4,8 @@ The suite runs in parallel (pytest-xdist, ``-n`` in setup.cfg; see docs/testing.
 fixture here is safe for that *by construction*, so a new test inherits it without care:
 
 * a session fixture is one per worker process: each worker has its own Spark session, its own
-  moto servers, its own PostgreSQL 18 and 15 servers (``postgres``, ``postgres15``) and its own
+  moto servers, its own PostgreSQL 18 and 15 servers (``postgres``, ``postgres15``), its own
+  MariaDB server (``mariadb``, started by the first test that asks for it) and its own
   Spark Connect server (tests/connect/conftest.py), each on a free port and in a folder of its own;
 * what a test writes lives under its own ``tmp_path``, in a database named after the test
   (``pg_url``) or in a bucket of its worker's S3 server (``s3`` / ``s3_proc`` empty it first);
@@ -179,6 +180,24 @@ def postgres15() -> Iterator[PostgresForTests]:
 
     with temporary_postgres("flinkish-test-postgres15-", bin_dir=POSTGRES_15_BIN) as server:
         yield PostgresForTests(server.uri, server)
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[Any]:
+    """One MariaDB server per test session (per xdist worker): Debian's ``mariadb-server`` (10.11),
+    started by flinkish_spark.embedded.mariadb with the row-based binary log the MySQL source needs.
+
+    Missing server: skipped on a developer's machine (one line naming the package), a failure
+    under CI (``CI=true``), so that CI never passes without running the MySQL tests."""
+    from flinkish_spark.embedded import mariadb as embedded
+
+    if not embedded.installed():
+        message = f"no MariaDB server on this machine ({embedded.INSTALL_HINT}; ./dev test installs it as root)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message + ": CI must run the MySQL tests", pytrace=False)
+        pytest.skip(message)
+    with embedded.temporary_mariadb("flinkish-test-mariadb-") as server:
+        yield server
 
 
 @pytest.fixture

@@ -7,8 +7,9 @@ Wrapped (generators: the time spent inside ``next()``, i.e. the producer's own t
 
 * ``TablesReader.read`` -- the Python worker's read of the epoch's change split (peek + decode + Arrow);
 * ``peek`` (as ``tables_reader`` calls it) -- the server decode and fetch of the range's messages;
-* ``routing.task_tables`` -- the sink task's split of the rows per table (+ figures), after its input was
-  pulled (``sink.input_wait``: waiting for the JVM and the source's worker behind it);
+* ``routing.task_tables`` -- the sink task's split of the rows per table (+ figures), its input included: the
+  batches are handed on as they come (``sink.input_wait`` ends when the last came: waiting for the JVM and the
+  source's worker behind it, and for a one-table task the decode of each batch on arrival);
 * ``RoutedDeltaSink.prepare`` -- the sink task's whole write (split, key lookup, Parquet files);
 * ``RoutedDeltaSink.commit`` -- the driver's commit of every changed table's Delta version;
 * ``TwoPhaseCommitStreamWriter.write`` (the sink task) and ``.commit`` (Spark's call on the driver), and
@@ -18,7 +19,6 @@ Wrapped (generators: the time spent inside ``next()``, i.e. the producer's own t
 from __future__ import annotations
 
 import os
-from typing import Any
 
 _OUT = os.environ.get("FLINKISH_BENCH_TIMERS")
 #: timer names whose calls are also profiled (cProfile, one ``<timers file>.<name>.<pid>.<start>.prof`` each)
@@ -86,8 +86,10 @@ def _install(out: str) -> None:
     split = timed("sink.task_tables", routing.task_tables)
 
     def task_tables(batches):
-        # pulling the input waits for the JVM (and the source's worker behind it); the batches are passed on as they
-        # come (task_tables decodes them in groups as they arrive): sink.input_wait ends with the last batch
+        # Pulling the input waits for the JVM (and the source's worker behind it). The batches are handed on as they
+        # come (task_tables decodes them as they arrive, in bounded groups): sink.input_wait ends when the last one
+        # came, sink.task_tables spans the whole call (the input included); what it takes after the input is the
+        # difference of their ends.
         t0, t = time.time(), time.perf_counter()
 
         def feed() -> Any:

@@ -20,8 +20,8 @@ def run_demo(workdir: str, remote: bool = False, pipeline: str | None = None) ->
         from flinkish_spark.errors import ConfigError
 
         raise ConfigError("flinkish demo: --remote runs the files demo through Spark Connect; the mirror demo "
-                          "runs `flinkish mirror`, which starts local Spark only. Drop --remote, or use "
-                          "--pipeline files --remote")
+                          "runs `flinkish mirror` on local Spark (the command itself takes --remote sc://host:port: "
+                          "docs/mirror.md, 'On a cluster'). Drop --remote, or use --pipeline files --remote")
     if (pipeline or ("files" if remote else "mirror")) == "files":
         from flinkish_spark.demo import files
 

@@ -9,6 +9,7 @@ from flinkish_spark.errors import ConfigError
 
 USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'public.*' --to PATH_TEMPLATE
                        --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
+                       [--master local[2]|local-cluster[N,C,M]|spark://...|yarn|k8s://... | --remote sc://host:port]
        flinkish mirror pipeline.yaml [--stop-after-snapshot]
        flinkish mirror resnapshot --checkpoint URL [--uid UID] TABLE...
        flinkish mirror compare (the same flags | pipeline.yaml)
@@ -46,6 +47,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port, e.g. "
                    "9187 (docs/mirror.md, 'Metrics and status'; 'flinkish mirror status': the same figures)")
+    m.add_argument("--master", help="the Spark master the pipeline process drives (default local[2]): "
+                   "local[N], local-cluster[N,cores,memoryMB], spark://host:7077, yarn, k8s://https://host:443")
+    m.add_argument("--remote", metavar="sc://HOST:PORT", help="run the query in this Spark Connect server instead; "
+                   "this process is its client (docs/mirror.md, 'On a cluster')")
+    m.add_argument("--server-timeout", metavar="SECONDS", help="with --remote: how long a call waits for a server "
+                   "that does not answer before the mirror exits 75 to be restarted, e.g. 30s (default 60s)")
     m.add_argument("--verbose", action="store_true", help="Spark's log and the full traces of a failure on the "
                    "terminal (default: in the log file the command names)")
     return m
@@ -136,7 +143,9 @@ def config_of(args: argparse.Namespace) -> Any:
         given = [f for f, v in (("--from", args.source), ("--tables", args.tables), ("--to", args.to),
                                 ("--format", args.fmt), ("--checkpoint", args.checkpoint), ("--trigger", args.trigger),
                                 ("--uid", args.uid), ("--spark-checkpoint", args.spark_checkpoint),
-                                ("--source-option", args.source_option), ("--sink-option", args.sink_option)) if v]
+                                ("--source-option", args.source_option), ("--sink-option", args.sink_option),
+                                ("--master", getattr(args, "master", None)), ("--remote", getattr(args, "remote", None)),
+                                ("--server-timeout", getattr(args, "server_timeout", None))) if v]
         if given:
             raise ConfigError(f"flinkish mirror: {', '.join(given)} cannot be combined with a pipeline file; set "
                               "them in the file (only --stop-after-snapshot may be added)")
@@ -147,7 +156,8 @@ def config_of(args: argparse.Namespace) -> Any:
                             checkpoint=args.checkpoint, trigger=args.trigger,
                             stop_after_snapshot=args.stop_after_snapshot, uid=args.uid,
                             spark_checkpoint=args.spark_checkpoint, source_option=args.source_option,
-                            sink_option=args.sink_option)
+                            sink_option=args.sink_option, master=getattr(args, "master", None),
+                            remote=getattr(args, "remote", None), server_timeout=getattr(args, "server_timeout", None))
 
 
 def run_mirror(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from flinkish_spark.mirror.compare import TableComparison
 from flinkish_spark.mirror.config import MirrorConfig
 
 #: --checkpoint is optional here: only the embedded Iceberg catalog lives in the metadata root.
-_NO_CHECKPOINT = "(no --checkpoint)"
+_NO_CHECKPOINT = "none://no-checkpoint"  # a URL: config.absolute() leaves it as it is
 HEADER = ("table", "source rows", "target rows", "missing", "extra", "different", "result")
 
 

@@ -10,6 +10,11 @@ Two ways in, one result:
   ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``checkpoint``, ``trigger``, ...)
   (:func:`flinkish_spark.mirror.pipeline_file.from_yaml`).
 
+Where it runs (:mod:`flinkish_spark.mirror.cluster`): ``--master URL`` / ``pipeline.master`` (a local or
+cluster Spark driven from the pipeline process) or ``--remote sc://host:port`` / ``pipeline.remote``
+(a Spark Connect server runs the query; the pipeline process is its client). Local paths are made
+absolute here: executors and a Connect server resolve a relative path against their own folder.
+
 Guarantees: every unknown key and bad value is refused here with one :class:`ConfigError`
 naming the key and the fix -- before a Spark session, a connection or a file exists. A
 password (in a URL, a ``password`` key) is split off into :attr:`MirrorConfig.source_password`
@@ -43,10 +48,20 @@ DEFAULT_TRIGGER_S = 10.0
 #: change messages. Without it the whole snapshot is one epoch: nothing committed -- nothing on screen -- until
 #: every table is read, and one epoch as large as the database to write, commit and, after a crash, replay.
 DEFAULT_MAX_ROWS_PER_TRIGGER = 200_000
+#: The mirror's ``snapshotRowsPerTrigger`` unless given (or ``maxRowsPerTrigger`` is): this many snapshot rows per second
+#: of the trigger interval, at least :data:`DEFAULT_MAX_ROWS_PER_TRIGGER`. An epoch of 200,000 rows took ~2 s on two
+#: cores (benchmarks/mirror_snapshot.py) and a processing-time trigger starts the next one only at the next interval:
+#: with the default 10 s a snapshot read 20,000 rows/s, the cores idle 80% of the time.
+SNAPSHOT_ROWS_PER_TRIGGER_SECOND = 100_000
+#: ... and at most this many: a sink task holds its share of an epoch's rows in memory while it prepares.
+SNAPSHOT_ROWS_PER_TRIGGER_MAX = 1_000_000
 
 _STORAGE = ("endpointUrl", "region", "storageOptions")
+#: Options of every routing sink a mirror may set: the storage ones and keepSparkCheckpoint (a copy of Spark's
+#: checkpoint with the metadata also for a local --checkpoint, e.g. a shared folder a new machine sees).
+_COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
-SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
+SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
                   "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
 #: Flink CDC's names for some of them (a pipeline file may use either).
 SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.size": "splitSize",
@@ -55,10 +70,10 @@ SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.
 STARTUP_MODES = {"initial": "snapshotThenChanges", "snapshot": "snapshot", "latest-offset": "changes"}
 #: Options each routing sink accepts from a mirror (the target option and uid/checkpoint are the mirror's).
 SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
-    "delta": ("createTable", "checkpointInterval", "rowsPerFile", "targetFileSize", "mergeMode", *_STORAGE),
+    "delta": ("createTable", "checkpointInterval", "rowsPerFile", "targetFileSize", "mergeMode", *_COMMON_SINK),
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
-                "retainSnapshots", "mergeMode", *_STORAGE),
-    "postgres": ("createTable", "lockTimeout", "passwordEnv"),
+                "retainSnapshots", "mergeMode", *_COMMON_SINK),
+    "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.
 TARGET_OPTION: dict[Format, str] = {"delta": "path", "iceberg": "table", "postgres": "table"}
@@ -84,6 +99,10 @@ class MirrorConfig:
     trigger_s: float = DEFAULT_TRIGGER_S
     stop_after_snapshot: bool = False
     master: str = "local[2]"
+    #: a Spark Connect server (``sc://host:port``) that runs the query; None: a Spark driver in the pipeline process
+    remote: str | None = None
+    #: how long a call waits for a Connect server that does not answer before the mirror exits (--remote only)
+    server_timeout_s: float | None = None
     verbose: bool = False  # Spark's log and the full traces on the terminal instead of in :attr:`log_file`
     metrics_port: int | None = None  # serve Prometheus metrics on this port (mirror.metrics)
     source_extra: tuple[tuple[str, str], ...] = ()
@@ -93,7 +112,11 @@ class MirrorConfig:
 
     @property
     def log_file(self) -> str:
-        """The pipeline's log (Spark's own, the full traces of a failure): beside Spark's checkpoint, on this machine."""
+        """The pipeline's log (Spark's own, the full traces of a failure): beside Spark's checkpoint, on this machine.
+        Under ``--remote`` Spark's checkpoint is the server's: beside the default one (``<checkpoint>/spark.log`` for
+        a local ``--checkpoint``, else in this machine's state folder)."""
+        if self.remote is not None:
+            return default_spark_checkpoint(self.checkpoint, self.uid).rstrip("/") + ".log"
         return self.spark_checkpoint.rstrip("/") + ".log"
 
     @property
@@ -112,6 +135,10 @@ class MirrorConfig:
             opts["passwordEnv"] = SOURCE_PASSWORD_ENV
         if self.stop_after_snapshot:
             opts["startup"] = "snapshot"
+        if "maxRowsPerTrigger" not in opts:  # a bound the user gives holds for the snapshot too
+            opts.setdefault("snapshotRowsPerTrigger", str(
+                max(DEFAULT_MAX_ROWS_PER_TRIGGER,
+                    min(SNAPSHOT_ROWS_PER_TRIGGER_MAX, int(SNAPSHOT_ROWS_PER_TRIGGER_SECOND * self.trigger_s)))))
         opts.setdefault("maxRowsPerTrigger", str(DEFAULT_MAX_ROWS_PER_TRIGGER))
         return opts
 
@@ -156,11 +183,11 @@ def unknown_key(key: str, known: Sequence[str], where: str, hint: str = "") -> C
     return ConfigError(f"{where}: unknown key {key!r}.{did} Known keys: {', '.join(sorted(known))}.{hint}")
 
 
-def parse_trigger(value: Any, what: str) -> float:
+def parse_trigger(value: Any, what: str, noun: str = "a trigger interval") -> float:
     """``10s``, ``500ms``, ``1m``, ``10 seconds`` or a number of seconds -> seconds (> 0)."""
     m = _TRIGGER.match(str(value))
     if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"{what}: {str(value)!r} is not a trigger interval; write e.g. 10s, 500ms, 1m")
+        raise ConfigError(f"{what}: {str(value)!r} is not {noun}; write e.g. 10s, 500ms, 1m")
     return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
 
 
@@ -217,6 +244,16 @@ def default_spark_checkpoint(checkpoint: str, uid: str) -> str:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     tag = hashlib.sha256(checkpoint.rstrip("/").encode()).hexdigest()[:12]
     return os.path.join(base, "flinkish_spark", "mirror", f"{uid}-{tag}")
+
+
+def absolute(path: str) -> str:
+    """A local path (or ``file://`` URL) made absolute; any other URL as is. A relative path would be resolved
+    by Spark's executors and a Connect server against their own working folders, not this one."""
+    if "://" in path and not path.startswith("file://"):
+        return path
+    if path.startswith("file://"):
+        return "file://" + os.path.abspath(path[len("file://"):])
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def check_spark_checkpoint(path: str, what: str) -> str:
@@ -276,11 +313,16 @@ def delta_target(to: str) -> str:
 
 # ---------------------------------------------------------------- flags
 
+#: How the flags name the settings :func:`flinkish_spark.mirror.cluster.placement` checks.
+FLAG_NAMES = {"master": "--master", "remote": "--remote", "server_timeout": "--server-timeout",
+              "checkpoint": "--checkpoint", "spark_checkpoint": "--spark-checkpoint"}
+
 
 def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: str | None, checkpoint: str | None,
               trigger: str | None = None, stop_after_snapshot: bool = False, uid: str | None = None,
               spark_checkpoint: str | None = None, source_option: Sequence[str] = (),
-              sink_option: Sequence[str] = ()) -> MirrorConfig:
+              sink_option: Sequence[str] = (), master: str | None = None, remote: str | None = None,
+              server_timeout: str | None = None) -> MirrorConfig:
     """The configuration of ``flinkish mirror --from ... --tables ... --to ... --checkpoint ...``."""
     missing = [flag for flag, v in (("--from", source), ("--tables", tables), ("--to", to), ("--checkpoint", checkpoint))
                if not v]
@@ -305,18 +347,25 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         sink_given["url"] = url
         target = sink_given.pop(target_key, "{schema}.{table}")
     elif form == "delta":
-        target = delta_target(to)
+        target = absolute(delta_target(to))
     else:
         target = to
     allowed = (*SINK_OPTIONS[form], *(("url", target_key) if form == "postgres" else ()))
+    from flinkish_spark.mirror.cluster import placement
+
+    timeout = parse_trigger(server_timeout, "--server-timeout", "a duration") if server_timeout else None
+    place = placement(master, remote, timeout, checkpoint=checkpoint, spark_checkpoint=spark_checkpoint,
+                      passwords=(("--from", source_password, src_given.get("passwordEnv")),
+                                 ("--to", sink_password, sink_given.get("passwordEnv"))), names=FLAG_NAMES)
+    checkpoint = absolute(checkpoint)
     return MirrorConfig(
         uid=uid, name=uid, source_url=source_url, tables=check_tables(tables, "--tables"), format=form,
         target=check_target(form, target, "--to" if form != "postgres" else "--sink-option table"),
         checkpoint=checkpoint,
-        spark_checkpoint=check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
-                                                 "--spark-checkpoint"),
+        spark_checkpoint=absolute(check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
+                                                          "--spark-checkpoint")),
         trigger_s=parse_trigger(trigger, "--trigger") if trigger else DEFAULT_TRIGGER_S,
-        stop_after_snapshot=stop_after_snapshot,
+        stop_after_snapshot=stop_after_snapshot, **place,
         source_extra=_extra(src_given, SOURCE_OPTIONS, "--source-option"),
         sink_extra=_extra(sink_given, allowed, f"--sink-option (format {form})"),
         source_password=source_password, sink_password=sink_password,

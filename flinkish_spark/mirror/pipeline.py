@@ -11,7 +11,10 @@ Two processes:
   the pipeline process gets the signal, from the command. The configuration travels on stdin
   (JSON without passwords); the passwords in environment variables named by the connectors'
   ``passwordEnv`` (never on a command line, which ``ps`` shows).
-* the **pipeline process** (:func:`run`) starts a local Spark session, reads ``flinkish.postgres``
+* the **pipeline process** (:func:`run`) starts a Spark session -- the driver of ``--master`` (default
+  ``local[2]``), or a client of the Spark Connect server of ``--remote``, which then runs the query
+  (:mod:`flinkish_spark.mirror.cluster`: what runs where; a server that stops answering ends the mirror
+  with exit 75 within ``--server-timeout``) -- reads ``flinkish.postgres``
   with ``tables`` and writes the routing sink -- the options a Python user passes
   (:meth:`~flinkish_spark.mirror.config.MirrorConfig.source_options`) -- and shows the progress.
   Spark's output goes to the log file (:mod:`flinkish_spark.mirror.log`); a failure ends with its
@@ -34,6 +37,7 @@ command continues from the checkpoint. With ``--stop-after-snapshot`` the source
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,11 +46,12 @@ import threading
 import traceback
 from typing import Any
 
+from flinkish_spark.mirror.cluster import EXIT_RETRY, lost_server, lost_server_line, quiet, shown
 from flinkish_spark.mirror.config import SINK_PASSWORD_ENV, SOURCE_PASSWORD_ENV, MirrorConfig
 from flinkish_spark.mirror.progress import OBSERVED
 
 #: Exit codes: 0 drained, finished or stopped on request (all committed), 1 failed, 2 refused before the start,
-#: 130 stopped at once;
+#: 130 stopped at once; 75 (cluster.EXIT_RETRY) the Spark Connect server of --remote stopped answering;
 #: 128 + N when the pipeline process was killed by signal N (137: SIGKILL -- kill -9, a crash, out of memory).
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
 #: Refused before anything started: a flag, the pipeline file or the preflight (as every ConfigError of the CLI).
@@ -177,8 +182,14 @@ def start_query(spark: Any, config: MirrorConfig) -> Any:
     for key, value in config.sink_options().items():
         writer = writer.option(key, value)
     writer = writer.option("checkpointLocation", config.spark_checkpoint)
-    # A new machine (empty local folder) continues from the copy the sink keeps with the metadata.
-    restore_spark_checkpoint(config.spark_checkpoint, config.checkpoint, config.sink_uid, config.sink_options())
+    # A new machine (empty local folder) continues from the copy the sink keeps with the metadata. Under --remote
+    # the folder is the Connect server's, which this process may not see: restored there.
+    if config.remote is None:
+        restore_spark_checkpoint(config.spark_checkpoint, config.checkpoint, config.sink_uid, config.sink_options())
+    else:
+        from flinkish_spark.sink.spark_checkpoint_restore import restore_on_server
+
+        restore_on_server(spark, config.spark_checkpoint, config.checkpoint, config.sink_uid, config.sink_options())
     return writer.trigger(processingTime=f"{config.trigger_s:g} seconds").queryName(config.uid).start()
 
 
@@ -205,7 +216,9 @@ def run(config: MirrorConfig) -> int:
     claimed_before = _claimed(config)
     try:
         progress = Progress.for_stdout(config)
-        progress.note(f"starting Spark ({config.master}); Spark's checkpoint: {config.spark_checkpoint}"
+        where = (f"connecting to the Spark Connect server {shown(config.remote)}" if config.remote else
+                 f"starting Spark ({config.master})")
+        progress.note(f"{where}; Spark's checkpoint: {config.spark_checkpoint}"
                       + ("" if config.verbose else f"; log: {config.log_file}"))
         try:
             how, failure = _run_query(config, signals, parent, progress)
@@ -216,7 +229,13 @@ def run(config: MirrorConfig) -> int:
         how, failure = "failed", exc
     if how == "failed":
         _stop_spark()  # first: the slot is in use until its reader has ended
-        _report_failure(config, failure, _release(config, claimed_before), terminal)
+        notes = _release(config, claimed_before)
+        if config.remote is not None and lost_server(failure):
+            print(f"flinkish mirror: failed: {failure}", file=sys.stderr, flush=True)  # the log
+            for line in [*notes, lost_server_line(config, failure)]:
+                print(f"flinkish mirror: {line}", file=terminal, flush=True)
+            return EXIT_RETRY
+        _report_failure(config, failure, notes, terminal)
         return EXIT_FAILED
     code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
     if how == "finished" and not config.stop_after_snapshot:
@@ -227,44 +246,53 @@ def run(config: MirrorConfig) -> int:
 
 
 def _run_query(config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> tuple[str, Any]:
-    """Start Spark and the query, wait for its end: (how it ended, the failure if it failed)."""
-    import flinkish_spark
-
+    """Start Spark (or connect to the Connect server) and the query, wait for its end: (how it ended, the failure
+    if it failed). Under ``--remote`` every call waits at most ``--server-timeout`` for a server that does not
+    answer; then the failure is a :class:`~flinkish_spark.errors.ConnectServerUnavailableError`."""
+    from flinkish_spark.connect_client import server_calls
+    from flinkish_spark.mirror.cluster import session
     from flinkish_spark.mirror.metrics import Recorder
 
+    global _spark
     query = recorder = None
     failure: Any = None
     try:
-        spark = flinkish_spark.session(master=config.master, app_name=f"flinkish-mirror-{config.uid}")
-        spark.sparkContext.setLogLevel("ERROR")
-        flinkish_spark.register(spark)
-        query = start_query(spark, config)
-        recorder = Recorder(config, query, config.metrics_port)  # counts for `mirror status`, --metrics-port
-        progress.note(f"mirroring {config.tables} -> {config.sink_format} {config.target}"
-                      + (" (snapshot only)" if config.stop_after_snapshot else "")
-                      + (f"; metrics on port {config.metrics_port}" if config.metrics_port else ""))
-        how = _wait(query, config, signals, parent, progress)
-        failure = query.exception() if how == "failed" else None
+        _spark = spark = session(config)
+        with server_calls(spark, config.server_timeout_s):
+            query = start_query(spark, config)
+            recorder = Recorder(config, query, config.metrics_port)  # counts for `mirror status`, --metrics-port
+            progress.note(f"mirroring {config.tables} -> {config.sink_format} {config.target}"
+                          + (" (snapshot only)" if config.stop_after_snapshot else "")
+                          + (f"; metrics on port {config.metrics_port}" if config.metrics_port else ""))
+            how = _wait(spark, query, config, signals, parent, progress)
+            failure = query.exception() if how == "failed" else None
+            if query.isActive:
+                query.stop()
         return how, failure
-    except Exception as exc:  # noqa: BLE001 - reported as one line, the process exits 1
+    except Exception as exc:  # noqa: BLE001 - reported as one line, the process exits 1 (75: the server is gone)
         failure = exc
+        if query is not None and not lost_server(exc):
+            with contextlib.suppress(Exception):
+                if query.isActive:
+                    query.stop()
         return "failed", exc
     finally:
-        if query is not None and query.isActive:
-            query.stop()
         if recorder is not None:
             recorder.close(failure)
 
 
+#: The session of this process's run (stopped at its end; under Connect: the client's session).
+_spark: Any = None
+
+
 def _stop_spark() -> None:
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
+    spark = _spark
     if spark is not None:
-        spark.stop()
+        with contextlib.suppress(Exception):  # a Connect session whose server is gone is closed already
+            spark.stop()
 
 
-def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> str:
+def _wait(spark: Any, query: Any, config: MirrorConfig, signals: _Signals, parent: int, progress: Any) -> str:
     """Poll until the query ends; act on signals. How it ended: a QueryEnd, or ``interrupted`` (stopped at once)."""
     import flinkish_spark
 
@@ -281,12 +309,14 @@ def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, prog
             drainer.start()
         if signals.count >= 2 or orphaned:
             progress.note("stopping at once")
-            _quiet()  # the cancelled batch's task errors are expected: not the user's business
+            quiet(spark)  # the cancelled batch's task errors are expected: not the user's business
             query.stop()
             return "interrupted" if query.exception() is None else "failed"
         try:
             query.awaitTermination(0.5)
-        except Exception:  # noqa: BLE001 - the query failed: reported by the caller
+        except Exception as exc:  # noqa: BLE001 - the query failed: reported by the caller
+            if lost_server(exc):
+                raise  # not the query's failure: its server is gone (server_calls says so)
             break
     progress.update(query)
     if drainer is not None:
@@ -294,12 +324,6 @@ def _wait(query: Any, config: MirrorConfig, signals: _Signals, parent: int, prog
         if drain and drain[0] in ("drained", "finished"):
             return drain[0]
     return str(flinkish_spark.await_finished(query, timeout=0))
-
-
-def _quiet() -> None:
-    from pyspark.sql import SparkSession
-
-    SparkSession.active().sparkContext.setLogLevel("OFF")
 
 
 _ENDINGS = {

@@ -5,7 +5,9 @@ Sections ``source`` (``type: postgres``, ``hostname`` / ``port`` / ``username`` 
 ``scan.startup.mode``, ``scan.incremental.snapshot.chunk.size`` and the source's own options),
 ``sink`` (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (one rule:
 ``source-table``, ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``uid``,
-``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``).
+``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``, and where
+it runs: ``master`` or ``remote`` with ``server-timeout``, as the flags --master, --remote, --server-timeout;
+:mod:`flinkish_spark.mirror.cluster`).
 The same guarantees as :mod:`flinkish_spark.mirror.config`: every unknown key and bad value is
 one :class:`ConfigError` naming it and the fix, no value of a key is ever quoted where it could be
 a password, and a YAML syntax error names its line and column, not the line's text.
@@ -17,7 +19,9 @@ import urllib.parse
 from typing import Any, Mapping, cast
 
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.mirror.cluster import placement
 from flinkish_spark.mirror.config import (
+    absolute,
     bounded,
     check_spark_checkpoint,
     check_tables,
@@ -44,7 +48,10 @@ _TOP = ("source", "sink", "route", "pipeline")
 _CONNECTION = ("hostname", "port", "username", "password", "database-name", "url")
 _SOURCE_KEYS = ("type", "name", "tables", "tables.exclude", *_CONNECTION, *SOURCE_OPTIONS, *SOURCE_FLINK_NAMES)
 _PIPELINE_KEYS = ("name", "uid", "checkpoint", "spark-checkpoint", "trigger", "parallelism", "schema.change.behavior",
-                  "stop-after-snapshot", "metrics-port")
+                  "stop-after-snapshot", "metrics-port", "master", "remote", "server-timeout")
+#: How a pipeline file names the settings :func:`~flinkish_spark.mirror.cluster.placement` checks.
+_NAMES = {k: f"pipeline.{k.replace('_', '-')}" for k in
+          ("master", "remote", "server_timeout", "checkpoint", "spark_checkpoint")}
 _ROUTE_KEYS = ("source-table", "sink-table", "replace-symbol", "description")
 
 
@@ -219,7 +226,7 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
                               "s3://lake/{schema}/{table} (or s3://lake: {schema}/{table} is appended)")
         target = "{schema}.{table}"
     if fmt == "delta":
-        target = delta_target(target)
+        target = absolute(delta_target(target))
 
     for key in pipe:
         if key not in _PIPELINE_KEYS:
@@ -243,16 +250,24 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
     port = _text(pipe, "metrics-port", "pipeline")
     if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
         raise ConfigError(f"pipeline file: pipeline.metrics-port must be a port number (1-65535), got {port!r}")
+    spark_checkpoint = _text(pipe, "spark-checkpoint", "pipeline")
+    timeout = _text(pipe, "server-timeout", "pipeline")
+    place = placement(_text(pipe, "master", "pipeline"), _text(pipe, "remote", "pipeline"),
+                      parse_trigger(timeout, "pipeline file: pipeline.server-timeout", "a duration") if timeout else None,
+                      checkpoint=checkpoint,
+                      spark_checkpoint=spark_checkpoint, parallelism=parallelism, names=_NAMES, where="pipeline file: ",
+                      passwords=(("source", source_password, src_extra.get("passwordEnv")),
+                                 ("sink", sink_password, sink_extra.get("passwordEnv"))))
+    checkpoint = absolute(checkpoint)
     return MirrorConfig(
         uid=uid, name=_text(pipe, "name", "pipeline") or uid, source_url=source_url, tables=tables, format=fmt,
         target=check_target(fmt, target, f"pipeline file: sink.{target_key} / route[0].sink-table"),
         checkpoint=checkpoint,
-        spark_checkpoint=check_spark_checkpoint(
-            _text(pipe, "spark-checkpoint", "pipeline") or default_spark_checkpoint(checkpoint, uid),
-            "pipeline file: pipeline.spark-checkpoint"),
+        spark_checkpoint=absolute(check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
+                                                          "pipeline file: pipeline.spark-checkpoint")),
         trigger_s=parse_trigger(trigger, "pipeline file: pipeline.trigger") if trigger else DEFAULT_TRIGGER_S,
         stop_after_snapshot=stop_after_snapshot or stop_raw, metrics_port=int(port) if port else None,
-        master=f"local[{parallelism}]" if parallelism else "local[2]",
+        **place,
         source_extra=tuple(sorted(src_extra.items())), sink_extra=tuple(sorted(sink_extra.items())),
         source_password=source_password, sink_password=sink_password,
     )

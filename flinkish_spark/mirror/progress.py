@@ -142,7 +142,7 @@ class MirrorState:
         metrics = (getattr(p, "observedMetrics", None) or {}).get(OBSERVED)
         if metrics is None:
             return
-        m = metrics.asDict() if hasattr(metrics, "asDict") else dict(metrics)
+        m = observed_values(metrics)
         rows = int(m.get("rows") or 0)
         self.rows += rows
         self.changes += int(m.get("changes") or 0)
@@ -204,6 +204,17 @@ class MirrorState:
             if state == "snapshot" and done and not (now or left):
                 state = "copied"
             self.tables[e.name] = TableProgress(state, done, now, left)
+
+
+def observed_values(metrics: Any) -> dict[str, Any]:
+    """An observed metric of a progress event as ``{name: value}``. A Spark Connect client's events carry it as
+    ``Row(values=[...], schema={"fields": [{"name": ...}, ...]})`` (pyspark 4 parses the event's JSON so), a
+    Classic driver's as a Row of the named fields."""
+    m = metrics.asDict() if hasattr(metrics, "asDict") else dict(metrics)
+    schema = m.get("schema")
+    if set(m) == {"values", "schema"} and isinstance(schema, dict):
+        return {f.get("name"): v for f, v in zip(schema.get("fields") or [], m.get("values") or [])}
+    return m
 
 
 def _is_table_chunk(split_id: str) -> bool:

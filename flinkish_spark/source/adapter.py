@@ -353,7 +353,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # Trigger.AvailableNow: what is available now is the target; nothing later.
                 self._caps = {sid: ext.available for sid, ext in extents.items()}
             extents = {
-                sid: SplitExtent(min(ext.available, self._caps.get(sid, 0)), ext.end)
+                sid: SplitExtent(min(ext.available, self._caps.get(sid, 0)), ext.end, ext.share)
                 for sid, ext in extents.items()
             }
 

@@ -56,7 +56,7 @@ def plan_epoch(
         live.append((split.split_id, split.payload, 0))
 
     wants = {sid: max(0, extents[sid].available - pos) for sid, _, pos in live}
-    grants = _allocate([sid for sid, _, _ in live], wants, budget)
+    grants = _allocate([sid for sid, _, _ in live], wants, budget, {sid: extents[sid].share for sid, _, _ in live})
 
     changed = bool(discovered)
     new_live: dict[str, SplitRecord] = {}
@@ -87,11 +87,20 @@ def plan_epoch(
     return tuple(records), changed
 
 
-def _allocate(order: list[str], wants: Mapping[str, int], budget: Budget) -> dict[str, int]:
-    """Share the budget among splits that have records: oldest first, then evenly."""
+def _allocate(order: list[str], wants: Mapping[str, int], budget: Budget,
+              shares: Mapping[str, float] | None = None) -> dict[str, int]:
+    """Share the budget among splits that have records: oldest first, then evenly. Against ``max_splits`` a
+    split counts its :attr:`~flinkish_spark.source.split.SplitExtent.share` (1 unless ``shares`` says less)."""
     candidates = [sid for sid in order if wants[sid] > 0]
     if budget.max_splits is not None:
-        candidates = candidates[: max(0, budget.max_splits)]
+        taken: list[str] = []
+        used = 0.0
+        for sid in candidates:
+            if used >= budget.max_splits - 1e-9:
+                break
+            taken.append(sid)
+            used += (shares or {}).get(sid, 1.0)
+        candidates = taken
     if budget.max_units is None:
         return {sid: wants[sid] for sid in candidates}
     remaining = max(0, budget.max_units)

@@ -26,10 +26,14 @@ class SplitExtent:
     ``available`` is the position up to which records exist now (exclusive).
     ``end`` is the split's final position when known (a bounded split); a split
     whose position reaches ``end`` is finished and never read again.
+    ``share``: what the split counts for against a budget of splits (``maxFilesPerTrigger``, a
+    snapshot's chunks per epoch): 1 unless the enumerator knows it is smaller than its siblings
+    (a chunk of a table of a few rows counts its rows' share of a full chunk).
     """
 
     available: int
     end: int | None = None
+    share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.available < 0:

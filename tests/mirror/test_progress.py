@@ -50,6 +50,20 @@ def test_rows_changes_and_lag_add_up_over_batches_each_counted_once() -> None:
     assert lag is not None and lag == pytest.approx(5, abs=0.01)  # the newest change's age, an empty batch keeps it
 
 
+def test_a_spark_connect_clients_metrics_are_counted_too() -> None:
+    # A Connect client's progress events carry each observed metric as Row(values=[...], schema={...}) (pyspark
+    # 4.x parses the event's JSON so), not as a Row of named fields.
+    from pyspark.sql import Row
+
+    names = ["rows", "snapshot_rows", "changes", "last_commit_us"]
+    schema = {"type": "struct", "fields": [{"name": n, "type": "long", "nullable": True, "metadata": {}} for n in names]}
+    connect = SimpleNamespace(batchId=0, sources=[], durationMs={"triggerExecution": 2000},
+                              observedMetrics={OBSERVED: Row(values=[40, 30, 10, 1_700_000_000_000_000], schema=schema)})
+    state = MirrorState()
+    assert state.update(query(connect))
+    assert (state.rows, state.changes, state.rate, state.last_commit_us) == (40, 10, 20.0, 1_700_000_000_000_000)
+
+
 def test_plain_lines_and_the_live_table(capsys: pytest.CaptureFixture[str]) -> None:
     plain = Progress(CONFIG, NO_METADATA)
     plain.state.tables = {"public.a": TableProgress("streaming", 1),

@@ -49,6 +49,15 @@ def test_max_splits_budget_advances_oldest_first():
     assert [r.split_id for r in records if r.finished] == ["f0", "f1"]
 
 
+def test_a_max_splits_budget_counts_each_splits_share():
+    splits = [Split(f"f{i}") for i in range(8)]
+    extents = {s.split_id: SplitExtent(1, 1, share=0.25) for s in splits}
+    extents["f1"] = SplitExtent(1, 1)  # a whole one among small ones
+    records, _ = plan_epoch((), splits, extents, Budget(max_splits=2), 0)
+    # taken while the shares so far are under the budget: 0.25 + 1 + 0.25 + 0.25 = 1.75 < 2, then one more
+    assert [r.split_id for r in records if r.finished] == ["f0", "f1", "f2", "f3", "f4"]
+
+
 def test_units_budget_is_shared_evenly_and_exactly():
     splits = [Split(str(i)) for i in range(3)]
     extents = {s.split_id: SplitExtent(1000) for s in splits}

@@ -318,7 +318,10 @@ class EpochChanges:
     def _upsert(self, matches: Matches, out: Apply) -> None:
         assert self.entries is not None
         winners = self.ends - 1
-        losers = np.setdiff1d(np.arange(len(self.group)), winners)
+        # Every entry but its key's last (a mask: np.setdiff1d sorts both sides, ~0.15 s for 300k entries).
+        loses = np.ones(len(self.group), dtype=np.bool_)
+        loses[winners] = False
+        losers = np.flatnonzero(loses)
         losers = losers[self.kind[losers] == KIND_VERSION]
         soft_copy = np.zeros(len(self.starts), dtype=np.bool_)  # key -> its soft row is copied from elsewhere
         needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)

@@ -29,9 +29,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, ChangePlan, MergeMode
-from flinkish_spark.connectors.lakehouse.figures import Figures, figures_by_table
-from flinkish_spark.connectors.postgres.rows import TableRows, TableSchema, split_tables
-from flinkish_spark.connectors.postgres.rows.decode import ROW_META, _in_order
+from flinkish_spark.connectors.lakehouse.figures import Figures
+from flinkish_spark.connectors.lakehouse.task_decode import TaskDecode
+from flinkish_spark.connectors.postgres.rows import TableSchema
+from flinkish_spark.connectors.postgres.rows.decode import ROW_META
 from flinkish_spark.errors import ConfigError, SchemaChangeError
 
 PLACEHOLDERS = ("{schema}", "{table}")
@@ -178,70 +179,15 @@ def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchem
     """A task's rows per source table (sorted by name): the table's newest schema in the task and its input
     (with :attr:`TableInput.earlier`: what the commit's evolution must see of a schema change within the task).
 
-    The rows are decoded :data:`DECODE_ROWS` at a time as they arrive, each group with every ``s`` row seen
-    before it (a partition carries a schema's ``s`` row once, before the rows that name it), and the typed groups
-    of a table are put together at the end: the same rows as one decode of the whole task."""
-    schema_rows: list[pa.Table] = []  # the 's' rows so far, carried into each group
-    by_change: set[str] = set()  # schemas an 's' row of the change stream announced
-    figures: dict[str, Figures] = {}
-    typed: dict[str, list[TableRows]] = {}
-    group: list[pa.RecordBatch] = []
-    size = 0
-
-    def decode() -> None:
-        stream = pa.Table.from_batches(group)
-        group.clear()
-        for name, f in figures_by_table(stream).items():
-            figures[name] = figures.get(name, Figures()).plus(f)
-        ops = stream.column("_op")
-        announced = stream.filter(pc.equal(ops, "s"))
-        if announced.num_rows:
-            schema_rows.append(announced)
-            by_change.update(announced.filter(pc.is_valid(announced.column("_lsn"))).column("_schema_id").to_pylist())
-        data = stream.filter(pc.not_equal(ops, "s")) if announced.num_rows else stream
-        with_schemas = pa.concat_tables([*schema_rows, data]) if schema_rows else data
-        for name, rows in split_tables(with_schemas).items():
-            typed.setdefault(name, []).append(rows)
-
+    The rows are typed as they arrive (:class:`.task_decode.TaskDecode`): a one-table task in stream order a batch
+    at a time, anything else :data:`DECODE_ROWS` at a time; the same rows as one decode of the whole task, and the
+    task's JSON texts are never all held."""
+    decode = TaskDecode(DECODE_ROWS)
     for b in batches:
-        if b.num_rows:
-            group.append(b)
-            size += b.num_rows
-            if size >= DECODE_ROWS:
-                decode()
-                size = 0
-    if group:
-        decode()
-    return [(name, require_key(name, parts[-1].schema),
-             replace(table_input(_joined(parts)), figures=figures.get(name, Figures()),
-                     earlier=tuple(s.to_json() for s in parts[-1].schemas[:-1] if s.schema_id in by_change)))
-            for name, parts in sorted(typed.items())]
-
-
-def _joined(parts: list[TableRows]) -> pa.Table:
-    """One table's typed groups as one table in the newest group's columns and types (the last group has seen every
-    schema of the task). A group decoded before a schema change of the task has the columns of the schemas it saw:
-    brought to the newest the way :func:`~flinkish_spark.connectors.postgres.rows.split_tables` brings an older row,
-    a column the newer schemas lack kept (null in newer rows), a missing one null, the type cast."""
-    newest = parts[-1].rows.schema
-    out = []
-    for p in parts:
-        rows = p.rows
-        if not rows.schema.equals(newest):
-            rows = pa.Table.from_arrays(
-                [(rows.column(f.name) if rows.column(f.name).type == f.type else rows.column(f.name).cast(f.type))
-                 if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type) for f in newest],
-                schema=newest)
-        out.append(rows)
-    if len(out) == 1:
-        return out[0]
-    joined = pa.concat_tables(out)
-    # Each group is in stream order (snapshot rows first, then by _lsn, _seq); a task holding snapshot rows after
-    # changes (a chunk and a WAL range in one task) is put in that order across its groups too.
-    order = pc.sort_indices(pa.table({"s": pc.is_null(joined.column("_lsn")), "l": joined.column("_lsn"),
-                                      "q": joined.column("_seq")}),
-                            sort_keys=[("s", "descending"), ("l", "ascending"), ("q", "ascending")])
-    return joined if _in_order(order) else joined.take(order)
+        decode.add(b)
+    return [(name, require_key(name, last.schema),
+             replace(table_input(rows), figures=figures, earlier=earlier))
+            for name, (last, rows, figures, earlier) in decode.result().items()]
 
 
 def require_key(table: str, schema: TableSchema) -> TableSchema:

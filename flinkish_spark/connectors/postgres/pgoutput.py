@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Iterator, Literal
 
@@ -241,7 +241,7 @@ def relations_in(messages: Iterable[bytes]) -> dict[int, Relation]:
     """The Relation messages among ``messages`` by relid (the last one of each: its newest columns)."""
     relations: dict[int, Relation] = {}
     for data in messages:
-        if data[:1] == b"R":
+        if data and data[0] == 82:  # "R" (an index, not a slice: this looks at every message of a peek)
             rel = decode_message(data)
             assert isinstance(rel, Relation)
             relations[rel.relid] = rel
@@ -309,15 +309,34 @@ def _tuple_at(data: bytes, pos: int) -> tuple[tuple[object, ...], int]:
     return tuple(values), pos
 
 
+@dataclass
+class DecodeState:
+    """Where :func:`raw_changes` stands between two slices of one message stream (a reader that decodes some
+    stretches of the stream in bulk hands the rest to raw_changes slice by slice): the Relation messages seen,
+    whether a transaction is open, its commit LSN and time, the ordinal of its next change and whether its
+    changes are in the range."""
+
+    relations: dict[int, Relation] = field(default_factory=dict)
+    in_txn: bool = False
+    lsn: int = 0
+    ts: int = 0
+    seq: int = 0
+    wanted: bool = False
+
+
 def raw_changes(messages: Iterable[bytes], start_lsn: int = 0,
-                end_lsn: int | None = None) -> Iterator[RawChange | Truncate]:
+                end_lsn: int | None = None, state: DecodeState | None = None) -> Iterator[RawChange | Truncate]:
     """:func:`decode_changes` as tuples (:data:`RawChange`), the same changes in the same order: for a reader that
     turns each change into a row right away and needs no :class:`Change` (nor its dict) on the way. The messages of
-    Begin, Commit, Insert, Update and Delete are read here in place; the others by :func:`decode_message`."""
-    relations: dict[int, Relation] = {}
-    in_txn = False
-    lsn = ts = seq = 0
-    wanted = False
+    Begin, Commit, Insert, Update and Delete are read here in place; the others by :func:`decode_message`.
+    ``state``: where the previous slice of the same stream left off, updated when the messages are exhausted."""
+    return _raw_changes(messages, start_lsn, end_lsn, DecodeState() if state is None else state)
+
+
+def _raw_changes(messages: Iterable[bytes], start_lsn: int, end_lsn: int | None,
+                 st: DecodeState) -> Iterator[RawChange | Truncate]:
+    relations = st.relations
+    in_txn, lsn, ts, seq, wanted = st.in_txn, st.lsn, st.ts, st.seq, st.wanted
     for data in messages:
         kind = data[:1]
         if kind == b"B":
@@ -403,6 +422,7 @@ def raw_changes(messages: Iterable[bytes], start_lsn: int = 0,
                     seq += 1
         yield (op, rel, new, lsn, ts, seq, moved)
         seq += 1
+    st.in_txn, st.lsn, st.ts, st.seq, st.wanted = in_txn, lsn, ts, seq, wanted
 
 
 def _unchanged_from_old(new: tuple[object, ...], old: tuple[object, ...]) -> tuple[object, ...]:

@@ -127,3 +127,34 @@ def test_a_task_decoded_in_groups_gives_the_rows_of_one_decode(monkeypatch: pyte
     assert [n for n, _, _ in whole] == ["public.a", "public.b"] and whole[1][2][1]  # b's truncate
     rows_a = whole[0][2][0]
     assert len(rows_a) == 10 and rows_a[-4]["v"] == 2**40 and rows_a[0]["w"] is None
+
+
+def test_a_task_decoded_batch_by_batch_until_a_second_table_or_schema_gives_the_rows_of_one_decode() -> None:
+    """A one-table task in stream order is typed a batch at a time as it arrives; from the first batch that brings
+    another schema or table on, the rest goes in groups, what was typed before kept: the tables, rows, schemas,
+    figures and schema changes of one decode of the whole task (``split_tables``), whichever batch breaks it."""
+    from flinkish_spark.connectors.lakehouse.figures import figures_by_table
+    from flinkish_spark.connectors.lakehouse.routing import table_input
+
+    a1 = table_schema("public.a", [("id", "int"), ("v", "int")], ("id",))
+    a2 = table_schema("public.a", [("id", "int"), ("v", "bigint"), ("w", "text")], ("id",))
+    b = table_schema("public.b", [("id", "int")], ("id",))
+    for then in ("schema", "table", "none"):
+        s = StreamBuilder()
+        for t in range(4):
+            s.transaction(*[(a1, "c", {"id": t * 10 + i, "v": i}) for i in range(5)])
+        if then == "schema":
+            s.transaction(*[(a2, "u", {"id": i, "v": 2**40 + i, "w": "x"}) for i in range(3)])
+        elif then == "table":
+            s.transaction((b, "c", {"id": 1}), (a1, "d", {"id": 3}))
+        stream = s.batch()
+        figures = figures_by_table(stream)
+        want = [(name, t.schema.to_json(), table_input(t.rows).changes.to_pylist(), figures[name])
+                for name, t in sorted(split_tables(stream).items())]
+        for size in (1, 2, 7, 64):
+            got = [(name, schema.to_json(), d.changes.to_pylist(), d.figures)
+                   for name, schema, d in task_tables(iter(stream.to_batches(max_chunksize=size)))]
+            assert [(n, sch, len(rows), f) for n, sch, rows, f in got] == [(n, sch, len(rows), f) for n, sch, rows, f in want]
+            assert repr(got) == repr([(n, sch, rows, f) for n, sch, rows, f in want]), (then, size)
+        if then == "schema":
+            assert [d.earlier for _, _, d in task_tables(iter(stream.to_batches(max_chunksize=3)))] == [(a1.to_json(),)]

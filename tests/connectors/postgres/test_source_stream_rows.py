@@ -15,8 +15,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
 from flinkish_spark.connectors.postgres.rows import TableSchema
+from flinkish_spark.connectors.postgres.source import stream_rows
 from flinkish_spark.connectors.postgres.source.tables_reader import stream_batches
 
 FIXTURE = Path(__file__).with_name("stream_rows_pg18.json")
@@ -40,7 +43,11 @@ def replay(start: int = 0, end: int = 1 << 63) -> tuple[list[dict[str, Any]], li
     return got, recorded["rows"]
 
 
-def test_every_change_row_is_the_recorded_one() -> None:
+@pytest.mark.parametrize("min_bulk_rows", [None, 1])
+def test_every_change_row_is_the_recorded_one(monkeypatch: pytest.MonkeyPatch, min_bulk_rows: int | None) -> None:
+    """Also with every stretch of plain row messages through the bulk decode (``stream_rows.MIN_BULK_ROWS``)."""
+    if min_bulk_rows is not None:
+        monkeypatch.setattr(stream_rows, "MIN_BULK_ROWS", min_bulk_rows)
     got, want = replay()
     assert len(got) == len(want) == 28
     for g, w in zip(got, want):

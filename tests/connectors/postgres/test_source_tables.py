@@ -47,6 +47,15 @@ def test_options_table_and_tables_exclude_each_other(pg_url: str, tmp_path: Path
         source(pg_url, tmp_path, splitColumn="id")
 
 
+def test_snapshot_rows_per_trigger_bounds_the_chunks_of_an_epoch_and_defaults_to_max_rows_per_trigger(
+        pg_url: str, tmp_path: Path) -> None:
+    def chunks(**options: str) -> int:
+        return source(pg_url, tmp_path, splitSize="100", **options).default_read_limit().max_files  # type: ignore[attr-defined]
+
+    assert chunks(maxRowsPerTrigger="200", snapshotRowsPerTrigger="1000") == 10
+    assert chunks(maxRowsPerTrigger="200") == 2
+
+
 @pytest.mark.both_postgres
 def test_discovery_takes_matching_tables_into_one_publication_and_one_slot(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -65,6 +74,9 @@ def test_discovery_takes_matching_tables_into_one_publication_and_one_slot(pg_ur
         assert [(e.name, e.state) for e in enum.registry.entries] == [
             ("public.m_a", "snapshot"), ("public.m_b", "snapshot"), ("public.m_p", "snapshot"), ("sales.m_c", "snapshot")]
         assert len(splits) == 3 * 3 + 1  # 25 rows in chunks of 10, and the partitioned table's 5
+        # Against an epoch's chunk budget a table of one chunk counts its rows' share of a full chunk.
+        shares = {s.split_id: enum.extent(s, 0).share for s in splits if s.split_id.startswith("snapshot-")}
+        assert sorted(shares.values()) == [0.5] + [1.0] * 9
         slots, pubs = server_objects(conn)
         assert slots == 1 and pubs == [("flinkish_multi", {"public.m_a", "public.m_b", "public.m_p", "sales.m_c"})]
         rows = read_all(src, splits)

@@ -10,7 +10,6 @@ rows to one Arrow schema. :func:`mirror_rows` is the Spark SQL equivalent for on
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from datetime import date, datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -55,22 +55,32 @@ def decode_rows(rows: Iterable[str] | pa.Array | pa.ChunkedArray, schema: TableS
     (as in Spark's ``from_json``); the JSON text keeps them exactly.
     A key-only delete row has nulls in its other columns.
     """
-    texts = [t if t is not None else "{}" for t in  # a truncate row has no row: all null
-             (rows.to_pylist() if isinstance(rows, (pa.Array, pa.ChunkedArray)) else list(rows))]
+    def texts() -> list[str]:
+        return [t if t is not None else "{}" for t in  # a truncate row has no row: all null
+                (rows.to_pylist() if isinstance(rows, (pa.Array, pa.ChunkedArray)) else list(rows))]
+
     target = schema.arrow_schema()
-    if not texts:
-        return target.empty_table()
+    lines = None
+    if isinstance(rows, (pa.Array, pa.ChunkedArray)):
+        if not len(rows):
+            return target.empty_table()
+        lines = _lines(rows)
+    if lines is None:
+        listed = texts()
+        if not listed:
+            return target.empty_table()
+        lines = pa.py_buffer("\n".join(listed).encode())
     import pyarrow.json as pj
 
     read_schema = pa.schema([pa.field(c.name, _read_type(c)) for c in schema.columns])
     try:
         table = pj.read_json(
-            io.BytesIO("\n".join(texts).encode()),
+            pa.BufferReader(lines),
             read_options=pj.ReadOptions(block_size=1 << 24),
             parse_options=pj.ParseOptions(explicit_schema=read_schema, unexpected_field_behavior="ignore"),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return _decode_slowly(texts, schema)
+        return _decode_slowly(texts(), schema)
     arrays = []
     for column, field in zip(schema.columns, target):
         arr = table.column(column.name)
@@ -81,6 +91,24 @@ def decode_rows(rows: Iterable[str] | pa.Array | pa.ChunkedArray, schema: TableS
                                              pa.binary())])
         arrays.append(arr)
     return pa.Table.from_arrays(arrays, schema=target)
+
+
+#: Above this many bytes of JSON text the rows are joined in Python (Arrow's string offsets are 32-bit).
+_ARROW_LINES_MAX = 1 << 30
+
+
+def _lines(rows: pa.Array | pa.ChunkedArray) -> pa.Buffer | None:
+    """The rows as newline-delimited JSON (a null row -- a truncate's -- is ``{}``), joined by Arrow without a
+    Python string per row; None when the rows are too large for that."""
+    if rows.nbytes >= _ARROW_LINES_MAX:
+        return None
+    joined = pc.binary_join_element_wise(pc.fill_null(rows, "{}"), "\n", "")
+    if isinstance(joined, pa.ChunkedArray):
+        joined = joined.combine_chunks() if joined.num_chunks != 1 else joined.chunk(0)
+    if not len(joined):
+        return pa.py_buffer(b"")
+    offsets = np.frombuffer(joined.buffers()[1], np.int32, len(joined) + 1, joined.offset * 4)
+    return joined.buffers()[2][int(offsets[0]):int(offsets[-1])]
 
 
 def _decode_slowly(texts: list[str], schema: TableSchema) -> pa.Table:
@@ -241,15 +269,27 @@ def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
 
 def _in_order(indices: pa.Array) -> bool:
     """Whether sort indices are 0, 1, 2, ...: the rows are sorted already."""
-    import numpy as np
-
     n = len(indices)
     return n == 0 or bool(np.array_equal(indices.to_numpy(zero_copy_only=False), np.arange(n, dtype=np.uint64)))
+
+
+def _contains(texts: pa.ChunkedArray, needle: bytes) -> bool:
+    """Whether any value holds ``needle`` (a search through the values' bytes; a match across two values only
+    costs the exact search after it)."""
+    for chunk in texts.chunks:
+        if len(chunk) == 0 or chunk.buffers()[2] is None:
+            continue
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32, len(chunk) + 1, chunk.offset * 4)
+        if needle in chunk.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes():
+            return True
+    return False
 
 
 def _unchanged(texts: pa.ChunkedArray) -> pa.Array:
     """Per JSON row, the columns it lists in ``UNCHANGED_FIELD`` (null when none: nearly every row, found by a
     substring search without parsing)."""
+    if not _contains(texts, _UNCHANGED_TEXT.encode()):
+        return pa.nulls(len(texts), pa.list_(pa.string()))
     marked = pc.fill_null(pc.match_substring(texts, _UNCHANGED_TEXT), False)
     out: list[list[str] | None] = [None] * len(texts)
     for i in pc.indices_nonzero(marked).to_pylist():

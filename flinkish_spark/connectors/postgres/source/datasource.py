@@ -44,7 +44,7 @@ class PostgresSourceDataSource(SplitDataSource):
     KIND: ClassVar[str] = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
-        "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
+        "snapshotRowsPerTrigger", "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
         "heartbeatInterval",
     )
 
@@ -77,6 +77,9 @@ class PostgresSourceDataSource(SplitDataSource):
         self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
         self.split_column = (opts.get("splitColumn") or "").strip() or None
         self.max_rows_per_trigger = opts.integer("maxRowsPerTrigger", None, minimum=1)
+        # The snapshot's own bound (chunks are read whole, in parallel tasks: an epoch of them may be larger than one
+        # of changes, which one task reads); maxRowsPerTrigger when not given.
+        self.snapshot_rows_per_trigger = opts.integer("snapshotRowsPerTrigger", None, minimum=1) or self.max_rows_per_trigger
         self.snapshot_partitions = opts.integer("snapshotPartitions", None, minimum=1) or os.cpu_count() or 2
         self.on_slot_lost: OnSlotLost = opts.choice("onSlotLost", ("fail", "resnapshot"), "fail")
         default_name = "flinkish_" + re.sub(r"[^a-z0-9_]", "_", self.uid.lower())
@@ -164,8 +167,8 @@ class PostgresSourceDataSource(SplitDataSource):
         return super().streamReader(schema)
 
     def default_read_limit(self) -> ReadLimit:
-        if self.max_rows_per_trigger is not None:
-            return ReadMaxFiles(max(1, self.max_rows_per_trigger // self.split_size))
+        if self.snapshot_rows_per_trigger is not None:
+            return ReadMaxFiles(max(1, self.snapshot_rows_per_trigger // self.split_size))
         return ReadAllAvailable()
 
     def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]:

@@ -65,6 +65,10 @@ from flinkish_spark.source.split import Split, SplitExtent
 
 log = logging.getLogger(__name__)
 
+#: The least a chunk counts for against an epoch's chunk budget: a table's read and commit cost as much as a few
+#: thousand rows even when it has none (a transaction, catalog reads, a Delta version), so an epoch of the default
+#: budget (2 chunks) takes at most 40 tiny tables.
+MIN_CHUNK_SHARE = 0.05
 #: How long a stop with drain waits for tables that are joining (see TablesEnumerator.drain_ready).
 DRAIN_WAIT_S = 600.0
 
@@ -355,8 +359,14 @@ class TablesEnumerator(PostgresEnumerator):
                 continue
             info = load_table_info(conn, qualified(e.schema, e.table), None, src.component)
             cast = info.column(info.split_column).pg_type
-            for n, chunk in enumerate(chunk_boundaries(conn, info, src.split_size)):
+            chunks = chunk_boundaries(conn, info, src.split_size)
+            # A table of one chunk: its rows now (at most splitSize), so that an epoch takes as many small tables
+            # as its maxRowsPerTrigger holds rows, not two tables of ten rows (see extent()).
+            rows = None if len(chunks) > 1 else int(conn.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM {info.qualified} LIMIT %s) s", (src.split_size,)).fetchone()[0])
+            for n, chunk in enumerate(chunks):
                 payload = {"tid": e.tid, "oid": e.oid, "table": e.name, "lo": chunk.lo, "hi": chunk.hi,
+                           **({} if rows is None else {"rows": rows}),
                            "column": info.split_column, "type": cast, "after_xid": e.after_xid,
                            # Bracketed (B ... E: the sink deletes the keys it lacks) after a lost slot, and
                            # always for a table that joins: a table dropped and created again under the same
@@ -398,7 +408,15 @@ class TablesEnumerator(PostgresEnumerator):
         return table_of_chunk(split.split_id) not in self._tids[1]
 
     def extent(self, split: Split, position: int) -> SplitExtent:
-        return SplitExtent(position, position) if self._ended(split) else super().extent(split, position)
+        if self._ended(split):
+            return SplitExtent(position, position)
+        ext = super().extent(split, position)
+        if split.split_id.startswith("snapshot-") and split.payload and '"rows"' in split.payload:
+            # Against the epoch's chunk budget (maxRowsPerTrigger // splitSize) a small table's chunk counts its
+            # share of a full chunk: an epoch of 100-row tables takes ~maxRowsPerTrigger rows of them, not two.
+            rows = int(json.loads(split.payload).get("rows", self.source.split_size))
+            ext = SplitExtent(ext.available, ext.end, min(1.0, max(MIN_CHUNK_SHARE, rows / self.source.split_size)))
+        return ext
 
     def drain_position(self, split: Split, position: int) -> int:
         return position if self._ended(split) else super().drain_position(split, position)

@@ -25,39 +25,28 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
 from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
-from flinkish_spark.connectors.postgres.pgoutput import (
-    UNCHANGED_TOAST,
-    Change,
-    Relation,
-    Truncate,
-    format_lsn,
-    raw_changes,
-    relations_in,
-)
-from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, RowEncoder, TableSchema, row_sql
+from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
+from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source import registry
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
+from flinkish_spark.connectors.postgres.source.stream_rows import (  # noqa: F401 (stream_batches: its old home)
+    STREAM_ARROW, stream_batches, stream_pieces,
+)
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split
 
-BATCH_ROWS = 65_536
 #: How long a chunk read waits for a snapshot it may use (see the module docstring) before failing.
 SNAPSHOT_WAIT_S = 600.0
 
-STREAM_ARROW = pa.schema([
-    pa.field("_table", pa.string()), pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
-    pa.field("_seq", pa.int32()), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
-    pa.field("_schema_id", pa.string()), pa.field("row", pa.string()),
-])
 
 
 class TablesReader(SplitReader):
@@ -232,34 +221,6 @@ def _bounds(chunk: dict[str, Any]) -> str:
 # -- changes --------------------------------------------------------------------------------------------
 
 
-class _Rows:
-    """Stream rows collected column by column, flushed as Arrow batches."""
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {f.name: [] for f in STREAM_ARROW}
-
-    def add(self, table: str, op: str, lsn: int, seq: int, ts_us: int, schema_id: str, row: str | None) -> None:
-        c = self.cols
-        c["_table"].append(table)
-        c["_op"].append(op)
-        c["_lsn"].append(lsn)
-        c["_seq"].append(seq)
-        c["_commit_ts"].append(ts_us)
-        c["_schema_id"].append(schema_id)
-        c["row"].append(row)
-
-    def __len__(self) -> int:
-        return len(self.cols["_op"])
-
-    def flush(self) -> pa.RecordBatch:
-        # Timestamps from int64 microseconds (pa.array of ints as a zoned timestamp would import pandas).
-        arrays = [pa.array(self.cols[f.name], pa.int64()).cast(f.type) if pa.types.is_timestamp(f.type)
-                  else pa.array(self.cols[f.name], f.type) for f in STREAM_ARROW]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=STREAM_ARROW)
-        self.cols = {f.name: [] for f in STREAM_ARROW}
-        return batch
-
-
 def read_changes(src: PostgresSourceHost, start: int, end: int,
                  planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None = None) -> Iterator[pa.RecordBatch]:
     """The stream rows of the WAL range ``[start, end)``; ``planned_keys``: the tables' keys as the epoch was
@@ -273,14 +234,14 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
         schemas = RelationSchemas(psycopg_query(conn), planned)
         relations: dict[int, Relation] = {}
 
-        def messages() -> Iterator[bytes]:
+        def pieces() -> Iterator[list[bytes]]:
             # The range piece by piece (one big transaction is millions of messages): each piece's new relations
             # resolved at once (one catalog query for a piece of many tables), before any of its changes.
             for piece in peek_pieces(conn, src.slot_name, src.publication, end):
                 found = relations_in(piece)
                 schemas.prepare(r for r in found.values() if patterns.matches(f"{r.namespace}.{r.name}"))
                 relations.update(found)
-                yield from piece
+                yield piece
 
         def resolve(rel: Relation) -> TableSchema | None:
             if not patterns.matches(f"{rel.namespace}.{rel.name}"):
@@ -293,108 +254,4 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
                 return None
             return schema
 
-        yield from stream_batches(src, messages(), start, end, relations, resolve)
-
-
-def stream_batches(src: PostgresSourceHost, messages: Iterable[bytes], start: int, end: int,
-                   relations: Mapping[int, Relation], resolve: Callable[[Relation], TableSchema | None]
-                   ) -> Iterator[pa.RecordBatch]:
-    """The stream rows of the pgoutput ``messages`` of ``[start, end)`` (a pure function of its arguments);
-    ``relations``: the Relation messages of ``messages`` by relid (the tables of a truncate), at least those
-    before the message being decoded (:func:`read_changes` fills it as the pieces of the range arrive);
-    ``resolve``: a relation's schema, None when the table is not followed (called once per Relation message).
-
-    Per change this is the hot path of the source: the row's JSON comes from encoders compiled once per Relation
-    message (values by position, no dict per change), and the columns are plain lists until a batch is full."""
-    rows = _Rows()
-    tables, ops, lsns, seqs, tss, sids, texts = (rows.cols[f.name] for f in STREAM_ARROW)
-    emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range
-    # relid -> the Relation it was resolved for, its schema (None: not followed), its encoder and the compiled
-    # encodings of a full row and of a delete's key; compared by identity: raw_changes hands out the same
-    # Relation object until the next Relation message.
-    resolved: dict[int, tuple[Relation, TableSchema | None, RowEncoder | None, Any, Any]] = {}
-
-    def resolve_entry(rel: Relation) -> tuple[Relation, TableSchema | None, RowEncoder | None, Any, Any]:
-        schema = resolve(rel)
-        if schema is None:
-            entry: tuple[Relation, TableSchema | None, RowEncoder | None, Any, Any] = (rel, None, None, None, None)
-        else:
-            encoder = RowEncoder(schema)
-            entry = (rel, schema, encoder, encoder.compile(rel.names),
-                     encoder.compile(rel.names, schema.key) if schema.key else None)
-        resolved[rel.relid] = entry
-        return entry
-
-    txn, seq = -1, 0
-    for change in raw_changes(messages, start, end):
-        if isinstance(change, Truncate):
-            lsn, ts = change.commit_lsn, change.commit_ts_us
-            if lsn != txn:
-                txn, seq = lsn, 0
-            for rel in [relations[r] for r in change.relids]:
-                entry = resolved.get(rel.relid)
-                if entry is None or entry[0] is not rel:
-                    entry = resolve_entry(rel)
-                schema = entry[1]
-                if schema is None:
-                    continue
-                if emitted.get(rel.relid) != schema.schema_id:
-                    emitted[rel.relid] = schema.schema_id
-                    rows.add(schema.table, "s", lsn, seq, ts, schema.schema_id, schema.to_json())
-                    seq += 1
-                rows.add(schema.table, "t", lsn, seq, ts, schema.schema_id, None)
-                seq += 1
-        else:
-            op, rel, values, lsn, ts, _, moved = change
-            if lsn != txn:
-                txn, seq = lsn, 0
-            entry = resolved.get(rel.relid)
-            if entry is None or entry[0] is not rel:
-                entry = resolve_entry(rel)
-            _, schema, encoder, encode_row, encode_key = entry
-            if schema is None or encoder is None:
-                continue
-            sid = schema.schema_id
-            if emitted.get(rel.relid) != sid:
-                emitted[rel.relid] = sid
-                rows.add(schema.table, "s", lsn, seq, ts, sid, schema.to_json())
-                seq += 1
-            if op == "d" and encode_key is not None:
-                text = encode_key(values)  # a delete carries the key (the rest may be null)
-            elif UNCHANGED_TOAST in values:
-                text = _encode(src, encoder, Change(op, rel, dict(zip(rel.names, values)), lsn, ts, 0, moved))
-            else:
-                text = encode_row(values)
-            tables.append(schema.table)
-            ops.append(op)
-            lsns.append(lsn)
-            seqs.append(seq)
-            tss.append(ts)
-            sids.append(sid)
-            texts.append(text)
-            seq += 1
-        if len(texts) >= BATCH_ROWS:
-            yield rows.flush()
-            tables, ops, lsns, seqs, tss, sids, texts = (rows.cols[f.name] for f in STREAM_ARROW)
-    if len(rows):
-        yield rows.flush()
-
-
-def _encode(src: PostgresSourceHost, encoder: RowEncoder, change: Change) -> str:
-    """The change's JSON row. An update that left TOASTed values unchanged (the server did not send them) lists
-    those columns in the row (``rows.UNCHANGED_FIELD``): a keyed target keeps its stored value for them."""
-    schema = encoder.schema
-    if change.op == "d" and schema.key:
-        return encoder.encode(change.values, schema.key)  # a delete carries the key (the rest may be null)
-    unchanged = [name for name, value in change.values.items() if value is UNCHANGED_TOAST]
-    if unchanged and change.moved:
-        # The value is the old key's row's, which a target applying by key does not look at for the new key.
-        raise PostgresSourceError(
-            f"{src.component}: an update of {schema.table} at LSN {format_lsn(change.commit_lsn)} changed the row's key "
-            f"and left the TOASTed value of column {unchanged[0]!r} unchanged, and the server did not send it; the new "
-            f"key's row cannot be completed. Run ALTER TABLE {schema.table} REPLICA IDENTITY FULL (the server then sends "
-            f"the old row, which holds the value) and start over with a new snapshot, since this change is already in "
-            f"the WAL without it: SELECT pg_drop_replication_slot('{src.slot_name}') and restart with "
-            f"onSlotLost=resnapshot, or use a new uid"
-        )
-    return encoder.encode(change.values, unchanged=unchanged)
+        yield from stream_pieces(src, pieces(), start, end, relations, resolve)

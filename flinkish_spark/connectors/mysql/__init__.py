@@ -1,0 +1,22 @@
+"""MySQL and MariaDB (issue 29): the parts of a ``flinkish.mysql`` source that differ per database.
+
+What is here does not depend on the CDC core shared with the PostgreSQL source (still to be lifted out
+of ``connectors/postgres/source/``):
+
+* :mod:`.connection` -- ``mysql://user@host:3306/db``, the password from the URL, ``passwordEnv`` or
+  ``MYSQL_PWD`` (never printed), PyMySQL connections with access/unavailable errors;
+* :mod:`.server` -- the binary log settings the source needs (log_bin, ROW, FULL row image and
+  metadata), one error each naming the setting to change;
+* :mod:`.position` -- file+offset and MariaDB GTID positions (comparable, one string each) and
+  whether the server purged the logs a position needs;
+* :mod:`.types` -- MySQL column types -> Arrow and Spark types;
+* :mod:`.binlog` -- the log's events over the replication protocol (file+offset starts) and its table
+  map events with the optional metadata of ``binlog_row_metadata=FULL``;
+* :mod:`.row_values` -- row events -> Python values, one precompiled reader per column, by the rules
+  of :mod:`.types`.
+
+The binary log's row events are to be decoded by the project's own pure-Python code over PyMySQL (the
+extra ``flinkish_spark[mysql]``), as ``connectors/postgres/pgoutput.py`` decodes PostgreSQL's: chosen by
+measurement against ``mariadb-binlog``, ``mysql-replication`` and ``mysql-event-stream``
+(docs/benchmarks.md, "MySQL binary log decoders", with what each makes of every type).
+"""
