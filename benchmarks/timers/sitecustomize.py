@@ -19,6 +19,7 @@ Wrapped (generators: the time spent inside ``next()``, i.e. the producer's own t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 _OUT = os.environ.get("FLINKISH_BENCH_TIMERS")
 #: timer names whose calls are also profiled (cProfile, one ``<timers file>.<name>.<pid>.<start>.prof`` each)

@@ -305,9 +305,14 @@ def test_a_stream_cut_into_pieces_anywhere_gives_the_batches_of_one_list(monkeyp
     the batches (rows and boundaries) are those of the whole range as one list, at every cut and piece size."""
     monkeypatch.setattr(stream_rows, "MIN_BULK_ROWS", 3)
     monkeypatch.setattr(stream_rows, "BATCH_ROWS", 7)
-    bulk_calls = []
+    bulk_calls: list[int] = []
     rows_json = stream_rows.bulk_rows.rows_json
-    monkeypatch.setattr(stream_rows.bulk_rows, "rows_json", lambda *a: bulk_calls.append(1) or rows_json(*a))
+
+    def counted(*a: Any) -> pa.Array:
+        bulk_calls.append(1)
+        return rows_json(*a)
+
+    monkeypatch.setattr(stream_rows.bulk_rows, "rows_json", counted)
     r = random.Random(5)
     s = Stream()
     s.relation(1, "public.wide", COLUMNS[:4])
