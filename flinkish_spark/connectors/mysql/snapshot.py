@@ -221,7 +221,8 @@ def chunk_condition(info: TableInfo, chunk: Chunk) -> tuple[str, list[Any]]:
     key = f"({cols})" if len(info.key) > 1 else cols
     marks = ", ".join(["%s"] * len(info.key))
     value = f"({marks})" if len(info.key) > 1 else marks
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if chunk.lo is not None:
         where.append(f"{key} >= {value}")
         params.extend(chunk.lo)
