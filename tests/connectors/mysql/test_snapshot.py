@@ -5,6 +5,7 @@ snapshot plus the binary log's changes from the snapshot's position give exactly
 from __future__ import annotations
 
 import threading
+import time
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -85,6 +86,7 @@ def test_snapshot_rows_plus_the_log_from_its_position_give_the_final_table(maria
     info = parse_url(mariadb.url_for(mysql_db))
     stop, started = threading.Event(), threading.Event()
     errors: list[BaseException] = []
+    written = [0]  # the writer's iterations so far
 
     def writer() -> None:  # inserts, updates, deletes and multi-statement transactions until told to stop
         try:
@@ -98,6 +100,7 @@ def test_snapshot_rows_plus_the_log_from_its_position_give_the_final_table(maria
                     cur.execute("DELETE FROM t WHERE id = %s", (n * 7 % 2000,))
                     cur.execute("UPDATE t SET id = id + 100000 WHERE id = %s", (10000 + n - 1,))
                     cur.execute("COMMIT")
+                    written[0] = n
                     if n == 20:
                         started.set()
         except BaseException as e:  # noqa: BLE001 - reported by the test
@@ -109,13 +112,15 @@ def test_snapshot_rows_plus_the_log_from_its_position_give_the_final_table(maria
     started.wait(30)
     rows: dict[Any, dict[str, Any]] = {}
     with open_snapshot(info) as snap:
-        position = snap.position
+        position, at_start = snap.position, written[0]
         t = snap.table(mysql_db, "t")
         for chunk in snap.chunks(t, 300):
-            for batch in snap.read(t, chunk):  # the writer keeps writing while the chunks are read
+            time.sleep(0.05)  # the writer keeps writing while the chunks are read
+            for batch in snap.read(t, chunk):
                 for r in batch.to_pylist():
                     assert r["id"] not in rows
                     rows[r["id"]] = r
+        assert written[0] > at_start + 5
     stop.set()
     thread.join(60)
     assert not errors
@@ -141,3 +146,17 @@ def test_snapshot_rows_plus_the_log_from_its_position_give_the_final_table(maria
     final = mariadb.sql("SELECT id, v, s FROM t", database=mysql_db).splitlines()
     expected = {int(i): {"id": int(i), "v": int(v), "s": s} for i, v, s in (line.split("\t") for line in final)}
     assert rows == expected
+
+
+def test_the_snapshot_position_as_a_gtid_position(mariadb: Any, mysql_db: str) -> None:
+    from flinkish_spark.connectors.mysql.position import MariaGtidPosition
+    from flinkish_spark.connectors.mysql.snapshot import gtid_at
+
+    mariadb.sql("CREATE TABLE g (id int PRIMARY KEY); INSERT INTO g VALUES (1); INSERT INTO g VALUES (2)",
+                database=mysql_db)
+    info = parse_url(mariadb.url_for(mysql_db))
+    with open_snapshot(info) as snap, connect(info) as conn:
+        before = MariaGtidPosition.parse(mariadb.sql("SELECT @@gtid_binlog_pos"))
+        mariadb.sql("INSERT INTO g VALUES (3)", database=mysql_db)  # after the snapshot: not in its position
+        assert gtid_at(conn, snap.position) == before
+        assert MariaGtidPosition.parse(mariadb.sql("SELECT @@gtid_binlog_pos")) > before
