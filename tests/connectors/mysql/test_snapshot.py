@@ -65,6 +65,8 @@ TYPES = {  # column definition: (SQL literal, the value read into Arrow, as a Py
     "dtz datetime": ("'2024-00-00 00:00:00'", None),
     "ts timestamp(3) NULL": ("'2024-03-01 12:00:00.5'", datetime(2024, 3, 1, 12, 0, 0, 500000, timezone.utc)),
     "tm time(2)": ("'-838:59:59.5'", "-838:59:59.50"), "y year": ("2024", 2024), "n int": ("NULL", None),
+    # Values of 251+ and 65536+ bytes: the row packet's longer length prefixes.
+    "mid varchar(400)": ("REPEAT('é', 300)", "é" * 300), "big mediumtext": ("REPEAT('xy', 40000)", "xy" * 40000),
 }
 
 
