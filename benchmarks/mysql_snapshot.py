@@ -5,7 +5,8 @@ decimal(12,2), datetime(6), double) gets ``--rows`` rows (MariaDB's sequence eng
 rounds, side by side, each reads the whole table, chunked by key, and writes Parquet:
 
 * ``flinkish, 1 process``: one consistent snapshot, ``plan_chunks`` (``--split-size`` rows), every chunk read by
-  ``read_chunk`` (PyMySQL's unbuffered cursor, no value converters, one Arrow cast per column), one Parquet file;
+  ``read_chunk`` (row packets split into column lists by our own loop, one Arrow cast per column), one Parquet
+  file;
 * ``flinkish, 2 processes``: the chunks shared by two worker processes, each in its own snapshot (the throughput
   of two executors; their snapshots are not one -- the CDC core's per-chunk positions handle that);
 * ``PyMySQL converters, 1 process``: the same chunks through PyMySQL's own Python converters and
@@ -16,13 +17,16 @@ rounds, side by side, each reads the whole table, chunked by key, and writes Par
 
     PYTHONPATH=. python benchmarks/mysql_snapshot.py [--rows 1000000] [--split-size 100000] [--repeats 2]
 
-The machine may be shared: each figure carries the load average at its end; compare ratios within a run.
+The machine may be shared: each figure carries the load average at its end and the readers' CPU seconds (this
+process, its worker processes, Spark's JVM; not the server's), which depend little on the load; compare ratios
+within a run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -84,12 +88,23 @@ def converters_chunks(url: str, info: TableInfo, chunks: list[Chunk], out: str) 
     return n
 
 
-def timed(label: str, fn: Any, rows: int) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def cpu_seconds(jvm_pid: int) -> float:
+    """CPU of the readers: this process, its finished children (the worker processes) and Spark's JVM (its
+    executors are threads in it). Not the server's: both readers make it do the same work."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{jvm_pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime + (int(fields[11]) + int(fields[12])) / ticks
+
+
+def timed(label: str, fn: Any, rows: int, jvm_pid: int) -> dict[str, Any]:
+    c0, t0 = cpu_seconds(jvm_pid), time.perf_counter()
     got = fn()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds(jvm_pid) - c0
     assert got == rows, (label, got, rows)
     return {"reader": label, "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds),
+            "cpu_s": round(cpu, 2), "cpu_us_per_row": round(cpu * 1e6 / rows, 2),
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
@@ -130,32 +145,37 @@ def main() -> None:
                                for i, p in enumerate(parts)]
                     return sum(f.result() for f in futures)
 
+            jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
             spark_jdbc(os.path.join(work, "warmup"))  # the JVM's classes and JIT: not the reader's cost
             for r in range(args.repeats):
                 out = os.path.join(work, f"r{r}")
                 os.makedirs(out)
                 results.append(timed("flinkish, 1 process",
-                                     lambda: flinkish_chunks(url, chunks, os.path.join(out, "f1.parquet")), args.rows))
+                                     lambda: flinkish_chunks(url, chunks, os.path.join(out, "f1.parquet")),
+                                     args.rows, jvm_pid))
                 results.append(timed("flinkish, 2 processes", lambda: two_processes(os.path.join(out, "f2")),
-                                     args.rows))
+                                     args.rows, jvm_pid))
                 results.append(timed("PyMySQL converters, 1 process",
                                      lambda: converters_chunks(url, info, chunks, os.path.join(out, "c.parquet")),
-                                     args.rows))
+                                     args.rows, jvm_pid))
                 results.append(timed("Spark JDBC, local[2]", lambda: spark_jdbc(os.path.join(out, "spark")),
-                                     args.rows))
+                                     args.rows, jvm_pid))
                 assert spark.read.parquet(os.path.join(out, "spark")).count() == args.rows
             spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     labels = list(dict.fromkeys(r["reader"] for r in results))
     median = {lb: statistics.median(r["rows_per_s"] for r in results if r["reader"] == lb) for lb in labels}
+    cpu = {lb: statistics.median(r["cpu_us_per_row"] for r in results if r["reader"] == lb) for lb in labels}
     jdbc = median["Spark JDBC, local[2]"]
-    summary = [{"reader": lb, "median_rows_per_s": round(v), "ratio_to_spark_jdbc": round(v / jdbc, 2)}
+    summary = [{"reader": lb, "median_rows_per_s": round(v), "ratio_to_spark_jdbc": round(v / jdbc, 2),
+                "median_cpu_us_per_row": cpu[lb], "cpu_ratio_to_spark_jdbc": round(cpu[lb] / cpu["Spark JDBC, local[2]"], 2)}
                for lb, v in median.items()]
-    print_table(["reader", "seconds", "rows/s", "load 1m"],
-                [[r["reader"], r["seconds"], r["rows_per_s"], r["load_avg_1m"]] for r in results])
-    print_table(["reader", "median rows/s", "vs Spark JDBC"],
-                [[s["reader"], s["median_rows_per_s"], s["ratio_to_spark_jdbc"]] for s in summary])
+    print_table(["reader", "seconds", "rows/s", "CPU us/row", "load 1m"],
+                [[r["reader"], r["seconds"], r["rows_per_s"], r["cpu_us_per_row"], r["load_avg_1m"]] for r in results])
+    print_table(["reader", "median rows/s", "vs Spark JDBC", "CPU us/row", "CPU vs Spark JDBC"],
+                [[s["reader"], s["median_rows_per_s"], s["ratio_to_spark_jdbc"], s["median_cpu_us_per_row"],
+                  s["cpu_ratio_to_spark_jdbc"]] for s in summary])
     print(write_results("mysql_snapshot", {"rows": args.rows, "split_size": args.split_size, "chunks": len(chunks),
                                            "runs": results, "summary": summary}))
 
