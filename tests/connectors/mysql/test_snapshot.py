@@ -162,3 +162,21 @@ def test_the_snapshot_position_as_a_gtid_position(mariadb: Any, mysql_db: str) -
         mariadb.sql("INSERT INTO g VALUES (3)", database=mysql_db)  # after the snapshot: not in its position
         assert gtid_at(conn, snap.position) == before
         assert MariaGtidPosition.parse(mariadb.sql("SELECT @@gtid_binlog_pos")) > before
+
+
+def test_a_chunk_left_part_way_leaves_the_snapshot_usable_and_a_table_without_key_is_refused(
+        mariadb: Any, mysql_db: str) -> None:
+    from flinkish_spark.connectors.mysql.snapshot import read_chunk
+    from flinkish_spark.errors import ConfigError
+
+    mariadb.sql("CREATE TABLE t (id int PRIMARY KEY, v int); CREATE TABLE nokey (v int); INSERT INTO t VALUES "
+                + ", ".join(f"({i}, {i})" for i in range(50)), database=mysql_db)
+    with open_snapshot(parse_url(mariadb.url_for(mysql_db))) as snap:
+        info = snap.table(mysql_db, "t")
+        (chunk,) = snap.chunks(info, 100)
+        batches = read_chunk(snap.conn, info, chunk, batch_rows=10)
+        assert next(batches).num_rows == 10
+        batches.close()  # the rest of the result is read off the connection
+        assert sum(b.num_rows for b in snap.read(info, chunk)) == 50
+        with pytest.raises(ConfigError, match="nokey has no primary key"):
+            snap.table(mysql_db, "nokey")
