@@ -44,6 +44,9 @@ DEFAULT_TRIGGER_S = 10.0
 #: every table is read, and one epoch as large as the database to write, commit and, after a crash, replay.
 DEFAULT_MAX_ROWS_PER_TRIGGER = 200_000
 
+#: The sink tasks of an epoch (and ``local[N]``) unless given: the cores of a small machine.
+DEFAULT_PARALLELISM = 2
+
 _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
@@ -84,6 +87,8 @@ class MirrorConfig:
     trigger_s: float = DEFAULT_TRIGGER_S
     stop_after_snapshot: bool = False
     master: str = "local[2]"
+    #: Tasks an epoch's per-table work runs in (:mod:`flinkish_spark.mirror.spread`); also the local master's cores.
+    parallelism: int = DEFAULT_PARALLELISM
     verbose: bool = False  # Spark's log and the full traces on the terminal instead of in :attr:`log_file`
     metrics_port: int | None = None  # serve Prometheus metrics on this port (mirror.metrics)
     source_extra: tuple[tuple[str, str], ...] = ()
@@ -280,7 +285,7 @@ def delta_target(to: str) -> str:
 def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: str | None, checkpoint: str | None,
               trigger: str | None = None, stop_after_snapshot: bool = False, uid: str | None = None,
               spark_checkpoint: str | None = None, source_option: Sequence[str] = (),
-              sink_option: Sequence[str] = ()) -> MirrorConfig:
+              sink_option: Sequence[str] = (), parallelism: int | None = None) -> MirrorConfig:
     """The configuration of ``flinkish mirror --from ... --tables ... --to ... --checkpoint ...``."""
     missing = [flag for flag, v in (("--from", source), ("--tables", tables), ("--to", to), ("--checkpoint", checkpoint))
                if not v]
@@ -290,6 +295,9 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
     assert source and tables and to and checkpoint
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if parallelism is not None and parallelism < 1:
+        raise ConfigError(f"--parallelism must be a whole number >= 1, got {parallelism}")
+    tasks = parallelism or DEFAULT_PARALLELISM
     form: Format = cast(Format, fmt) if fmt else infer_format(to)
     source_url, source_password = split_password(source, "--from")
     uid = check_uid(uid or DEFAULT_UID, "--uid")
@@ -316,7 +324,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         spark_checkpoint=check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
                                                  "--spark-checkpoint"),
         trigger_s=parse_trigger(trigger, "--trigger") if trigger else DEFAULT_TRIGGER_S,
-        stop_after_snapshot=stop_after_snapshot,
+        stop_after_snapshot=stop_after_snapshot, master=f"local[{tasks}]", parallelism=tasks,
         source_extra=_extra(src_given, SOURCE_OPTIONS, "--source-option"),
         sink_extra=_extra(sink_given, allowed, f"--sink-option (format {form})"),
         source_password=source_password, sink_password=sink_password,
