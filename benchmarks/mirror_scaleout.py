@@ -15,7 +15,15 @@ Spark session, so a drift of the machine's load hits both alike; the load averag
 per round. With ``--timers`` (benchmarks/timers/sitecustomize.py): the sink tasks' prepare
 seconds (summed over tasks) and the driver's commit seconds per epoch, and both per changed table.
 
+With ``--rate R --seconds S`` a round is paced instead (target 2, "keeps up"): the query runs
+with the round's parallelism and no ``maxRowsPerTrigger`` while a procedure inside the server
+commits ``R`` changes/s for ``S`` seconds (each update sets ``v`` to the commit's clock in
+microseconds, so lag = the mtime of the first Delta version holding the row - ``v``); the round
+ends when the mirror has caught up. Reported: the rate the server reached, lag p50/p99 over the
+round and the lag p50 of the first and of the last 30 s (growth).
+
     python benchmarks/mirror_scaleout.py [--tables 1000] [--rounds 1,2,1,2] [--txns 10000] [--max-rows 6000] [--timers]
+    python benchmarks/mirror_scaleout.py --tables 100,1000 --rounds 1,2 --rate 5000 --seconds 120
 """
 
 from __future__ import annotations
@@ -47,14 +55,76 @@ BEGIN
     COMMIT;
   END LOOP;
 END $$;
+CREATE OR REPLACE PROCEDURE bench.paced(rate float8, seconds float8, tables int, per_txn int, nrows int)
+LANGUAGE plpgsql AS $$
+DECLARE t0 float8 := extract(epoch FROM clock_timestamp()); done bigint := 0; ahead float8; j int;
+BEGIN
+  WHILE extract(epoch FROM clock_timestamp()) - t0 < seconds LOOP
+    FOR j IN 1..per_txn LOOP
+      EXECUTE format('UPDATE bench.t_%s SET v = $1 WHERE id = $2', lpad(floor(random() * tables)::int::text, 5, '0'))
+        USING (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 1 + floor(random() * nrows)::int;
+    END LOOP;
+    COMMIT;
+    done := done + per_txn;
+    ahead := done / rate - (extract(epoch FROM clock_timestamp()) - t0);
+    IF ahead > 0.001 THEN PERFORM pg_sleep(ahead); END IF;
+  END LOOP;
+  RAISE NOTICE 'changes %', done;
+END $$;
 """
 
 
-def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int, max_rows: int, trigger: float) -> Any:
+def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One paced round (see the module docstring): lag figures and the rate reached."""
+    import psycopg
+
+    import flinkish_spark
+    from mirror_scale import versions_visible
+
+    meta, cp, lake = dirs
+    load = os.getloadavg()
+    q = start(spark, url, meta, cp, lake, p, None, args.trigger)
+    time.sleep(5 + 2 * args.trigger)  # the query's first (empty) epochs
+    notices: list[str] = []
+    t0 = time.time()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        conn.execute("CALL bench.paced(%s, %s, %s, %s, %s)", (args.rate, args.seconds, n, args.per_txn, args.rows))
+    t1 = time.time()
+    while True:
+        progress = q.recentProgress
+        if q.exception() is not None:
+            raise RuntimeError(str(q.exception()))
+        if progress and progress[-1].numInputRows == 0 and last_epoch_end(progress[-1]) > t1:
+            break
+        time.sleep(0.5)
+    flinkish_spark.stop(q, drain=False, timeout=300)
+    changes = int(next((m.split()[-1] for m in notices if m.startswith("changes")), "0"))
+    lags = sorted((mtime - v / 1e6, v / 1e6) for (_, v), mtime in versions_visible(os.path.join(lake, "bench")).items()
+                  if v and t0 <= v / 1e6 <= t1)
+    by_time = sorted(lags, key=lambda x: x[1])
+    first = [lag for lag, at in by_time if at < t0 + 30]
+    last = [lag for lag, at in by_time if at >= t1 - 30]
+    busy = [x for x in progress if x.numInputRows]
+    return {"parallelism": p, "load": load, "load_end": os.getloadavg(), "rate_asked": args.rate,
+            "rate_reached": round(changes / (t1 - t0)), "seconds": round(t1 - t0, 1), "changes": changes,
+            "lag_samples": len(lags), "lag_ms_p50": round(1000 * percentile([x for x, _ in lags], 0.5)),
+            "lag_ms_p99": round(1000 * percentile([x for x, _ in lags], 0.99)),
+            "lag_ms_p50_first_30s": round(1000 * percentile(first, 0.5)),
+            "lag_ms_p50_last_30s": round(1000 * percentile(last, 0.5)),
+            "epochs": len(busy), "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5))}
+
+
+def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int, max_rows: int | None,
+          trigger: float) -> Any:
+    """``max_rows`` None: the snapshot in one epoch (a bound would read one 20-row table per epoch)."""
     from flinkish_spark.mirror.spread import spread_tables
 
-    df = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
-          .option("url", url).option("tables", "bench.*").option("maxRowsPerTrigger", str(max_rows)).load())
+    reader = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
+              .option("url", url).option("tables", "bench.*"))
+    if max_rows is not None:
+        reader = reader.option("maxRowsPerTrigger", str(max_rows))
+    df = reader.load()
     return (spread_tables(df, parallelism).writeStream.format("flinkish.delta").option("uid", "lake")
             .option("checkpoint", meta).option("path", os.path.join(lake, "{schema}", "{table}"))
             .option("checkpointLocation", cp).trigger(processingTime=f"{trigger} seconds").start())
@@ -87,7 +157,7 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
         "spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "2g"})
     spark.sparkContext.setLogLevel("ERROR")
     t0 = time.time()
-    q = start(spark, url, meta, cp, lake, 1, args.max_rows, args.trigger)
+    q = start(spark, url, meta, cp, lake, 1, None, args.trigger)
     while len(glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", f"{0:020d}.json"))) < n:
         if not q.isActive:
             raise RuntimeError(f"the mirror ended during the snapshot: {q.exception()}")
@@ -99,6 +169,10 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
     timer_file = os.environ.get("FLINKISH_BENCH_TIMERS", "")
     rounds = []
     for i, p in enumerate(int(x) for x in args.rounds.split(",")):
+        if args.rate:
+            rounds.append({"round": i, **paced_round(spark, url, (meta, cp, lake), n, p, args)})
+            print(json.dumps(rounds[-1]), flush=True)
+            continue
         w0 = time.time()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CALL bench.burst(%s, %s, %s, %s, %s)", (args.txns, n, args.per_txn, args.rows, i * args.txns))
@@ -152,6 +226,8 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=6000, help="the source's maxRowsPerTrigger")
     ap.add_argument("--trigger", type=float, default=1.0)
     ap.add_argument("--timers", action="store_true", help="benchmark-only timers: prepare / commit per changed table")
+    ap.add_argument("--rate", type=float, default=None, help="paced rounds: changes/s written by the server")
+    ap.add_argument("--seconds", type=float, default=120, help="paced rounds: how long")
     ap.add_argument("--name", default="mirror_scaleout", help="results/<name>.json")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -165,10 +241,18 @@ def main() -> None:
 
         importlib.reload(sitecustomize)
     results = per_table_count(args.tables, "flinkish-bench-scaleout-", lambda url, n, work: run(url, n, args, work))
+    print()
+    if args.rate:
+        print_table(["tables", "round", "parallelism", "load 1 min", "changes/s asked", "reached", "epochs",
+                     "batch ms p50", "lag ms p50 / p99", "lag ms p50 first / last 30 s"],
+                    [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rate_asked"], x["rate_reached"],
+                      x["epochs"], x["batch_ms_p50"], f"{x['lag_ms_p50']} / {x['lag_ms_p99']}",
+                      f"{x['lag_ms_p50_first_30s']} / {x['lag_ms_p50_last_30s']}") for r in results for x in r["rounds"]])
+        print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
+        return
     rows = [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rows"], x["epochs"], x["seconds"],
              x["throughput"], x["tables_changed"], x["batch_ms_p50"], x.get("prepare_ms_per_table", ""),
              x.get("commit_ms_per_table", "")) for r in results for x in r["rounds"]]
-    print()
     print_table(["tables", "round", "parallelism", "load 1 min", "changes", "epochs", "s", "changes/s",
                  "tables changed (versions)", "batch ms p50", "prepare ms / changed table (all tasks)",
                  "commit ms / changed table"], rows)
