@@ -74,7 +74,8 @@ END $$;
 """
 
 
-def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int, args: argparse.Namespace) -> dict[str, Any]:
+def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int,
+                args: argparse.Namespace) -> dict[str, Any]:
     """One paced round (see the module docstring): lag figures and the rate reached."""
     import psycopg
 
@@ -112,7 +113,8 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
             "lag_ms_p99": round(1000 * percentile([x for x, _ in lags], 0.99)),
             "lag_ms_p50_first_30s": round(1000 * percentile(first, 0.5)),
             "lag_ms_p50_last_30s": round(1000 * percentile(last, 0.5)),
-            "epochs": len(busy), "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5))}
+            "epochs": len(busy),
+            "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5))}
 
 
 def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int, max_rows: int | None,
@@ -193,10 +195,9 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
         hi = last_epoch_end(busy[-1])
         changes = sum(x.numInputRows for x in busy)
         timers = timers_between(timer_file, lo, hi)
-        tables_changed = sum(min(n, x.numInputRows) for x in busy)  # upper bound; refined below from the logs
-        logs = [m for m in (os.path.getmtime(f) for f in glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", "*.json")))
-                if lo <= m <= hi + 1]
-        tables_changed = len(logs)
+        # tables changed = the Delta versions written in the round (one per changed table and epoch)
+        logs = glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", "*.json"))
+        tables_changed = sum(1 for f in logs if lo <= os.path.getmtime(f) <= hi + 1)
         r = {"round": i, "parallelism": p, "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
              "rows": changes, "seconds": round(hi - lo, 1), "throughput": round(changes / (hi - lo)),
              "tables_changed": tables_changed,
@@ -245,9 +246,10 @@ def main() -> None:
     if args.rate:
         print_table(["tables", "round", "parallelism", "load 1 min", "changes/s asked", "reached", "epochs",
                      "batch ms p50", "lag ms p50 / p99", "lag ms p50 first / last 30 s"],
-                    [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rate_asked"], x["rate_reached"],
-                      x["epochs"], x["batch_ms_p50"], f"{x['lag_ms_p50']} / {x['lag_ms_p99']}",
-                      f"{x['lag_ms_p50_first_30s']} / {x['lag_ms_p50_last_30s']}") for r in results for x in r["rounds"]])
+                    [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rate_asked"],
+                      x["rate_reached"], x["epochs"], x["batch_ms_p50"], f"{x['lag_ms_p50']} / {x['lag_ms_p99']}",
+                      f"{x['lag_ms_p50_first_30s']} / {x['lag_ms_p50_last_30s']}")
+                     for r in results for x in r["rounds"]])
         print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
         return
     rows = [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rows"], x["epochs"], x["seconds"],

@@ -49,8 +49,9 @@ def main() -> None:
     try:
         meta = os.path.join(tmp, "meta")
         log = DecisionLog(FileIO.for_url(meta), meta, "m")
-        sink = RoutedDeltaSink(FileIO.for_url(tmp), Route(os.path.join(tmp, "lake", "{schema}", "{table}"), "path"), "m",
-                               metadata_io=FileIO.for_url(meta), metadata_dir=log.directory)
+        route = Route(os.path.join(tmp, "lake", "{schema}", "{table}"), "path")
+        sink = RoutedDeltaSink(FileIO.for_url(tmp), route, "m", metadata_io=FileIO.for_url(meta),
+                               metadata_dir=log.directory)
         schemas = [table_schema(f"bench.t_{i:05d}", [("id", "int"), ("v", "bigint"), ("s", "text")], ("id",))
                    for i in range(args.tables)]
         s = StreamBuilder()
