@@ -65,7 +65,7 @@ def test_two_tasks_killed_between_prepares_and_mid_commit_then_the_targets_equal
         run3 = start(cmd, log)
         before = len(committed_batches(spark_cp))
         # the schema changes and the new table come 2 s apart once two epochs are committed: give them time
-        wait_for("10 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 10, run3, log)
+        wait_for("6 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 6, run3, log)
         stop_writer.touch()
         writer.wait(timeout=60)
         run3.send_signal(signal.SIGTERM)
