@@ -10,8 +10,9 @@ procedure: ``--txns`` transactions, each updating one row in each of ``--per-txn
 tables: ``txns * per_txn`` changes, no client round trips), and the query is started again
 with the round's parallelism and ``maxRowsPerTrigger``; the round ends at the first epoch
 without rows. Throughput = the backlog's changes / (end of the last epoch with rows - start of
-the first). Rounds alternate the parallelism (1, 2, 1, 2, ...) on the same tables and the same
-Spark session, so a drift of the machine's load hits both alike; the load average is recorded
+the first). Several rounds (``--rounds 1,2``) run on the same tables and Spark session; but each
+table's commit grows with its versions (docs/benchmarks.md), so a later round is slower for that
+alone: compare one round per run (fresh tables), runs alternating. The load average is recorded
 per round. With ``--timers`` (benchmarks/timers/sitecustomize.py): the sink tasks' prepare
 seconds (summed over tasks) and the driver's commit seconds per epoch, and both per changed table.
 
