@@ -25,7 +25,17 @@ epoch, after the query stopped:
   after ``COMMIT`` returned. A change overwritten by a later one of the same key within one epoch
   never shows (the net change is written), so the count of changes seen is printed too.
 
-    python benchmarks/mirror_scale.py [--tables 10,100] [--seconds 60] [--rate 200] [--quiet-rate 6] [--trigger 1]
+Scale-out (issue 26): ``--parallelism 1,2`` runs each table count once per value, side by side in
+one run: the stream is spread by table over that many sink tasks
+(:func:`flinkish_spark.mirror.spread.spread_tables`, what ``flinkish mirror --parallelism`` does; 1 =
+no shuffle, the per-table work in the read task as before). Throughput = the busy phase's changes /
+(the last one's visibility - the busy phase's start): the writer's rate while the mirror keeps up,
+the mirror's own rate when it falls behind. With ``--timers`` (benchmarks/timers/sitecustomize.py)
+the per-changed-table cost: the sink tasks' prepare seconds and the driver's commit seconds per
+epoch, each divided by the tables the epoch changed.
+
+    python benchmarks/mirror_scale.py [--tables 10,100] [--seconds 60] [--quiet-seconds 60] [--rate 200]
+        [--quiet-rate 6] [--trigger 1] [--parallelism 1,2] [--timers]
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import per_table_count, print_table, write_results  # noqa: E402
 from multi_table_source import create_tables, percentile  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 WRITER = r'''
 import json, os, random, sys, time, psycopg
@@ -137,18 +149,44 @@ def last_epoch_end(p: Any) -> float:
     return start + (p.durationMs or {}).get("triggerExecution", 0) / 1000
 
 
-def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]:
+def timers_per_epoch(path: str, epochs: list[dict[str, Any]], since: float) -> None:
+    """Sum the timer lines (``sink.prepare`` of every task, ``sink.commit``) into the epoch whose sink
+    commit ended next after the line's end (an epoch's prepares and commit end before its ``.done``)."""
+    if not os.path.exists(path):
+        return
+    for e in epochs:
+        e["prepare_s"], e["commit_timer_s"], e["prepare_tasks"] = 0.0, 0.0, 0
+    dones = [(e["done_at"], e) for e in epochs]
+    for line in open(path):
+        t = json.loads(line)
+        if t["name"] not in ("sink.prepare", "sink.commit") or t["start"] < since:  # an earlier run's
+            continue
+        e = next((e for done, e in dones if t["end"] <= done + 0.05), None)
+        if e is None:
+            continue
+        if t["name"] == "sink.prepare":
+            e["prepare_s"] += t["s"]
+            e["prepare_tasks"] += 1
+        else:
+            e["commit_timer_s"] += t["s"]
+
+
+def run_one(url: str, n: int, args: argparse.Namespace, work: str, parallelism: int) -> dict[str, Any]:
     import psycopg
 
     import flinkish_spark
+    from flinkish_spark.mirror.spread import spread_tables
 
     create_tables(url, n, args.rows, "bigint")
-    meta, cp, lake = (os.path.join(work, f"{x}-{n}") for x in ("meta", "cp", "lake"))
+    meta, cp, lake = (os.path.join(work, f"{x}-{n}-p{parallelism}") for x in ("meta", "cp", "lake"))
+    since = time.time()
     spark = flinkish_spark.session(app_name=f"bench-mirror-{n}", conf={
         "spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "2g"})
     spark.sparkContext.setLogLevel("ERROR")
-    df = (spark.readStream.format("flinkish.postgres").option("uid", f"src{n}").option("checkpoint", meta)
+    src = f"src{n}p{parallelism}"
+    df = (spark.readStream.format("flinkish.postgres").option("uid", src).option("checkpoint", meta)
           .option("url", url).option("tables", "bench.*").option("retainCheckpoints", "1000000").load())
+    df = spread_tables(df, parallelism)
     t0 = time.time()
     q = (df.writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
          .option("path", os.path.join(lake, "{schema}", "{table}")).option("retainDecisions", "1000000")
@@ -160,9 +198,10 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
         time.sleep(0.5)
     snapshot_s = time.time() - t0
     snapshot_epochs = len(q.recentProgress)
-    print(f"{n} tables: snapshot {snapshot_s:.1f} s in {snapshot_epochs} epochs", flush=True)
+    print(f"{n} tables, parallelism {parallelism}: snapshot {snapshot_s:.1f} s in {snapshot_epochs} epochs", flush=True)
     time.sleep(2 * args.trigger)
-    phases = [(args.seconds, args.quiet_rate), (args.seconds, args.rate)]
+    load_busy = os.getloadavg()
+    phases = [(args.quiet_seconds, args.quiet_rate), (args.seconds, args.rate)]
     committed_file = os.path.join(work, f"committed-{n}.json")
     phase_start = time.time()
     subprocess.run([sys.executable, "-c", WRITER, url, str(n), str(args.rows), str(args.per_txn), json.dumps(phases),
@@ -172,11 +211,12 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
     progress = [p for p in q.recentProgress]
     spark.stop()
     with psycopg.connect(url, autocommit=True) as conn:  # a stop without drain keeps the slot: not needed here
-        conn.execute(f"SELECT pg_drop_replication_slot('flinkish_src{n}')")
-        conn.execute(f"DROP PUBLICATION flinkish_src{n}")
+        conn.execute(f"SELECT pg_drop_replication_slot('flinkish_{src}')")
+        conn.execute(f"DROP PUBLICATION flinkish_{src}")
+        conn.execute("DROP SCHEMA bench CASCADE")  # the next run creates its tables anew
 
     committed = json.load(open(committed_file))
-    busy_from = next((c[1] for c in committed if c[1] - phase_start >= args.seconds), float("inf"))
+    busy_from = next((c[1] for c in committed if c[1] - phase_start >= args.quiet_seconds), float("inf"))
     visible = versions_visible(os.path.join(lake, "bench"))
     lags: dict[str, list[float]] = {"busy": [], "quiet": []}
     changes = 0
@@ -186,6 +226,11 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
             if (t, seq) in visible:
                 lags["quiet" if at < busy_from else "busy"].append(visible[(t, seq)] - at)
     epochs = epoch_metadata(meta, cp, os.path.join(lake, "bench"), "lake")
+    timers_per_epoch(os.environ.get("FLINKISH_BENCH_TIMERS", ""), epochs, since)
+    busy_seen = [visible[(t, seq)] for seq, at, tables in committed if at >= busy_from for t in tables
+                 if (t, seq) in visible]
+    busy_changes = sum(len(tables) for _, at, tables in committed if at >= busy_from)
+    busy_writer_s = max((at for _, at, _ in committed), default=busy_from) - busy_from
     latest = {p.batchId: (p.durationMs or {}).get("latestOffset", 0) / 1000 for p in progress}
     add_batch = {p.batchId: (p.durationMs or {}).get("addBatch", 0) / 1000 for p in progress}
     trigger = {p.batchId: (p.durationMs or {}).get("triggerExecution", 0) / 1000 for p in progress}
@@ -195,7 +240,11 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
         e["rows"] = rows.get(e["epoch"])
         e["add_batch_s"], e["trigger_s"] = add_batch.get(e["epoch"]), trigger.get(e["epoch"])
         e["phase"] = "snapshot" if e["done_at"] < phase_start else "quiet" if e["done_at"] < busy_from else "busy"
-    result: dict[str, Any] = {"tables": n, "snapshot_s": round(snapshot_s, 1), "snapshot_epochs": snapshot_epochs,
+    result: dict[str, Any] = {"tables": n, "parallelism": parallelism, "load_busy_start": load_busy,
+                              "load_end": os.getloadavg(), "busy_changes": busy_changes,
+                              "writer_rate": round(busy_changes / busy_writer_s) if busy_writer_s else None,
+                              "throughput": round(busy_changes / (max(busy_seen) - busy_from)) if busy_seen else None,
+                              "snapshot_s": round(snapshot_s, 1), "snapshot_epochs": snapshot_epochs,
                               "changes": changes, "caught_up_s": caught_up, "end": str(end), "phases": {}}
     for phase in ("quiet", "busy"):
         es = [e for e in epochs if e["phase"] == phase and e["rows"]]
@@ -218,6 +267,19 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
             "lag_ms_p50": round(1000 * percentile(lag, 0.5)), "lag_ms_p99": round(1000 * percentile(lag, 0.99)),
             "lag_samples": len(lag),
         }
+        if args.timers:
+            per = [(e["prepare_s"] / e["tables_changed"], e["commit_timer_s"] / e["tables_changed"])
+                   for e in es if e["tables_changed"]]
+            result["phases"][phase]["prepare_ms_per_table_p50"] = round(1000 * percentile([a for a, _ in per], 0.5), 2)
+            result["phases"][phase]["commit_ms_per_table_p50"] = round(1000 * percentile([b for _, b in per], 0.5), 2)
+            result["phases"][phase]["prepare_tasks_p50"] = percentile([float(e["prepare_tasks"]) for e in es], 0.5)
+        if phase == "busy" and lag:  # growth: the lag of the busy phase's first 30 s against its last 30 s
+            first = [visible[(t, seq)] - at for seq, at, tables in committed if busy_from <= at < busy_from + 30
+                     for t in tables if (t, seq) in visible]
+            last = [visible[(t, seq)] - at for seq, at, tables in committed
+                    if at >= busy_from + busy_writer_s - 30 for t in tables if (t, seq) in visible]
+            result["phases"][phase]["lag_ms_p50_first_30s"] = round(1000 * percentile(first, 0.5))
+            result["phases"][phase]["lag_ms_p50_last_30s"] = round(1000 * percentile(last, 0.5))
     result["epochs"] = epochs
     return result
 
@@ -225,7 +287,11 @@ def run_one(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tables", default="10,100,1000")
-    ap.add_argument("--seconds", type=float, default=60, help="length of each writer phase (busy, then quiet)")
+    ap.add_argument("--seconds", type=float, default=60, help="length of the busy phase (and of the quiet one)")
+    ap.add_argument("--quiet-seconds", type=float, default=None, help="length of the quiet phase (default --seconds)")
+    ap.add_argument("--parallelism", default="1", help="sink tasks, e.g. 1,2: each table count runs once per value")
+    ap.add_argument("--timers", action="store_true", help="benchmark-only timers: prepare / commit per changed table")
+    ap.add_argument("--name", default="mirror_scale", help="results/<name>.json")
     ap.add_argument("--rate", type=float, default=200.0, help="changes/s over all tables in the busy phase")
     ap.add_argument("--quiet-rate", type=float, default=6.0, help="changes/s in the quiet phase")
     ap.add_argument("--per-txn", type=int, default=3, help="tables changed per transaction")
@@ -233,9 +299,24 @@ def main() -> None:
     ap.add_argument("--trigger", type=float, default=1.0, help="processing-time trigger, seconds")
     ap.add_argument("--catch-up", type=float, default=600, help="at most this long waiting for the mirror to catch up")
     args = ap.parse_args()
+    if args.quiet_seconds is None:
+        args.quiet_seconds = args.seconds
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if args.timers:  # before the JVM starts: Spark's Python workers inherit the environment
+        os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "timers"), os.environ.get("PYTHONPATH", "")])
+        os.environ["FLINKISH_BENCH_TIMERS"] = f"/tmp/flinkish-bench-{args.name}-timers-{os.getpid()}.jsonl"
+        if os.path.exists(os.environ["FLINKISH_BENCH_TIMERS"]):
+            os.remove(os.environ["FLINKISH_BENCH_TIMERS"])
+        sys.path.insert(0, os.path.join(HERE, "timers"))
+        import importlib
+
+        import sitecustomize  # noqa: F401  (this process started before the variable was set)
+
+        importlib.reload(sitecustomize)
     load = os.getloadavg()
-    results = per_table_count(args.tables, "flinkish-bench-mirror-", lambda url, n, work: run_one(url, n, args, work))
+    results = per_table_count(args.tables, "flinkish-bench-mirror-", lambda url, n, work: [
+        run_one(url, n, args, work, int(p)) for p in args.parallelism.split(",")])
+    results = [r for rs in results for r in rs]  # type: ignore[union-attr]
     print(f"\nmirror flinkish.postgres (tables=bench.*) -> flinkish.delta {{schema}}/{{table}}, local disk, "
           f"{args.trigger:g} s trigger, {args.rows} rows per table, {args.per_txn} tables per transaction; "
           f"{args.seconds:g} s at {args.quiet_rate:g} changes/s (quiet), then {args.seconds:g} s at {args.rate:g} (busy); "
@@ -243,16 +324,16 @@ def main() -> None:
     rows = []
     for r in results:
         for phase, p in r["phases"].items():
-            rows.append((r["tables"], r["snapshot_s"], phase, p["epochs"], p["rows_per_epoch_p50"],
+            rows.append((r["tables"], r["parallelism"], r["throughput"], r["snapshot_s"], phase, p["epochs"], p["rows_per_epoch_p50"],
                          f"{p['latest_offset_ms_p50']} / {p['latest_offset_ms_p99']}",
                          f"{p['commit_ms_p50']} / {p['commit_ms_p99']}", p["add_batch_ms_p50"], p["batch_ms_p50"],
                          p["tables_changed_p50"],
                          f"{p['flinkish_bytes_p50']} ({p['source_bytes_p50']} + {p['sink_bytes_p50']})", p["spark_bytes_p50"],
                          p["delta_log_bytes_p50"], f"{p['lag_ms_p50']} / {p['lag_ms_p99']}", p["lag_samples"]))
-    print_table(["tables", "snapshot s", "phase", "epochs", "rows/epoch", "latestOffset ms p50/p99",
+    print_table(["tables", "parallelism", "busy changes/s seen", "snapshot s", "phase", "epochs", "rows/epoch", "latestOffset ms p50/p99",
                  "sink commit ms p50/p99", "addBatch ms p50", "batch ms p50", "tables changed/epoch", "flinkish B/epoch (source + sink)", "Spark B/epoch", "Delta log B/epoch", "lag ms p50/p99",
                  "changes seen"], rows)
-    print("\nwrote", write_results("mirror_scale", {"args": vars(args), "load_at_start": load, "results": results}))
+    print("\nwrote", write_results(args.name, {"args": vars(args), "load_at_start": load, "results": results}))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ Points (see docs/guarantees.md):
   ``latestOffset``, around writing the checkpoint file, i.e. before Spark's offset log;
 * ``source.partitions`` -- planning a batch, after Spark wrote its offset log;
 * ``source.read`` -- on an executor, after the first batch of a split was produced (mid-batch);
+* ``sink.after_prepare`` -- on an executor, a sink task's prepare is done (its files written), the
+  epoch's other tasks' prepares not necessarily (with the mirror's ``parallelism``: between two tasks' prepares);
 * ``sink.before_decision`` / ``sink.after_decision`` / ``sink.before_done`` -- the driver's commit
   (:mod:`flinkish_spark.sink.committer`); ``sink.mid_commit`` -- inside a sink's commit, some output
   visible; ``sink.after_commit`` -- committed, Spark's commit log not yet written;

@@ -37,6 +37,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="the target format (default: postgres for a postgresql:// --to, else delta)")
     m.add_argument("--checkpoint", help="the metadata root (local folder or s3://...); keep it for restarts")
     m.add_argument("--trigger", help="how often an epoch is committed, e.g. 10s (default), 1m")
+    m.add_argument("--parallelism", type=int, metavar="N", help="tasks an epoch's per-table work runs in, and "
+                   "Spark's local[N] (default 2): the changes are spread by table (docs/mirror.md)")
     m.add_argument("--stop-after-snapshot", action="store_true", help="copy the tables as they are and end")
     m.add_argument("--uid", help="names the pipeline's state: slot and publication flinkish_<uid> (default mirror)")
     m.add_argument("--spark-checkpoint", help="Spark's own checkpoint folder (local; default <checkpoint>/spark "
@@ -145,7 +147,8 @@ def config_of(args: argparse.Namespace) -> Any:
                                 ("--uid", args.uid), ("--spark-checkpoint", args.spark_checkpoint),
                                 ("--source-option", args.source_option), ("--sink-option", args.sink_option),
                                 ("--master", getattr(args, "master", None)), ("--remote", getattr(args, "remote", None)),
-                                ("--server-timeout", getattr(args, "server_timeout", None))) if v]
+                                ("--server-timeout", getattr(args, "server_timeout", None)),
+                                ("--parallelism", args.parallelism)) if v]
         if given:
             raise ConfigError(f"flinkish mirror: {', '.join(given)} cannot be combined with a pipeline file; set "
                               "them in the file (only --stop-after-snapshot may be added)")
@@ -157,7 +160,8 @@ def config_of(args: argparse.Namespace) -> Any:
                             stop_after_snapshot=args.stop_after_snapshot, uid=args.uid,
                             spark_checkpoint=args.spark_checkpoint, source_option=args.source_option,
                             sink_option=args.sink_option, master=getattr(args, "master", None),
-                            remote=getattr(args, "remote", None), server_timeout=getattr(args, "server_timeout", None))
+                            remote=getattr(args, "remote", None), server_timeout=getattr(args, "server_timeout", None),
+                            parallelism=args.parallelism)
 
 
 def run_mirror(args: argparse.Namespace) -> int:

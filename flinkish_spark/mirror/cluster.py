@@ -1,7 +1,8 @@
 """Where ``flinkish mirror`` runs its query: a Spark driver in the pipeline process, or a Spark Connect server.
 
-* ``--master URL`` (``pipeline.master``): ``local[N]`` (the default, ``local[2]``; ``pipeline.parallelism: N``
-  is ``local[N]``), ``local-cluster[N,cores,memoryMB]``, ``spark://host:7077``, ``yarn``, ``k8s://https://...``.
+* ``--master URL`` (``pipeline.master``): ``local[N]`` (the default: ``local[P]`` for ``--parallelism P``,
+  ``pipeline.parallelism``, default 2; on any master P is the number of sink tasks, :mod:`.spread`),
+  ``local-cluster[N,cores,memoryMB]``, ``spark://host:7077``, ``yarn``, ``k8s://https://...``.
   The pipeline process is the driver (client deploy mode): the source's planning and the sink's commit run
   there, the reading and writing tasks on the executors. On a master whose executors are other machines, the
   passwords travel to them as ``spark.executorEnv`` entries, whose names Spark redacts (``...PASSWORD``).
@@ -69,14 +70,12 @@ def placement(master: str | None, remote: str | None, server_timeout: float | No
     if master is not None and remote is not None:
         raise ConfigError(f"{where}{names['master']} and {names['remote']} together: the query runs either on a Spark "
                           f"master driven from this process or in a Spark Connect server; give one")
-    if parallelism is not None and (master is not None or remote is not None):
-        which = names["master"] if master is not None else names["remote"]
-        raise ConfigError(f"{where}pipeline.parallelism and {which} together: parallelism N means master local[N]; on a "
-                          "cluster the executors' cores set it. Give one of the two")
     if server_timeout is not None and remote is None:
         raise ConfigError(f"{where}{names['server_timeout']} is for a Spark Connect server ({names['remote']} sc://...); "
                           "drop it")
     if remote is None:
+        # Without a master, parallelism N is also the local driver's cores (local[N]); with one it is only the
+        # number of sink tasks an epoch's per-table work is spread over (mirror.spread).
         default = f"local[{parallelism}]" if parallelism else "local[2]"
         return {"master": check_master(master, where + names["master"]) if master is not None else default}
     remote = check_remote(remote, where + names["remote"])

@@ -56,6 +56,9 @@ SNAPSHOT_ROWS_PER_TRIGGER_SECOND = 100_000
 #: ... and at most this many: a sink task holds its share of an epoch's rows in memory while it prepares.
 SNAPSHOT_ROWS_PER_TRIGGER_MAX = 1_000_000
 
+#: The sink tasks of an epoch (and ``local[N]``) unless given: the cores of a small machine.
+DEFAULT_PARALLELISM = 2
+
 _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of every routing sink a mirror may set: the storage ones and keepSparkCheckpoint (a copy of Spark's
 #: checkpoint with the metadata also for a local --checkpoint, e.g. a shared folder a new machine sees).
@@ -103,6 +106,8 @@ class MirrorConfig:
     remote: str | None = None
     #: how long a call waits for a Connect server that does not answer before the mirror exits (--remote only)
     server_timeout_s: float | None = None
+    #: Tasks an epoch's per-table work runs in (:mod:`flinkish_spark.mirror.spread`); also the local master's cores.
+    parallelism: int = DEFAULT_PARALLELISM
     verbose: bool = False  # Spark's log and the full traces on the terminal instead of in :attr:`log_file`
     metrics_port: int | None = None  # serve Prometheus metrics on this port (mirror.metrics)
     source_extra: tuple[tuple[str, str], ...] = ()
@@ -322,7 +327,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
               trigger: str | None = None, stop_after_snapshot: bool = False, uid: str | None = None,
               spark_checkpoint: str | None = None, source_option: Sequence[str] = (),
               sink_option: Sequence[str] = (), master: str | None = None, remote: str | None = None,
-              server_timeout: str | None = None) -> MirrorConfig:
+              server_timeout: str | None = None, parallelism: int | None = None) -> MirrorConfig:
     """The configuration of ``flinkish mirror --from ... --tables ... --to ... --checkpoint ...``."""
     missing = [flag for flag, v in (("--from", source), ("--tables", tables), ("--to", to), ("--checkpoint", checkpoint))
                if not v]
@@ -332,6 +337,9 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
     assert source and tables and to and checkpoint
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if parallelism is not None and parallelism < 1:
+        raise ConfigError(f"--parallelism must be a whole number >= 1, got {parallelism}")
+    tasks = parallelism or DEFAULT_PARALLELISM
     form: Format = cast(Format, fmt) if fmt else infer_format(to)
     source_url, source_password = split_password(source, "--from")
     uid = check_uid(uid or DEFAULT_UID, "--uid")
@@ -356,7 +364,8 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
     timeout = parse_trigger(server_timeout, "--server-timeout", "a duration") if server_timeout else None
     place = placement(master, remote, timeout, checkpoint=checkpoint, spark_checkpoint=spark_checkpoint,
                       passwords=(("--from", source_password, src_given.get("passwordEnv")),
-                                 ("--to", sink_password, sink_given.get("passwordEnv"))), names=FLAG_NAMES)
+                                 ("--to", sink_password, sink_given.get("passwordEnv"))), names=FLAG_NAMES,
+                      parallelism=str(tasks))
     checkpoint = absolute(checkpoint)
     return MirrorConfig(
         uid=uid, name=uid, source_url=source_url, tables=check_tables(tables, "--tables"), format=form,
@@ -365,7 +374,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         spark_checkpoint=absolute(check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
                                                           "--spark-checkpoint")),
         trigger_s=parse_trigger(trigger, "--trigger") if trigger else DEFAULT_TRIGGER_S,
-        stop_after_snapshot=stop_after_snapshot, **place,
+        stop_after_snapshot=stop_after_snapshot, parallelism=tasks, **place,
         source_extra=_extra(src_given, SOURCE_OPTIONS, "--source-option"),
         sink_extra=_extra(sink_given, allowed, f"--sink-option (format {form})"),
         source_password=source_password, sink_password=sink_password,

@@ -172,13 +172,16 @@ def _observe(df: Any) -> Any:
 
 
 def start_query(spark: Any, config: MirrorConfig) -> Any:
-    """The mirror's streaming query, started: ``flinkish.postgres`` (``tables``) -> the routing sink."""
+    """The mirror's streaming query, started: ``flinkish.postgres`` (``tables``) -> spread over ``parallelism``
+    tasks by table (:mod:`flinkish_spark.mirror.spread`) -> the routing sink."""
+    from flinkish_spark.mirror.spread import spread_tables
     from flinkish_spark.sink.spark_checkpoint import restore_spark_checkpoint
 
     reader = spark.readStream.format("flinkish.postgres")
     for key, value in config.source_options().items():
         reader = reader.option(key, value)
-    writer = _observe(reader.load()).writeStream.format(config.sink_format)
+    # the per-table work of an epoch in `parallelism` tasks, not in the one that reads the slot
+    writer = spread_tables(_observe(reader.load()), config.parallelism).writeStream.format(config.sink_format)
     for key, value in config.sink_options().items():
         writer = writer.option(key, value)
     writer = writer.option("checkpointLocation", config.spark_checkpoint)

@@ -28,6 +28,7 @@ from flinkish_spark.mirror.config import (
     check_target,
     check_uid,
     default_spark_checkpoint,
+    DEFAULT_PARALLELISM,
     DEFAULT_TRIGGER_S,
     DEFAULT_UID,
     delta_target,
@@ -267,7 +268,7 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
                                                           "pipeline file: pipeline.spark-checkpoint")),
         trigger_s=parse_trigger(trigger, "pipeline file: pipeline.trigger") if trigger else DEFAULT_TRIGGER_S,
         stop_after_snapshot=stop_after_snapshot or stop_raw, metrics_port=int(port) if port else None,
-        **place,
+        parallelism=int(parallelism or DEFAULT_PARALLELISM), **place,
         source_extra=tuple(sorted(src_extra.items())), sink_extra=tuple(sorted(sink_extra.items())),
         source_password=source_password, sink_password=sink_password,
     )

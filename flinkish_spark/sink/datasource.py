@@ -257,6 +257,7 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
                 pass
             return PreparedMessage(None, ctx.partition_id, ctx.attempt)
         committable = self.source.sink(self.schema).prepare(iterator, ctx)
+        crash_point("sink.after_prepare")  # this task's files are written; the epoch's other tasks' may not be
         return PreparedMessage(committable, ctx.partition_id, ctx.attempt)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -48,6 +48,14 @@ def test_a_connect_server_and_its_timeout() -> None:
     assert flags().remote is None and from_document(doc(parallelism=3)).master == "local[3]"
 
 
+def test_parallelism_on_a_master_is_the_number_of_sink_tasks() -> None:
+    f = from_document(doc(parallelism=4, master="yarn"))
+    assert (f.master, f.parallelism) == ("yarn", 4)
+    c = flags(master="spark://m:7077", parallelism=8)
+    assert (c.master, c.parallelism) == ("spark://m:7077", 8)
+    assert (flags(parallelism=3).master, flags().parallelism) == ("local[3]", 2)
+
+
 def test_relative_paths_are_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     c = flags(to="lake", checkpoint="meta", spark_checkpoint="spark", remote="sc://h:1")
@@ -86,7 +94,6 @@ def test_a_password_for_the_server_is_named_by_passwordenv() -> None:
 @pytest.mark.parametrize("pipeline, message", [
     ({"master": "local", "remote": "sc://h:1"}, "pipeline.master and pipeline.remote together"),
     ({"master": "cluster"}, "pipeline.master: 'cluster' is not a Spark master URL"),
-    ({"parallelism": 4, "master": "yarn"}, "pipeline file: pipeline.parallelism and pipeline.master together"),
     ({"remote": "grpc://h:1"}, "pipeline.remote: 'grpc://h:1' is not a Spark Connect URL"),
     ({"server-timeout": 5}, "pipeline.server-timeout is for a Spark Connect server"),
 ])

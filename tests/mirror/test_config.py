@@ -59,6 +59,8 @@ def test_flags_give_the_options_a_python_user_passes() -> None:
                                 "rowsPerFile": "1000"}
     assert c.password_env() == {SOURCE_PASSWORD_ENV: SECRET}
     assert c.trigger_s == 2.0 and c.spark_checkpoint == "/meta/spark"
+    assert (c.parallelism, c.master) == (2, "local[2]")  # an epoch's per-table work in 2 tasks by default
+    assert (flags(parallelism=4).parallelism, flags(parallelism=4).master) == (4, "local[4]")
     assert_no_secret(c)
 
 
@@ -111,6 +113,7 @@ def test_the_json_for_the_pipeline_process_round_trips_without_passwords() -> No
     ({"source_option": ["splitsize=5"]}, "unknown key 'splitsize'. Did you mean 'splitSize'"),
     ({"sink_option": ["mode=append"]}, r"unknown key 'mode'"),
     ({"sink_option": ["rowsPerFile"]}, "is not KEY=VALUE"),
+    ({"parallelism": 0}, "--parallelism must be a whole number >= 1"),
 ])
 def test_bad_flags_are_refused_naming_the_flag(over: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:

@@ -79,6 +79,7 @@ pipeline:
     assert c.sink_options() == {"uid": "shop_sink", "checkpoint": "s3://lake/_meta", "path": "s3://lake/raw/{table}",
                                 "targetFileSize": "64MiB"}
     assert (c.name, c.trigger_s, c.master, c.spark_checkpoint) == ("Shop to the lake", 30.0, "local[4]", "/var/lib/shop")
+    assert c.parallelism == 4  # the sink tasks an epoch's per-table work is spread over
     assert c.password_env() == {SOURCE_PASSWORD_ENV: SECRET}
     assert_no_secret(c)
 

@@ -13,7 +13,10 @@ of ``connectors/postgres/source/``):
 * :mod:`.binlog` -- the log's events over the replication protocol (file+offset starts) and its table
   map events with the optional metadata of ``binlog_row_metadata=FULL``;
 * :mod:`.row_values` -- row events -> Python values, one precompiled reader per column, by the rules
-  of :mod:`.types`.
+  of :mod:`.types`;
+* :mod:`.snapshot` -- the lock-free consistent snapshot and the log position it is consistent with
+  (MariaDB's ``binlog_snapshot_file``/``_position``, as a GTID position too), primary key chunks, a
+  chunk read into Arrow.
 
 The binary log's row events are to be decoded by the project's own pure-Python code over PyMySQL (the
 extra ``flinkish_spark[mysql]``), as ``connectors/postgres/pgoutput.py`` decodes PostgreSQL's: chosen by

@@ -15,16 +15,15 @@ PyMySQL is optional (``pip install 'flinkish_spark[mysql]'``): imported inside :
 
 from __future__ import annotations
 
-import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from flinkish_spark.connectors.passwords import MASK, password_from
 from flinkish_spark.errors import ConfigError, DatabaseAccessError, DatabaseUnavailableError, EnvironmentSetupError
 
 INSTALL_HINT = "pip install 'flinkish_spark[mysql]'"
-MASK = "***"
 DEFAULT_PORT = 3306
 PASSWORD_VARIABLE = "MYSQL_PWD"
 
@@ -68,17 +67,7 @@ class ConnectionInfo:
 
     def password(self) -> str:
         """From the URL, else the variable named by ``passwordEnv``, else ``MYSQL_PWD``, else empty."""
-        if self.url_password is not None:
-            return self.url_password
-        if self.password_env:
-            value = os.environ.get(self.password_env)
-            if value is None:
-                raise ConfigError(
-                    f"option 'passwordEnv' names the environment variable {self.password_env!r}, which is not set "
-                    "in this process (the driver and every executor need it)"
-                )
-            return value
-        return os.environ.get(PASSWORD_VARIABLE, "")
+        return password_from(self.url_password, self.password_env, PASSWORD_VARIABLE) or ""
 
     def mask(self, text: str) -> str:
         """``text`` with the password (from wherever it came) replaced by ``***``."""

@@ -18,7 +18,6 @@ they are imported inside the functions, so importing this module needs neither.
 
 from __future__ import annotations
 
-import os
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -27,10 +26,10 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import types as T
 
+from flinkish_spark.connectors.passwords import MASK, password_from
 from flinkish_spark.errors import ConfigError, DatabaseAccessError, DatabaseUnavailableError, EnvironmentSetupError
 
 INSTALL_HINT = "pip install 'flinkish_spark[postgres]'"
-MASK = "***"
 #: The oldest server both connectors support (``server_version_num``): 13 has ``wal_status`` in
 #: ``pg_replication_slots`` and ``publish_via_partition_root``; 12 has neither. Newer columns
 #: (``conflicting`` 16, ``invalidation_reason`` 17, publication column lists and row filters 15)
@@ -85,17 +84,7 @@ class ConnectionInfo:
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))
 
     def password(self) -> str | None:
-        if self.url_password is not None:
-            return self.url_password
-        if self.password_env:
-            value = os.environ.get(self.password_env)
-            if value is None:
-                raise ConfigError(
-                    f"option 'passwordEnv' names the environment variable {self.password_env!r}, which is not set "
-                    "in this process (the driver and every executor need it)"
-                )
-            return value
-        return os.environ.get("PGPASSWORD")
+        return password_from(self.url_password, self.password_env, "PGPASSWORD")
 
     def mask(self, text: str) -> str:
         """``text`` with the password (from wherever it came) replaced by ``***``."""

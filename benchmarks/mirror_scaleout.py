@@ -1,0 +1,266 @@
+"""The mirror's throughput on a backlog over many tables, with the per-table work in 1 and in 2 sink tasks, alternating.
+
+Issue 26, target 3: ``flinkish.postgres`` (``tables = 'bench.*'``) -> spread by table over
+``parallelism`` tasks (:func:`flinkish_spark.mirror.spread.spread_tables`, what ``flinkish mirror
+--parallelism`` does; 1 = no shuffle: the per-table work in the task that reads the slot) ->
+``flinkish.delta`` routed by ``{schema}/{table}`` on local disk, 1 s trigger. N tables
+(``id int primary key, v bigint, s text``, 20 rows each) are snapshotted once. Then, per round,
+the query is stopped (the slot keeps the position), a backlog is written inside the server (a
+procedure: ``--txns`` transactions, each updating one row in each of ``--per-txn`` random
+tables: ``txns * per_txn`` changes, no client round trips), and the query is started again
+with the round's parallelism and ``maxRowsPerTrigger``; the round ends at the first epoch
+without rows. Throughput = the backlog's changes / (end of the last epoch with rows - start of
+the first). Several rounds (``--rounds 1,2``) run on the same tables and Spark session; but each
+table's commit grows with its versions (docs/benchmarks.md), so a later round is slower for that
+alone: compare one round per run (fresh tables), runs alternating. The load average is recorded
+per round. With ``--timers`` (benchmarks/timers/sitecustomize.py): the sink tasks' prepare
+seconds (summed over tasks) and the driver's commit seconds per epoch, and both per changed table.
+
+With ``--rate R --seconds S`` a round is paced instead (target 2, "keeps up"): the query runs
+with the round's parallelism and no ``maxRowsPerTrigger`` while a procedure inside the server
+commits ``R`` changes/s for ``S`` seconds (each update sets ``v`` to the commit's clock in
+microseconds, so lag = the mtime of the first Delta version holding the row - ``v``); the round
+ends when the mirror has caught up. Reported: the rate the server reached, lag p50/p99 over the
+round and the lag p50 of the first and of the last 30 s (growth).
+
+    python benchmarks/mirror_scaleout.py [--tables 1000] [--rounds 1,2,1,2] [--txns 10000] [--max-rows 6000] [--timers]
+    python benchmarks/mirror_scaleout.py --tables 100,1000 --rounds 1,2 --rate 5000 --seconds 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import per_table_count, print_table, write_results  # noqa: E402
+from mirror_scale import last_epoch_end  # noqa: E402
+from multi_table_source import create_tables, percentile  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+BURST = """
+CREATE OR REPLACE PROCEDURE bench.burst(txns int, tables int, per_txn int, nrows int, base int)
+LANGUAGE plpgsql AS $$
+DECLARE i int; j int;
+BEGIN
+  FOR i IN 1..txns LOOP
+    FOR j IN 1..per_txn LOOP
+      EXECUTE format('UPDATE bench.t_%s SET v = $1 WHERE id = $2', lpad(floor(random() * tables)::int::text, 5, '0'))
+        USING base + i, 1 + floor(random() * nrows)::int;
+    END LOOP;
+    COMMIT;
+  END LOOP;
+END $$;
+CREATE OR REPLACE PROCEDURE bench.paced(rate float8, seconds float8, tables int, per_txn int, nrows int)
+LANGUAGE plpgsql AS $$
+DECLARE t0 float8 := extract(epoch FROM clock_timestamp()); done bigint := 0; ahead float8; j int;
+BEGIN
+  WHILE extract(epoch FROM clock_timestamp()) - t0 < seconds LOOP
+    FOR j IN 1..per_txn LOOP
+      EXECUTE format('UPDATE bench.t_%s SET v = $1 WHERE id = $2', lpad(floor(random() * tables)::int::text, 5, '0'))
+        USING (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, 1 + floor(random() * nrows)::int;
+    END LOOP;
+    COMMIT;
+    done := done + per_txn;
+    ahead := done / rate - (extract(epoch FROM clock_timestamp()) - t0);
+    IF ahead > 0.001 THEN PERFORM pg_sleep(ahead); END IF;
+  END LOOP;
+  RAISE NOTICE 'changes %', done;
+END $$;
+"""
+
+
+def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int,
+                args: argparse.Namespace) -> dict[str, Any]:
+    """One paced round (see the module docstring): lag figures and the rate reached."""
+    import psycopg
+
+    import flinkish_spark
+    from mirror_scale import versions_visible
+
+    meta, cp, lake = dirs
+    load = os.getloadavg()
+    q = start(spark, url, meta, cp, lake, p, None, args.trigger)
+    time.sleep(5 + 2 * args.trigger)  # the query's first (empty) epochs
+    notices: list[str] = []
+    t0 = time.time()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        conn.execute("CALL bench.paced(%s, %s, %s, %s, %s)", (args.rate, args.seconds, n, args.per_txn, args.rows))
+    t1 = time.time()
+    while True:
+        progress = q.recentProgress
+        if q.exception() is not None:
+            raise RuntimeError(str(q.exception()))
+        if progress and progress[-1].numInputRows == 0 and last_epoch_end(progress[-1]) > t1:
+            break
+        time.sleep(0.5)
+    flinkish_spark.stop(q, drain=False, timeout=300)
+    changes = int(next((m.split()[-1] for m in notices if m.startswith("changes")), "0"))
+    lags = sorted((mtime - v / 1e6, v / 1e6) for (_, v), mtime in versions_visible(os.path.join(lake, "bench")).items()
+                  if v and t0 <= v / 1e6 <= t1)
+    by_time = sorted(lags, key=lambda x: x[1])
+    first = [lag for lag, at in by_time if at < t0 + 30]
+    last = [lag for lag, at in by_time if at >= t1 - 30]
+    busy = [x for x in progress if x.numInputRows]
+    return {"parallelism": p, "load": load, "load_end": os.getloadavg(), "rate_asked": args.rate,
+            "rate_reached": round(changes / (t1 - t0)), "seconds": round(t1 - t0, 1), "changes": changes,
+            "lag_samples": len(lags), "lag_ms_p50": round(1000 * percentile([x for x, _ in lags], 0.5)),
+            "lag_ms_p99": round(1000 * percentile([x for x, _ in lags], 0.99)),
+            "lag_ms_p50_first_30s": round(1000 * percentile(first, 0.5)),
+            "lag_ms_p50_last_30s": round(1000 * percentile(last, 0.5)),
+            "epochs": len(busy),
+            "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5))}
+
+
+def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int, max_rows: int | None,
+          trigger: float) -> Any:
+    """``max_rows`` None: the snapshot in one epoch (a bound would read one 20-row table per epoch)."""
+    from flinkish_spark.mirror.spread import spread_tables
+
+    reader = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
+              .option("url", url).option("tables", "bench.*"))
+    if max_rows is not None:
+        reader = reader.option("maxRowsPerTrigger", str(max_rows))
+    df = reader.load()
+    return (spread_tables(df, parallelism).writeStream.format("flinkish.delta").option("uid", "lake")
+            .option("checkpoint", meta).option("path", os.path.join(lake, "{schema}", "{table}"))
+            .option("checkpointLocation", cp).trigger(processingTime=f"{trigger} seconds").start())
+
+
+def timers_between(path: str, lo: float, hi: float) -> dict[str, float]:
+    out = {"prepare_s": 0.0, "commit_s": 0.0, "prepare_tasks": 0.0}
+    if not os.path.exists(path):
+        return out
+    for line in open(path):
+        t = json.loads(line)
+        if lo <= t["start"] < hi and t["name"] in ("sink.prepare", "sink.commit"):
+            out["prepare_s" if t["name"] == "sink.prepare" else "commit_s"] += t["s"]
+            out["prepare_tasks"] += t["name"] == "sink.prepare"
+    return out
+
+
+def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]:
+    import glob
+
+    import psycopg
+
+    import flinkish_spark
+
+    create_tables(url, n, args.rows, "bigint")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(BURST)
+    meta, cp, lake = (os.path.join(work, x) for x in ("meta", "cp", "lake"))
+    spark = flinkish_spark.session(app_name="bench-mirror-scaleout", conf={
+        "spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "2g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    t0 = time.time()
+    q = start(spark, url, meta, cp, lake, 1, None, args.trigger)
+    while len(glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", f"{0:020d}.json"))) < n:
+        if not q.isActive:
+            raise RuntimeError(f"the mirror ended during the snapshot: {q.exception()}")
+        time.sleep(0.5)
+    while not q.recentProgress or q.recentProgress[-1].numInputRows:  # until an epoch without rows
+        time.sleep(0.5)
+    print(f"{n} tables: snapshot {time.time() - t0:.1f} s", flush=True)
+    flinkish_spark.stop(q, drain=False, timeout=300)
+    timer_file = os.environ.get("FLINKISH_BENCH_TIMERS", "")
+    rounds = []
+    for i, p in enumerate(int(x) for x in args.rounds.split(",")):
+        if args.rate:
+            rounds.append({"round": i, **paced_round(spark, url, (meta, cp, lake), n, p, args)})
+            print(json.dumps(rounds[-1]), flush=True)
+            continue
+        w0 = time.time()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CALL bench.burst(%s, %s, %s, %s, %s)", (args.txns, n, args.per_txn, args.rows, i * args.txns))
+        write_s = time.time() - w0
+        load = os.getloadavg()
+        q = start(spark, url, meta, cp, lake, p, args.max_rows, args.trigger)
+        seen = 0
+        while True:
+            progress = q.recentProgress
+            if q.exception() is not None:
+                raise RuntimeError(str(q.exception()))
+            if progress[seen:] and any(x.numInputRows for x in progress) and progress[-1].numInputRows == 0:
+                break
+            time.sleep(0.5)
+        flinkish_spark.stop(q, drain=False, timeout=300)
+        busy = [x for x in progress if x.numInputRows]
+        lo = last_epoch_end(busy[0]) - busy[0].durationMs["triggerExecution"] / 1000
+        hi = last_epoch_end(busy[-1])
+        changes = sum(x.numInputRows for x in busy)
+        timers = timers_between(timer_file, lo, hi)
+        # tables changed = the Delta versions written in the round (one per changed table and epoch)
+        logs = glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", "*.json"))
+        tables_changed = sum(1 for f in logs if lo <= os.path.getmtime(f) <= hi + 1)
+        r = {"round": i, "parallelism": p, "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
+             "rows": changes, "seconds": round(hi - lo, 1), "throughput": round(changes / (hi - lo)),
+             "tables_changed": tables_changed,
+             "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5)),
+             "add_batch_ms_p50": round(percentile([x.durationMs.get("addBatch", 0) for x in busy], 0.5)),
+             "latest_offset_ms_p50": round(percentile([x.durationMs.get("latestOffset", 0) for x in busy], 0.5)),
+             **{k: round(v, 2) for k, v in timers.items()}}
+        if args.timers and tables_changed:
+            r["prepare_ms_per_table"] = round(1000 * timers["prepare_s"] / tables_changed, 2)
+            r["commit_ms_per_table"] = round(1000 * timers["commit_s"] / tables_changed, 2)
+        print(json.dumps(r), flush=True)
+        rounds.append(r)
+    spark.stop()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('flinkish_src')")
+        conn.execute("DROP PUBLICATION flinkish_src")
+    return {"tables": n, "rounds": rounds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tables", default="1000")
+    ap.add_argument("--rounds", default="1,2,1,2", help="the parallelism of each round, in order")
+    ap.add_argument("--txns", type=int, default=10000, help="transactions per round's backlog")
+    ap.add_argument("--per-txn", type=int, default=3, help="tables changed per transaction")
+    ap.add_argument("--rows", type=int, default=20, help="rows per table")
+    ap.add_argument("--max-rows", type=int, default=6000, help="the source's maxRowsPerTrigger")
+    ap.add_argument("--trigger", type=float, default=1.0)
+    ap.add_argument("--timers", action="store_true", help="benchmark-only timers: prepare / commit per changed table")
+    ap.add_argument("--rate", type=float, default=None, help="paced rounds: changes/s written by the server")
+    ap.add_argument("--seconds", type=float, default=120, help="paced rounds: how long")
+    ap.add_argument("--name", default="mirror_scaleout", help="results/<name>.json")
+    args = ap.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if args.timers:  # before the JVM starts: Spark's Python workers inherit the environment
+        os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "timers"), os.environ.get("PYTHONPATH", "")])
+        os.environ["FLINKISH_BENCH_TIMERS"] = f"/tmp/flinkish-bench-{args.name}-timers-{os.getpid()}.jsonl"
+        sys.path.insert(0, os.path.join(HERE, "timers"))
+        import importlib
+
+        import sitecustomize  # noqa: F401  (this process started before the variable was set)
+
+        importlib.reload(sitecustomize)
+    results = per_table_count(args.tables, "flinkish-bench-scaleout-", lambda url, n, work: run(url, n, args, work))
+    print()
+    if args.rate:
+        print_table(["tables", "round", "parallelism", "load 1 min", "changes/s asked", "reached", "epochs",
+                     "batch ms p50", "lag ms p50 / p99", "lag ms p50 first / last 30 s"],
+                    [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rate_asked"],
+                      x["rate_reached"], x["epochs"], x["batch_ms_p50"], f"{x['lag_ms_p50']} / {x['lag_ms_p99']}",
+                      f"{x['lag_ms_p50_first_30s']} / {x['lag_ms_p50_last_30s']}")
+                     for r in results for x in r["rounds"]])
+        print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
+        return
+    rows = [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rows"], x["epochs"], x["seconds"],
+             x["throughput"], x["tables_changed"], x["batch_ms_p50"], x.get("prepare_ms_per_table", ""),
+             x.get("commit_ms_per_table", "")) for r in results for x in r["rounds"]]
+    print_table(["tables", "round", "parallelism", "load 1 min", "changes", "epochs", "s", "changes/s",
+                 "tables changed (versions)", "batch ms p50", "prepare ms / changed table (all tasks)",
+                 "commit ms / changed table"], rows)
+    print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
