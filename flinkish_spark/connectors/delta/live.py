@@ -1,9 +1,12 @@
 """The keyed target's per-process view of its table: the live files (with their deletion vectors), and vectors read.
 
 Both are kept for the life of the driver's commit process (Spark runs every commit of a
-query in the same long-lived Python process): the state is brought up to date by reading
-only the commits written since (O(new commits) per epoch), a vector is read once per
-(file, vector) and the target remembers the vectors it writes itself. A metadata or
+query in the same long-lived Python process, and keeps it across queries): the state is brought
+up to date by reading only the commits written since (O(new commits) per epoch), a vector is read
+once per (file, vector) and the target remembers the vectors it writes itself. Only a file's
+newest vector is kept (a commit reads the vector the live file names, which a later one
+replaces), least recently used first out past :data:`DV_CACHE_BYTES`, its size kept as a running
+count: a store costs O(1) however long the process has run. A metadata or
 protocol change of the table drops the state: the table is validated again and the
 state reloaded from its newest checkpoint. A table deleted and created again at the path
 (found by :meth:`DeltaTarget.check_same_table` at each batch's start and on every
@@ -27,10 +30,15 @@ from flinkish_spark.connectors.lakehouse.files import epoch_dir
 from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
 
 DV_CACHE_BYTES = 256 << 20
+#: What an entry costs besides its positions (key, tuple, array header): counted, so that millions of
+#: tiny vectors are bounded too.
+DV_ENTRY_BYTES = 256
 
 _STATES: dict[tuple[str, str, str], DeltaState] = {}
 _STATES_LOCK = threading.Lock()
-_DV_CACHE: OrderedDict[str, np.ndarray] = OrderedDict()
+#: ``table_uri|path`` -> (the vector's unique id, its positions): the file's newest vector this process saw.
+_DV_CACHE: OrderedDict[str, tuple[str, np.ndarray]] = OrderedDict()
+_DV_BYTES = 0  # sum of _cost over _DV_CACHE, under _DV_LOCK
 _DV_LOCK = threading.Lock()
 
 
@@ -75,43 +83,63 @@ def forget_state(target: DeltaTarget, table_too: bool = False) -> None:
     target._forget_head(table_too)
     if table_too:
         CACHE.forget(target.url(""))
-        with _DV_LOCK:
-            for dv_key in [k for k in _DV_CACHE if k.startswith(f"{target.table_uri}|")]:
-                del _DV_CACHE[dv_key]
+        _forget_vectors(f"{target.table_uri}|")
 
 
 def deleted_positions(target: DeltaTarget, f: LiveFile) -> np.ndarray:
     """The positions a live file's deletion vector covers (cached by the vector's unique id)."""
     if f.dv is None:
         return np.zeros(0, dtype=np.int64)
-    key = f"{target.table_uri}|{f.path}|{f.dv.unique_id}"
+    key = f"{target.table_uri}|{f.path}"
     with _DV_LOCK:
         found = _DV_CACHE.get(key)
-        if found is not None:
+        if found is not None and found[0] == f.dv.unique_id:
             _DV_CACHE.move_to_end(key)
-            return found
+            return found[1]
 
     def read_range(where: str, start: int, end: int) -> bytes:
         location = where if f.dv is not None and f.dv.storage_type == "p" else target.url(where)
         return bytes(target.io.fs.cat_file(target.io.strip(location), start=start, end=end))
 
     positions = read_vector(f.dv, read_range)
-    _remember_dv(key, positions)
+    _remember_dv(key, f.dv.unique_id, positions)
     return positions
 
 
 def remember_dv(target: DeltaTarget, path: str, unique_id: str, positions: np.ndarray) -> None:
     """Keep the positions of a vector this process wrote (no need to read it back)."""
-    _remember_dv(f"{target.table_uri}|{path}|{unique_id}", positions)
+    _remember_dv(f"{target.table_uri}|{path}", unique_id, positions)
 
 
-def _remember_dv(key: str, positions: np.ndarray) -> None:
+def vector_cache_bytes() -> int:
+    """What the cached vectors count for against :data:`DV_CACHE_BYTES`."""
     with _DV_LOCK:
-        _DV_CACHE[key] = positions
-        total = sum(a.nbytes for a in _DV_CACHE.values())
-        while total > DV_CACHE_BYTES and len(_DV_CACHE) > 1:
-            _, old = _DV_CACHE.popitem(last=False)
-            total -= old.nbytes
+        return _DV_BYTES
+
+
+def _cost(positions: np.ndarray) -> int:
+    return int(positions.nbytes) + DV_ENTRY_BYTES
+
+
+def _remember_dv(key: str, unique_id: str, positions: np.ndarray) -> None:
+    global _DV_BYTES
+    with _DV_LOCK:
+        replaced = _DV_CACHE.pop(key, None)  # the file's older vector: a commit never asks for it again
+        if replaced is not None:
+            _DV_BYTES -= _cost(replaced[1])
+        _DV_CACHE[key] = (unique_id, positions)
+        _DV_BYTES += _cost(positions)
+        while _DV_BYTES > DV_CACHE_BYTES and len(_DV_CACHE) > 1:
+            _, (_, old) = _DV_CACHE.popitem(last=False)
+            _DV_BYTES -= _cost(old)
+
+
+def _forget_vectors(prefix: str = "") -> None:
+    """Drop the cached vectors whose key starts with ``prefix`` (all of them: ``""``)."""
+    global _DV_BYTES
+    with _DV_LOCK:
+        for dv_key in [k for k in _DV_CACHE if k.startswith(prefix)]:
+            _DV_BYTES -= _cost(_DV_CACHE.pop(dv_key)[1])
 
 
 def live_references(target: DeltaTarget) -> set[str]:

@@ -182,7 +182,7 @@ def test_on_s3_vectors_are_read_back_from_storage(s3_proc: str) -> None:
     model = Model("upsert", "true")
     for epoch, changes in enumerate(random_epochs(seed=8, epochs=4, keys=3000, per_epoch=900, tasks=2)):
         live._STATES.clear()
-        live._DV_CACHE.clear()
+        live._forget_vectors()
         assert run_epoch(sink, epoch, changes) == "COMMITTED"
         model.apply(changes)
         rows = normalized(pa.table(deltalake.DeltaTable("s3://test/t", storage_options=options).scan()).to_pylist())
