@@ -89,7 +89,7 @@ def drop_caches() -> None:
     from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
 
     live._STATES.clear()
-    live._DV_CACHE.clear()  # (a Spark restart in the same Python worker keeps it: see --no-drop)
+    live._forget_vectors()  # (a Spark restart in the same Python worker keeps it: see --no-drop)
     table._TABLES.clear()
     table._HEADS.clear()
     CACHE.clear()
@@ -105,8 +105,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="COMMIT_THREADS (1: all in the profiled thread)")
     ap.add_argument("--profile", default="1,20,40,r1", help="epochs to cProfile (rN: N-th after the restart)")
     ap.add_argument("--checkpoint-interval", type=int, default=10)
-    ap.add_argument("--fix-dv-total", action="store_true",
-                    help="A/B: live._remember_dv with a running byte total instead of summing the whole cache")
     ap.add_argument("--name", default="routed_commit_growth")
     args = ap.parse_args()
 
@@ -136,21 +134,6 @@ def main() -> None:
                 return map(fn, items)
 
         routed.ThreadPoolExecutor = Inline  # type: ignore[misc,assignment]
-    if args.fix_dv_total:
-        dv_total = [0]
-
-        def remember(key: str, positions: Any) -> None:
-            with live._DV_LOCK:
-                old = live._DV_CACHE.pop(key, None)
-                if old is not None:
-                    dv_total[0] -= old.nbytes
-                live._DV_CACHE[key] = positions
-                dv_total[0] += positions.nbytes
-                while dv_total[0] > live.DV_CACHE_BYTES and len(live._DV_CACHE) > 1:
-                    _, gone = live._DV_CACHE.popitem(last=False)
-                    dv_total[0] -= gone.nbytes
-
-        live._remember_dv = remember
     profile_at = set(args.profile.split(",")) if args.profile else set()
     rng = random.Random(7)
     tmp = tempfile.mkdtemp(prefix="flinkish-bench-commit-growth-")
