@@ -203,7 +203,7 @@ def read_range(info: ConnectionInfo, start: Start, end: FilePosition, decoder: R
 def _server_error(info: ConnectionInfo, conn: Any, start: Start, exc: BaseException) -> Exception:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     text = info.mask(str(exc.args[1] if len(exc.args) > 1 else exc))
-    if code == _ER_MASTER_FATAL_ERROR_READING_BINLOG and ("purged" in text or "first log file" in text):
+    if code == _ER_MASTER_FATAL_ERROR_READING_BINLOG and "purged" in text:
         return purged_error(info, start, None, "")
     return ChangeDataError(f"the MySQL server at {info.masked} refused to send its binary log from {start}: {text}")
 
@@ -212,6 +212,7 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
                   server_id: int, state: MariaGtidPosition | None) -> Iterator[Transaction]:
     pymysql = __import__("pymysql")
     file = start.file if isinstance(start, FilePosition) else ""
+    file_key = start.key[:2] if isinstance(start, FilePosition) else ("", -1)
     end_key = end.key
     if isinstance(start, FilePosition) and start.key >= end_key:
         return
@@ -228,11 +229,11 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
         _ts, kind, event_server, size, log_pos, flags = _HEADER(event, 0)
         if kind == B.ROTATE_EVENT:
             file = _rotate_file(event)
+            file_key = FilePosition(file, 4).key[:2]
             continue
         if log_pos == 0 or flags & LOG_EVENT_ARTIFICIAL_F:
             continue  # made up for this reader: a start's format description and GTID list
-        at = FilePosition(file, log_pos - size)
-        if at.key >= end_key:
+        if (*file_key, log_pos - size) >= end_key:
             if txn is not None:
                 raise ChangeDataError(f"{end} is not a transaction boundary of the binary log (a transaction began at "
                                       f"{txn.begin}): a range ends where a transaction ends")
@@ -241,8 +242,9 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
             decoder.table_map(event)
         elif kind in _OPS:
             if txn is None:
-                raise ChangeDataError(f"a row event at {at} outside a transaction")
+                raise ChangeDataError(f"a row event at {_pos(file, log_pos - size)} outside a transaction")
             op = _OPS[kind]
+            at = _pos(file, log_pos - size)
             table, rows = decoder.rows(event)
             changes, seq = txn.changes, txn.seq
             for _op, before, after in rows:
@@ -251,10 +253,12 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
             txn.seq = seq
         elif kind == B.MARIADB_GTID_EVENT:
             seq_no, domain, flags2 = struct.unpack_from("<QIB", event, B.HEADER_SIZE)
-            txn = _Open(at, Gtid(domain, event_server, seq_no), explicit=not flags2 & MARIADB_FL_STANDALONE)
+            txn = _Open(_pos(file, log_pos - size), Gtid(domain, event_server, seq_no),
+                        explicit=not flags2 & MARIADB_FL_STANDALONE)
         elif kind in (MYSQL_GTID_EVENT, MYSQL_ANONYMOUS_GTID_EVENT):
-            txn = _Open(at, None, explicit=False)  # BEGIN follows unless it is one DDL statement
+            txn = _Open(_pos(file, log_pos - size), None, explicit=False)  # BEGIN follows unless one DDL statement
         elif kind == B.QUERY_EVENT:
+            at = _pos(file, log_pos - size)
             database, sql = query_text(event)
             word = sql.strip().upper()
             if word == "BEGIN":
@@ -267,36 +271,42 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
             if word in ("COMMIT", "ROLLBACK"):  # ROLLBACK: non-transactional tables' rows stand (they were logged)
                 state = yield from _close(txn, log_pos, _ts, file, state)
                 txn = None
-                if FilePosition(file, log_pos).key >= end_key:
-                    return
-                continue
-            txn.statements.append(Statement(database, sql, at, txn.seq, ddl.parse(sql, database)))
-            txn.seq += 1
-            if not txn.explicit:
-                state = yield from _close(txn, log_pos, _ts, file, state)
-                txn = None
-                if FilePosition(file, log_pos).key >= end_key:
-                    return
+            else:
+                txn.statements.append(Statement(database, sql, at, txn.seq, ddl.parse(sql, database)))
+                txn.seq += 1
+                if not txn.explicit:
+                    state = yield from _close(txn, log_pos, _ts, file, state)
+                    txn = None
         elif kind == B.XID_EVENT:
             if txn is not None:
                 state = yield from _close(txn, log_pos, _ts, file, state)
                 txn = None
-            if FilePosition(file, log_pos).key >= end_key:
-                return  # the range's last transaction: the log may end here (a non-blocking dump's EOF is next)
         elif kind == MYSQL_PARTIAL_UPDATE_ROWS:
-            raise ChangeDataError(f"a partial JSON update at {at}: the source needs whole rows; set "
-                                  "binlog_row_value_options = '' on the server")
+            raise ChangeDataError(f"a partial JSON update at {_pos(file, log_pos - size)}: the source needs whole "
+                                  "rows; set binlog_row_value_options = '' on the server")
         elif kind == INCIDENT_EVENT:
-            raise ChangeDataError(f"the binary log records an incident at {at} (changes the server could not log): "
-                                  "the source cannot know the rows in between; start over with a new snapshot")
+            raise ChangeDataError(f"the binary log records an incident at {_pos(file, log_pos - size)} (changes the "
+                                  "server could not log): the source cannot know the rows in between; start over "
+                                  "with a new snapshot")
         # Format description, GTID lists, checkpoints, annotations, heartbeats: nothing to read.
+        if txn is None and (*file_key, log_pos) >= end_key:
+            return  # the next event is at the range's end, which the log may not hold yet (a dump's EOF is next)
+
+
+def _pos(file: str, offset: int) -> FilePosition:
+    """A position of an event the server sent: valid by construction, so without FilePosition's checks (a regex
+    per event: this is the reader's hot path)."""
+    pos = object.__new__(FilePosition)
+    object.__setattr__(pos, "file", file)
+    object.__setattr__(pos, "offset", offset)
+    return pos
 
 
 def _close(txn: _Open, log_pos: int, ts: int, file: str, state: MariaGtidPosition | None
            ) -> Generator[Transaction, None, MariaGtidPosition | None]:
     if txn.gtid is not None and state is not None:
         state = state.after(txn.gtid)
-    yield Transaction(txn.begin, FilePosition(file, log_pos), txn.gtid, state, ts * 1_000_000,
+    yield Transaction(txn.begin, _pos(file, log_pos), txn.gtid, state, ts * 1_000_000,
                       tuple(txn.changes), tuple(txn.statements))
     return state
 
