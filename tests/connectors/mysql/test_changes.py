@@ -12,7 +12,7 @@ import pytest
 
 from flinkish_spark.connectors.mysql import changes as C
 from flinkish_spark.connectors.mysql.connection import connect, parse_url
-from flinkish_spark.connectors.mysql.position import FilePosition
+from flinkish_spark.connectors.mysql.position import FilePosition, MariaGtidPosition
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import collation_charsets
 from flinkish_spark.errors import ChangeDataError
@@ -21,6 +21,11 @@ from flinkish_spark.errors import ChangeDataError
 def _end(info: Any) -> C.LogEnd:
     with connect(info) as conn:
         return C.current_end(conn, mariadb=True)
+
+
+def _gtid(end: C.LogEnd) -> MariaGtidPosition:
+    assert end.gtid is not None  # MariaDB: always
+    return end.gtid
 
 
 def _decoder(info: Any) -> RowDecoder:
@@ -61,7 +66,7 @@ def test_a_range_is_whole_transactions_decoded_with_their_table_map_and_a_replay
     decoder = _decoder(info)
     first = list(C.read_range(info, start.file, end.file, decoder, server_id=9101))
     replay = list(C.read_range(info, start.file, end.file, _decoder(info), server_id=9101))
-    from_gtid = list(C.read_range(info, start.gtid, end.file, decoder, server_id=9102))
+    from_gtid = list(C.read_range(info, _gtid(start), end.file, decoder, server_id=9102))
     assert first == replay == from_gtid
 
     names, names_after = ("id", "v"), ("id", "v", "w")
@@ -76,7 +81,7 @@ def test_a_range_is_whole_transactions_decoded_with_their_table_map_and_a_replay
     # GTID state the server reports there; the rows of one event share its position, within the transaction.
     assert first[0].begin == start.file and first[-1].end == end.file
     assert all(a.end == b.begin for a, b in zip(first, first[1:]))
-    assert first[-1].gtid_after == end.gtid and start.gtid is not None and start.gtid < end.gtid
+    assert first[-1].gtid_after == end.gtid and _gtid(start) < _gtid(end)
     txn = first[0]
     assert txn.begin < txn.changes[0].position < txn.changes[2].position < txn.end
     assert txn.changes[0].position == txn.changes[1].position
@@ -85,7 +90,7 @@ def test_a_range_is_whole_transactions_decoded_with_their_table_map_and_a_replay
     # A range that ends at its start is empty; a range from the end reads the write after it.
     assert list(C.read_range(info, end.file, end.file, decoder, server_id=9101)) == []
     later = _end(info)
-    tail = list(C.read_range(info, end.gtid, later.file, decoder, server_id=9101))
+    tail = list(C.read_range(info, _gtid(end), later.file, decoder, server_id=9101))
     assert [c.after for t in tail for c in t.changes] == [[4, "later", 0]]
 
 
@@ -130,7 +135,7 @@ def test_wait_for_change_returns_at_a_commit_or_at_its_deadline(mariadb, mysql_d
     writer.start()
     t0 = time.monotonic()
     try:
-        assert C.wait_for_change(info, end.gtid, time.time() + 30, server_id=9104) is True
+        assert C.wait_for_change(info, _gtid(end), time.time() + 30, server_id=9104) is True
     finally:
         writer.join()
     assert time.monotonic() - t0 < 10  # woken by the commit, not by the deadline
@@ -153,7 +158,7 @@ def test_uuid_inet4_and_inet6_are_the_text_the_server_shows(mariadb, mysql_db: s
     shown = [tuple(line.split("\t")) for line in
              mariadb.sql("SELECT u, a, b FROM t WHERE id < 99 ORDER BY id", database=mysql_db).splitlines()]
     txns = list(C.read_range(info, start.file, _end(info).file, _decoder(info), server_id=9105))
-    read = [c.after for t in txns for c in t.changes]
+    read: list[Any] = [c.after for t in txns for c in t.changes]
     assert [tuple(r[1:4]) for r in read[:-1]] == shown
     assert read[-1] == [99, None, None, None, None]
     assert read[0][4] == b"\x00\xff" + bytes(14)  # a BINARY(16) stays bytes
