@@ -212,10 +212,13 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
                   server_id: int, state: MariaGtidPosition | None) -> Iterator[Transaction]:
     pymysql = __import__("pymysql")
     file = start.file if isinstance(start, FilePosition) else ""
-    file_key = start.key[:2] if isinstance(start, FilePosition) else ("", -1)
     end_key = end.key
     if isinstance(start, FilePosition) and start.key >= end_key:
         return
+    # Where the current file stands to the end's file: -1 before it (read on), 0 the end's file (compare
+    # offsets with end_offset), 1 after it. Kept per file, not compared per event (the hot path).
+    end_offset = end.offset
+    where = _where(start.key[:2], end_key) if isinstance(start, FilePosition) else -1
     txn: _Open | None = None
     events = B.dump_events(conn, start, server_id)
     while True:
@@ -229,11 +232,11 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
         _ts, kind, event_server, size, log_pos, flags = _HEADER(event, 0)
         if kind == B.ROTATE_EVENT:
             file = _rotate_file(event)
-            file_key = FilePosition(file, 4).key[:2]
+            where = _where(FilePosition(file, 4).key[:2], end_key)
             continue
         if log_pos == 0 or flags & LOG_EVENT_ARTIFICIAL_F:
             continue  # made up for this reader: a start's format description and GTID list
-        if (*file_key, log_pos - size) >= end_key:
+        if where > 0 or (where == 0 and log_pos - size >= end_offset):
             if txn is not None:
                 raise ChangeDataError(f"{end} is not a transaction boundary of the binary log (a transaction began at "
                                       f"{txn.begin}): a range ends where a transaction ends")
@@ -289,8 +292,12 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
                                   "server could not log): the source cannot know the rows in between; start over "
                                   "with a new snapshot")
         # Format description, GTID lists, checkpoints, annotations, heartbeats: nothing to read.
-        if txn is None and (*file_key, log_pos) >= end_key:
+        if txn is None and (where > 0 or (where == 0 and log_pos >= end_offset)):
             return  # the next event is at the range's end, which the log may not hold yet (a dump's EOF is next)
+
+
+def _where(file_key: tuple[str, int], end_key: tuple[str, int, int]) -> int:
+    return (file_key > end_key[:2]) - (file_key < end_key[:2])
 
 
 def _pos(file: str, offset: int) -> FilePosition:

@@ -59,31 +59,30 @@ def _length_prefixed(size: int, codec: str | None, pad: int = 0) -> Reader:
 
 
 def _decimal(precision: int, scale: int) -> Reader:
+    """MySQL's decimal binary: groups of 9 digits in 4 bytes (shorter leading/trailing groups), big-endian, the
+    sign bit flipped and every bit inverted for a negative value. Read as one integer, split into its groups
+    by shifts, the digits joined by arithmetic, and made a Decimal from ``digits E-scale`` (exact)."""
     ip = precision - scale
-    lead, full_int, full_frac, trail = DIG2BYTES[ip % 9], ip // 9, scale // 9, DIG2BYTES[scale % 9]
-    size = lead + 4 * (full_int + full_frac) + trail
-    # (start, end, digits) of each group: digits 0 for the leading integer group (no zero padding).
-    groups, p = [], 0
-    for width, digits in [(lead, 0)] + [(4, 9)] * full_int:
-        if width:
-            groups.append((p, p + width, digits))
-            p += width
-    frac_groups = []
-    for width, digits in [(4, 9)] * full_frac + [(trail, scale % 9)]:
-        if width:
-            frac_groups.append((p, p + width, digits))
-            p += width
+    widths = [(w, d) for w, d in [(DIG2BYTES[ip % 9], ip % 9)] + [(4, 9)] * (ip // 9) + [(4, 9)] * (scale // 9)
+              + [(DIG2BYTES[scale % 9], scale % 9)] if w]
+    size = sum(w for w, _ in widths)
+    sign_bit, all_bits = 1 << (8 * size - 1), (1 << (8 * size)) - 1
+    backwards = [(8 * w, (1 << (8 * w)) - 1) for w, _ in reversed(widths)]
+    scales = [10 ** d for _, d in widths]
+    exponent = f"E-{scale}"
 
     def read(buf: bytes, pos: int) -> tuple[Any, int]:
-        raw = bytearray(buf[pos:pos + size])
-        negative = not raw[0] & 0x80
-        raw[0] ^= 0x80
-        if negative:
-            raw = bytearray(b ^ 0xFF for b in raw)
-        integer = "".join(f"{int.from_bytes(raw[a:b], 'big'):0{d}d}" for a, b, d in groups) or "0"
-        if frac_groups:
-            integer += "." + "".join(f"{int.from_bytes(raw[a:b], 'big'):0{d}d}" for a, b, d in frac_groups)
-        return Decimal("-" + integer if negative else integer), pos + size
+        x = int.from_bytes(buf[pos:pos + size], "big")
+        negative = not x & sign_bit
+        x ^= all_bits ^ sign_bit if negative else sign_bit
+        groups = []
+        for bits, mask in backwards:
+            groups.append(x & mask)
+            x >>= bits
+        total = 0
+        for g, mult in zip(reversed(groups), scales):
+            total = total * mult + g
+        return Decimal(("-" if negative else "") + str(total) + exponent), pos + size
     return read
 
 
