@@ -40,6 +40,7 @@ from flinkish_spark.errors import ChangeDataError, TerminalError
 Start = FilePosition | MariaGtidPosition
 MYSQL_GTID_EVENT, MYSQL_ANONYMOUS_GTID_EVENT, MYSQL_PARTIAL_UPDATE_ROWS = 33, 34, 39
 INCIDENT_EVENT = 26
+XA_PREPARE_EVENT = 38  # MariaDB's and MySQL's
 MARIADB_FL_STANDALONE = 0x01
 LOG_EVENT_ARTIFICIAL_F = 0x20
 _OPS = {B.WRITE_ROWS_V1: "i", B.UPDATE_ROWS_V1: "u", B.DELETE_ROWS_V1: "d",
@@ -254,6 +255,10 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
                 changes.append(RowChange(table, op, at, seq, before, after))
                 seq += 1
             txn.seq = seq
+        elif kind in (B.MARIADB_GTID_EVENT, MYSQL_GTID_EVENT, MYSQL_ANONYMOUS_GTID_EVENT) and txn is not None:
+            # Never drop an open transaction's rows by starting the next one over it.
+            raise ChangeDataError(f"the transaction that began at {txn.begin} has no end before the next one at "
+                                  f"{_pos(file, log_pos - size)}: the change reader does not know how it ended")
         elif kind == B.MARIADB_GTID_EVENT:
             seq_no, domain, flags2 = struct.unpack_from("<QIB", event, B.HEADER_SIZE)
             txn = _Open(_pos(file, log_pos - size), Gtid(domain, event_server, seq_no),
@@ -287,6 +292,11 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
         elif kind == MYSQL_PARTIAL_UPDATE_ROWS:
             raise ChangeDataError(f"a partial JSON update at {_pos(file, log_pos - size)}: the source needs whole "
                                   "rows; set binlog_row_value_options = '' on the server")
+        elif kind == XA_PREPARE_EVENT:
+            raise ChangeDataError(
+                f"a prepared XA transaction at {_pos(file, log_pos - size)}: its rows are committed or rolled back "
+                "by a later XA COMMIT/ROLLBACK, which the change reader does not follow yet (XA ... ONE PHASE "
+                "transactions are read as any other)")
         elif kind == INCIDENT_EVENT:
             raise ChangeDataError(f"the binary log records an incident at {_pos(file, log_pos - size)} (changes the "
                                   "server could not log): the source cannot know the rows in between; start over "

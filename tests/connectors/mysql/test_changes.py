@@ -122,6 +122,24 @@ def test_a_purged_start_is_one_error_naming_the_expiry_setting_and_the_fix(maria
                           _decoder(info), server_id=9103))
 
 
+def test_what_the_reader_cannot_follow_stops_it_with_the_reason(mariadb, mysql_db: str) -> None:
+    """A two-phase XA transaction's rows wait for a later XA COMMIT or ROLLBACK: refused, not read as committed.
+    CREATE TABLE ... SELECT (a statement and rows in one transaction) and XA ... ONE PHASE are read."""
+    info = parse_url(mariadb.url_for(mysql_db))
+    start = _end(info)
+    mariadb.sql("CREATE TABLE s (id int PRIMARY KEY) SELECT 1 AS id; XA START 'one'; INSERT INTO s VALUES (2); "
+                "XA END 'one'; XA COMMIT 'one' ONE PHASE", database=mysql_db)
+    middle = _end(info)
+    txns = list(C.read_range(info, start.file, middle.file, _decoder(info), server_id=9106))
+    assert [([c.after for c in t.changes], [x.kind for s in t.statements for x in s.changes]) for t in txns] == [
+        ([[1]], ["create_table"]), ([[2]], [])]
+    assert txns[0].statements[0].seq == 0 and txns[0].changes[0].seq == 1  # the statement, then its rows
+    mariadb.sql("XA START 'two'; INSERT INTO s VALUES (3); XA END 'two'; XA PREPARE 'two'; XA ROLLBACK 'two'",
+                database=mysql_db)
+    with pytest.raises(ChangeDataError, match="a prepared XA transaction at binlog"):
+        list(C.read_range(info, middle.file, _end(info).file, _decoder(info), server_id=9106))
+
+
 def test_wait_for_change_returns_at_a_commit_or_at_its_deadline(mariadb, mysql_db: str) -> None:
     info = parse_url(mariadb.url_for(mysql_db))
     mariadb.sql("CREATE TABLE t (id int PRIMARY KEY)", database=mysql_db)
