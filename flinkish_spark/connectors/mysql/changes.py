@@ -19,7 +19,7 @@ What it guarantees:
 
 Starts: a file position (``binlog.000012:4567``, one server only) or a MariaDB GTID position (the
 transactions after it, on this server or on a replica that took over: ``@slave_connect_state``). A
-transaction is held whole in memory (row changes are yielded at its commit, whose time they carry).
+transaction is held whole in memory unless ``piece_rows`` asks for pieces of a big one (MariaDB).
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ class Statement:
 
 @dataclass(frozen=True)
 class Transaction:
+    """A whole transaction, or one piece of a big one (``last`` False: see :func:`read_range`'s ``piece_rows``)."""
+
     begin: FilePosition  # its first event (the GTID event)
     end: FilePosition  # after its last event: where the next transaction, and a next range, starts
     gtid: Gtid | None  # MariaDB
@@ -96,6 +98,9 @@ class Transaction:
     commit_ts_us: int  # the commit event's time (the log has whole seconds)
     changes: tuple[RowChange, ...]
     statements: tuple[Statement, ...]
+    # False: a piece of a transaction that goes on (its end is after its last row event, inside the
+    # transaction: not a place to start a range from; gtid_after None); the transaction's last piece is True.
+    last: bool = True
 
 
 def position_key(pos: FilePosition) -> int:
@@ -163,10 +168,11 @@ def check_start(conn: Any, info: ConnectionInfo, start: Start) -> None:
 class _Open:
     """The transaction being read."""
 
-    __slots__ = ("begin", "gtid", "explicit", "changes", "statements", "seq")
+    __slots__ = ("begin", "gtid", "explicit", "changes", "statements", "seq", "ts")
 
-    def __init__(self, begin: FilePosition, gtid: Gtid | None, explicit: bool) -> None:
+    def __init__(self, begin: FilePosition, gtid: Gtid | None, explicit: bool, ts: int | None = None) -> None:
         self.begin, self.gtid, self.explicit = begin, gtid, explicit
+        self.ts = ts  # the commit time when known at the start (MariaDB's GTID event carries it)
         self.changes: list[RowChange] = []
         self.statements: list[Statement] = []
         self.seq = 0
@@ -186,17 +192,23 @@ def _rotate_file(event: bytes) -> str:
 
 
 def read_range(info: ConnectionInfo, start: Start, end: FilePosition, decoder: RowDecoder, server_id: int,
-               mariadb: bool = True) -> Iterator[Transaction]:
+               mariadb: bool = True, piece_rows: int | None = None) -> Iterator[Transaction]:
     """The transactions of ``[start, end)``, from a connection of their own (closed when the iteration ends or the
     generator is closed). ``end``: a transaction boundary of this server's log at or before its end now
     (:func:`current_end`, or a :attr:`Transaction.end`). ``decoder``: the table maps and readers (kept across
-    ranges: a table map is compiled once). ``server_id``: the replica id this reader uses."""
+    ranges: a table map is compiled once). ``server_id``: the replica id this reader uses.
+
+    ``piece_rows``: a transaction of more rows comes in pieces of about that many (cut after the row event that
+    reaches it, before the next row event), so that one ``UPDATE`` of millions of rows is never held whole: the pieces have the same
+    ``begin``, ``gtid`` and ``commit_ts_us``, their rows and statements in order with one ``seq`` sequence, and
+    ``last`` True on the final one only. MariaDB only: its GTID event, first in the transaction, carries the
+    commit's time (it is written at commit); elsewhere transactions stay whole."""
     conn = connect(info)
     try:
         check_start(conn, info, start)
         state: MariaGtidPosition | None = start if isinstance(start, MariaGtidPosition) else (
             gtid_at(conn, start) if mariadb else None)
-        yield from _transactions(conn, info, start, end, decoder, server_id, state)
+        yield from _transactions(conn, info, start, end, decoder, server_id, state, piece_rows)
     finally:
         conn.close()
 
@@ -210,7 +222,7 @@ def _server_error(info: ConnectionInfo, conn: Any, start: Start, exc: BaseExcept
 
 
 def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePosition, decoder: RowDecoder,
-                  server_id: int, state: MariaGtidPosition | None) -> Iterator[Transaction]:
+                  server_id: int, state: MariaGtidPosition | None, piece_rows: int | None) -> Iterator[Transaction]:
     pymysql = __import__("pymysql")
     file = start.file if isinstance(start, FilePosition) else ""
     end_key = end.key
@@ -249,6 +261,12 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
                 raise ChangeDataError(f"a row event at {_pos(file, log_pos - size)} outside a transaction")
             op = _OPS[kind]
             at = _pos(file, log_pos - size)
+            if piece_rows and len(txn.changes) >= piece_rows and txn.ts is not None:
+                # Cut before this event (not after the one that reached the count): the last piece then holds
+                # rows, and a transaction of exactly piece_rows rows is one piece.
+                yield Transaction(txn.begin, at, txn.gtid, None, txn.ts * 1_000_000, tuple(txn.changes),
+                                  tuple(txn.statements), last=False)
+                txn.changes, txn.statements = [], []
             table, rows = decoder.rows(event)
             changes, seq = txn.changes, txn.seq
             for _op, before, after in rows:
@@ -262,7 +280,7 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
         elif kind == B.MARIADB_GTID_EVENT:
             seq_no, domain, flags2 = struct.unpack_from("<QIB", event, B.HEADER_SIZE)
             txn = _Open(_pos(file, log_pos - size), Gtid(domain, event_server, seq_no),
-                        explicit=not flags2 & MARIADB_FL_STANDALONE)
+                        explicit=not flags2 & MARIADB_FL_STANDALONE, ts=_ts)
         elif kind in (MYSQL_GTID_EVENT, MYSQL_ANONYMOUS_GTID_EVENT):
             txn = _Open(_pos(file, log_pos - size), None, explicit=False)  # BEGIN follows unless one DDL statement
         elif kind == B.QUERY_EVENT:
@@ -323,7 +341,8 @@ def _close(txn: _Open, log_pos: int, ts: int, file: str, state: MariaGtidPositio
            ) -> Generator[Transaction, None, MariaGtidPosition | None]:
     if txn.gtid is not None and state is not None:
         state = state.after(txn.gtid)
-    yield Transaction(txn.begin, _pos(file, log_pos), txn.gtid, state, ts * 1_000_000,
+    # MariaDB: the GTID event's time, which is the commit's (and what the pieces of a big one carried).
+    yield Transaction(txn.begin, _pos(file, log_pos), txn.gtid, state, (ts if txn.ts is None else txn.ts) * 1_000_000,
                       tuple(txn.changes), tuple(txn.statements))
     return state
 

@@ -122,6 +122,25 @@ def test_a_purged_start_is_one_error_naming_the_expiry_setting_and_the_fix(maria
                           _decoder(info), server_id=9103))
 
 
+def test_a_big_transaction_comes_in_pieces_of_the_rows_asked_for(mariadb, mysql_db: str) -> None:
+    info = parse_url(mariadb.url_for(mysql_db))
+    mariadb.sql("CREATE TABLE t (id int PRIMARY KEY, v int)", database=mysql_db)
+    start = _end(info)
+    inserts = "; ".join(f"INSERT INTO t VALUES ({i}, 0)" for i in range(7))
+    mariadb.sql(f"BEGIN; {inserts}; UPDATE t SET v = 1; COMMIT; INSERT INTO t VALUES (99, 0)", database=mysql_db)
+    end = _end(info)
+    whole = list(C.read_range(info, start.file, end.file, _decoder(info), server_id=9107))
+    pieces = list(C.read_range(info, start.file, end.file, _decoder(info), server_id=9107, piece_rows=3))
+    # 7 single-row events, then one event of 7 updated rows: cut before the event after the one that reaches 3 rows.
+    assert [(len(p.changes), p.last) for p in pieces] == [(3, False), (3, False), (1 + 7, True), (1, True)]
+    big = whole[0]
+    assert tuple(c for p in pieces[:3] for c in p.changes) == big.changes
+    assert {(p.begin, p.gtid, p.commit_ts_us) for p in pieces[:3]} == {(big.begin, big.gtid, big.commit_ts_us)}
+    assert pieces[2] == big.__class__(**{**big.__dict__, "changes": big.changes[6:]})  # the last piece ends it
+    assert [p.gtid_after for p in pieces[:2]] == [None, None] and pieces[0].end < pieces[1].end < big.end
+    assert pieces[3] == whole[1]
+
+
 def test_what_the_reader_cannot_follow_stops_it_with_the_reason(mariadb, mysql_db: str) -> None:
     """A two-phase XA transaction's rows wait for a later XA COMMIT or ROLLBACK: refused, not read as committed.
     CREATE TABLE ... SELECT (a statement and rows in one transaction) and XA ... ONE PHASE are read."""
