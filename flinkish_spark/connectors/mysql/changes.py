@@ -33,7 +33,7 @@ from flinkish_spark.connectors.mysql import binlog as B
 from flinkish_spark.connectors.mysql import ddl
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition, Gtid, MariaGtidPosition, purged
-from flinkish_spark.connectors.mysql.row_values import RowDecoder, rows_table_id
+from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, oldest_gtid_list
 from flinkish_spark.errors import ChangeDataError, TerminalError
 
@@ -150,8 +150,8 @@ def purged_error(info: ConnectionInfo, start: Start, oldest: str | None, expiry:
     expiry = expiry or "expire_logs_days / binlog_expire_logs_seconds"
     return BinlogPurgedError(
         f"the MySQL server at {info.masked} no longer has the binary log that position {start} needs (its oldest log "
-        f"is {oldest or 'unknown'}): it was purged (PURGE BINARY LOGS, or expiry: {expiry}). The changes in between are lost to this source: start over with a new snapshot "
-        "(onSlotLost=resnapshot, or a new uid), and keep logs longer than the source may be stopped: "
+        f"is {oldest or 'unknown'}): it was purged (PURGE BINARY LOGS, or expiry: {expiry}). The changes in between "
+        "are lost to this source: start over with a new snapshot (onSlotLost=resnapshot, or a new uid), and keep logs longer than the source may be stopped: "
         "SET GLOBAL binlog_expire_logs_seconds = <seconds> (MariaDB 10.6+, MySQL 8; expire_logs_days on older MariaDB) "
         "and the same line in the server's option file"
     )
@@ -199,9 +199,9 @@ def read_range(info: ConnectionInfo, start: Start, end: FilePosition, decoder: R
     ranges: a table map is compiled once). ``server_id``: the replica id this reader uses.
 
     ``piece_rows``: a transaction of more rows comes in pieces of about that many (cut after the row event that
-    reaches it, before the next row event), so that one ``UPDATE`` of millions of rows is never held whole: the pieces have the same
-    ``begin``, ``gtid`` and ``commit_ts_us``, their rows and statements in order with one ``seq`` sequence, and
-    ``last`` True on the final one only. MariaDB only: its GTID event, first in the transaction, carries the
+    reaches it, before the next one), so that one ``UPDATE`` of millions of rows is never held whole: the pieces
+    have the same ``begin``, ``gtid`` and ``commit_ts_us``, their rows and statements in order with one ``seq``
+    sequence, and ``last`` True on the final one only. MariaDB only: its GTID event, first in the transaction, carries the
     commit's time (it is written at commit); elsewhere transactions stay whole."""
     conn = connect(info)
     try:
@@ -376,4 +376,4 @@ def wait_for_change(info: ConnectionInfo, after: Start, deadline: float, server_
 
 
 __all__ = ["BinlogPurgedError", "LogEnd", "RowChange", "Statement", "Transaction", "check_start", "current_end",
-           "gtid_at", "position_key", "read_range", "rows_table_id", "wait_for_change"]
+           "gtid_at", "position_key", "read_range", "wait_for_change"]

@@ -32,7 +32,8 @@ import struct
 from flinkish_spark.errors import ChangeDataError
 
 SMALL_OBJECT, LARGE_OBJECT, SMALL_ARRAY, LARGE_ARRAY, LITERAL = 0x00, 0x01, 0x02, 0x03, 0x04
-INT16, UINT16, INT32, UINT32, INT64, UINT64, DOUBLE, STRING, OPAQUE = 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x0F
+INT16, UINT16, INT32, UINT32, INT64, UINT64 = 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A
+DOUBLE, STRING, OPAQUE = 0x0B, 0x0C, 0x0F
 _FIXED = {INT16: struct.Struct("<h"), UINT16: struct.Struct("<H"), INT32: struct.Struct("<i"),
           UINT32: struct.Struct("<I"), INT64: struct.Struct("<q"), UINT64: struct.Struct("<Q"),
           DOUBLE: struct.Struct("<d")}

@@ -117,7 +117,7 @@ def test_a_purged_start_is_one_error_naming_the_expiry_setting_and_the_fix(maria
         assert "binlog_expire_logs_seconds = 0" in message and "expire_logs_days" in message
         assert "onSlotLost=resnapshot" in message and "SET GLOBAL binlog_expire_logs_seconds" in message
     # A start the server never had is not called purged.
-    with pytest.raises(ChangeDataError, match="binlog.999999:4 is not the start of an event group of this server.s log"):
+    with pytest.raises(ChangeDataError, match="binlog.999999:4 is not the start of an event group of this server"):
         list(C.read_range(info, FilePosition("binlog.999999", 4), FilePosition("binlog.999999", 500),
                           _decoder(info), server_id=9103))
 
