@@ -35,7 +35,7 @@ class SchemaChange:
     column: str | None = None  # the column (its old name for change/rename)
     new_name: str | None = None  # rename_column / change_column: the column's new name; rename_table: the table's
     new_database: str | None = None  # rename_table
-    definition: str | None = None  # add/modify/change_column: the column definition as written
+    definition: str | None = None  # add/modify/change_column: the definition as written, without FIRST/AFTER c
 
 
 _TOKEN = re.compile(r"""
@@ -296,6 +296,16 @@ def _column_defs(s: _Cursor, db: str, table: str, b: int) -> Iterator[SchemaChan
                     return
 
 
+def _definition(s: _Cursor, b: int) -> str:
+    """A column definition's text without its place in the table (``FIRST``, ``AFTER c``): the type and
+    attributes a target needs, not the order of columns, which a target keeps by name."""
+    if b - s.i >= 1 and s.toks[b - 1].up == "FIRST":
+        b -= 1
+    elif b - s.i >= 2 and s.toks[b - 2].up == "AFTER":
+        b -= 2
+    return s.text(s.i, b)
+
+
 def _spec(s: _Cursor, db: str, table: str, b: int) -> Iterator[SchemaChange]:
     w = s.up()
     s.i += 1
@@ -317,7 +327,7 @@ def _spec(s: _Cursor, db: str, table: str, b: int) -> Iterator[SchemaChange]:
             yield from _column_defs(s, db, table, b)
             return
         name = s.name()
-        yield SchemaChange("add_column", db, table, name, definition=s.text(s.i, b))
+        yield SchemaChange("add_column", db, table, name, definition=_definition(s, b))
     elif w == "DROP":
         if s.up() == "PRIMARY":
             yield SchemaChange("primary_key", db, table)
@@ -334,12 +344,12 @@ def _spec(s: _Cursor, db: str, table: str, b: int) -> Iterator[SchemaChange]:
         s.accept("COLUMN")
         s.accept("IF", "EXISTS")
         name = s.name()
-        yield SchemaChange("modify_column", db, table, name, definition=s.text(s.i, b))
+        yield SchemaChange("modify_column", db, table, name, definition=_definition(s, b))
     elif w == "CHANGE":
         s.accept("COLUMN")
         s.accept("IF", "EXISTS")
         old, new = s.name(), s.name()
-        definition = s.text(s.i, b)
+        definition = _definition(s, b)
         if old.lower() == new.lower() and old == new:
             yield SchemaChange("modify_column", db, table, old, definition=definition)
         else:

@@ -101,6 +101,8 @@ def test_names_quoting_comments_and_what_is_not_known() -> None:
         SchemaChange("add_column", "", "t", "c", definition="int DEFAULT 1"),
         SchemaChange("add_column", "", "t", "d", definition="int"))
     assert parse("ALTER TABLE t MODIFY c enum('a,b','c')", "d")[0].definition == "enum('a,b','c')"
+    assert [c.definition for c in parse("ALTER TABLE t ADD a int NOT NULL FIRST, CHANGE b b2 text AFTER `a`", "d")] \
+        == ["int NOT NULL", "text"]
     assert parse("CREATE DEFINER=`root`@`localhost` TRIGGER tr BEFORE INSERT ON t FOR EACH ROW SET @x = 1", "d") == ()
     for sql in ("GRANT SELECT ON d.* TO u", "CREATE USER u", "CREATE DATABASE x", "ANALYZE TABLE t",
                 "CREATE OR REPLACE ALGORITHM=MERGE VIEW v AS SELECT 1", "SAVEPOINT s", "DROP VIEW v"):
