@@ -17,7 +17,13 @@ from its start to the last change:
 * ``own pure-Python prototype`` (``benchmarks/binlog_rows_prototype.py``): what a decoder of the project's
   own would cost -- PyMySQL's packet reader, one precompiled reader per column, this table's types only;
 * ``flinkish connectors/mysql``: the decoder built after it (``binlog.dump_events``, ``parse_table_map``,
-  ``row_values.RowDecoder``: every type, values as Python objects, table maps kept by their bytes).
+  ``row_values.RowDecoder``: every type, values as Python objects, table maps kept by their bytes);
+* ``flinkish changes.read_range``: the change reader over the decoder (``changes.read_range`` from the file's
+  start to the end ``SHOW MASTER STATUS`` gave after the workload): whole transactions of ``RowChange``
+  tuples with positions and sequence numbers, the purge check and the GTID state included -- what the
+  source's change epochs will read.
+
+``--only`` picks candidates by the start of their names (``--only mariadb-binlog,flinkish``).
 
 A candidate that is not importable is reported as missing. Candidates are not dependencies of the benchmark
 run: install them somewhere private and put that on ``PYTHONPATH``::
@@ -162,6 +168,25 @@ def run_flinkish(db: EmbeddedMariaDB, log_file: str, changes: int) -> tuple[int,
     return count, last
 
 
+def run_changes(db: EmbeddedMariaDB, log_file: str, end: Any, changes: int) -> tuple[int, Any]:
+    """connectors/mysql/changes.read_range over [file start, end): every change of the range as a RowChange."""
+    from flinkish_spark.connectors.mysql.changes import read_range
+    from flinkish_spark.connectors.mysql.connection import connect, parse_url
+    from flinkish_spark.connectors.mysql.position import FilePosition
+    from flinkish_spark.connectors.mysql.row_values import RowDecoder
+    from flinkish_spark.connectors.mysql.server import collation_charsets
+
+    info = parse_url(db.url)
+    with connect(info) as conn:
+        decoder = RowDecoder(collation_charsets(conn), mariadb=True)
+    count, last = 0, None
+    for txn in read_range(info, FilePosition(log_file, 4), end, decoder, SERVER_ID):
+        count += len(txn.changes)
+        if txn.changes:
+            last = txn.changes[-1].after
+    return count, last
+
+
 def cpu_seconds() -> float:
     """CPU seconds of this process (all its threads: the C++ engine's reader too) and of its finished children
     (mariadb-binlog): on a shared machine a steadier measure than wall time. The server's own CPU is in neither."""
@@ -237,7 +262,10 @@ def main() -> None:
     ap.add_argument("--txn", type=int, default=1000)
     ap.add_argument("--per-statement", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated name prefixes of the candidates to run")
+    ap.add_argument("--results", default="binlog_decode", help="results file name (benchmarks/results/NAME.json)")
     args = ap.parse_args()
+    end_box: list[Any] = []  # the log's end after the workload (set below, read by the changes candidate)
 
     candidates: dict[str, Callable[[EmbeddedMariaDB, str], tuple[int, Any]]] = {
         "mariadb-binlog (no row decoding)": lambda db, f: (run_mariadb_binlog(db, f, False), None),
@@ -252,12 +280,20 @@ def main() -> None:
 
         candidates["own pure-Python prototype"] = lambda db, f: read_rows(db.port, f, args.changes, SERVER_ID)
         candidates["flinkish connectors/mysql"] = lambda db, f: run_flinkish(db, f, args.changes)
+        candidates["flinkish changes.read_range"] = lambda db, f: run_changes(db, f, end_box[0], args.changes)
+    if args.only:
+        prefixes = [p.strip() for p in args.only.split(",") if p.strip()]
+        candidates = {n: c for n, c in candidates.items() if any(n.startswith(p) for p in prefixes)}
     missing = [m for m in ("pymysqlreplication", "mysql_event_stream") if not importable(m)]
 
     # Faster generation: the benchmark measures reading the log, not the server's durability.
     with temporary_mariadb("flinkish-bench-mariadb-",
                            extra_args=("--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0")) as db:
         log_file, first_seq = write_changes(db, args.changes, args.txn, args.per_statement)
+        from flinkish_spark.connectors.mysql.position import FilePosition
+
+        status = db.sql("SHOW MASTER STATUS").split("\t")
+        end_box.append(FilePosition(status[0], int(status[1])))
         size = next(int(line.split("\t")[1]) for line in db.sql("SHOW BINARY LOGS").splitlines()
                     if line.split("\t")[0] == log_file)
         secs: dict[str, list[float]] = {name: [] for name in candidates}
@@ -279,8 +315,11 @@ def main() -> None:
                       f"(load {loads[name][-1]})", flush=True)
         checked = checks(db, log_file, first_seq)
 
-    base = statistics.median(secs["mariadb-binlog (no row decoding)"])
-    base_cpu = statistics.median(cpus["mariadb-binlog (no row decoding)"])
+    base_name = "mariadb-binlog (no row decoding)"
+    if base_name not in secs:
+        base_name = next(iter(secs))
+    base = statistics.median(secs[base_name])
+    base_cpu = statistics.median(cpus[base_name])
     rows, results = [], {}
     for name in candidates:
         med = statistics.median(secs[name])
@@ -313,7 +352,7 @@ def main() -> None:
             versions[dist] = version(dist)
         except Exception:  # noqa: BLE001
             versions[dist] = None
-    path = write_results("binlog_decode", {
+    path = write_results(args.results, {
         "changes": args.changes, "txn": args.txn, "rows_per_statement": args.per_statement,
         "log_bytes": size, "server": "MariaDB 10.11 (Debian)", "versions": versions, "results": results,
         "last_rows": lasts, "checks": checked, "missing": missing})

@@ -13,7 +13,13 @@ of ``connectors/postgres/source/``):
 * :mod:`.binlog` -- the log's events over the replication protocol (file+offset starts) and its table
   map events with the optional metadata of ``binlog_row_metadata=FULL``;
 * :mod:`.row_values` -- row events -> Python values, one precompiled reader per column, by the rules
-  of :mod:`.types`;
+  of :mod:`.types` (MySQL 8's binary JSON through :mod:`.json_binary`; MariaDB's UUID/INET4/INET6 as
+  text, told apart from BINARY(n) by the catalog's types);
+* :mod:`.changes` -- a position range ``[start, end)`` of the log as whole transactions of row changes
+  and statements (file or MariaDB GTID starts, the end fixed before the read, a purged start refused
+  with the setting to change), the log's end now, and a blocking wait for the next commit;
+* :mod:`.ddl` -- the log's DDL statements as schema changes (column, table, truncate), 'unknown' for
+  what touches a table in a way it cannot classify;
 * :mod:`.snapshot` -- the lock-free consistent snapshot and the log position it is consistent with
   (MariaDB's ``binlog_snapshot_file``/``_position``, as a GTID position too), primary key chunks, a
   chunk read into Arrow.

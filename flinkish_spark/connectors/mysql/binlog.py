@@ -4,10 +4,10 @@ The first layer of the project's own row event decoder (chosen by measurement: d
 "MySQL binary log decoders"), which reads the log the way ``connectors/postgres/pgoutput.py`` reads
 pgoutput: bytes sliced in place, one precompiled reader per column.
 
-* :func:`dump_events` asks the server for its log from a :class:`~.position.FilePosition`
-  (``COM_BINLOG_DUMP`` on a PyMySQL connection, as a replica asks; the connection is used for nothing
-  else afterwards) and yields each event's bytes without the protocol's status byte and the CRC32
-  trailer. Non-blocking: the iteration ends at the end of the log.
+* :func:`dump_events` asks the server for its log from a :class:`~.position.FilePosition` or a MariaDB
+  GTID position (``COM_BINLOG_DUMP`` on a PyMySQL connection, as a replica asks; the connection is used
+  for nothing else afterwards) and yields each event's bytes without the protocol's status byte and the
+  CRC32 trailer; non-blocking (the iteration ends at the end of the log) or blocking (it waits).
 * :func:`parse_table_map` reads a ``TABLE_MAP`` event: the table, each column's binlog type and
   type metadata, and the optional metadata that ``binlog_row_metadata=FULL`` adds -- column names,
   signedness, collations, ENUM and SET labels, the primary key -- so that a row event is decoded with
@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from flinkish_spark.connectors.mysql.position import FilePosition
+from flinkish_spark.connectors.mysql.position import FilePosition, MariaGtidPosition
 
 COM_BINLOG_DUMP = 0x12
 BINLOG_DUMP_NON_BLOCK = 0x01
@@ -83,19 +83,29 @@ class EventHeader:
         return cls(*struct.unpack_from("<IBIIIH", event, 0))
 
 
-def dump_events(conn: Any, start: FilePosition, server_id: int) -> Iterator[bytes]:
-    """The events of the log from ``start`` to its current end, each without status byte and checksum.
+def dump_events(conn: Any, start: FilePosition | MariaGtidPosition, server_id: int,
+                blocking: bool = False) -> Iterator[bytes]:
+    """The events of the log from ``start``, each without status byte and checksum.
 
     ``conn``: a PyMySQL connection of its own (after the dump request it carries nothing else).
-    ``server_id``: this reader's replica id, distinct from the server's and from other readers'."""
+    ``start``: a file position, or a MariaDB GTID position (the server sends the transactions after it:
+    ``@slave_connect_state`` and an empty file name, as a MariaDB replica asks; strict mode, so that a
+    position the server's log does not hold is an error, not a silent jump).
+    ``server_id``: this reader's replica id, distinct from the server's and from other readers'.
+    ``blocking``: False ends the iteration at the end of the log; True waits for new events (the caller
+    bounds the wait with the connection's read timeout)."""
     with conn.cursor() as cur:
         # Events with their CRC32 as the server writes them (the trailer is cut below), and MariaDB's
         # GTID events as they are (capability 4: a reader that knows them).
         cur.execute("SET @master_binlog_checksum = @@global.binlog_checksum, @mariadb_slave_capability = 4")
         cur.execute("SELECT @@global.binlog_checksum")
         trailer = 0 if str(cur.fetchone()[0]).upper() == "NONE" else 4
-    body = bytes([COM_BINLOG_DUMP]) + struct.pack("<IHI", start.offset, BINLOG_DUMP_NON_BLOCK, server_id) \
-        + start.file.encode()
+        if isinstance(start, MariaGtidPosition):
+            cur.execute("SET @slave_connect_state = %s, @slave_gtid_strict_mode = 1, "
+                        "@slave_gtid_ignore_duplicates = 0", (str(start),))
+    file, offset = (start.file, start.offset) if isinstance(start, FilePosition) else ("", 4)
+    flags = 0 if blocking else BINLOG_DUMP_NON_BLOCK
+    body = bytes([COM_BINLOG_DUMP]) + struct.pack("<IHI", offset, flags, server_id) + file.encode()
     # PyMySQL has no replication API: the packet is written as mysql-replication writes it.
     conn._write_bytes(struct.pack("<I", len(body))[:3] + b"\x00" + body)
     conn._next_seq_id = 1

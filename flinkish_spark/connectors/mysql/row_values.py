@@ -10,8 +10,12 @@ UTC datetime, DATETIME a naive one, TIME MySQL's text (``-838:59:59.50``), DECIM
 stays 0, text decoded with the column's character set (``charsets``: collation id -> MySQL character
 set name, from ``information_schema.COLLATIONS``; :func:`.server.collation_charsets`).
 
-Not read yet: MySQL 8's binary JSON (type 245; MariaDB's JSON is text) and the old pre-5.6 temporal
-types (TIMESTAMP/DATETIME/TIME without the 2): a clear error names them.
+MySQL 8's binary JSON (type 245; MariaDB's JSON is text) is read into MySQL's JSON text by
+:mod:`.json_binary`. MariaDB's UUID, INET4 and INET6 are fixed binary strings in the log, like BINARY(16)
+and BINARY(4): only the catalog tells them apart, so :class:`RowDecoder` takes the columns' catalog types
+(``column_types``) and reads those columns as the text MariaDB shows (``6ccd780c-baba-1026-9564-5b8c656024db``,
+``1.2.3.4``, ``2001:db8::1``, ``::ffff:1.2.3.4``). Not read: the old pre-5.6 temporal types (TIMESTAMP/
+DATETIME/TIME without the 2): a clear error names them.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from __future__ import annotations
 import datetime as dt
 import struct
 from decimal import Decimal
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from flinkish_spark.connectors.mysql import binlog as B
+from flinkish_spark.connectors.mysql import json_binary
 from flinkish_spark.errors import ConfigError
 
 Reader = Callable[[bytes, int], "tuple[Any, int]"]
@@ -54,31 +59,30 @@ def _length_prefixed(size: int, codec: str | None, pad: int = 0) -> Reader:
 
 
 def _decimal(precision: int, scale: int) -> Reader:
+    """MySQL's decimal binary: groups of 9 digits in 4 bytes (shorter leading/trailing groups), big-endian, the
+    sign bit flipped and every bit inverted for a negative value. Read as one integer, split into its groups
+    by shifts, the digits joined by arithmetic, and made a Decimal from ``digits E-scale`` (exact)."""
     ip = precision - scale
-    lead, full_int, full_frac, trail = DIG2BYTES[ip % 9], ip // 9, scale // 9, DIG2BYTES[scale % 9]
-    size = lead + 4 * (full_int + full_frac) + trail
-    # (start, end, digits) of each group: digits 0 for the leading integer group (no zero padding).
-    groups, p = [], 0
-    for width, digits in [(lead, 0)] + [(4, 9)] * full_int:
-        if width:
-            groups.append((p, p + width, digits))
-            p += width
-    frac_groups = []
-    for width, digits in [(4, 9)] * full_frac + [(trail, scale % 9)]:
-        if width:
-            frac_groups.append((p, p + width, digits))
-            p += width
+    widths = [(w, d) for w, d in [(DIG2BYTES[ip % 9], ip % 9)] + [(4, 9)] * (ip // 9) + [(4, 9)] * (scale // 9)
+              + [(DIG2BYTES[scale % 9], scale % 9)] if w]
+    size = sum(w for w, _ in widths)
+    sign_bit, all_bits = 1 << (8 * size - 1), (1 << (8 * size)) - 1
+    backwards = [(8 * w, (1 << (8 * w)) - 1) for w, _ in reversed(widths)]
+    scales = [10 ** d for _, d in widths]
+    exponent = f"E-{scale}"
 
     def read(buf: bytes, pos: int) -> tuple[Any, int]:
-        raw = bytearray(buf[pos:pos + size])
-        negative = not raw[0] & 0x80
-        raw[0] ^= 0x80
-        if negative:
-            raw = bytearray(b ^ 0xFF for b in raw)
-        integer = "".join(f"{int.from_bytes(raw[a:b], 'big'):0{d}d}" for a, b, d in groups) or "0"
-        if frac_groups:
-            integer += "." + "".join(f"{int.from_bytes(raw[a:b], 'big'):0{d}d}" for a, b, d in frac_groups)
-        return Decimal("-" + integer if negative else integer), pos + size
+        x = int.from_bytes(buf[pos:pos + size], "big")
+        negative = not x & sign_bit
+        x ^= all_bits ^ sign_bit if negative else sign_bit
+        groups = []
+        for bits, mask in backwards:
+            groups.append(x & mask)
+            x >>= bits
+        total = 0
+        for g, mult in zip(reversed(groups), scales):
+            total = total * mult + g
+        return Decimal(("-" if negative else "") + str(total) + exponent), pos + size
     return read
 
 
@@ -169,8 +173,60 @@ def _bit(bits: int) -> Reader:
     return lambda buf, pos: (bytes(buf[pos:pos + size]), pos + size)
 
 
-def compile_readers(table: B.TableMap, charsets: dict[int, str]) -> list[Reader]:
-    """One reader per column of ``table``. ``charsets``: collation id -> MySQL character set name."""
+def _uuid(raw: bytes) -> str:
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _inet6(raw: bytes) -> str:
+    """As MariaDB's INET6 prints it: IPv4-mapped and -compatible (not ``::``, ``::1``) addresses end in dotted
+    form; the longest run of zero groups (the first of equal ones, even a single one) becomes ``::``."""
+    if raw[:10] == bytes(10) and (raw[10:12] == b"\xff\xff" or (raw[10:12] == b"\x00\x00" and raw[12:14] != bytes(2))):
+        return ("::ffff:" if raw[10:12] == b"\xff\xff" else "::") + ".".join(str(b) for b in raw[12:])
+    groups = [int.from_bytes(raw[k:k + 2], "big") for k in range(0, 16, 2)]
+    best, best_len, k = -1, 0, 0
+    while k < 8:
+        if groups[k] == 0:
+            j = k
+            while j < 8 and groups[j] == 0:
+                j += 1
+            if j - k > best_len:
+                best, best_len = k, j - k
+            k = j
+        else:
+            k += 1
+    text = [f"{g:x}" for g in groups]
+    if best < 0:
+        return ":".join(text)
+    return ":".join(text[:best]) + "::" + ":".join(text[best + best_len:])
+
+
+#: MariaDB's binary-stored types read as text: the catalog's type name -> (stored bytes, rendering).
+TEXT_TYPES: dict[str, tuple[int, Callable[[bytes], str]]] = {
+    "uuid": (16, _uuid), "inet6": (16, _inet6), "inet4": (4, lambda raw: ".".join(str(b) for b in raw)),
+}
+
+
+def _as_text(reader: Reader, size: int, render: Callable[[bytes], str]) -> Reader:
+    def read(buf: bytes, pos: int) -> tuple[Any, int]:
+        raw, pos = reader(buf, pos)
+        return render(raw.ljust(size, b"\x00")), pos
+    return read
+
+
+def _json(size: int) -> Reader:
+    def read(buf: bytes, pos: int) -> tuple[Any, int]:
+        n = int.from_bytes(buf[pos:pos + size], "little")
+        start = pos + size
+        return json_binary.to_text(buf[start:start + n]), start + n
+    return read
+
+
+def compile_readers(table: B.TableMap, charsets: dict[int, str],
+                    text_types: Mapping[int, str] | None = None) -> list[Reader]:
+    """One reader per column of ``table``. ``charsets``: collation id -> MySQL character set name.
+    ``text_types``: column index -> a type of :data:`TEXT_TYPES` (from the catalog) for the columns logged as
+    fixed binary strings that are UUID/INET4/INET6."""
     readers: list[Reader] = []
     for i, (t, meta) in enumerate(zip(table.types, table.meta)):
         unsigned = bool(table.unsigned and table.unsigned[i])
@@ -212,9 +268,15 @@ def compile_readers(table: B.TableMap, charsets: dict[int, str]) -> list[Reader]
             readers.append(_time2(meta[0]))
         elif t == B.YEAR:
             readers.append(lambda buf, pos: ((buf[pos] + 1900 if buf[pos] else 0), pos + 1))
+        elif t == B.JSON:
+            readers.append(_json(meta[0]))
         else:
             raise ConfigError(f"column {_name(table, i)}: the binary log type {t} cannot be read yet "
-                              "(MySQL's binary JSON, or a temporal type from before MySQL 5.6)")
+                              "(a temporal type from before MySQL 5.6)")
+        special = (text_types or {}).get(i)
+        if special is not None and t == B.STRING and special in TEXT_TYPES:
+            size, render = TEXT_TYPES[special]
+            readers[-1] = _as_text(readers[-1], size, render)
     return readers
 
 
@@ -271,12 +333,16 @@ class RowDecoder:
     A writer that changes one row per statement makes the server log a table map before every row
     event; parsing and compiling each of them cost ~3 times the row's own decoding (measured:
     benchmarks/binlog_decode.py), so an identical map (same table id, same columns and metadata) reuses
-    what the last one compiled. ``mariadb``: see :func:`.binlog.parse_table_map`."""
+    what the last one compiled. ``mariadb``: see :func:`.binlog.parse_table_map`. ``column_types``: (database,
+    table) -> column name -> the catalog's type name (``information_schema.COLUMNS.DATA_TYPE``), asked once per
+    new table map, for the types the log cannot tell from BINARY(n) (:data:`TEXT_TYPES`); None: read as bytes."""
 
     MAX_CACHED = 4096  # distinct table maps kept (a table id changes with each table definition)
 
-    def __init__(self, charsets: dict[int, str], mariadb: bool) -> None:
+    def __init__(self, charsets: dict[int, str], mariadb: bool,
+                 column_types: Callable[[str, str], Mapping[str, str]] | None = None) -> None:
         self._charsets = charsets
+        self._column_types = column_types
         self._mariadb = mariadb
         self._by_body: dict[bytes, tuple[B.TableMap, list[Reader]]] = {}
         self._by_id: dict[int, tuple[B.TableMap, list[Reader]]] = {}
@@ -287,12 +353,19 @@ class RowDecoder:
         hit = self._by_body.get(body)
         if hit is None:
             table = B.parse_table_map(event, self._mariadb)
-            hit = (table, compile_readers(table, self._charsets))
+            hit = (table, compile_readers(table, self._charsets, self._text_types(table)))
             if len(self._by_body) >= self.MAX_CACHED:
                 self._by_body.clear()
             self._by_body[body] = hit
         self._by_id[hit[0].table_id] = hit
         return hit[0]
+
+    def _text_types(self, table: B.TableMap) -> dict[int, str]:
+        if self._column_types is None or table.names is None or B.STRING not in table.types:
+            return {}
+        catalog = self._column_types(table.database, table.table)
+        return {i: catalog[name].lower() for i, name in enumerate(table.names)
+                if name in catalog and catalog[name].lower() in TEXT_TYPES}
 
     def rows(self, event: bytes) -> tuple[B.TableMap, Iterator[tuple[str, list[Any] | None, list[Any] | None]]]:
         """The table of a row event (from the table map before it) and its rows."""
