@@ -131,7 +131,8 @@ def current_end(conn: Any, mariadb: bool) -> LogEnd:
 
 
 def gtid_at(conn: Any, pos: FilePosition) -> MariaGtidPosition:
-    """MariaDB: the GTID state at a transaction boundary of this server's log."""
+    """MariaDB: the GTID state at a transaction boundary of this server's log (a range's start, a consistent
+    snapshot's ``binlog_snapshot_position``): the server's own ``BINLOG_GTID_POS``, one query on any connection."""
     with conn.cursor() as cur:
         cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (pos.file, pos.offset))
         value = cur.fetchone()[0]
