@@ -159,3 +159,34 @@ def test_the_command_stops_after_a_clean_preflight_until_the_spark_source_is_wir
     assert "not started, nothing was created: the preflight found no problem, but this version has no " \
            "flinkish.mysql Spark source yet" in err
     assert not (tmp_path / "meta").exists() and not (tmp_path / "lake").exists()
+
+
+def test_the_command_with_a_mysql_pipeline_file_exits_2_naming_the_problem(mariadb: Any, shop: str,
+                                                                           tmp_path: Path) -> None:
+    """The user's way in, end to end: ``flinkish mirror pipeline.yaml`` with Flink CDC's MySQL keys, a wrong
+    password -> exit 2, one line, no password anywhere in the output, nothing written."""
+    import subprocess
+
+    from flinkish_spark.testing.mirror_process import flinkish
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(f"""
+source:
+  type: mysql
+  hostname: 127.0.0.1
+  port: {mariadb.port}
+  username: {USER}
+  password: wrong-one
+  tables: {shop}.*
+  server-id: 5400-5404
+sink:
+  type: delta
+  path: {tmp_path / "lake"}
+pipeline:
+  checkpoint: {tmp_path / "meta"}
+""")
+    out = subprocess.run([*flinkish(), "mirror", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "flinkish mirror: not started, nothing was created; 1 problem to fix first:" in out.stderr
+    assert "refused the connection (1045)" in out.stderr and "wrong-one" not in out.stdout + out.stderr
+    assert not (tmp_path / "meta").exists() and not (tmp_path / "lake").exists()
