@@ -190,3 +190,14 @@ pipeline:
     assert "flinkish mirror: not started, nothing was created; 1 problem to fix first:" in out.stderr
     assert "refused the connection (1045)" in out.stderr and "wrong-one" not in out.stdout + out.stderr
     assert not (tmp_path / "meta").exists() and not (tmp_path / "lake").exists()
+
+
+def test_a_checkpoint_of_a_postgresql_mirror_under_the_uid_is_refused(mariadb: Any, shop: str, tmp_path: Path) -> None:
+    from flinkish_spark.io.fileio import FileIO
+    from flinkish_spark.testing.checkpoints import postgres_source
+
+    cfg = config(mariadb, tmp_path, f"{shop}.*")
+    postgres_source(FileIO.for_url(cfg.checkpoint), cfg.checkpoint, cfg.uid, ["public.orders"])
+    found, _ = check(cfg, tmp_path)
+    assert len(found) == 1 and "source uid 'mirror' was checkpointed as a 'flinkish.postgres' source, but the " \
+        "query now uses 'flinkish.mysql' under the same uid. Give the new source its own uid" in found[0], found
