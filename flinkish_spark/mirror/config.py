@@ -103,7 +103,7 @@ class MirrorConfig:
 
     uid: str  # the source's uid; the sink's is ``<uid>_sink``; the slot and publication ``flinkish_<uid>``
     name: str  # shown in the progress view
-    source_url: str  # libpq URI without a password
+    source_url: str  # postgresql:// (libpq) or mysql:// URL without a password
     tables: str
     format: Format
     target: str  # the sink's target option with {schema}/{table}
