@@ -237,16 +237,24 @@ def split_source_url(url: str, what: str) -> tuple[Source, str, str | None]:
     return ("postgres", *split_password(url, what))
 
 
-def check_tables(tables: str, what: str, kind: Source = "postgres") -> str:
+def check_tables(tables: str, what: str) -> str:
     from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
 
     if "\\" in tables:
-        db, other = ("shop", "sales") if kind == "mysql" else ("public", "sales")
         raise ConfigError(
             f"{what}: {tables!r} holds a backslash. Table patterns are shell-style here, not Flink CDC's regular "
-            f"expressions: write {db}.* for {db}.\\.*, {other}.order_* for {other}.order_\\.*")
+            r"expressions: write public.* for public.\.*, sales.order_* for sales.order_\.*")
     TablePatterns.parse(tables, what)
     return tables
+
+
+def check_source_tables(tables: str, what: str, kind: Source) -> str:
+    """``tables`` of a source of this database (MySQL: ``database.table``, the backslash hint in its terms)."""
+    if kind == "mysql" and "\\" in tables:
+        raise ConfigError(
+            f"{what}: {tables!r} holds a backslash. Table patterns are shell-style here, not Flink CDC's regular "
+            r"expressions: write shop.* for shop.\.*, sales.order_* for sales.order_\.*")
+    return check_tables(tables, what)
 
 
 def check_uid(uid: str, what: str) -> str:
@@ -419,7 +427,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
                       parallelism=str(tasks))
     checkpoint = absolute(checkpoint)
     return MirrorConfig(
-        uid=uid, name=uid, source_url=source_url, tables=check_tables(tables, "--tables", kind), format=form,
+        uid=uid, name=uid, source_url=source_url, tables=check_source_tables(tables, "--tables", kind), format=form,
         target=check_target(form, target, "--to" if form != "postgres" else "--sink-option table"),
         checkpoint=checkpoint,
         spark_checkpoint=absolute(check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),

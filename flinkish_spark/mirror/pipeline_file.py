@@ -25,8 +25,8 @@ from flinkish_spark.mirror.cluster import placement
 from flinkish_spark.mirror.config import (
     absolute,
     bounded,
+    check_source_tables,
     check_spark_checkpoint,
-    check_tables,
     check_target,
     check_uid,
     default_spark_checkpoint,
@@ -116,7 +116,7 @@ def _source_tables(src: Mapping[str, Any], kind: Source) -> str:
     exclude = _text(src, "tables.exclude", "source")
     if exclude:
         tables += ", " + ", ".join("!" + e.strip() for e in exclude.split(",") if e.strip())
-    return check_tables(tables, "pipeline file: source.tables", kind)
+    return check_source_tables(tables, "pipeline file: source.tables", kind)
 
 
 def _route_target(rules: Any, tables: tuple[str, ...], fmt: Format, sink_target: str | None) -> str | None:
