@@ -7,7 +7,7 @@ from typing import Any
 
 from flinkish_spark.errors import ConfigError
 
-USAGE = """flinkish mirror --from postgresql://user@host:5432/db --tables 'public.*' --to PATH_TEMPLATE
+USAGE = """flinkish mirror --from postgresql://user@host:5432/db|mysql://user@host:3306/ --tables 'public.*' --to PATH_TEMPLATE
                        --checkpoint URL [--format delta|iceberg|postgres] [--trigger 10s] [--stop-after-snapshot]
                        [--master local[2]|local-cluster[N,C,M]|spark://...|yarn|k8s://... | --remote sc://host:port]
        flinkish mirror pipeline.yaml [--stop-after-snapshot]
@@ -22,15 +22,19 @@ COMPARE_USAGE = "flinkish mirror compare (--from URL --tables PATTERNS --to TARG
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     m = sub.add_parser(
         "mirror", usage=USAGE,
-        help="mirror PostgreSQL tables into one Delta / Iceberg / PostgreSQL target per table (flags or a pipeline file)",
+        help="mirror PostgreSQL (or MySQL/MariaDB) tables into one Delta / Iceberg / PostgreSQL target per table "
+             "(flags or a pipeline file)",
         description="Mirror the PostgreSQL tables matching --tables into one target per table, exactly once, with "
                     "live progress. Ctrl-C or SIGTERM stops with drain (a second one: without drain); the same "
                     "command continues from the checkpoint. See docs/mirror.md, 'flinkish mirror'. "
                     "'flinkish mirror resnapshot --help': read tables again while the mirror runs.")
     m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags)")
     m.add_argument("--from", dest="source", help="the source database, postgresql://user@host:5432/db "
-                   "(password: PGPASSWORD, ~/.pgpass or in the URL)")
-    m.add_argument("--tables", help="names and patterns, e.g. 'public.*, sales.order_*, !public.audit_log'")
+                   "(password: PGPASSWORD, ~/.pgpass or in the URL) or mysql://user@host:3306/ (MYSQL_PWD or in the "
+                   "URL; MySQL is configured and preflighted, its Spark source is still being wired: "
+                   "docs/mysql-source.md)")
+    m.add_argument("--tables", help="names and patterns, e.g. 'public.*, sales.order_*, !public.audit_log' "
+                   "(MySQL: database.table, e.g. 'shop.*')")
     m.add_argument("--to", help="the targets: a folder or path template (delta, iceberg: a table template such as "
                    "'mirror.{schema}_{table}'), or postgresql://... (format postgres)")
     m.add_argument("--format", dest="fmt", choices=("delta", "iceberg", "postgres"),
@@ -44,7 +48,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     m.add_argument("--spark-checkpoint", help="Spark's own checkpoint folder (local; default <checkpoint>/spark "
                    "for a local --checkpoint, else a folder under ~/.local/state/flinkish_spark/mirror)")
     m.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a flinkish.postgres source option, e.g. splitSize=50000 (repeatable)")
+                   help="a flinkish.postgres / flinkish.mysql source option, e.g. splitSize=50000, serverId=5400 "
+                        "(repeatable)")
     m.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port, e.g. "

@@ -1,11 +1,14 @@
 """``flinkish mirror``'s configuration: command-line flags or a pipeline file -> one frozen :class:`MirrorConfig`.
 
-Two ways in, one result:
+Two ways in, one result, for a PostgreSQL or a MySQL/MariaDB source (``--from mysql://...``: the
+``flinkish.mysql`` source, ``tables`` as ``database.table`` patterns, ``{schema}`` in a target template the
+database):
 
-* flags: ``--from postgresql://... --tables 'public.*' --to PATH_TEMPLATE [--format ...]
+* flags: ``--from postgresql://...|mysql://... --tables 'public.*' --to PATH_TEMPLATE [--format ...]
   --checkpoint URL [--trigger 10s] [--stop-after-snapshot]`` (:func:`from_args`);
 * a pipeline file in Flink CDC 3's YAML shape -- ``source`` (``type: postgres``, ``hostname`` /
-  ``port`` / ``username`` / ``password`` / ``database-name`` or ``url``, ``tables``), ``sink``
+  ``port`` / ``username`` / ``password`` / ``database-name`` or ``url``, ``tables``; ``type: mysql`` with
+  Flink CDC's MySQL pipeline connector keys, :mod:`flinkish_spark.mirror.mysql_options`), ``sink``
   (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (one rule: ``source-table``,
   ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``checkpoint``, ``trigger``, ...)
   (:func:`flinkish_spark.mirror.pipeline_file.from_yaml`).
@@ -15,7 +18,8 @@ cluster Spark driven from the pipeline process) or ``--remote sc://host:port`` /
 (a Spark Connect server runs the query; the pipeline process is its client). Local paths are made
 absolute here: executors and a Connect server resolve a relative path against their own folder.
 
-Guarantees: every unknown key and bad value is refused here with one :class:`ConfigError`
+Guarantees: every unknown key and bad value -- also an option that has no meaning for the source's
+database, such as a replication slot's for MySQL -- is refused here with one :class:`ConfigError`
 naming the key and the fix -- before a Spark session, a connection or a file exists. A
 password (in a URL, a ``password`` key) is split off into :attr:`MirrorConfig.source_password`
 / :attr:`MirrorConfig.sink_password`, which no ``repr``, error, JSON form or option carries:
@@ -38,6 +42,12 @@ from flinkish_spark.errors import ConfigError
 
 Format = Literal["delta", "iceberg", "postgres"]
 FORMATS: tuple[Format, ...] = ("delta", "iceberg", "postgres")
+#: The source's database: ``flinkish.postgres`` or ``flinkish.mysql`` (MySQL and MariaDB).
+Source = Literal["postgres", "mysql"]
+#: Whether ``flinkish mirror`` can start the source's Spark query yet. The MySQL source is being wired on the CDC
+#: core shared with PostgreSQL (issue 29): until then a MySQL mirror is configured and preflighted, then refused
+#: with one line saying so (:func:`flinkish_spark.mirror.pipeline.supervise`). Set True where it is registered.
+SOURCE_READY: dict[Source, bool] = {"postgres": True, "mysql": False}
 #: Environment variables the pipeline puts the passwords in (named by the connectors' ``passwordEnv``).
 SOURCE_PASSWORD_ENV = "FLINKISH_MIRROR_SOURCE_PASSWORD"
 SINK_PASSWORD_ENV = "FLINKISH_MIRROR_SINK_PASSWORD"
@@ -93,7 +103,7 @@ class MirrorConfig:
 
     uid: str  # the source's uid; the sink's is ``<uid>_sink``; the slot and publication ``flinkish_<uid>``
     name: str  # shown in the progress view
-    source_url: str  # libpq URI without a password
+    source_url: str  # postgresql:// (libpq) or mysql:// URL without a password
     tables: str
     format: Format
     target: str  # the sink's target option with {schema}/{table}
@@ -112,8 +122,14 @@ class MirrorConfig:
     metrics_port: int | None = None  # serve Prometheus metrics on this port (mirror.metrics)
     source_extra: tuple[tuple[str, str], ...] = ()
     sink_extra: tuple[tuple[str, str], ...] = ()  # for postgres also ("url", ...) without password
+    #: the source's database (``--from postgresql://`` / ``mysql://``, ``source.type``); its Spark source flinkish.<kind>
+    source_kind: Source = "postgres"
     source_password: str | None = field(default=None, repr=False)
     sink_password: str | None = field(default=None, repr=False)
+
+    @property
+    def source_format(self) -> str:
+        return f"flinkish.{self.source_kind}"
 
     @property
     def log_file(self) -> str:
@@ -133,7 +149,7 @@ class MirrorConfig:
         return f"flinkish.{self.format}"
 
     def source_options(self) -> dict[str, str]:
-        """The ``flinkish.postgres`` source options (what ``spark.readStream.option(...)`` gets)."""
+        """The ``flinkish.postgres`` / ``flinkish.mysql`` source options (what ``spark.readStream.option(...)`` gets)."""
         opts = {"uid": self.uid, "checkpoint": self.checkpoint, "url": self.source_url, "tables": self.tables,
                 **dict(self.source_extra)}
         if self.source_password is not None and "passwordEnv" not in opts:
@@ -197,10 +213,28 @@ def parse_trigger(value: Any, what: str, noun: str = "a trigger interval") -> fl
 
 
 def split_password(url: str, what: str) -> tuple[str, str | None]:
+    """A PostgreSQL URI (a sink's, a source's) without its password, and the password."""
     from flinkish_spark.connectors.postgres.connection import parse_url
 
     info = parse_url(url, None, what)
     return info.url, info.url_password
+
+
+MYSQL_SCHEMES = ("mysql", "mariadb")
+
+
+def split_source_url(url: str, what: str) -> tuple[Source, str, str | None]:
+    """``--from``: the source's database (by the URL's scheme), its URL without the password, and the password."""
+    from flinkish_spark.connectors.urls import split_password as split
+
+    parts, _ = split(url, ("postgresql", "postgres", *MYSQL_SCHEMES), what,
+                     "postgresql://user@host:5432/db or mysql://user@host:3306/db", noun="a database URL")
+    if parts.scheme in MYSQL_SCHEMES:
+        from flinkish_spark.connectors.mysql.connection import parse_url
+
+        info = parse_url(url, None, what)
+        return "mysql", info.url, info.url_password
+    return ("postgres", *split_password(url, what))
 
 
 def check_tables(tables: str, what: str) -> str:
@@ -212,6 +246,15 @@ def check_tables(tables: str, what: str) -> str:
             r"expressions: write public.* for public.\.*, sales.order_* for sales.order_\.*")
     TablePatterns.parse(tables, what)
     return tables
+
+
+def check_source_tables(tables: str, what: str, kind: Source) -> str:
+    """``tables`` of a source of this database (MySQL: ``database.table``, the backslash hint in its terms)."""
+    if kind == "mysql" and "\\" in tables:
+        raise ConfigError(
+            f"{what}: {tables!r} holds a backslash. Table patterns are shell-style here, not Flink CDC's regular "
+            r"expressions: write shop.* for shop.\.*, sales.order_* for sales.order_\.*")
+    return check_tables(tables, what)
 
 
 def check_uid(uid: str, what: str) -> str:
@@ -285,6 +328,15 @@ def _extra(given: Mapping[str, str], allowed: Sequence[str], what: str, hint: st
     return tuple(sorted((k, str(v)) for k, v in given.items()))
 
 
+def source_options_of(kind: Source) -> tuple[str, ...]:
+    """The source options a mirror may set for a source of this database (besides url/tables)."""
+    if kind == "mysql":
+        from flinkish_spark.mirror.mysql_options import MYSQL_SOURCE_OPTIONS
+
+        return MYSQL_SOURCE_OPTIONS
+    return SOURCE_OPTIONS
+
+
 def startup_mode(value: str, what: str) -> str:
     if value in STARTUP_MODES:
         return STARTUP_MODES[value]
@@ -308,6 +360,9 @@ def bounded(extra: dict[str, str], stop_after_snapshot: bool, what: str) -> bool
 
 
 def infer_format(to: str) -> Format:
+    if to.startswith(tuple(f"{s}://" for s in MYSQL_SCHEMES)):
+        raise ConfigError(f"--to: there is no MySQL target; a mirror writes Delta, Iceberg or PostgreSQL tables "
+                          f"(--to s3://lake/{{schema}}/{{table}}, --to postgresql://user@host:5432/db)")
     return "postgres" if to.startswith(("postgresql://", "postgres://")) else "delta"
 
 
@@ -341,9 +396,13 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         raise ConfigError(f"--parallelism must be a whole number >= 1, got {parallelism}")
     tasks = parallelism or DEFAULT_PARALLELISM
     form: Format = cast(Format, fmt) if fmt else infer_format(to)
-    source_url, source_password = split_password(source, "--from")
+    kind, source_url, source_password = split_source_url(source, "--from")
     uid = check_uid(uid or DEFAULT_UID, "--uid")
     src_given = _key_values(source_option, "--source-option")
+    if kind == "mysql":
+        from flinkish_spark.mirror.mysql_options import check_source_options
+
+        check_source_options(src_given, "--source-option")
     if "startup" in src_given:
         src_given["startup"] = startup_mode(src_given["startup"], "--source-option startup")
     stop_after_snapshot = bounded(src_given, stop_after_snapshot, "--source-option startup")
@@ -368,14 +427,14 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
                       parallelism=str(tasks))
     checkpoint = absolute(checkpoint)
     return MirrorConfig(
-        uid=uid, name=uid, source_url=source_url, tables=check_tables(tables, "--tables"), format=form,
+        uid=uid, name=uid, source_url=source_url, tables=check_source_tables(tables, "--tables", kind), format=form,
         target=check_target(form, target, "--to" if form != "postgres" else "--sink-option table"),
         checkpoint=checkpoint,
         spark_checkpoint=absolute(check_spark_checkpoint(spark_checkpoint or default_spark_checkpoint(checkpoint, uid),
                                                           "--spark-checkpoint")),
         trigger_s=parse_trigger(trigger, "--trigger") if trigger else DEFAULT_TRIGGER_S,
         stop_after_snapshot=stop_after_snapshot, parallelism=tasks, **place,
-        source_extra=_extra(src_given, SOURCE_OPTIONS, "--source-option"),
+        source_extra=_extra(src_given, source_options_of(kind), "--source-option"),
         sink_extra=_extra(sink_given, allowed, f"--sink-option (format {form})"),
-        source_password=source_password, sink_password=sink_password,
+        source_kind=kind, source_password=source_password, sink_password=sink_password,
     )

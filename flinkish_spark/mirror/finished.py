@@ -62,6 +62,8 @@ def ended_before(config: MirrorConfig) -> str | None:
 
 def _slot_left(config: MirrorConfig) -> bool:
     """Whether the replication slot the source created still exists (or that cannot be known)."""
+    if config.source_kind != "postgres":  # MySQL: the position lives in the checkpoint only
+        return False
     from flinkish_spark.checkpoint.layout import join
     from flinkish_spark.connectors.postgres.connection import ConnectionInfo, connect, parse_url
     from flinkish_spark.connectors.postgres.slot import Ownership, slot_info

@@ -24,13 +24,15 @@ def claimed(config: MirrorConfig) -> bool:
     """Whether the mirror's checkpoint folder already claims a slot or publication (an earlier run created them)."""
     from flinkish_spark.connectors.postgres.slot import Ownership
 
+    if config.source_kind != "postgres":  # MySQL: no slot, no publication -- nothing on the server to claim
+        return False
     source = source_of(config)
     return Ownership.read(source.io, source.checkpoint_store().directory) is not None
 
 
 def release(config: MirrorConfig, claimed_before: bool) -> list[str]:
     """After a failed run: drop what it created if nothing references it yet, else say how to; the lines to print."""
-    if claimed_before:
+    if claimed_before or config.source_kind != "postgres":
         return []
     from flinkish_spark.connectors.postgres import publication as publications
     from flinkish_spark.connectors.postgres import slot as slots

@@ -2,7 +2,8 @@
 
 Sections ``source`` (``type: postgres``, ``hostname`` / ``port`` / ``username`` / ``password`` /
 ``database-name`` or ``url``, ``tables``, ``tables.exclude``, Flink CDC's ``slot.name``,
-``scan.startup.mode``, ``scan.incremental.snapshot.chunk.size`` and the source's own options),
+``scan.startup.mode``, ``scan.incremental.snapshot.chunk.size`` and the source's own options; or
+``type: mysql`` with the keys of Flink CDC's MySQL pipeline connector: :mod:`flinkish_spark.mirror.mysql_options`),
 ``sink`` (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (one rule:
 ``source-table``, ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``uid``,
 ``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``, and where
@@ -19,12 +20,13 @@ import urllib.parse
 from typing import Any, Mapping, cast
 
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.mirror import mysql_options
 from flinkish_spark.mirror.cluster import placement
 from flinkish_spark.mirror.config import (
     absolute,
     bounded,
+    check_source_tables,
     check_spark_checkpoint,
-    check_tables,
     check_target,
     check_uid,
     default_spark_checkpoint,
@@ -39,6 +41,7 @@ from flinkish_spark.mirror.config import (
     SINK_OPTIONS,
     SOURCE_FLINK_NAMES,
     SOURCE_OPTIONS,
+    Source,
     split_password,
     startup_mode,
     TARGET_OPTION,
@@ -107,13 +110,13 @@ def _connection_url(section: Mapping[str, Any], where: str) -> tuple[str, str | 
     return f"postgresql://{q(user, safe='')}@{host}:{port}/{q(db, safe='')}", _text(section, "password", where)
 
 
-def _source_tables(src: Mapping[str, Any]) -> str:
+def _source_tables(src: Mapping[str, Any], kind: Source) -> str:
     tables = _text(src, "tables", "source", required=True)
     assert tables is not None
     exclude = _text(src, "tables.exclude", "source")
     if exclude:
         tables += ", " + ", ".join("!" + e.strip() for e in exclude.split(",") if e.strip())
-    return check_tables(tables, "pipeline file: source.tables")
+    return check_source_tables(tables, "pipeline file: source.tables", kind)
 
 
 def _route_target(rules: Any, tables: tuple[str, ...], fmt: Format, sink_target: str | None) -> str | None:
@@ -186,20 +189,36 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
             raise unknown_key(str(key), _TOP, "pipeline file")
     src, sink, pipe = _section(doc, "source", True), _section(doc, "sink", True), _section(doc, "pipeline", True)
 
+    source_type = _text(src, "type", "source", required=True)
+    if source_type in ("postgres", "postgresql"):
+        kind: Source = "postgres"
+        source_keys: tuple[str, ...] = _SOURCE_KEYS
+        flink_names: dict[str, str] = SOURCE_FLINK_NAMES
+        options: tuple[str, ...] = SOURCE_OPTIONS
+    elif source_type in ("mysql", "mariadb"):
+        kind = "mysql"
+        source_keys, flink_names, options = (mysql_options.source_keys(_CONNECTION), mysql_options.MYSQL_FLINK_NAMES,
+                                             mysql_options.MYSQL_SOURCE_OPTIONS)
+    else:
+        raise ConfigError(f"pipeline file: source.type {source_type!r} is not supported; use 'postgres' or 'mysql'")
     for key in src:
-        if key not in _SOURCE_KEYS:
-            raise unknown_key(str(key), _SOURCE_KEYS, "pipeline file: source")
-    if _text(src, "type", "source", required=True) not in ("postgres", "postgresql"):
-        raise ConfigError(f"pipeline file: source.type {src['type']!r} is not supported; use 'postgres'")
-    source_url, source_password = _connection_url(src, "source")
-    tables = _source_tables(src)
+        if kind == "mysql" and key in mysql_options.NOT_FOR_MYSQL:
+            raise mysql_options.not_for_mysql(str(key), f"pipeline file: source.{key}")
+        if key not in source_keys:
+            raise unknown_key(str(key), source_keys, "pipeline file: source")
+    source_url, source_password = (_connection_url(src, "source") if kind == "postgres"
+                                   else mysql_options.connection_url(src, _text))
+    tables = _source_tables(src, kind)
     src_extra: dict[str, str] = {}
     for key, value in src.items():
-        name = SOURCE_FLINK_NAMES.get(key, key)
-        if name in SOURCE_OPTIONS:
+        name = flink_names.get(key, key)
+        if name in options:
             if name in src_extra:
                 raise ConfigError(f"pipeline file: source sets {name!r} twice (also by its Flink CDC name)")
             src_extra[name] = _text(src, key, "source") or ""
+    if "serverId" in src_extra:
+        src_extra["serverId"] = mysql_options.server_id(
+            src_extra["serverId"], f"pipeline file: source.{'server-id' if 'server-id' in src else 'serverId'}")
     if "startup" in src_extra:
         src_extra["startup"] = startup_mode(src_extra["startup"], f"pipeline file: source.{'scan.startup.mode' if 'scan.startup.mode' in src else 'startup'}")
     stop_after_snapshot = bounded(src_extra, stop_after_snapshot, "pipeline file: source.scan.startup.mode")
@@ -270,5 +289,5 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
         stop_after_snapshot=stop_after_snapshot or stop_raw, metrics_port=int(port) if port else None,
         parallelism=int(parallelism or DEFAULT_PARALLELISM), **place,
         source_extra=tuple(sorted(src_extra.items())), sink_extra=tuple(sorted(sink_extra.items())),
-        source_password=source_password, sink_password=sink_password,
+        source_kind=kind, source_password=source_password, sink_password=sink_password,
     )

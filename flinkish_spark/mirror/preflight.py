@@ -1,5 +1,8 @@
 """``flinkish mirror``'s preflight: every mistake that can be found before Spark starts, found there.
 
+(A MySQL/MariaDB source: :mod:`flinkish_spark.mirror.mysql_preflight`, the same guarantee; the sink's checks
+below are the same for both.)
+
 Guarantee: :func:`problems` creates nothing -- no replication slot, publication, folder or
 object (a storage probe it writes is deleted again at once) -- and takes a few hundred
 milliseconds. It returns one line per problem, each naming the thing and the fix, all of
@@ -57,6 +60,10 @@ def source_of(config: MirrorConfig) -> Any:
 def problems(config: MirrorConfig, warnings: list[str] | None = None) -> list[str]:
     """Every problem the preflight finds, one line each (empty: the mirror may start); what does not stop the
     mirror but deserves a word (a table left out for want of a key) is added to ``warnings``, if given."""
+    if config.source_kind == "mysql":  # the server's binary log settings, its tables, a purged restart position
+        from flinkish_spark.mirror import mysql_preflight
+
+        return mysql_preflight.problems(config, [] if warnings is None else warnings) + _sink_problems(config)
     found: list[str] = []
     try:
         source = source_of(config)

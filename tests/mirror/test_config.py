@@ -101,7 +101,7 @@ def test_the_json_for_the_pipeline_process_round_trips_without_passwords() -> No
 
 @pytest.mark.parametrize("over, message", [
     ({"source": None}, "--from missing"),
-    ({"source": "mysql://u@h/db"}, "libpq URI"),
+    ({"source": "jdbc:mysql://u@h/db"}, "a database URL such as postgresql://user@host:5432/db or mysql://"),
     ({"tables": "orders"}, "not 'schema.table'"),
     ({"tables": r"public.\.*"}, r"write public.\* for public"),
     ({"fmt": "hudi"}, "--format: 'hudi' is not one of delta, iceberg, postgres"),

@@ -108,7 +108,7 @@ def test_pipeline_file_defaults_and_other_sinks() -> None:
     ({"transform": [{"source-table": "a.b"}]}, "'transform' is not supported"),
     ({"sourse": {}}, "pipeline file: unknown key 'sourse'. Did you mean 'source'"),
     ({"pipeline": None}, "section 'pipeline' missing"),
-    ({"source": {"type": "mysql"}}, "source.type 'mysql' is not supported; use 'postgres'"),
+    ({"source": {"type": "oracle"}}, "source.type 'oracle' is not supported; use 'postgres' or 'mysql'"),
     ({"source": {"hostnme": "x"}}, "source: unknown key 'hostnme'. Did you mean 'hostname'"),
     ({"source": {"port": "fivefour"}}, "source.port must be a number"),
     ({"source": {"url": URL}}, "has 'url' and hostname"),

@@ -109,6 +109,15 @@ def position_key(pos: FilePosition) -> int:
     return pos.key[1] << 32 | pos.offset
 
 
+def position_of_key(key: int, log_files: list[str]) -> FilePosition:
+    """:func:`position_key` turned back into a file position of this server's log (its files' base name and width
+    from ``log_files``, ``SHOW BINARY LOGS``)."""
+    if not log_files:
+        raise ChangeDataError("the server lists no binary log files (SHOW BINARY LOGS is empty)")
+    base, _, digits = log_files[-1].rpartition(".")
+    return FilePosition(f"{base}.{key >> 32:0{len(digits)}d}", key & 0xFFFFFFFF)
+
+
 def current_end(conn: Any, mariadb: bool) -> LogEnd:
     """The end of the log now (``SHOW MASTER STATUS``; MySQL 8.4's ``SHOW BINARY LOG STATUS``), with MariaDB's GTID
     state at that very point (``BINLOG_GTID_POS``), so that the two cannot disagree by a transaction in between."""
@@ -131,7 +140,8 @@ def current_end(conn: Any, mariadb: bool) -> LogEnd:
 
 
 def gtid_at(conn: Any, pos: FilePosition) -> MariaGtidPosition:
-    """MariaDB: the GTID state at a transaction boundary of this server's log."""
+    """MariaDB: the GTID state at a transaction boundary of this server's log (a range's start, a consistent
+    snapshot's ``binlog_snapshot_position``): the server's own ``BINLOG_GTID_POS``, one query on any connection."""
     with conn.cursor() as cur:
         cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (pos.file, pos.offset))
         value = cur.fetchone()[0]
@@ -376,4 +386,4 @@ def wait_for_change(info: ConnectionInfo, after: Start, deadline: float, server_
 
 
 __all__ = ["BinlogPurgedError", "LogEnd", "RowChange", "Statement", "Transaction", "check_start", "current_end",
-           "gtid_at", "position_key", "read_range", "wait_for_change"]
+           "gtid_at", "position_key", "position_of_key", "read_range", "wait_for_change"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flinkish_spark.connectors.passwords import MASK, password_from
+from flinkish_spark.connectors.urls import split_password
 from flinkish_spark.errors import ConfigError, DatabaseAccessError, DatabaseUnavailableError, EnvironmentSetupError
 
 INSTALL_HINT = "pip install 'flinkish_spark[mysql]'"
@@ -60,8 +61,15 @@ class ConnectionInfo:
     @property
     def masked(self) -> str:
         """The URL as shown in messages and metadata: a password, if the URL had one, as ``***``."""
+        return self._render(f":{MASK}" if self.url_password is not None else "")
+
+    @property
+    def url(self) -> str:
+        """The URL without any password (what a configuration stores; the password travels apart)."""
+        return self._render("")
+
+    def _render(self, secret: str) -> str:
         user = urllib.parse.quote(self.user, safe="")
-        secret = f":{MASK}" if self.url_password is not None else ""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"mysql://{user}{secret}@{host}:{self.port}/{self.database or ''}"
 
@@ -87,31 +95,22 @@ class ConnectionInfo:
 
 
 def parse_url(url: str, password_env: str | None = None, what: str = "option 'url'") -> ConnectionInfo:
-    """Check ``mysql://user[:password]@host[:port][/database]`` and split the password off it."""
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme not in ("mysql", "mariadb"):
-        raise ConfigError(
-            f"{what} must be a URL such as mysql://user@host:3306/db, got a value starting with "
-            f"{parts.scheme + '://' if parts.scheme else repr(url[:8])}"
-        )
+    """Check ``mysql://user[:password]@host[:port][/database]`` and split the password off it
+    (:func:`flinkish_spark.connectors.urls.split_password`)."""
+    parts, password = split_password(url, ("mysql", "mariadb"), what, "mysql://user@host:3306/db")
     if not parts.hostname:
         raise ConfigError(f"{what} names no host: write mysql://user@host:3306/db")
-    if not parts.username:
-        raise ConfigError(f"{what} names no user: write mysql://user@{parts.hostname}:{parts.port or DEFAULT_PORT}/db")
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError:
         raise ConfigError(f"{what} has a port that is not a number (1-65535)") from None
+    if not parts.username:
+        raise ConfigError(f"{what} names no user: write mysql://user@{parts.hostname}:{port}/db")
     database = urllib.parse.unquote(parts.path.lstrip("/")) or None
     if database is not None and not _IDENT.match(database):
         raise ConfigError(f"{what}: the database name {database!r} is not a plain MySQL identifier")
-    password = urllib.parse.unquote(parts.password) if parts.password is not None else None
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    for key, value in query:
-        if key.lower() == "password":  # ?password=... : split off the same way
-            password = value
-        else:
-            raise ConfigError(f"{what}: unknown URL parameter {key!r} (only ?password=... is read)")
+    for key, _value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        raise ConfigError(f"{what}: unknown URL parameter {key!r} (only ?password=... is read)")
     return ConnectionInfo(parts.hostname, port, urllib.parse.unquote(parts.username), database,
                           password_env or None, password)
 

@@ -59,28 +59,40 @@ def _fix(info: ConnectionInfo, setting: str, value: str) -> str:
             f"{setting.replace('_', '-')} = {value} in its option file ([mysqld] section), so that a restart keeps it")
 
 
-def check_settings(info: ConnectionInfo, version: str, settings: dict[str, str]) -> ServerInfo:
-    """``settings`` (lower-case names -> values as the server reports them) as a :class:`ServerInfo`, or the
-    :class:`BinlogSettingError` of the first setting the source cannot read changes with."""
+def setting_problems(info: ConnectionInfo, version: str, settings: dict[str, str],
+                     changes: bool = True) -> list[BinlogSettingError]:
+    """Every setting of ``settings`` (lower-case names -> values as the server reports them) the source cannot read
+    changes with, one :class:`BinlogSettingError` each (a preflight names them all at once). No binary log at all is
+    the one problem then. ``changes=False`` (a snapshot only): just the binary log, where the snapshot's position is."""
     log_bin = str(settings.get("log_bin", "")).upper()
     if log_bin not in ("1", "ON"):
-        raise BinlogSettingError(
+        return [BinlogSettingError(
             f"the MySQL server at {info.masked} has no binary log (log_bin is OFF): the flinkish.mysql source reads "
             "changes from it. Start the server with log-bin (e.g. log-bin = mysql-bin, server-id = 1, "
             "binlog-format = ROW in its option file) and restart it"
-        )
-    for setting, wanted in REQUIRED.items():
+        )]
+    problems = []
+    for setting, wanted in REQUIRED.items() if changes else ():
         have = settings.get(setting)
         if have is None:
-            raise BinlogSettingError(
+            problems.append(BinlogSettingError(
                 f"the MySQL server at {info.masked} ({version}) has no setting {setting}: the flinkish.mysql source "
                 f"needs {setting} = {wanted} (MySQL 8.0.1+, MariaDB 10.5+). Upgrade the server"
-            )
-        if str(have).upper() != wanted:
-            raise BinlogSettingError(
+            ))
+        elif str(have).upper() != wanted:
+            problems.append(BinlogSettingError(
                 f"the MySQL server at {info.masked} logs {setting} = {have}; the flinkish.mysql source needs "
                 f"{setting} = {wanted}: {_fix(info, setting, wanted)}"
-            )
+            ))
+    return problems
+
+
+def check_settings(info: ConnectionInfo, version: str, settings: dict[str, str]) -> ServerInfo:
+    """``settings`` as a :class:`ServerInfo`, or the :class:`BinlogSettingError` of the first setting the source
+    cannot read changes with (:func:`setting_problems`)."""
+    problems = setting_problems(info, version, settings)
+    if problems:
+        raise problems[0]
     server_id = int(settings.get("server_id") or 0)
     return ServerInfo(version, "mariadb" in version.lower(), server_id, dict(settings))
 

@@ -10,8 +10,9 @@ exactly the table at any later point (tests/connectors/mysql/test_snapshot.py ch
 writer). No ``FLUSH TABLES WITH READ LOCK`` and no ``LOCK TABLES``: writers never wait for the snapshot.
 
 The position is a file and an offset. MariaDB offers no consistent GTID beside it (``@@gtid_binlog_pos`` is read
-outside the snapshot and may be ahead of it; there is no ``binlog_snapshot_gtid``): :func:`gtid_at` derives it
-from the file's ``Gtid_list`` event (the state before the file) and the GTID events before the offset. MySQL 8 has neither status variable (it needs the
+outside the snapshot and may be ahead of it; there is no ``binlog_snapshot_gtid``): the server derives it from the
+file position, which is a transaction boundary (``BINLOG_GTID_POS``: :func:`.changes.gtid_at`, which any connection
+may ask while the snapshot stays open). MySQL 8 has neither status variable (it needs the
 low/high watermark scheme of Flink CDC, or ``performance_schema.log_status`` under a backup lock): refused here.
 
 Chunks (:func:`plan_chunks`) are ranges of the primary key, ``lo <= key < hi`` (row comparison for composite
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, require_pymysql
-from flinkish_spark.connectors.mysql.position import FilePosition, Gtid, MariaGtidPosition, parse_gtid_list_info
+from flinkish_spark.connectors.mysql.position import FilePosition
 from flinkish_spark.connectors.mysql.types import ColumnType, arrow_type
 from flinkish_spark.errors import ConfigError
 
@@ -139,27 +140,6 @@ def begin_snapshot(conn: Any) -> FilePosition:
         conn.rollback()
         raise ConfigError("the server writes no binary log (binlog_snapshot_file is empty): start it with log-bin")
     return FilePosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
-
-
-def gtid_at(conn: Any, position: FilePosition) -> MariaGtidPosition:
-    """MariaDB: the GTID position equal to the file ``position`` -- the file's ``Gtid_list`` (every domain's
-    last GTID before the file) advanced by each GTID event before the offset (``SHOW BINLOG EVENTS``, streamed
-    and stopped at the offset). ``conn``: not the snapshot's (this reads while the snapshot stays open)."""
-    pymysql = require_pymysql()
-    state = MariaGtidPosition()
-    cur = pymysql.cursors.SSCursor(conn)
-    try:
-        cur.execute("SHOW BINLOG EVENTS IN %s", (position.file,))
-        for _log, pos, kind, _server, _end, info in cur:
-            if int(pos) >= position.offset:
-                break
-            if kind == "Gtid_list":
-                state = parse_gtid_list_info(str(info))
-            elif kind == "Gtid":  # Info: "BEGIN GTID 0-1-5" (a transaction) or "GTID 0-1-6" (a DDL statement)
-                state = state.after(Gtid.parse(str(info).split()[-1]))
-    finally:
-        cur.close()  # an unbuffered result read part way: closing reads (discards) the rest
-    return state
 
 
 def table_info(conn: Any, database: str, table: str) -> TableInfo:

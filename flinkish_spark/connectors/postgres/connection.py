@@ -27,6 +27,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from flinkish_spark.connectors.passwords import MASK, password_from
+from flinkish_spark.connectors.urls import split_password
 from flinkish_spark.errors import ConfigError, DatabaseAccessError, DatabaseUnavailableError, EnvironmentSetupError
 
 INSTALL_HINT = "pip install 'flinkish_spark[postgres]'"
@@ -108,22 +109,10 @@ class ConnectionInfo:
 
 
 def parse_url(url: str, password_env: str | None = None, what: str = "option 'url'") -> ConnectionInfo:
-    """Check a libpq URI and split the password off it."""
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise ConfigError(
-            f"{what} must be a libpq URI such as postgresql://user@host:5432/db, got a value starting with "
-            f"{parts.scheme + '://' if parts.scheme else repr(url[:12])}"
-        )
-    password = urllib.parse.unquote(parts.password) if parts.password is not None else None
-    if password is not None:
-        host = parts.netloc.rsplit("@", 1)[-1]
-        user = parts.username or ""
-        parts = parts._replace(netloc=f"{user}@{host}" if user else host)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    if any(k.lower() == "password" for k, _ in query):  # ?password=... : split off the same way
-        password = next(v for k, v in query if k.lower() == "password")
-        parts = parts._replace(query=urllib.parse.urlencode([(k, v) for k, v in query if k.lower() != "password"]))
+    """Check a libpq URI and split the password off it (:func:`flinkish_spark.connectors.urls.split_password`):
+    the rest is kept as written (several hosts, libpq's own parameters)."""
+    parts, password = split_password(url, ("postgresql", "postgres"), what, "postgresql://user@host:5432/db",
+                                     noun="a libpq URI")
     return ConnectionInfo(urllib.parse.urlunsplit(parts), password_env or None, password)
 
 

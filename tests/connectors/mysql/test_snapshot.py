@@ -152,7 +152,7 @@ def test_snapshot_rows_plus_the_log_from_its_position_give_the_final_table(maria
 
 def test_the_snapshot_position_as_a_gtid_position(mariadb: Any, mysql_db: str) -> None:
     from flinkish_spark.connectors.mysql.position import MariaGtidPosition
-    from flinkish_spark.connectors.mysql.snapshot import gtid_at
+    from flinkish_spark.connectors.mysql.changes import gtid_at
 
     mariadb.sql("CREATE TABLE g (id int PRIMARY KEY); INSERT INTO g VALUES (1); INSERT INTO g VALUES (2)",
                 database=mysql_db)
