@@ -5,7 +5,6 @@ checkpoint path. Cheap: no Spark."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,17 +16,6 @@ from flinkish_spark.mirror.preflight import problems
 
 SECRET = "pw-Secret-9"
 USER = "mirror_app"
-
-
-@pytest.fixture(autouse=True)
-def _require_pymysql() -> None:
-    try:
-        import pymysql  # noqa: F401
-    except ImportError:
-        message = "PyMySQL is not installed (pip install -e '.[mysql]')"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + ": CI must run the MySQL tests", pytrace=False)
-        pytest.skip(message)
 
 
 @pytest.fixture

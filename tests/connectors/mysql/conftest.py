@@ -5,7 +5,6 @@ skipped on a developer's machine and fail under CI, as a missing server does."""
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any, Iterator
 
@@ -13,14 +12,8 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _require_pymysql() -> None:
-    try:
-        import pymysql  # noqa: F401
-    except ImportError:
-        message = "PyMySQL is not installed (pip install -e '.[mysql]')"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + ": CI must run the MySQL tests", pytrace=False)
-        pytest.skip(message)
+def _require_pymysql(pymysql_installed: None) -> None:
+    """Every test here needs PyMySQL, also those that start no server (tests/conftest.py ``pymysql_installed``)."""
 
 
 @pytest.fixture
