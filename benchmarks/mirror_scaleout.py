@@ -24,7 +24,8 @@ ends when the mirror has caught up. Reported: the rate the server reached, lag p
 round and the lag p50 of the first and of the last 30 s (growth).
 
     python benchmarks/mirror_scaleout.py [--tables 1000] [--rounds 1,2,1,2] [--txns 10000] [--max-rows 6000] [--timers]
-    python benchmarks/mirror_scaleout.py --tables 100,1000 --rounds 1,2 --rate 5000 --seconds 120
+    python benchmarks/mirror_scaleout.py --tables 100,1000 --rounds 1,2 --rate 5000,2000 --seconds 120 --sync-commit off --timers
+    python benchmarks/mirror_scaleout.py --writer-only --tables 100,1000 --rate 20000 --seconds 15
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
     with psycopg.connect(url, autocommit=True) as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         conn.execute("CALL bench.paced(%s, %s, %s, %s, %s, %s)",
-                     (args.rate, args.seconds, n, args.per_txn, args.rows, args.sync_commit))
+                     (rate_for(args, n), args.seconds, n, args.per_txn, args.rows, args.sync_commit))
     t1 = time.time()
     while True:
         progress = q.recentProgress
@@ -124,7 +125,7 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
                   "prepare_ms_per_table": round(1000 * timers["prepare_s"] / versions, 2),
                   "commit_ms_per_table": round(1000 * timers["commit_s"] / versions, 2)}
                  if args.timers and versions else {})
-    return {**per_table, "parallelism": p, "load": load, "load_end": os.getloadavg(), "rate_asked": args.rate,
+    return {**per_table, "parallelism": p, "load": load, "load_end": os.getloadavg(), "rate_asked": rate_for(args, n),
             "sync_commit": args.sync_commit,
             "rate_reached": round(changes / (t1 - t0)), "seconds": round(t1 - t0, 1), "changes": changes,
             "lag_samples": len(lags), "lag_ms_p50": round(1000 * percentile([x for x, _ in lags], 0.5)),
@@ -133,6 +134,13 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
             "lag_ms_p50_last_30s": round(1000 * percentile(last, 0.5)),
             "epochs": len(busy),
             "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5))}
+
+
+def rate_for(args: argparse.Namespace, n: int) -> float:
+    """``--rate``: one rate, or one per ``--tables`` entry ("5000,2000" with "100,1000")."""
+    rates = [float(x) for x in str(args.rate).split(",")]
+    tables = [int(x) for x in args.tables.split(",")]
+    return rates[tables.index(n)] if len(rates) > 1 else rates[0]
 
 
 def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int, max_rows: int | None,
@@ -178,10 +186,10 @@ def writer_only(url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
                 conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
                 cpu0, load, t0 = _cpu_s(pid), os.getloadavg()[0], time.time()
                 conn.execute("CALL bench.paced(%s, %s, %s, %s, %s, %s)",
-                             (args.rate, args.seconds, n, args.per_txn, args.rows, sync))
+                             (rate_for(args, n), args.seconds, n, args.per_txn, args.rows, sync))
                 secs, cpu = time.time() - t0, _cpu_s(pid) - cpu0
                 changes = int(next((m.split()[-1] for m in notices if m.startswith("changes")), "0"))
-                r = {"tables": n, "repeat": rep, "sync_commit": sync, "rate_asked": args.rate,
+                r = {"tables": n, "repeat": rep, "sync_commit": sync, "rate_asked": rate_for(args, n),
                      "rate_reached": round(changes / secs), "backend_cpu_per_s": round(cpu / secs, 2),
                      "backend_cpu_us_per_change": round(1e6 * cpu / max(changes, 1), 1), "load": load}
                 print(json.dumps(r), flush=True)
@@ -278,7 +286,7 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=6000, help="the source's maxRowsPerTrigger")
     ap.add_argument("--trigger", type=float, default=1.0)
     ap.add_argument("--timers", action="store_true", help="benchmark-only timers: prepare / commit per changed table")
-    ap.add_argument("--rate", type=float, default=None, help="paced rounds: changes/s written by the server")
+    ap.add_argument("--rate", default=None, help="paced rounds: changes/s written by the server (one per --tables entry)")
     ap.add_argument("--seconds", type=float, default=120, help="paced rounds: how long")
     ap.add_argument("--sync-commit", default="on", choices=("on", "off"),
                     help="paced rounds: the writer's synchronous_commit")
