@@ -121,7 +121,7 @@ def main() -> None:
 
     instrument()
     if args.no_spread:
-        routed.checkpoint_offset = lambda path, interval: 0  # type: ignore[assignment]
+        routed.checkpoint_offset = lambda path, interval: 0
     routed.COMMIT_THREADS = args.threads
     if args.threads == 1:  # every table in the calling thread, so that cProfile sees them
         class Inline:
