@@ -213,7 +213,8 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
     create_tables(url, n, args.rows, "bigint")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BURST)
-    meta, cp, lake = (os.path.join(work, x) for x in ("meta", "cp", "lake"))
+    # per table count: a run over "100,1000" must not start the second mirror on the first one's metadata
+    meta, cp, lake = (os.path.join(work, f"{x}-{n}") for x in ("meta", "cp", "lake"))
     spark = flinkish_spark.session(app_name="bench-mirror-scaleout", conf={
         "spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "2g"})
     spark.sparkContext.setLogLevel("ERROR")
