@@ -24,7 +24,8 @@ ends when the mirror has caught up. Reported: the rate the server reached, lag p
 round and the lag p50 of the first and of the last 30 s (growth).
 
     python benchmarks/mirror_scaleout.py [--tables 1000] [--rounds 1,2,1,2] [--txns 10000] [--max-rows 6000] [--timers]
-    python benchmarks/mirror_scaleout.py --tables 100,1000 --rounds 1,2 --rate 5000 --seconds 120
+    python benchmarks/mirror_scaleout.py --tables 100,1000 --rounds 1,2 --rate 5000,2000 --seconds 120 --sync-commit off --timers
+    python benchmarks/mirror_scaleout.py --writer-only --tables 100,1000 --rate 20000 --seconds 15
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ BEGIN
     COMMIT;
   END LOOP;
 END $$;
-CREATE OR REPLACE PROCEDURE bench.paced(rate float8, seconds float8, tables int, per_txn int, nrows int)
+CREATE OR REPLACE PROCEDURE bench.paced(rate float8, seconds float8, tables int, per_txn int, nrows int,
+                                         sync_commit text DEFAULT 'on')
 LANGUAGE plpgsql AS $$
 DECLARE t0 float8 := extract(epoch FROM clock_timestamp()); done bigint := 0; ahead float8; j int;
 BEGIN
+  -- 'off': a COMMIT does not wait for its WAL flush (the WAL writer flushes within
+  -- wal_writer_delay, 200 ms); logical decoding still sees a transaction only once flushed.
+  PERFORM set_config('synchronous_commit', sync_commit, false);
   WHILE extract(epoch FROM clock_timestamp()) - t0 < seconds LOOP
     FOR j IN 1..per_txn LOOP
       EXECUTE format('UPDATE bench.t_%s SET v = $1 WHERE id = $2', lpad(floor(random() * tables)::int::text, 5, '0'))
@@ -78,6 +83,8 @@ END $$;
 def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int,
                 args: argparse.Namespace) -> dict[str, Any]:
     """One paced round (see the module docstring): lag figures and the rate reached."""
+    import glob
+
     import psycopg
 
     import flinkish_spark
@@ -91,7 +98,8 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
     t0 = time.time()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        conn.execute("CALL bench.paced(%s, %s, %s, %s, %s)", (args.rate, args.seconds, n, args.per_txn, args.rows))
+        conn.execute("CALL bench.paced(%s, %s, %s, %s, %s, %s)",
+                     (rate_for(args, n), args.seconds, n, args.per_txn, args.rows, args.sync_commit))
     t1 = time.time()
     while True:
         progress = q.recentProgress
@@ -108,7 +116,17 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
     first = [lag for lag, at in by_time if at < t0 + 30]
     last = [lag for lag, at in by_time if at >= t1 - 30]
     busy = [x for x in progress if x.numInputRows]
-    return {"parallelism": p, "load": load, "load_end": os.getloadavg(), "rate_asked": args.rate,
+    lo = last_epoch_end(busy[0]) - busy[0].durationMs["triggerExecution"] / 1000 if busy else t0
+    hi = last_epoch_end(busy[-1]) if busy else t1
+    timers = timers_between(os.environ.get("FLINKISH_BENCH_TIMERS", ""), lo, hi)
+    logs = glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", "*.json"))
+    versions = sum(1 for f in logs if lo <= os.path.getmtime(f) <= hi + 1)
+    per_table = ({"tables_changed": versions,
+                  "prepare_ms_per_table": round(1000 * timers["prepare_s"] / versions, 2),
+                  "commit_ms_per_table": round(1000 * timers["commit_s"] / versions, 2)}
+                 if args.timers and versions else {})
+    return {**per_table, "parallelism": p, "load": load, "load_end": os.getloadavg(), "rate_asked": rate_for(args, n),
+            "sync_commit": args.sync_commit,
             "rate_reached": round(changes / (t1 - t0)), "seconds": round(t1 - t0, 1), "changes": changes,
             "lag_samples": len(lags), "lag_ms_p50": round(1000 * percentile([x for x, _ in lags], 0.5)),
             "lag_ms_p99": round(1000 * percentile([x for x, _ in lags], 0.99)),
@@ -116,6 +134,13 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
             "lag_ms_p50_last_30s": round(1000 * percentile(last, 0.5)),
             "epochs": len(busy),
             "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5))}
+
+
+def rate_for(args: argparse.Namespace, n: int) -> float:
+    """``--rate``: one rate, or one per ``--tables`` entry ("5000,2000" with "100,1000")."""
+    rates = [float(x) for x in str(args.rate).split(",")]
+    tables = [int(x) for x in args.tables.split(",")]
+    return rates[tables.index(n)] if len(rates) > 1 else rates[0]
 
 
 def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int, max_rows: int | None,
@@ -145,6 +170,39 @@ def timers_between(path: str, lo: float, hi: float) -> dict[str, float]:
     return out
 
 
+def writer_only(url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The paced writer alone (no mirror, no slot): the rate the server reaches for each
+    ``synchronous_commit`` setting, alternating, ``--writer-repeats`` times; and the server backend's CPU."""
+    import psycopg
+
+    create_tables(url, n, args.rows, "bigint")
+    out = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(BURST)
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        for rep in range(args.writer_repeats):
+            for sync in ("on", "off"):
+                notices: list[str] = []
+                conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+                cpu0, load, t0 = _cpu_s(pid), os.getloadavg()[0], time.time()
+                conn.execute("CALL bench.paced(%s, %s, %s, %s, %s, %s)",
+                             (rate_for(args, n), args.seconds, n, args.per_txn, args.rows, sync))
+                secs, cpu = time.time() - t0, _cpu_s(pid) - cpu0
+                changes = int(next((m.split()[-1] for m in notices if m.startswith("changes")), "0"))
+                r = {"tables": n, "repeat": rep, "sync_commit": sync, "rate_asked": rate_for(args, n),
+                     "rate_reached": round(changes / secs), "backend_cpu_per_s": round(cpu / secs, 2),
+                     "backend_cpu_us_per_change": round(1e6 * cpu / max(changes, 1), 1), "load": load}
+                print(json.dumps(r), flush=True)
+                out.append(r)
+    return {"tables": n, "writer": out}
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a local process (the server's backend)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]:
     import glob
 
@@ -155,7 +213,8 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
     create_tables(url, n, args.rows, "bigint")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BURST)
-    meta, cp, lake = (os.path.join(work, x) for x in ("meta", "cp", "lake"))
+    # per table count: a run over "100,1000" must not start the second mirror on the first one's metadata
+    meta, cp, lake = (os.path.join(work, f"{x}-{n}") for x in ("meta", "cp", "lake"))
     spark = flinkish_spark.session(app_name="bench-mirror-scaleout", conf={
         "spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "2g"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -228,8 +287,13 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=6000, help="the source's maxRowsPerTrigger")
     ap.add_argument("--trigger", type=float, default=1.0)
     ap.add_argument("--timers", action="store_true", help="benchmark-only timers: prepare / commit per changed table")
-    ap.add_argument("--rate", type=float, default=None, help="paced rounds: changes/s written by the server")
+    ap.add_argument("--rate", default=None, help="paced rounds: changes/s written by the server (one per --tables entry)")
     ap.add_argument("--seconds", type=float, default=120, help="paced rounds: how long")
+    ap.add_argument("--sync-commit", default="on", choices=("on", "off"),
+                    help="paced rounds: the writer's synchronous_commit")
+    ap.add_argument("--writer-only", action="store_true",
+                    help="the paced writer alone at --rate for --seconds, synchronous_commit on and off")
+    ap.add_argument("--writer-repeats", type=int, default=2)
     ap.add_argument("--name", default="mirror_scaleout", help="results/<name>.json")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -242,14 +306,20 @@ def main() -> None:
         import sitecustomize  # noqa: F401  (this process started before the variable was set)
 
         importlib.reload(sitecustomize)
+    if args.writer_only:
+        results = per_table_count(args.tables, "flinkish-bench-writer-", lambda url, n, work: writer_only(url, n, args))
+        print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
+        return
     results = per_table_count(args.tables, "flinkish-bench-scaleout-", lambda url, n, work: run(url, n, args, work))
     print()
     if args.rate:
         print_table(["tables", "round", "parallelism", "load 1 min", "changes/s asked", "reached", "epochs",
-                     "batch ms p50", "lag ms p50 / p99", "lag ms p50 first / last 30 s"],
+                     "batch ms p50", "lag ms p50 / p99", "lag ms p50 first / last 30 s",
+                     "prepare / commit ms per changed table"],
                     [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rate_asked"],
                       x["rate_reached"], x["epochs"], x["batch_ms_p50"], f"{x['lag_ms_p50']} / {x['lag_ms_p99']}",
-                      f"{x['lag_ms_p50_first_30s']} / {x['lag_ms_p50_last_30s']}")
+                      f"{x['lag_ms_p50_first_30s']} / {x['lag_ms_p50_last_30s']}",
+                      f"{x.get('prepare_ms_per_table', '')} / {x.get('commit_ms_per_table', '')}")
                      for r in results for x in r["rounds"]])
         print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
         return

@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="COMMIT_THREADS (1: all in the profiled thread)")
     ap.add_argument("--profile", default="1,20,40,r1", help="epochs to cProfile (rN: N-th after the restart)")
     ap.add_argument("--checkpoint-interval", type=int, default=10)
+    ap.add_argument("--no-spread", action="store_true",
+                    help="every table checkpoints at the multiples of the interval (before the per-table offset)")
     ap.add_argument("--name", default="routed_commit_growth")
     args = ap.parse_args()
 
@@ -118,6 +120,8 @@ def main() -> None:
     from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
     instrument()
+    if args.no_spread:
+        routed.checkpoint_offset = lambda path, interval: 0
     routed.COMMIT_THREADS = args.threads
     if args.threads == 1:  # every table in the calling thread, so that cProfile sees them
         class Inline:
@@ -206,8 +210,13 @@ def main() -> None:
                 profiles[label] = text.getvalue()
                 print(f"--- cProfile of epoch {label} ---")
                 print(text.getvalue(), flush=True)
+        before = [r["commit_ms_per_table"] for r in out[:args.epochs]]
+        summary = {"commit_ms_per_table_mean": round(sum(before) / len(before), 2),
+                   "commit_ms_per_table_max_epoch": max(before),
+                   "commit_ms_per_table_p50_epoch": sorted(before)[len(before) // 2]}
+        print("summary (epochs before the restart):", summary)
         print("\nwrote", write_results(args.name, {"args": vars(args), "restart_last_committed_epoch_s": t_restart,
-                                                   "epochs": out}))
+                                                   "summary": summary, "epochs": out}))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

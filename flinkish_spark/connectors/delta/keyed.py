@@ -119,7 +119,8 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
 
 
 def after_keyed(sink: DeltaTarget, state: DeltaState, version: int, epoch: int) -> None:
-    """Compaction every ``compactEvery`` epochs, a checkpoint every ``checkpointInterval`` versions.
+    """Compaction every ``compactEvery`` epochs, a checkpoint every ``checkpointInterval`` versions
+    (at the target's :attr:`~flinkish_spark.connectors.delta.table.DeltaTarget.checkpoint_offset`).
 
     The epoch is committed already: a failure here is logged, not raised.
     """
@@ -128,7 +129,7 @@ def after_keyed(sink: DeltaTarget, state: DeltaState, version: int, epoch: int) 
             compacted = compact(sink, state, epoch)
             if compacted is not None:
                 version = compacted
-        if sink.checkpoint_interval and version % sink.checkpoint_interval == 0:
+        if sink.checkpoint_due(version):
             sink.table().create_checkpoint()
     except Exception as exc:  # noqa: BLE001 - see above
         log.warning("flinkish.delta: table maintenance after epoch %d of %s failed: %s", epoch, sink.path, exc)

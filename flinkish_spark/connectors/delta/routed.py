@@ -25,7 +25,9 @@
   :meth:`RoutedDeltaSink.last_committed_epoch` is the newest txn of the uid in any Delta table
   below the route's pattern (:mod:`flinkish_spark.sink.incarnation` asks it at start).
 * **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
-  no read, no commit and no marker.
+  no read, no commit and no marker. Each table checkpoints every ``checkpointInterval`` versions
+  at its own offset (:func:`checkpoint_offset`), so tables changing together spread their
+  checkpoints over the interval's epochs instead of all writing one in the same epoch.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -92,6 +95,15 @@ def decode_routed(data: bytes) -> RoutedCommittable:
         for p in d["parts"]))
 
 
+def checkpoint_offset(path: str, interval: int) -> int:
+    """A target's checkpoint offset: a stable hash of its path (the same in every process and run) mod the interval.
+
+    Tables that change in every epoch reach the multiples of the interval together: with one
+    offset for all, each of them would write its checkpoint (delta-rs, 6-8 ms on local disk) in the same
+    epoch -- +5-10 ms per table there, docs/benchmarks.md. Spread, an epoch carries ~1/interval of them."""
+    return zlib.crc32(path.encode()) % interval if interval else 0
+
+
 class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
@@ -107,9 +119,11 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         """``columns``: the data columns of the rows to write when they are not the newest schema's
         (a column dropped within the epoch: the rows written before the drop keep its values)."""
         plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode)
-        return RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
-                                 self.checkpoint_interval, 0, self.rows_per_file, self.target_file_size,
-                                 source_table=table)
+        target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
+                                   self.checkpoint_interval, 0, self.rows_per_file, self.target_file_size,
+                                   source_table=table)
+        target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
+        return target
 
     # -- prepare (executors) -----------------------------------------------------------------
 

@@ -96,12 +96,19 @@ class DeltaTarget:
         self.partition_by = partition_by
         self.plan = plan
         self.checkpoint_interval = checkpoint_interval
+        # A checkpoint at the versions v with (v + offset) % interval == 0. 0 for one table; a routed
+        # target's own (checkpoint_offset below), so tables changing together do not all checkpoint in one epoch.
+        self.checkpoint_offset = 0
         self.compact_every = compact_every
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.storage_options = delta_storage_options(io.storage_options) if io.protocol == "s3" else {}
         # The epoch this object last made visible, with the files its commit named (cleanup spares them).
         self._committed_here: dict[int, frozenset[str]] = {}
+
+    def checkpoint_due(self, version: int) -> bool:
+        """Whether ``version`` gets a checkpoint: every ``checkpoint_interval`` versions, at the target's offset."""
+        return bool(self.checkpoint_interval) and (version + self.checkpoint_offset) % self.checkpoint_interval == 0
 
     @property
     def table_uri(self) -> str:

@@ -441,3 +441,27 @@ def test_a_crash_before_the_version_that_keeps_an_unchanged_value_and_the_restar
     monkeypatch.undo()
     m.epoch(batch)  # the restart: the same epoch against the same table
     assert m.rows("public.d", "id") == [{"id": 1, "n": 1, "body": "one"}]
+
+
+def test_the_tables_checkpoints_are_spread_over_epochs_not_all_written_in_one(tmp_path: Path) -> None:
+    """Every table changing in every epoch reaches version 3, 6, ... in the same epoch: a checkpoint at
+    those versions in all of them makes that one epoch's commit the sum of every table's checkpoint.
+    Each table checkpoints every ``checkpointInterval`` versions still, at its own offset."""
+    m = Mirror(tmp_path)  # checkpoint_interval=3
+    schemas = [table_schema(f"public.c{i}", [("id", "int"), ("v", "text")], ("id",)) for i in range(12)]
+    s = StreamBuilder()
+    for schema in schemas:
+        s.snapshot(schema, [{"id": 1, "v": "x"}])
+    m.epoch(s.batch())
+    for e in range(4):  # versions 1..4 of every table
+        s.transaction(*[(schema, "u", {"id": 1, "v": f"e{e}"}) for schema in schemas])
+        m.epoch(s.batch())
+    checkpointed = {}
+    for schema in schemas:
+        log = Path(m.path(schema.table)) / "_delta_log"
+        checkpointed[schema.table] = sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
+        assert m.rows(schema.table, "id") == [{"id": 1, "v": "e3"}]
+    firsts = [versions[0] for versions in checkpointed.values() if versions]
+    assert len(firsts) == len(schemas), checkpointed  # each table has one within its first 3 versions after 0
+    assert all(1 <= v <= 3 for v in firsts), checkpointed
+    assert len(set(firsts)) == 3, checkpointed  # 12 tables over 3 offsets: not all in one epoch
