@@ -20,7 +20,7 @@ import pytest
 
 from flinkish_spark.checkpoint.model import SplitRecord
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
-from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
+from flinkish_spark.connectors.cdc.patterns import TablePatterns
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.testing.tables_source import (
@@ -318,7 +318,7 @@ def test_a_keyless_table_created_while_running_is_left_out_with_a_warning_until_
             assert enum.discover({changes.split_id}) == []  # no error: the source goes on
         assert [e.name for e in enum.registry.entries] == ["public.m_a"]
         assert "public.m_log is not followed: it has no primary key. ALTER TABLE public.m_log ADD PRIMARY KEY" in caplog.text
-        from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+        from flinkish_spark.connectors.cdc.patterns import read_not_followed
 
         directory = src.checkpoint_store().directory
         assert read_not_followed(src.io, directory) == enum.not_followed  # what progress and inspect read, at once

@@ -16,7 +16,7 @@ from flinkish_spark.connectors.postgres.source.signature import (
     Signature, fixed_schema_change, fixed_schema_error, signatures,
 )
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
-from flinkish_spark.connectors.postgres.source.splits import changes_id, chunk_id, split_generation
+from flinkish_spark.connectors.cdc.splits import changes_id, chunk_id, split_generation
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.split import Split, SplitExtent

@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo
-from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
+from flinkish_spark.connectors.cdc.patterns import TablePatterns
 from flinkish_spark.connectors.postgres.source.tables import TableInfo
 from flinkish_spark.io.fileio import FileIO
 

@@ -46,19 +46,19 @@ from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
 from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
-from flinkish_spark.connectors.postgres.source import registry
-from flinkish_spark.connectors.postgres.source import resnapshot_request as requests
+from flinkish_spark.connectors.cdc import registry
+from flinkish_spark.connectors.cdc import resnapshot_request as requests
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
-from flinkish_spark.connectors.postgres.source.patterns import (
+from flinkish_spark.connectors.cdc.patterns import (
     FoundTable, TablePatterns, check_followable, find_tables, followable_tables, split_followable, write_not_followed,
 )
-from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
+from flinkish_spark.connectors.cdc.registry import Registry, TableEntry
 from flinkish_spark.connectors.postgres.source.signature import change, signatures
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
-from flinkish_spark.connectors.postgres.source.splits import changes_id, table_chunk_id, table_of_chunk
+from flinkish_spark.connectors.cdc.splits import changes_id, table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.split import Split, SplitExtent

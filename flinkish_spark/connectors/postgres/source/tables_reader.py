@@ -34,7 +34,7 @@ from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
-from flinkish_spark.connectors.postgres.source import registry
+from flinkish_spark.connectors.cdc import registry
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.stream_rows import (  # noqa: F401 (stream_batches: its old home)
