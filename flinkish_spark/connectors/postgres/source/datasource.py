@@ -18,7 +18,8 @@ from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
-from flinkish_spark.connectors.cdc.patterns import TablePatterns, followable_tables, split_followable
+from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
+from flinkish_spark.connectors.postgres.source.discovery import followable_tables
 from flinkish_spark.connectors.postgres.source.reader import PostgresReader
 from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_table_info
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator

@@ -52,11 +52,10 @@ from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psyc
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
-from flinkish_spark.connectors.cdc.patterns import (
-    FoundTable, TablePatterns, check_followable, find_tables, followable_tables, split_followable, write_not_followed,
-)
+from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns, split_followable, write_not_followed
+from flinkish_spark.connectors.postgres.source.discovery import check_followable, find_tables, followable_tables
 from flinkish_spark.connectors.cdc.registry import Registry, TableEntry
-from flinkish_spark.connectors.postgres.source.signature import change, signatures
+from flinkish_spark.connectors.postgres.source.signature import Signature, change, signatures
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.cdc.splits import changes_id, table_chunk_id, table_of_chunk
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
@@ -156,7 +155,7 @@ class TablesEnumerator(PostgresEnumerator):
             for table in found:
                 entries.append(TableEntry(tid, table.oid, table.schema, table.table,
                                           "snapshot" if src.startup != "changes" else "streaming",
-                                          key=keys.get(table.oid, ()), signature=sigs.get(table.oid)))
+                                          key=keys.get(table.oid, ()), signature=_json(sigs.get(table.oid))))
                 tid += 1
             out: list[Split] = []
             if src.startup != "changes":
@@ -271,7 +270,7 @@ class TablesEnumerator(PostgresEnumerator):
             if e.oid not in sigs:
                 continue  # dropped meanwhile: the next poll ends it
             new.append(replace(e, tid=next_tid, state="joining", after_xid=int(after_xid), after_lsn=parse_lsn(after_lsn),
-                               signature=sigs[e.oid], reason=reasons[e.oid]))
+                               signature=sigs[e.oid].to_json(), reason=reasons[e.oid]))
             log.warning("%s: snapshotting %s again (tid %d -> %d): %s", self.source.component, e.name, e.tid, next_tid,
                         reasons[e.oid])
             next_tid += 1
@@ -292,12 +291,12 @@ class TablesEnumerator(PostgresEnumerator):
         out, altered = [], False
         for e in entries:
             sig = now.get(e.oid)
-            if sig is not None and sig != e.signature:
-                why = None if e.signature is None else change(e.signature, sig, empty)
+            if sig is not None and sig.to_json() != e.signature:
+                why = None if e.signature is None else change(Signature.from_json(e.signature), sig, empty)
                 if why is not None:
                     reasons[e.oid] = why
                 else:
-                    e, altered = replace(e, signature=sig), True
+                    e, altered = replace(e, signature=sig.to_json()), True
             out.append(e)
         if reasons:
             out, next_tid, _ = self._renewed(conn, out, next_tid, reasons)
@@ -343,7 +342,7 @@ class TablesEnumerator(PostgresEnumerator):
         after_xid, after_lsn = conn.execute(
             "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
         return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", int(after_xid), keys.get(t.oid, ()),
-                           after_lsn=parse_lsn(after_lsn) if t.name in reused else None, signature=sigs.get(t.oid))
+                           after_lsn=parse_lsn(after_lsn) if t.name in reused else None, signature=_json(sigs.get(t.oid)))
                 for i, t in enumerate(tables)]
 
     def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
@@ -442,3 +441,7 @@ class TablesEnumerator(PostgresEnumerator):
             # (its previous registry at most one version before its own).
             registry.retain(self.source.io, self.directory, self.registry.version - 4 * (self.source.retain + 1) - 1)
             self._retained_at = self.registry.version
+
+
+def _json(sig: Signature | None) -> Any:
+    return None if sig is None else sig.to_json()
