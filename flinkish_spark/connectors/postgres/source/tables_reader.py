@@ -31,14 +31,15 @@ import pyarrow as pa
 
 from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
 from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
-from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, TableSchema, row_sql
+from flinkish_spark.connectors.cdc.stream import RESNAPSHOT_BEGIN, RESNAPSHOT_END, STREAM_ARROW, marker, schema_row, snapshot_rows
+from flinkish_spark.connectors.postgres.rows import TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.cdc import registry
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.stream_rows import (  # noqa: F401 (stream_batches: its old home)
-    STREAM_ARROW, stream_batches, stream_pieces,
+    stream_batches, stream_pieces,
 )
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.reader import SplitReader
@@ -96,16 +97,6 @@ class TablesReader(SplitReader):
 # -- chunks -------------------------------------------------------------------------------------------
 
 
-def _schema_row(schema: TableSchema, lsn: int | None, seq: int | None, ts_us: int | None) -> dict[str, Any]:
-    return {"_table": schema.table, "_op": "s", "_lsn": lsn, "_seq": seq, "_commit_ts": ts_us,
-            "_schema_id": schema.schema_id, "row": schema.to_json()}
-
-
-def _marker(schema: TableSchema, op: str) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([{"_table": schema.table, "_op": op, "_schema_id": schema.schema_id}],
-                                      schema=STREAM_ARROW)
-
-
 def _chunk_connection(src: PostgresSourceHost) -> Any:
     conn = adbc_connect(src.conn_info)
     cur = conn.cursor()
@@ -125,23 +116,18 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Ite
             conn.rollback()
             return  # the table was dropped: nothing to read
         schema, name = found
-        yield pa.RecordBatch.from_pylist([_schema_row(schema, None, None, None)], schema=STREAM_ARROW)
+        yield pa.RecordBatch.from_pylist([schema_row(schema, None, None, None)], schema=STREAM_ARROW)
         # A re-snapshot after a lost slot is bracketed per table: its first chunk (no lower bound)
         # opens it, its last (no upper bound) closes it (rows.RESNAPSHOT_BEGIN / _END).
         if chunk.get("resnapshot") and chunk.get("lo") is None:
-            yield _marker(schema, RESNAPSHOT_BEGIN)
+            yield marker(schema, RESNAPSHOT_BEGIN)
         cur.execute(f"SELECT {row_sql(schema)} AS row FROM {name} WHERE {_bounds(chunk)}")
-        sid, table = pa.scalar(schema.schema_id), pa.scalar(schema.table)
         for batch in cur.fetch_record_batch():
-            n = batch.num_rows
-            if n:
-                yield pa.RecordBatch.from_arrays(
-                    [pa.repeat(table, n), pa.repeat(pa.scalar("r"), n), pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32()),
-                     pa.nulls(n, pa.timestamp("us", tz="UTC")), pa.repeat(sid, n), batch.column(0).cast(pa.string())],
-                    schema=STREAM_ARROW)
+            if batch.num_rows:
+                yield snapshot_rows(schema, batch.column(0).cast(pa.string()))
         conn.commit()
         if chunk.get("resnapshot") and chunk.get("hi") is None:
-            yield _marker(schema, RESNAPSHOT_END)
+            yield marker(schema, RESNAPSHOT_END)
     except Exception as e:
         if isinstance(e, PostgresSourceError):
             raise
