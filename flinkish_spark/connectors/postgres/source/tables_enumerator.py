@@ -15,7 +15,7 @@ advanced on completion) with a set of tables instead of one:
   running. Why the result is exact: docs/postgres-source.md, "New tables".
 * **Tables without a usable key** (no primary key, and no ``REPLICA IDENTITY USING INDEX``) are
   left out with a warning -- logged, and written to the source's folder
-  (:data:`.patterns.NOT_FOLLOWED_FILE`) for the progress view and ``flinkish inspect`` -- never an error; every poll looks again, so a table that gets a
+  (:data:`flinkish_spark.connectors.cdc.patterns.NOT_FOLLOWED_FILE`) for the progress view and ``flinkish inspect`` -- never an error; every poll looks again, so a table that gets a
   key joins like a new one (snapshot, then its changes) without a restart.
 * **Dropped tables** leave the registry (and the publication drops them by itself); a
   **renamed** table is one that left and, if the new name matches, one that joins. A joining
@@ -26,8 +26,12 @@ advanced on completion) with a set of tables instead of one:
   joining after the statement, the other tables flowing. Why exact: docs/postgres-source.md,
   "Re-snapshots of one table".
 
+The poll itself -- what joins, leaves, waits, is renewed, and the chunk splits -- is the CDC core's
+(:mod:`flinkish_spark.connectors.cdc.catalog_poll`), asking PostgreSQL through :class:`.dialect.PostgresDialect`;
+this class keeps the enumerator's state, the start (publication, then slot), re-snapshot requests and drains.
+
 Scale: the enumerator's state is a few numbers and the name of the registry file
-(:mod:`.registry`), which changes only when tables join, finish their snapshot or leave;
+(:mod:`flinkish_spark.connectors.cdc.registry`), which changes only when tables join, finish their snapshot or leave;
 finished chunk splits are forgotten (``keep_finished_splits = False``), so a checkpoint holds
 the live splits only. An epoch of changes costs the same with 10 tables as with 1,000.
 """
@@ -38,27 +42,20 @@ import json
 import logging
 import math
 import time
-from dataclasses import replace
 from typing import Any, Collection
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
-from flinkish_spark.connectors.postgres import publication as publications
-from flinkish_spark.connectors.postgres import slot as slots
-from flinkish_spark.connectors.postgres.connection import connect, qualified
-from flinkish_spark.connectors.postgres.pgoutput import parse_lsn
+from flinkish_spark.connectors.cdc import catalog_poll as poll
 from flinkish_spark.connectors.cdc import registry
 from flinkish_spark.connectors.cdc import resnapshot_request as requests
-from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
-from flinkish_spark.connectors.postgres.source.changes import peek_pieces
+from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns, split_followable, write_not_followed
+from flinkish_spark.connectors.cdc.registry import Registry, TableEntry
+from flinkish_spark.connectors.cdc.splits import changes_id, table_of_chunk
+from flinkish_spark.connectors.postgres import slot as slots
+from flinkish_spark.connectors.postgres.source.catalog import table_columns
+from flinkish_spark.connectors.postgres.source.discovery import followable_tables
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
-from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns, split_followable, write_not_followed
-from flinkish_spark.connectors.postgres.source.discovery import check_followable, find_tables, followable_tables
-from flinkish_spark.connectors.cdc.registry import Registry, TableEntry
-from flinkish_spark.connectors.postgres.source.signature import Signature, change, signatures
-from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
-from flinkish_spark.connectors.cdc.splits import changes_id, table_chunk_id, table_of_chunk
-from flinkish_spark.connectors.postgres.source.tables import load_table_info
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.split import Split, SplitExtent
 
@@ -137,7 +134,7 @@ class TablesEnumerator(PostgresEnumerator):
 
     def _start(self, known: Collection[str]) -> list[Split]:
         src = self.source
-        with connect(src.conn_info, autocommit=True) as conn:
+        with self.dialect.connect() as conn:
             found, left_out = split_followable(followable_tables(conn, self.patterns, src.component, self.uses_slot))
             self._leave_out(left_out)
             if self.uses_slot:
@@ -147,19 +144,10 @@ class TablesEnumerator(PostgresEnumerator):
                 slots.ensure_slot_and_publication(
                     conn, src.io, self.directory, src.slot_name, src.publication,
                     {(t.schema, t.table): columns[t.oid] for t in found}, src.publication_given, src.component)
-            # Before the chunks are read: a statement after this is seen at a poll (see :mod:`.signature`).
-            sigs = signatures(conn, [t.oid for t in found])
-            tid = self.registry.next_tid
-            entries = []
-            keys = primary_keys(psycopg_query(conn), [t.oid for t in found])
-            for table in found:
-                entries.append(TableEntry(tid, table.oid, table.schema, table.table,
-                                          "snapshot" if src.startup != "changes" else "streaming",
-                                          key=keys.get(table.oid, ()), signature=_json(sigs.get(table.oid))))
-                tid += 1
+            entries, tid = poll.first_entries(self.dialect, conn, found, self.registry.next_tid, src.startup == "changes")
             out: list[Split] = []
             if src.startup != "changes":
-                out, planned = self._chunks(conn, entries)
+                out, planned = poll.plan_chunks(self.dialect, conn, entries, self.generation, src.split_size)
                 entries = [e for e in entries if e.tid in planned]  # gone since they were found
         self._save(self.registry.with_entries(entries, tid))
         self._discovered_at = time.monotonic()
@@ -187,54 +175,23 @@ class TablesEnumerator(PostgresEnumerator):
         taken = requests.take(self.source.io, self.directory, self.requests_handled)
         oids = requests.oids(taken.requests, self.registry)
         if oids:
-            with connect(self.source.conn_info, autocommit=True) as conn:
+            with self.dialect.connect() as conn:
                 self.resnapshot(conn, oids, requests.reason(taken.requests))
         self.requests_handled = taken.handled  # after: a failing re-snapshot takes them again next time
 
     def _refresh(self) -> list[Split]:
-        """Poll the catalog: tables that joined, left, were renamed or changed without row changes; chunks of
-        joined tables whose time has come."""
+        """Poll the catalog (:mod:`flinkish_spark.connectors.cdc.catalog_poll`): tables that joined, left, were
+        renamed or changed without row changes; chunks of joined tables whose time has come."""
         src = self.source
         polled = time.monotonic() - self._discovered_at >= src.discovery_interval
-        with connect(src.conn_info, autocommit=True) as conn:
-            entries = list(self.registry.entries)
-            next_tid = self.registry.next_tid
-            names_ended = self.registry.ended
-            changed = False
+        p = poll.Poll.of(self.registry)
+        with self.dialect.connect() as conn:
             if polled:
                 self._discovered_at = time.monotonic()
-                found = {t.oid: t for t in find_tables(conn, self.patterns)}
-                # An entry ends when its table was dropped or renamed (a new name that matches joins anew).
-                ended = [e for e in entries if e.oid not in found or found[e.oid].name != e.name]
-                for e in ended:
-                    if e.oid not in found and self._owns_publication():
-                        publications.drop(conn, src.publication, e.oid)  # renamed out of the patterns: stop decoding it
-                if ended:
-                    lsn = parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
-                    gone = {e.name for e in ended}
-                    names_ended = tuple(x for x in names_ended if x[0] not in gone) + tuple((n, lsn) for n in sorted(gone))
-                entries = [e for e in entries if e not in ended]
-                known_oids = {e.oid for e in entries}
-                joined, left_out = split_followable([t for oid, t in found.items() if oid not in known_oids])
-                self._leave_out(left_out)
-                if joined:
-                    entries += self._join(conn, joined, next_tid, {n for n, _ in names_ended})
-                    next_tid += len(joined)
-                entries, next_tid, altered = self._compare_signatures(conn, entries, next_tid)
-                changed = bool(ended or joined or altered)
-            out: list[Split] = []
-            waiting = [e for e in entries if e.state == "joining"]
-            if waiting:
-                xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()[0])
-                older_ended = [e for e in waiting if e.after_xid is not None and xmin >= e.after_xid]
-                read_up_to = self._read_up_to(conn, [e.after_lsn for e in older_ended if e.after_lsn is not None])
-                ready = [e for e in older_ended if e.after_lsn is None or e.after_lsn <= read_up_to]
-                if ready:
-                    out, planned = self._chunks(conn, ready)
-                    entries = [e.with_state("snapshot") if e.tid in planned else e for e in entries]
-                    changed = changed or bool(planned)
-        if changed:
-            self._save(self.registry.with_entries(entries, next_tid, names_ended))
+                poll.poll(self.dialect, conn, self.patterns, p, self._leave_out)
+            out = poll.plan_ready(self.dialect, conn, p, self.generation, src.split_size)
+        if p.changed:
+            self._save(self.registry.with_entries(p.entries, p.next_tid, p.ended))
         return out
 
     # re-snapshots -----------------------------------------------------------------------------
@@ -249,131 +206,11 @@ class TablesEnumerator(PostgresEnumerator):
         Chunks of the old entry not read yet end unread. Exact for the reason given in docs/postgres-source.md,
         "Re-snapshots of one table". A table not followed (or dropped) is ignored.
         """
-        entries, next_tid, new = self._renewed(conn, list(self.registry.entries), self.registry.next_tid,
-                                               {int(o): reason for o in oids})
+        entries, next_tid, new = poll.renew(self.dialect, conn, list(self.registry.entries), self.registry.next_tid,
+                                            {int(o): reason for o in oids})
         if new:
             self._save(self.registry.with_entries(entries, next_tid))
         return new
-
-    def _renewed(self, conn: Any, entries: list[TableEntry], next_tid: int,
-                 reasons: dict[int, str]) -> tuple[list[TableEntry], int, list[TableEntry]]:
-        """``entries`` with those of ``reasons`` replaced by joining ones (see :meth:`resnapshot`)."""
-        doomed = [e for e in entries if e.oid in reasons]
-        if not doomed:
-            return entries, next_tid, []
-        # The signature first, then the positions: every statement the signature shows lies before after_lsn.
-        sigs = signatures(conn, [e.oid for e in doomed])
-        after_xid, after_lsn = conn.execute(
-            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
-        new = []
-        for e in doomed:
-            if e.oid not in sigs:
-                continue  # dropped meanwhile: the next poll ends it
-            new.append(replace(e, tid=next_tid, state="joining", after_xid=int(after_xid), after_lsn=parse_lsn(after_lsn),
-                               signature=sigs[e.oid].to_json(), reason=reasons[e.oid]))
-            log.warning("%s: snapshotting %s again (tid %d -> %d): %s", self.source.component, e.name, e.tid, next_tid,
-                        reasons[e.oid])
-            next_tid += 1
-        renewed = {e.oid for e in new}
-        return [e for e in entries if e.oid not in renewed] + new, next_tid, new
-
-    def _compare_signatures(self, conn: Any, entries: list[TableEntry],
-                            next_tid: int) -> tuple[list[TableEntry], int, bool]:
-        """Re-snapshot the tables whose catalog shows a change the WAL does not carry (:mod:`.signature`);
-        record the signature where it changed otherwise, or where an older registry file has none."""
-        now = signatures(conn, [e.oid for e in entries])
-
-        def empty(oid: int) -> bool:
-            name = conn.execute("SELECT oid::regclass::text FROM pg_class WHERE oid = %s", (oid,)).fetchone()
-            return name is None or conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM ONLY {name[0]})").fetchone()[0]
-
-        reasons: dict[int, str] = {}
-        out, altered = [], False
-        for e in entries:
-            sig = now.get(e.oid)
-            if sig is not None and sig.to_json() != e.signature:
-                why = None if e.signature is None else change(Signature.from_json(e.signature), sig, empty)
-                if why is not None:
-                    reasons[e.oid] = why
-                else:
-                    e, altered = replace(e, signature=sig.to_json()), True
-            out.append(e)
-        if reasons:
-            out, next_tid, _ = self._renewed(conn, out, next_tid, reasons)
-            altered = True
-        return out, next_tid, altered
-
-    def _read_up_to(self, conn: Any, lsns: list[int]) -> int:
-        """The greatest of ``lsns`` before which the slot holds no transaction of ours any more (-1: none):
-        every change before it is in a committed epoch (the slot is advanced only then)."""
-        best = -1
-        for lsn in sorted(set(lsns)):
-            # One message says it (a peek returns a whole transaction: one message of it, not millions)
-            pieces = peek_pieces(conn, self.source.slot_name, self.source.publication, lsn, 1, piece=1)
-            try:
-                held = next(pieces, None) is not None
-            finally:
-                pieces.close()
-            if held:
-                break
-            best = lsn
-        return best
-
-    def _owns_publication(self) -> bool:
-        owned = slots.Ownership.read(self.source.io, self.directory)
-        return owned is not None and owned.publication == self.source.publication and owned.publication_created
-
-    def _join(self, conn: Any, tables: list[FoundTable], first_tid: int, reused: set[str]) -> list[TableEntry]:
-        """Tables that joined while running: into the publication (A), then the next xid after A; and the WAL position
-        after A for one that takes a name in ``reused`` (an ended entry's changes may still be unread)."""
-        src = self.source
-        for t in tables:
-            check_followable(t, src.component, True)
-        if self._owns_publication():
-            publications.add(conn, src.publication, [(t.schema, t.table) for t in tables])
-        else:  # a publication the user gave must publish it already (FOR ALL TABLES, IN SCHEMA, or by hand)
-            columns = table_columns(conn, [t.oid for t in tables])
-            for t in tables:
-                publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
-        sigs = signatures(conn, [t.oid for t in tables])
-        keys = primary_keys(psycopg_query(conn), [t.oid for t in tables])
-        # after_lsn for a table that takes the name of one followed before (dropped and created again, swapped in by
-        # RENAME): the old table's last changes -- under the same name -- must not come after the new one's chunk rows.
-        after_xid, after_lsn = conn.execute(
-            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_lsn()::text").fetchone()
-        return [TableEntry(first_tid + i, t.oid, t.schema, t.table, "joining", int(after_xid), keys.get(t.oid, ()),
-                           after_lsn=parse_lsn(after_lsn) if t.name in reused else None, signature=_json(sigs.get(t.oid)))
-                for i, t in enumerate(tables)]
-
-    def _chunks(self, conn: Any, entries: list[TableEntry]) -> tuple[list[Split], set[int]]:
-        """The chunk splits of ``entries``, and the tids that got them (a table dropped or renamed since it
-        was found gets none: the next poll ends its entry)."""
-        src = self.source
-        out: list[Split] = []
-        planned: set[int] = set()
-        for e in entries:
-            row = conn.execute("SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n "
-                               "ON n.oid = c.relnamespace WHERE c.oid = %s", (e.oid,)).fetchone()
-            if row is None or row[0] != e.name:
-                continue
-            info = load_table_info(conn, qualified(e.schema, e.table), None, src.component)
-            cast = info.column(info.split_column).pg_type
-            chunks = chunk_boundaries(conn, info, src.split_size)
-            # A table of one chunk: its rows now (at most splitSize), so that an epoch takes as many small tables
-            # as its maxRowsPerTrigger holds rows, not two tables of ten rows (see extent()).
-            rows = None if len(chunks) > 1 else int(conn.execute(
-                f"SELECT count(*) FROM (SELECT 1 FROM {info.qualified} LIMIT %s) s", (src.split_size,)).fetchone()[0])
-            for n, chunk in enumerate(chunks):
-                payload = {"tid": e.tid, "oid": e.oid, "table": e.name, "lo": chunk.lo, "hi": chunk.hi,
-                           **({} if rows is None else {"rows": rows}),
-                           "column": info.split_column, "type": cast, "after_xid": e.after_xid,
-                           # Bracketed (B ... E: the sink deletes the keys it lacks) after a lost slot, and
-                           # always for a table that joins: a table dropped and created again under the same
-                           # name, or swapped in by RENAME, replaces the old target's rows, never merges into them.
-                           "resnapshot": self.generation > 0 or e.state == "joining"}
-                out.append(Split(table_chunk_id(self.generation, e.tid, n), json.dumps(payload)))
-            planned.add(e.tid)
-        return out, planned
 
     def drain_ready(self) -> bool:
         """A drain ends the input once the catalog was polled after it was asked for and no table is joining
@@ -442,6 +279,3 @@ class TablesEnumerator(PostgresEnumerator):
             registry.retain(self.source.io, self.directory, self.registry.version - 4 * (self.source.retain + 1) - 1)
             self._retained_at = self.registry.version
 
-
-def _json(sig: Signature | None) -> Any:
-    return None if sig is None else sig.to_json()
