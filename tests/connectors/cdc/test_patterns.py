@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns, read_not_followed, split_followable
@@ -36,6 +38,6 @@ def test_a_table_without_a_usable_key_is_left_out_with_the_fix_in_its_warning() 
     assert other.not_followed().startswith("shop.orders is not followed: it has no primary key. ALTER TABLE shop.orders")
 
 
-def test_the_not_followed_file_reads_empty_when_absent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_not_followed_file_reads_empty_when_absent(tmp_path: Path) -> None:
     io = FileIO.for_url(str(tmp_path))
     assert read_not_followed(io, str(tmp_path)) == {}

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
-from flinkish_spark.connectors.cdc.dialect import JoinMark, TableChunks
+from flinkish_spark.connectors.cdc.dialect import JoinMark, SourceDialect, TableChunks
 from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns
 from flinkish_spark.connectors.cdc.registry import TableEntry
 from flinkish_spark.connectors.postgres import publication as publications
@@ -238,3 +238,8 @@ class PostgresDialect:
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:
         return read_changes(self.source, start, end, planned_keys)
+
+
+if TYPE_CHECKING:
+    def _conforms(dialect: PostgresDialect) -> SourceDialect:
+        return dialect  # mypy (tests/test_typing.py) holds PostgresDialect to the core's protocol
