@@ -67,6 +67,8 @@ class CatalogDialect(Protocol):
 
     @property
     def component(self) -> str: ...
+    def error(self, message: str) -> TerminalError:
+        """The dialect's error for ``message`` (PostgreSQL: ``PostgresSourceError``)."""
     def connect(self) -> ContextManager[Any]:
         """A catalog connection, passed back to the methods below (opaque to the core)."""
     def find_tables(self, conn: Any, patterns: TablePatterns) -> list[FoundTable]:

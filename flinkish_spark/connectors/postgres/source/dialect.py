@@ -49,6 +49,9 @@ class PostgresDialect:
     def component(self) -> str:
         return self.source.component
 
+    def error(self, message: str) -> PostgresSourceError:
+        return PostgresSourceError(message)
+
     def connect(self) -> AbstractContextManager[Any]:
         return connect(self.source.conn_info, autocommit=True)
 
