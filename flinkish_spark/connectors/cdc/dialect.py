@@ -117,6 +117,8 @@ class ChangeLogDialect(Protocol):
 class ReaderDialect(Protocol):
     """The reader's half (executors): chunks and change ranges as rows of :data:`.stream.STREAM_ARROW`."""
 
+    def chunk_connection(self) -> Any:
+        """A connection for a task's chunks (closed by the reader), passed to :meth:`read_chunk`."""
     def read_chunk(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
         """One chunk (its split's payload) in one transaction: an ``s`` row, then its ``r`` rows (with ``B``/``E``
         around the table's chunks when the payload says ``resnapshot``)."""

@@ -19,11 +19,12 @@ from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
 from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
+from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
+from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
 from flinkish_spark.connectors.postgres.source.discovery import followable_tables
 from flinkish_spark.connectors.postgres.source.reader import PostgresReader
 from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_table_info
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
-from flinkish_spark.connectors.postgres.source.tables_reader import TablesReader
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.options import Options
 from flinkish_spark.source.datasource import SplitDataSource
@@ -190,7 +191,7 @@ class PostgresSourceDataSource(SplitDataSource):
         return PostgresEnumerator(self) if self.patterns is None else TablesEnumerator(self)
 
     def create_reader(self, schema: StructType) -> SplitReader:
-        return PostgresReader(self, schema) if self.patterns is None else TablesReader(self)
+        return PostgresReader(self, schema) if self.patterns is None else TablesReaderCore(self, PostgresDialect(self))
 
     def write_descriptor(self) -> None:
         """As the base class, but with the password masked out of the URL and 'passwordEnv' kept.

@@ -30,7 +30,7 @@ from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.signature import Signature, change, signatures
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
-from flinkish_spark.connectors.postgres.source.tables_reader import read_changes, read_chunk
+from flinkish_spark.connectors.postgres.source.tables_reader import chunk_connection, read_changes, read_chunk
 from flinkish_spark.errors import PostgresSourceError
 
 #: A heartbeat epoch is made only while the slot holds at least this much WAL: the default WAL
@@ -234,6 +234,9 @@ class PostgresDialect:
         return True
 
     # the reader (executors) -------------------------------------------------------------------------
+
+    def chunk_connection(self) -> Any:
+        return chunk_connection(self.source)
 
     def read_chunk(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
         return read_chunk(self.source, chunk, conn)
