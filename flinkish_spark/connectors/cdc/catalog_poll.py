@@ -94,7 +94,8 @@ def plan_ready(dialect: CatalogDialect, conn: Any, p: Poll, generation: int, spl
     if not waiting:
         return []
     horizon = dialect.transaction_horizon(conn)
-    older_ended = [e for e in waiting if e.after_xid is not None and horizon >= e.after_xid]
+    # after_xid None: the dialect's log carried the table before the join (MySQL): no transaction to wait for.
+    older_ended = [e for e in waiting if e.after_xid is None or horizon >= e.after_xid]
     read_up_to = dialect.unread_before(conn, [e.after_lsn for e in older_ended if e.after_lsn is not None])
     ready = [e for e in older_ended if e.after_lsn is None or e.after_lsn <= read_up_to]
     if not ready:
