@@ -17,7 +17,8 @@ from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_
 from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
-from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
+from flinkish_spark.connectors.cdc.host import DEFAULT_SPLIT_SIZE, Startup
+from flinkish_spark.connectors.postgres.source.host import OnSlotLost
 from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
 from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
 from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from flinkish_spark.connectors.cdc.host import DEFAULT_SPLIT_SIZE, CdcSourceHost, Startup
+from flinkish_spark.connectors.cdc.host import CdcSourceHost
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo
 from flinkish_spark.connectors.postgres.source.tables import TableInfo
 
 OnSlotLost = Literal["fail", "resnapshot"]
-
-__all__ = ["DEFAULT_SPLIT_SIZE", "OnSlotLost", "PostgresSourceHost", "Startup"]
 
 
 class PostgresSourceHost(CdcSourceHost, Protocol):

@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Collection
 
 from flinkish_spark.connectors.cdc.patterns import split_followable
-from flinkish_spark.connectors.cdc.tables_enumerator import DRAIN_WAIT_S, MIN_CHUNK_SHARE, TablesEnumeratorCore
+from flinkish_spark.connectors.cdc.tables_enumerator import TablesEnumeratorCore
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
@@ -51,8 +51,6 @@ from flinkish_spark.connectors.postgres.source.discovery import followable_table
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.source.split import Split
-
-__all__ = ["DRAIN_WAIT_S", "MIN_CHUNK_SHARE", "TablesEnumerator"]
 
 
 class TablesEnumerator(TablesEnumeratorCore, PostgresEnumerator):
