@@ -12,6 +12,7 @@ from flinkish_spark.connectors.cdc import catalog_poll as poll
 from flinkish_spark.connectors.cdc.dialect import CatalogDialect, JoinMark, TableChunks
 from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns
 from flinkish_spark.connectors.cdc.registry import Registry, TableEntry
+from flinkish_spark.errors import TerminalError
 
 
 @dataclass
@@ -26,6 +27,9 @@ class FakeDb:
     followed: list[str] = field(default_factory=list)
 
     component = "fake source"
+
+    def error(self, message: str) -> TerminalError:
+        return TerminalError(message)
 
     def connect(self) -> ContextManager[Any]:
         return nullcontext(self)
