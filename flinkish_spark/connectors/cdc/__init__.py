@@ -10,6 +10,7 @@ dialect (:mod:`.dialect`: its catalog, chunk splitter, positions and log reader)
 * :mod:`.resnapshot_request` -- ``flinkish mirror resnapshot``'s requests, taken exactly once;
 * :mod:`.stream` -- the multi-table stream's schema, ``B``/``E`` brackets, schema and snapshot rows.
 
-PostgreSQL's side is :mod:`flinkish_spark.connectors.postgres.source` (:class:`~flinkish_spark.connectors.postgres.source.dialect.PostgresDialect`).
+PostgreSQL's side is :mod:`flinkish_spark.connectors.postgres.source` (its dialect:
+:class:`~flinkish_spark.connectors.postgres.source.dialect.PostgresDialect`).
 What a new database implements: docs/cdc-core.md.
 """

@@ -10,6 +10,7 @@ import json
 from typing import Any, Collection
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.connectors.cdc.splits import changes_id, chunk_id, split_generation
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect
 from flinkish_spark.connectors.postgres.source.changes import with_busy_slot
@@ -19,7 +20,6 @@ from flinkish_spark.connectors.postgres.source.signature import (
     Signature, fixed_schema_change, fixed_schema_error, signatures,
 )
 from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
-from flinkish_spark.connectors.cdc.splits import changes_id, chunk_id, split_generation
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.split import Split, SplitExtent
 

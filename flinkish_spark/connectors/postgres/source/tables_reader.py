@@ -30,9 +30,11 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
+from flinkish_spark.connectors.cdc.stream import (
+    RESNAPSHOT_BEGIN, RESNAPSHOT_END, STREAM_ARROW, marker, schema_row, snapshot_rows,
+)
 from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
 from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
-from flinkish_spark.connectors.cdc.stream import RESNAPSHOT_BEGIN, RESNAPSHOT_END, STREAM_ARROW, marker, schema_row, snapshot_rows
 from flinkish_spark.connectors.postgres.rows import TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
