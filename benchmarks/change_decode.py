@@ -47,7 +47,7 @@ from flinkish_spark.connectors.postgres.pgoutput import Change, decode_changes, 
 from flinkish_spark.connectors.postgres.rows import RowEncoder, table_schema  # noqa: E402
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql  # noqa: E402
 from flinkish_spark.connectors.postgres.source.changes import peek  # noqa: E402
-from flinkish_spark.connectors.postgres.source.patterns import TablePatterns  # noqa: E402
+from flinkish_spark.connectors.cdc.patterns import TablePatterns  # noqa: E402
 from flinkish_spark.connectors.postgres.source.tables_reader import read_changes  # noqa: E402
 
 SLOT, PUBLICATION = "bench_decode", "bench_decode_pub"

@@ -52,7 +52,7 @@ from flinkish_spark.session import session
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from flinkish_spark.connectors.postgres.source.resnapshot_request import resnapshot
+    from flinkish_spark.connectors.cdc.resnapshot_request import resnapshot
     from flinkish_spark.connectors.spark_files import files_sink
     from flinkish_spark.finish import QueryEnd, await_finished, stop, with_watermark
     from flinkish_spark.mirror.status import MirrorStatus, mirror_status
@@ -64,7 +64,7 @@ else:
     # none of these (see flinkish_spark.lazy_exports).
     __getattr__, __dir__ = lazy_exports(__name__, {
         "files_sink": "flinkish_spark.connectors.spark_files",
-        "resnapshot": "flinkish_spark.connectors.postgres.source.resnapshot_request",
+        "resnapshot": "flinkish_spark.connectors.cdc.resnapshot_request",
         "QueryEnd": "flinkish_spark.finish",
         "await_finished": "flinkish_spark.finish",
         "stop": "flinkish_spark.finish",

@@ -158,8 +158,8 @@ def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
     """Per multi-table ``flinkish.postgres`` source uid: how many tables are joining, in their snapshot, streaming,
     and ``not followed`` (matching, but without a usable key: :func:`postgres_not_followed` says which)."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
-    from flinkish_spark.connectors.postgres.source import registry
-    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+    from flinkish_spark.connectors.cdc import registry
+    from flinkish_spark.connectors.cdc.patterns import read_not_followed
 
     out: dict[str, dict[str, int]] = {}
     for uid in source_uids(io, root):
@@ -183,7 +183,7 @@ def postgres_not_followed(io: FileIO, root: str) -> dict[str, dict[str, str]]:
     """Per multi-table ``flinkish.postgres`` source uid: the matching tables it leaves out for want of a key ->
     the warning (why, and the ALTER TABLE that gets the table followed without a restart)."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
-    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+    from flinkish_spark.connectors.cdc.patterns import read_not_followed
 
     out: dict[str, dict[str, str]] = {}
     for uid in source_uids(io, root):

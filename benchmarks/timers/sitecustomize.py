@@ -5,7 +5,7 @@ not changed: the functions are wrapped here, at interpreter start, by name.
 
 Wrapped (generators: the time spent inside ``next()``, i.e. the producer's own time, not the consumer's):
 
-* ``TablesReader.read`` -- the Python worker's read of the epoch's change split (peek + decode + Arrow);
+* ``TablesReaderCore.read`` -- the Python worker's read of the epoch's change split (peek + decode + Arrow);
 * ``peek`` (as ``tables_reader`` calls it) -- the server decode and fetch of the range's messages;
 * ``routing.task_tables`` -- the sink task's split of the rows per table (+ figures), its input included: the
   batches are handed on as they come (``sink.input_wait`` ends when the last came: waiting for the JVM and the
@@ -79,7 +79,9 @@ def _install(out: str) -> None:
     from flinkish_spark.connectors.lakehouse import routing
     from flinkish_spark.connectors.postgres.source import tables_reader
 
-    tables_reader.TablesReader.read = timed("source.read", tables_reader.TablesReader.read)  # type: ignore[method-assign]
+    from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
+
+    TablesReaderCore.read = timed("source.read", TablesReaderCore.read)  # type: ignore[method-assign]
     if hasattr(tables_reader, "peek"):  # before the range was read in pieces (changes.peek_pieces)
         tables_reader.peek = timed("source.peek", tables_reader.peek)
     else:

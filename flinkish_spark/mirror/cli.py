@@ -84,7 +84,7 @@ def resnapshot_parser() -> argparse.ArgumentParser:
 
 def run_resnapshot(args: argparse.Namespace, io: Any) -> int:
     """Record the request (nothing when a check fails) and say in one line what will happen."""
-    from flinkish_spark.connectors.postgres.source.resnapshot_request import request_resnapshot
+    from flinkish_spark.connectors.cdc.resnapshot_request import request_resnapshot
 
     done = request_resnapshot(io, args.checkpoint, args.tables, args.uid, reason="flinkish mirror resnapshot")
     tables = list(done.request.tables)

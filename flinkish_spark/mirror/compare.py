@@ -203,7 +203,8 @@ def postgres_reader(conn: Any, template: str) -> Callable[[str], pa.Table | None
 
 
 def _matching_tables(conn: Any, tables: str) -> list[str]:
-    from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, find_tables
+    from flinkish_spark.connectors.cdc.patterns import TablePatterns
+    from flinkish_spark.connectors.postgres.source.discovery import find_tables
 
     return [t.name for t in find_tables(conn, TablePatterns.parse(tables, "compare: tables"))]
 

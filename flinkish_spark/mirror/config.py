@@ -238,7 +238,7 @@ def split_source_url(url: str, what: str) -> tuple[Source, str, str | None]:
 
 
 def check_tables(tables: str, what: str) -> str:
-    from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
+    from flinkish_spark.connectors.cdc.patterns import TablePatterns
 
     if "\\" in tables:
         raise ConfigError(

@@ -15,7 +15,7 @@ them at once (not one per attempt):
   does not exist yet) needs CREATE on the database and ownership of the tables; a publication or
   slot of the mirror's names must not belong to something else;
 * the tables: at least one matches, and each is readable -- the source's own checks
-  (:func:`~flinkish_spark.connectors.postgres.source.patterns.table_problems`), so what the
+  (:func:`~flinkish_spark.connectors.postgres.source.discovery.table_problems`), so what the
   running source refuses and what the preflight refuses stay the same; a table without a usable
   key (a primary key, or REPLICA IDENTITY USING INDEX) is no problem but a *warning*: the source
   leaves it out and picks it up once it has one (docs/postgres-source.md, "Keys");
@@ -83,7 +83,8 @@ def problems(config: MirrorConfig, warnings: list[str] | None = None) -> list[st
 def _source_problems(config: MirrorConfig, source: Any, warnings: list[str]) -> list[str]:
     from flinkish_spark.connectors.postgres import slot as slots
     from flinkish_spark.connectors.postgres.connection import check_server_version, connect
-    from flinkish_spark.connectors.postgres.source.patterns import find_tables, split_followable, table_problems
+    from flinkish_spark.connectors.cdc.patterns import split_followable
+    from flinkish_spark.connectors.postgres.source.discovery import find_tables, table_problems
 
     what = "--from"
     uses_slot = source.startup != "snapshot"

@@ -161,7 +161,7 @@ class MirrorState:
         (``committed``, None: none yet) and the registry entries of ``latest`` (None: not a multi-table source
         yet): each table's state and chunks, and the running epoch; ``not_followed``: the tables the source leaves
         out for want of a key -> its warning."""
-        from flinkish_spark.connectors.postgres.source.splits import table_of_chunk
+        from flinkish_spark.connectors.cdc.splits import table_of_chunk
 
         if latest is None or tables is None:
             return
@@ -234,8 +234,8 @@ class Metadata:
 
     def read(self) -> tuple[Any, int | None, Sequence[Any] | None, dict[str, str]]:
         from flinkish_spark.checkpoint.store import SourceCheckpointStore
-        from flinkish_spark.connectors.postgres.source import registry
-        from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+        from flinkish_spark.connectors.cdc import registry
+        from flinkish_spark.connectors.cdc.patterns import read_not_followed
         from flinkish_spark.io.fileio import FileIO, storage_options_from
         from flinkish_spark.mirror.finished import committed_offset
 

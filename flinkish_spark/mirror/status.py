@@ -109,8 +109,8 @@ def mirror_status(checkpoint: str, uid: str | None = None, storage_options: Mapp
     counts to show (a :class:`~flinkish_spark.mirror.counts.Record`: the pipeline process passes its own, current
     one); default: read from the metadata."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
-    from flinkish_spark.connectors.postgres.source import registry
-    from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+    from flinkish_spark.connectors.cdc import registry
+    from flinkish_spark.connectors.cdc.patterns import read_not_followed
     from flinkish_spark.inspect import postgres_slots, running_source_uids, sink_epochs
     from flinkish_spark.io.fileio import storage_options_from
     from flinkish_spark.mirror import counts

@@ -8,8 +8,8 @@ from typing import Iterable
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
-from flinkish_spark.connectors.postgres.source import registry
-from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
+from flinkish_spark.connectors.cdc import registry
+from flinkish_spark.connectors.cdc.registry import Registry, TableEntry
 from flinkish_spark.io.fileio import FileIO
 
 

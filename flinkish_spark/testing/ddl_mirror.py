@@ -126,7 +126,7 @@ def run_ddl_workload(run_pipeline: Any, spec: Callable[..., dict], url: str, met
 def _states(io: Any, meta: str, uid: str) -> dict[str, int]:
     """How many tables of the newest registry file of source ``uid`` are in each state."""
     from flinkish_spark.checkpoint.layout import join, source_dir
-    from flinkish_spark.connectors.postgres.source import registry
+    from flinkish_spark.connectors.cdc import registry
 
     directory = source_dir(meta, uid)
     names = sorted(n for n in io.list_names(join(directory, registry.FOLDER)) if n.startswith("v"))

@@ -15,8 +15,8 @@ from rich.console import Console
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
-from flinkish_spark.connectors.postgres.source import registry
-from flinkish_spark.connectors.postgres.source.splits import table_chunk_id
+from flinkish_spark.connectors.cdc import registry
+from flinkish_spark.connectors.cdc.splits import table_chunk_id
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.testing.spark_log import write_batch
 

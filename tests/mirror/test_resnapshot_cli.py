@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from flinkish_spark.checkpoint.layout import source_dir
-from flinkish_spark.connectors.postgres.source import resnapshot_request as rr
+from flinkish_spark.connectors.cdc import resnapshot_request as rr
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.testing.checkpoints import postgres_source
 

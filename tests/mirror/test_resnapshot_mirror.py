@@ -31,8 +31,8 @@ import pytest
 
 from flinkish_spark.checkpoint.layout import join, source_dir
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
-from flinkish_spark.connectors.postgres.source import registry
-from flinkish_spark.connectors.postgres.source import resnapshot_request as requests
+from flinkish_spark.connectors.cdc import registry
+from flinkish_spark.connectors.cdc import resnapshot_request as requests
 from flinkish_spark.finish.stop_request import request_stop
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.mirror.compare import read_delta

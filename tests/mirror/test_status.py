@@ -15,8 +15,8 @@ import pytest
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
-from flinkish_spark.connectors.postgres.source import registry
-from flinkish_spark.connectors.postgres.source.patterns import write_not_followed
+from flinkish_spark.connectors.cdc import registry
+from flinkish_spark.connectors.cdc.patterns import write_not_followed
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.mirror import counts
 from flinkish_spark.sink.decisions import DecisionLog, encode_done

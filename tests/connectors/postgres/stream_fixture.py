@@ -50,7 +50,7 @@ def record() -> None:
     from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
     from flinkish_spark.connectors.postgres.rows.encode import SESSION_SETTINGS
     from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, psycopg_query
-    from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
+    from flinkish_spark.connectors.cdc.patterns import TablePatterns
     from flinkish_spark.connectors.postgres.source.tables_reader import stream_batches
     from flinkish_spark.embedded.postgres import start_postgres
     from test_rows import ROWS, make_table

@@ -140,7 +140,7 @@ def test_a_heartbeat_range_ends_at_the_flush_position_holds_no_rows_and_comes_at
         enum = src.create_enumerator()
         (changes,) = enum.discover(set())
         burst(pg_url, 1 * MB)
-        enum._heartbeat_at = float("-inf")  # the interval has passed
+        enum.dialect.heartbeat_at = float("-inf")  # the interval has passed
         assert enum.extent(changes, 0).available == 0  # the slot holds less than a WAL segment: no epoch
         burst(pg_url, 20 * MB)
         end = enum.extent(changes, 0).available

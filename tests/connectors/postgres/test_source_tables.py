@@ -20,24 +20,11 @@ import pytest
 
 from flinkish_spark.checkpoint.model import SplitRecord
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
-from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.testing.tables_source import (
     changes_between, complete, drop_slot, read_all, server_objects, source, start_streaming, without_markers,
 )
-
-
-def test_patterns_select_names_with_wildcards_quotes_and_exclusions() -> None:
-    p = TablePatterns.parse('public.*, sales.order_?, "Mixed Case".*, !public.audit_*', "test")
-    assert p.matches("public.orders") and p.matches("sales.order_1") and p.matches("Mixed Case.x")
-    assert not p.matches("sales.order_12") and not p.matches("public.audit_log") and not p.matches("mixed case.x")
-    assert TablePatterns.parse("Public.Orders", "t").matches("public.orders")  # unquoted names fold to lower case
-    assert TablePatterns.parse('public."a*b"', "t").matches("public.a*b") and not TablePatterns.parse('public."a*b"', "t").matches("public.axb")
-    with pytest.raises(ConfigError, match="'orders' is not 'schema.table'"):
-        TablePatterns.parse("orders", "option 'tables'")
-    with pytest.raises(ConfigError, match="no table named"):
-        TablePatterns.parse("!public.x", "option 'tables'")
 
 
 def test_options_table_and_tables_exclude_each_other(pg_url: str, tmp_path: Path) -> None:
@@ -318,7 +305,7 @@ def test_a_keyless_table_created_while_running_is_left_out_with_a_warning_until_
             assert enum.discover({changes.split_id}) == []  # no error: the source goes on
         assert [e.name for e in enum.registry.entries] == ["public.m_a"]
         assert "public.m_log is not followed: it has no primary key. ALTER TABLE public.m_log ADD PRIMARY KEY" in caplog.text
-        from flinkish_spark.connectors.postgres.source.patterns import read_not_followed
+        from flinkish_spark.connectors.cdc.patterns import read_not_followed
 
         directory = src.checkpoint_store().directory
         assert read_not_followed(src.io, directory) == enum.not_followed  # what progress and inspect read, at once

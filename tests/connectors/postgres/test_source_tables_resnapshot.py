@@ -22,7 +22,7 @@ import pytest
 
 from flinkish_spark.checkpoint.model import SplitRecord
 from flinkish_spark.connectors.postgres.rows import split_tables
-from flinkish_spark.connectors.postgres.source import registry
+from flinkish_spark.connectors.cdc import registry
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
 from flinkish_spark.source.split import Split, SplitExtent
 
@@ -224,7 +224,7 @@ def test_a_resnapshot_request_renews_the_table_once_is_recorded_in_the_state_and
     """``flinkish mirror resnapshot`` end to end below Spark: the request file is taken by the next planning
     (its table joins again and gets bracketed chunks), taken again after a crash before Spark logged that
     planning, never after its checkpoint, and deleted once that checkpoint is complete."""
-    from flinkish_spark.connectors.postgres.source import resnapshot_request as rr
+    from flinkish_spark.connectors.cdc import resnapshot_request as rr
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE m_a (id int PRIMARY KEY)")

@@ -50,8 +50,7 @@ from the server, e.g. for ``from_json(row, schema.spark_ddl())`` in Spark SQL).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from flinkish_spark.connectors.cdc.stream import RESNAPSHOT_BEGIN, RESNAPSHOT_END, STREAM_DDL, stream_schema
 from flinkish_spark.connectors.postgres.rows.decode import (
     META_COLUMNS,
     UNCHANGED,
@@ -63,32 +62,6 @@ from flinkish_spark.connectors.postgres.rows.decode import (
 from flinkish_spark.connectors.postgres.rows.encode import UNCHANGED_FIELD, RowEncoder, row_sql
 from flinkish_spark.connectors.postgres.rows.net import NetChanges, net_changes
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type, make_column
-
-if TYPE_CHECKING:
-    from pyspark.sql.types import StructType
-
-#: ``_op`` of the rows that bracket a table's re-snapshot after a lost slot (see above), in the
-#: multi-table stream and in the single-table one (where every other column is null). The
-#: ``flinkish.postgres`` sink applies them for one table (:mod:`flinkish_spark.connectors.postgres.resnapshot`).
-RESNAPSHOT_BEGIN, RESNAPSHOT_END = "B", "E"
-
-STREAM_DDL = (
-    "`_table` string, `_op` string, `_lsn` bigint, `_seq` int, `_commit_ts` timestamp, `_schema_id` string, "
-    "`row` string"
-)
-
-
-def stream_schema() -> "StructType":
-    """:data:`STREAM_DDL` as a Spark ``StructType`` (built without a Spark session)."""
-    from pyspark.sql import types as T
-
-    return T.StructType([
-        T.StructField("_table", T.StringType()), T.StructField("_op", T.StringType()),
-        T.StructField("_lsn", T.LongType()), T.StructField("_seq", T.IntegerType()),
-        T.StructField("_commit_ts", T.TimestampType()), T.StructField("_schema_id", T.StringType()),
-        T.StructField("row", T.StringType()),
-    ])
-
 
 def table_schema(url: str, table: str, password_env: str | None = None) -> TableSchema:
     """The current :class:`TableSchema` of ``table`` on the server at ``url`` (needs psycopg).

@@ -38,10 +38,12 @@ then order within the transaction): a keyed sink that keeps the last row per key
 order Spark produced them (as the ``flinkish.postgres`` sink does) applies them right.
 
 With the option ``tables`` (names and patterns) one source follows many tables through one
-slot and one publication: :mod:`.tables_enumerator` (discovery, tables joining and leaving,
-the registry of :mod:`.registry`), :mod:`.tables_reader` (chunks and WAL ranges as rows of
-the one stream schema of :mod:`flinkish_spark.connectors.postgres.rows`, schema rows
-included). The single-table modules above are unchanged by it.
+slot and one publication: the CDC core shared with MySQL (:mod:`flinkish_spark.connectors.cdc`:
+patterns, registry, catalog poll, the generic enumerator and reader, the stream schema) with
+PostgreSQL as its dialect (:mod:`.dialect`; :mod:`.tables_enumerator`: the start with the
+publication and the slot; :mod:`.tables_reader`: chunks and WAL ranges as rows of the one
+stream schema of :mod:`flinkish_spark.connectors.postgres.rows`, schema rows included).
+docs/cdc-core.md. The single-table modules above are unchanged by it.
 """
 
 from flinkish_spark.connectors.postgres.source.datasource import PostgresSourceDataSource

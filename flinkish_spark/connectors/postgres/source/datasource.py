@@ -11,18 +11,21 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles
 from pyspark.sql.types import StructType
 
+from flinkish_spark.connectors.cdc.host import DEFAULT_SPLIT_SIZE, Startup
+from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
+from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
 from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_server_version, connect, parse_url
 from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
+from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
+from flinkish_spark.connectors.postgres.source.discovery import followable_tables
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
-from flinkish_spark.connectors.postgres.source.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
-from flinkish_spark.connectors.postgres.source.patterns import TablePatterns, followable_tables, split_followable
+from flinkish_spark.connectors.postgres.source.host import OnSlotLost
 from flinkish_spark.connectors.postgres.source.reader import PostgresReader
 from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_table_info
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
-from flinkish_spark.connectors.postgres.source.tables_reader import TablesReader
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.options import Options
 from flinkish_spark.source.datasource import SplitDataSource
@@ -189,7 +192,7 @@ class PostgresSourceDataSource(SplitDataSource):
         return PostgresEnumerator(self) if self.patterns is None else TablesEnumerator(self)
 
     def create_reader(self, schema: StructType) -> SplitReader:
-        return PostgresReader(self, schema) if self.patterns is None else TablesReader(self)
+        return PostgresReader(self, schema) if self.patterns is None else TablesReaderCore(self, PostgresDialect(self))
 
     def write_descriptor(self) -> None:
         """As the base class, but with the password masked out of the URL and 'passwordEnv' kept.

@@ -15,7 +15,7 @@ from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.signature import fixed_schema_error
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END
 from flinkish_spark.connectors.postgres.source.snapshot import Chunk, _cast_type
-from flinkish_spark.connectors.postgres.source.splits import split_generation
+from flinkish_spark.connectors.cdc.splits import split_generation
 from flinkish_spark.connectors.postgres.source.tables import METADATA_COLUMNS, quote_ident
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.reader import SplitReader

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 
+from flinkish_spark.connectors.cdc.stream import STREAM_ARROW, StreamRows
 from flinkish_spark.connectors.postgres.pgoutput import (
     UNCHANGED_TOAST, Change, DecodeState, Relation, Truncate, format_lsn, raw_changes,
 )
@@ -31,41 +32,7 @@ BATCH_ROWS = 65_536
 #: and Arrow calls per column) is worth it from a few hundred rows on.
 MIN_BULK_ROWS = 256
 
-STREAM_ARROW = pa.schema([
-    pa.field("_table", pa.string()), pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
-    pa.field("_seq", pa.int32()), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
-    pa.field("_schema_id", pa.string()), pa.field("row", pa.string()),
-])
-
 Resolved = tuple[Relation, "TableSchema | None", "RowEncoder | None", Any, Any]
-
-
-class _Rows:
-    """Stream rows collected column by column, flushed as Arrow batches."""
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {f.name: [] for f in STREAM_ARROW}
-
-    def add(self, table: str, op: str, lsn: int, seq: int, ts_us: int, schema_id: str, row: str | None) -> None:
-        c = self.cols
-        c["_table"].append(table)
-        c["_op"].append(op)
-        c["_lsn"].append(lsn)
-        c["_seq"].append(seq)
-        c["_commit_ts"].append(ts_us)
-        c["_schema_id"].append(schema_id)
-        c["row"].append(row)
-
-    def __len__(self) -> int:
-        return len(self.cols["_op"])
-
-    def flush(self) -> pa.RecordBatch:
-        # Timestamps from int64 microseconds (pa.array of ints as a zoned timestamp would import pandas).
-        arrays = [pa.array(self.cols[f.name], pa.int64()).cast(f.type) if pa.types.is_timestamp(f.type)
-                  else pa.array(self.cols[f.name], f.type) for f in STREAM_ARROW]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=STREAM_ARROW)
-        self.cols = {f.name: [] for f in STREAM_ARROW}
-        return batch
 
 
 def stream_batches(src: PostgresSourceHost, messages: list[bytes], start: int, end: int,
@@ -101,7 +68,7 @@ class _Stream:
     def __init__(self, src: PostgresSourceHost, relations: Mapping[int, Relation],
                  resolve: Callable[[Relation], TableSchema | None]) -> None:
         self.src, self.relations, self.resolve = src, relations, resolve
-        self.rows = _Rows()
+        self.rows = StreamRows()
         self.parts: list[pa.RecordBatch] = []  # the bulk path's rows, before those in self.rows
         self.parts_n = 0
         self.emitted: dict[int, str] = {}  # relid -> schema id of its last 's' row in this range

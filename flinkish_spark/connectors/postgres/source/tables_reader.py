@@ -1,4 +1,8 @@
-"""The reader of a multi-table source (executors): stream rows (:mod:`..rows`) from chunks and from WAL ranges.
+"""PostgreSQL's reads for a multi-table source (executors): stream rows (:mod:`..rows`) from chunks and WAL ranges.
+
+The reader itself -- a task's connection for its chunks, the patterns check, the planned keys of an
+epoch -- is the CDC core's (:class:`flinkish_spark.connectors.cdc.tables_reader.TablesReaderCore`),
+which calls these through :class:`.dialect.PostgresDialect`.
 
 * **A chunk** is read in one ``REPEATABLE READ`` transaction through ADBC: the table's schema
   from the catalog and its rows as JSON built by the server (``rows.row_sql``), both in the same
@@ -7,106 +11,49 @@
   record is flushed but that is not visible yet, e.g. waiting for a synchronous standby) and
   (2) for a table that joined while running, every transaction older than the moment it
   joined has ended (``after_xid``); otherwise the transaction is rolled back and taken again.
-  Why: docs/postgres-source.md, "New tables". A chunk of a table the patterns no longer match
-  (excluded after it was planned, e.g. as a sink's error about its name says) reads nothing,
-  as its changes in a WAL range are not read either.
+  Why: docs/postgres-source.md, "New tables".
 * **A WAL range** ``[start, end)`` is peeked from the slot -- fetched in pieces
   (:func:`.changes.peek_pieces`), so one transaction of millions of rows is never held whole -- and
   decoded in WAL order, yielding Arrow batches as it goes. Every
   change of a table that matches the patterns becomes a row; before a table's first row, and
   whenever its Relation message announces other columns, an ``s`` row with its schema. The key
   of a table with a replica identity other than DEFAULT is the one recorded when it was planned,
-  in the registries the epoch's checkpoint names (:func:`.registry.planned_keys`): every read of
+  in the registries the epoch's checkpoint names (:func:`flinkish_spark.connectors.cdc.registry.planned_keys`): every read of
   a range -- also a replay after the table was dropped -- gives the same schema.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
+from flinkish_spark.connectors.cdc.stream import (
+    RESNAPSHOT_BEGIN, RESNAPSHOT_END, STREAM_ARROW, marker, schema_row, snapshot_rows,
+)
 from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
 from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
-from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, TableSchema, row_sql
+from flinkish_spark.connectors.postgres.rows import TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
-from flinkish_spark.connectors.postgres.source import registry
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.stream_rows import (  # noqa: F401 (stream_batches: its old home)
-    STREAM_ARROW, stream_batches, stream_pieces,
+    stream_batches, stream_pieces,
 )
 from flinkish_spark.errors import PostgresSourceError
-from flinkish_spark.source.reader import SplitReader
-from flinkish_spark.source.split import Split
 
 #: How long a chunk read waits for a snapshot it may use (see the module docstring) before failing.
 SNAPSHOT_WAIT_S = 600.0
 
 
 
-class TablesReader(SplitReader):
-    """Reads a task's ranges; the chunks of one task share one ADBC connection (a table of a few
-    rows costs a connection otherwise: most of a snapshot of 1,000 small tables)."""
-
-    def __init__(self, source: PostgresSourceHost) -> None:
-        self.source = source
-        self._conn: Any = None
-        self._ckpt_id: int | None = None
-
-    def begin_epoch(self, ckpt_id: int) -> None:
-        self._ckpt_id = ckpt_id
-
-    def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        if start >= end:
-            return
-        if split.split_id.startswith("snapshot-"):
-            chunk = json.loads(split.payload or "{}")
-            assert self.source.patterns is not None
-            if not self.source.patterns.matches(str(chunk["table"])):
-                # Excluded since it was planned (how a user drops a table a sink cannot take, as the
-                # sink's error says): not read, like its changes in a WAL range.
-                return
-            if self._conn is None:
-                self._conn = _chunk_connection(self.source)
-            try:
-                yield from read_chunk(self.source, chunk, self._conn)
-            except BaseException:
-                self.close()  # the connection may be mid-transaction: the next chunk opens a new one
-                raise
-        else:
-            yield from read_changes(self.source, start, end, None if self._ckpt_id is None else self._planned_keys)
-
-    def _planned_keys(self) -> Mapping[int, tuple[str, ...]]:
-        """The tables' keys as the epoch was planned (its checkpoint names the registries)."""
-        assert self._ckpt_id is not None
-        store = self.source.checkpoint_store()
-        return registry.planned_keys(self.source.io, store.directory, store.read(self._ckpt_id).enumerator_state)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            conn.close()
-
-
 # -- chunks -------------------------------------------------------------------------------------------
 
 
-def _schema_row(schema: TableSchema, lsn: int | None, seq: int | None, ts_us: int | None) -> dict[str, Any]:
-    return {"_table": schema.table, "_op": "s", "_lsn": lsn, "_seq": seq, "_commit_ts": ts_us,
-            "_schema_id": schema.schema_id, "row": schema.to_json()}
-
-
-def _marker(schema: TableSchema, op: str) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([{"_table": schema.table, "_op": op, "_schema_id": schema.schema_id}],
-                                      schema=STREAM_ARROW)
-
-
-def _chunk_connection(src: PostgresSourceHost) -> Any:
+def chunk_connection(src: PostgresSourceHost) -> Any:
     conn = adbc_connect(src.conn_info)
     cur = conn.cursor()
     for statement in session_settings_sql():
@@ -125,23 +72,18 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Ite
             conn.rollback()
             return  # the table was dropped: nothing to read
         schema, name = found
-        yield pa.RecordBatch.from_pylist([_schema_row(schema, None, None, None)], schema=STREAM_ARROW)
+        yield pa.RecordBatch.from_pylist([schema_row(schema, None, None, None)], schema=STREAM_ARROW)
         # A re-snapshot after a lost slot is bracketed per table: its first chunk (no lower bound)
         # opens it, its last (no upper bound) closes it (rows.RESNAPSHOT_BEGIN / _END).
         if chunk.get("resnapshot") and chunk.get("lo") is None:
-            yield _marker(schema, RESNAPSHOT_BEGIN)
+            yield marker(schema, RESNAPSHOT_BEGIN)
         cur.execute(f"SELECT {row_sql(schema)} AS row FROM {name} WHERE {_bounds(chunk)}")
-        sid, table = pa.scalar(schema.schema_id), pa.scalar(schema.table)
         for batch in cur.fetch_record_batch():
-            n = batch.num_rows
-            if n:
-                yield pa.RecordBatch.from_arrays(
-                    [pa.repeat(table, n), pa.repeat(pa.scalar("r"), n), pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32()),
-                     pa.nulls(n, pa.timestamp("us", tz="UTC")), pa.repeat(sid, n), batch.column(0).cast(pa.string())],
-                    schema=STREAM_ARROW)
+            if batch.num_rows:
+                yield snapshot_rows(schema, batch.column(0).cast(pa.string()))
         conn.commit()
         if chunk.get("resnapshot") and chunk.get("hi") is None:
-            yield _marker(schema, RESNAPSHOT_END)
+            yield marker(schema, RESNAPSHOT_END)
     except Exception as e:
         if isinstance(e, PostgresSourceError):
             raise

@@ -44,7 +44,7 @@ from flinkish_spark.io.fileio import FileIO
 
 if TYPE_CHECKING:
     from flinkish_spark.checkpoint.model import SourceCheckpoint
-    from flinkish_spark.connectors.postgres.source.registry import Registry
+    from flinkish_spark.connectors.cdc.registry import Registry
 
 FOLDER = "resnapshot"
 #: The key of the handled ids in the multi-table enumerator's state (``flinkish.enumerator_state``).
@@ -198,7 +198,7 @@ def request_resnapshot(io: FileIO, root: str, tables: Iterable[str], uid: str | 
     if not wanted:
         raise ConfigError("resnapshot: no table named; give schema.table names or patterns, e.g. public.orders")
     uid, latest = _source(io, root, uid)
-    from flinkish_spark.connectors.postgres.source import registry
+    from flinkish_spark.connectors.cdc import registry
 
     directory = source_dir(root, uid)
     state = json.loads(latest.enumerator_state or b"{}")
@@ -260,7 +260,7 @@ def _source(io: FileIO, root: str, uid: str | None) -> tuple[str, "SourceCheckpo
 
 def _match(wanted: list[str], names: list[str], uid: str) -> list[str]:
     """The followed tables ``wanted`` (names and patterns) names; an error for an entry that names none."""
-    from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
+    from flinkish_spark.connectors.cdc.patterns import TablePatterns
 
     out: set[str] = set()
     for entry in wanted:

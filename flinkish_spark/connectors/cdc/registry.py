@@ -18,7 +18,6 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from flinkish_spark.connectors.postgres.source.signature import Signature
 from flinkish_spark.io.fileio import FileIO
 
 #: joining: in the publication, waiting until every transaction that was open when it joined
@@ -43,9 +42,10 @@ class TableEntry:
     #: joining for a re-snapshot: a WAL position after the statement that caused it; its chunks are planned
     #: once no change before it is left unread, so that no change from before is applied after a chunk row
     after_lsn: int | None = None
-    #: the catalog signature (:mod:`.signature`) recorded when the entry was made; None in files written
-    #: before signatures existed (recorded at the next poll)
-    signature: Signature | None = None
+    #: the catalog signature recorded when the entry was made, in the dialect's JSON form (opaque here;
+    #: PostgreSQL: :meth:`..postgres.source.signature.Signature.to_json`); None in files written before
+    #: signatures existed (recorded at the next poll)
+    signature: Any = None
     reason: str | None = None  # a re-snapshot: why (for people reading the registry)
 
     @property
@@ -63,7 +63,7 @@ class TableEntry:
         if self.after_lsn is not None:
             d["after_lsn"] = self.after_lsn
         if self.signature is not None:
-            d["signature"] = self.signature.to_json()
+            d["signature"] = self.signature
         if self.reason is not None:
             d["reason"] = self.reason
         return d
@@ -73,7 +73,7 @@ class TableEntry:
         sig, key = e.get("signature"), e.get("key")
         return cls(int(e["tid"]), int(e["oid"]), str(e["schema"]), str(e["table"]), e["state"], e.get("after_xid"),
                    key=None if key is None else tuple(str(k) for k in key), after_lsn=e.get("after_lsn"),
-                   signature=None if sig is None else Signature.from_json(sig), reason=e.get("reason"))
+                   signature=sig, reason=e.get("reason"))
 
 
 @dataclass(frozen=True)

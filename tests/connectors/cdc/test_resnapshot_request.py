@@ -17,8 +17,8 @@ import pytest
 import flinkish_spark
 from flinkish_spark.checkpoint.layout import source_dir
 from flinkish_spark.checkpoint.model import SourceCheckpoint
-from flinkish_spark.connectors.postgres.source import resnapshot_request as rr
-from flinkish_spark.connectors.postgres.source.registry import Registry, TableEntry
+from flinkish_spark.connectors.cdc import resnapshot_request as rr
+from flinkish_spark.connectors.cdc.registry import Registry, TableEntry
 from flinkish_spark.errors import AlreadyExistsError, ConfigError
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.testing.checkpoints import postgres_source

@@ -1,23 +1,23 @@
 """The ``tables`` option: table names and patterns, and which tables of the server match them.
 
 ``tables = "public.*, sales.order_*, !public.audit_log"``: comma-separated entries
-``schema.table``; ``*`` matches any characters, ``?`` one; a leading ``!`` excludes what the
-entry matches. Names follow PostgreSQL's rules: unquoted parts are folded to lower case,
+``schema.table`` (for MySQL: ``database.table``); ``*`` matches any characters, ``?`` one; a
+leading ``!`` excludes what the entry matches. Unquoted parts are folded to lower case,
 ``"Double quoted"`` parts are taken as written (and their ``*``/``?`` are literal).
-Ordinary and partitioned tables match (a partition is read through its root); views,
-foreign tables and the system schemas never do.
+
+Shared by every database of the CDC core: the dialect lists its tables as :class:`FoundTable`
+(PostgreSQL: :func:`flinkish_spark.connectors.postgres.source.discovery.find_tables`, which says
+which relations can match at all); :func:`split_followable` leaves out, with a warning, the
+tables whose changes cannot be applied by key, and :func:`write_not_followed` records them.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from flinkish_spark.errors import ConfigError, PostgresSourceError
-
-ReplicaIdentity = Literal["d", "f", "i", "n"]
-
+from flinkish_spark.errors import ConfigError
 
 def _part_regex(part: str, what: str, entry: str) -> str:
     """One dot-separated part (``sales`` / ``order_*`` / ``"My*Table"``) as a regular expression."""
@@ -95,60 +95,21 @@ class TablePatterns:
 
 @dataclass(frozen=True)
 class FoundTable:
-    oid: int
+    """A table of the server that matches the patterns, as the dialect's catalog shows it."""
+
+    oid: int  # the dialect's stable table id (PostgreSQL: pg_class.oid): the registry's key
     name: str  # schema.table
     schema: str
     table: str
-    has_key: bool  # a primary key
-    replica_identity: ReplicaIdentity
-    readable: bool
-
-    @property
-    def key_problem(self) -> str | None:
-        """Why the table has no key its changes can be applied by (None: it has one).
-
-        The key is the primary key, or -- under ``REPLICA IDENTITY USING INDEX`` -- the columns of that
-        unique index (PostgreSQL requires it unique, not partial, on NOT NULL columns; deletes and updates
-        carry exactly them). ``REPLICA IDENTITY FULL`` without a primary key is not enough: two equal rows
-        cannot be told apart, so an update or delete of one could not name its row in the target.
-        """
-        if self.replica_identity == "i":
-            return None
-        if self.replica_identity == "n":
-            return "it has REPLICA IDENTITY NOTHING, so its updates and deletes carry no key"
-        if not self.has_key:
-            return ("it has no primary key" + (" (REPLICA IDENTITY FULL alone does not tell equal rows apart)"
-                                               if self.replica_identity == "f" else ""))
-        return None
+    readable: bool  # this role may read it
+    #: Why the table has no key its changes can be applied by (None: it has one); see the dialect's rule.
+    key_problem: str | None = None
+    key_fix: str = ""  # what gives it one (statements to run), for :meth:`not_followed`
 
     def not_followed(self) -> str:
         """The warning for a table :attr:`key_problem` leaves out: what to do, and that no restart is needed."""
-        return (f"{self.name} is not followed: {self.key_problem}. ALTER TABLE {self.name} ADD PRIMARY KEY (...) "
-                f"or ALTER TABLE {self.name} REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>, and it "
+        return (f"{self.name} is not followed: {self.key_problem}. {self.key_fix}, and it "
                 "is picked up (snapshot, then its changes) at the next catalog poll, without a restart")
-
-
-def find_tables(conn: Any, patterns: TablePatterns) -> list[FoundTable]:
-    """The tables of the database that match ``patterns``, in name order."""
-    rows = conn.execute(
-        "SELECT c.oid, n.nspname, c.relname, "
-        "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), c.relreplident, "
-        "has_table_privilege(c.oid, 'SELECT') "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition "
-        "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_(toast|temp)'"
-    ).fetchall()
-    found = [FoundTable(int(oid), f"{s}.{t}", str(s), str(t), bool(k), str(ri), bool(r))  # type: ignore[arg-type]
-             for oid, s, t, k, ri, r in rows]
-    return sorted((f for f in found if patterns.matches(f.name)), key=lambda f: f.name)
-
-
-def check_followable(table: FoundTable, what: str, uses_slot: bool, role: str = "<the role>") -> None:
-    """A table this role may read, or one clear error naming it and the fix. A table without a usable key is
-    no error: it is left out with a warning (:attr:`FoundTable.key_problem`, :func:`split_followable`)."""
-    if not table.readable:
-        raise PostgresSourceError(f"{what}: table {table.name} matches 'tables' but this role may not read it: "
-                                  f"GRANT SELECT ON {table.name} TO {role}, or exclude it with !{table.name}")
 
 
 #: In a multi-table source's folder: the matching tables it leaves out for want of a key -> its warning, written
@@ -177,32 +138,3 @@ def read_not_followed(io: Any, directory: str) -> dict[str, str]:
 def split_followable(found: list[FoundTable]) -> tuple[list[FoundTable], list[FoundTable]]:
     """``found`` as (the tables with a usable key, those without one: left out, with a warning)."""
     return [t for t in found if t.key_problem is None], [t for t in found if t.key_problem is not None]
-
-
-def table_problems(found: list[FoundTable], patterns: TablePatterns, what: str, uses_slot: bool,
-                   role: str = "<the role>") -> list[PostgresSourceError]:
-    """Every reason the matching tables ``found`` cannot be mirrored (none matching, or each table that cannot
-    be read), one error each -- for a preflight that names them all at once. Tables without a usable key are
-    no problem here (:func:`split_followable`: they are left out with a warning)."""
-    if not found:
-        return [PostgresSourceError(
-            f"{what}: no table matches 'tables' = {patterns.text!r} (ordinary or partitioned tables this role can "
-            "see). Check the names, or create the tables first"
-        )]
-    problems = []
-    for table in found:
-        try:
-            check_followable(table, what, uses_slot, role)
-        except PostgresSourceError as e:
-            problems.append(e)
-    return problems
-
-
-def followable_tables(conn: Any, patterns: TablePatterns, what: str, uses_slot: bool) -> list[FoundTable]:
-    """The matching tables, each one readable (those without a usable key too: see :func:`split_followable`);
-    a clear error when none matches or one cannot be read."""
-    found = find_tables(conn, patterns)
-    problems = table_problems(found, patterns, what, uses_slot)
-    if problems:
-        raise problems[0]
-    return found
