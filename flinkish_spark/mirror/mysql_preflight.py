@@ -70,7 +70,7 @@ def _server_problems(config: MirrorConfig, info: Any, conn: Any, warnings: list[
 
 def _table_problems(config: MirrorConfig, info: Any, conn: Any, warnings: list[str]) -> list[str]:
     from flinkish_spark.connectors.mysql.catalog import find_tables
-    from flinkish_spark.connectors.postgres.source.patterns import TablePatterns
+    from flinkish_spark.connectors.cdc.patterns import TablePatterns
 
     found = find_tables(conn, TablePatterns.parse(config.tables, "--tables"))
     if not found:
