@@ -42,7 +42,7 @@ SUFFIX = ".entries.arrow"
 class EntriesFile:
     """Where a task's entries are, relative to the table root, and what the reader checks."""
 
-    path: str
+    path: str  # relative to the table root (Delta), or a full URL (Iceberg: its data files are named so too)
     size: int
     rows: int
     crc32: int
@@ -67,19 +67,24 @@ def table_of(data: bytes | pa.Buffer) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
+def _url(root: str, path: str) -> str:
+    return f"{root.rstrip('/')}/{path}" if root else path
+
+
 def store_entries(io: FileIO, root: str, relative: str, entries: pa.Table,
                   inline_max: int | None = None) -> tuple[bytes, EntriesFile | None]:
-    """(inline bytes, None) for small entries, else (b"", the file written at ``root``/``relative``)."""
+    """(inline bytes, None) for small entries, else (b"", the file written at ``root``/``relative``; ``root`` "":
+    ``relative`` is a URL)."""
     data = ipc_bytes(entries)
     if len(data) <= (INLINE_MAX_BYTES if inline_max is None else inline_max):
         return data, None
-    io.write_bytes(f"{root.rstrip('/')}/{relative}", data)
+    io.write_bytes(_url(root, relative), data)
     return b"", EntriesFile(relative, len(data), entries.num_rows, zlib.crc32(data))
 
 
 def read_entries(io: FileIO, root: str, ref: EntriesFile, epoch: int) -> pa.Table:
     """The entries a committable's file holds, checked against what the committable recorded."""
-    url = f"{root.rstrip('/')}/{ref.path}"
+    url = _url(root, ref.path)
     hint = ("If no output of this epoch is visible in the table, delete the epoch's commit record (decisions/"
             f"{epoch:012d}.parquet below the sink's metadata) and restart to redo the epoch.")
     try:
