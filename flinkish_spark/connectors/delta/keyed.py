@@ -4,7 +4,8 @@
   key (:func:`resolve_task`: the last change per key, or every version), writes the rows
   the table will hold sorted by key as Parquet files below ``flinkish/<uid>/e<epoch>/``,
   and returns a :class:`KeyedCommittable`: the files and the task's *entries* (its keys,
-  the order of their changes, where their rows are).
+  the order of their changes, where their rows are) -- above 1 MiB in a file beside the data
+  files that the committable names (:mod:`flinkish_spark.connectors.lakehouse.entries_file`).
 * **Commit** (driver, after the decision is recorded): the epoch's entries are resolved
   across tasks, the changed keys are looked up in the table's live files
   (:class:`KeyLookup`: positions of the rows they replace), and one Delta version is

@@ -8,7 +8,8 @@ Built on the shared core (:mod:`flinkish_spark.connectors.lakehouse.changes`, ``
   them (:func:`~.resolve.resolve_task`), and writes the rows the table will hold as data
   files below ``e<epoch>/`` -- grouped by partition, sorted by key, so the files' key
   bounds prune later lookups. The committable carries the files, the index of each
-  file's first row, and the task's *entries* (which key each row is, in which order).
+  file's first row, and the task's *entries* (which key each row is, in which order; above
+  1 MiB in a file of ``e<epoch>/`` that it names: :mod:`~.lakehouse.entries_file`).
   No manifest names a file yet.
 * **Commit** (driver, after the decision): all tasks' entries are resolved together
   (:func:`~.resolve.resolve_epoch`: the last change of a key wins by ``_lsn``, then input
