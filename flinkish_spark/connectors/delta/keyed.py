@@ -73,7 +73,8 @@ def prepare_keyed(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pre
     rows = resolved.rows.cast(plan.table_schema)
     token = uuid.uuid4().hex[:8]
     folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, ctx.epoch)
-    written = write_table(sink.io, folder, rows, lambda i: f"{ctx.partition_id:05d}-{ctx.attempt}-{token}-{i:04d}.parquet",
+    written = write_table(sink.io, folder, rows,
+                          lambda i: f"{ctx.partition_id:05d}-{ctx.attempt}-{token}-{i:04d}.parquet",
                           sink.rows_per_file, sink.target_file_size)
     # Large entries go to a file named like the data files (unique to this prepare: a replay never
     # overwrites the one a decision names), written before the committable exists.
@@ -102,7 +103,8 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
             # Read once the table is known not to hold the epoch: a table that does (a recovered commit)
             # needs no entries, and its entries file may be cleaned up already.
             try:
-                changes = resolve_epoch(plan, [(c.partition, c.entries_table(sink.io, sink.path, epoch)) for c in committables])
+                entries = [(c.partition, c.entries_table(sink.io, sink.path, epoch)) for c in committables]
+                changes = resolve_epoch(plan, entries)
             except StorageUnavailableError:
                 return "RETRY_LATER"
         more = extra(state) if extra is not None else None

@@ -107,7 +107,8 @@ def prepare(target: Target, batches: Iterator[pa.RecordBatch], ctx: PrepareConte
                             target.target_file_size)
     # Large entries go to a file of the epoch's folder under a name unique to this prepare (a replay never
     # overwrites the file a decision names), written before the committable exists.
-    name = f"{epoch_folder(target.info, target.uid, ctx.epoch)}/{ctx.partition_id:05d}-{ctx.attempt}-{uuid.uuid4().hex[:8]}{SUFFIX}"
+    token = uuid.uuid4().hex[:8]
+    name = f"{epoch_folder(target.info, target.uid, ctx.epoch)}/{ctx.partition_id:05d}-{ctx.attempt}-{token}{SUFFIX}"
     inline, entries_file = store_entries(target.io, "", name, entries)
     return KeyedCommittable(tuple(f for f, _ in located), tuple(s for _, s in located), inline, ctx.partition_id,
                             entries_file)

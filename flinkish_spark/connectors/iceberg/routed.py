@@ -298,7 +298,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             try:
                 gone = None
                 if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(identifier)):
-                    seen = self.resnapshots.step(identifier, key, [entries_of(k, io, epoch) for k in keyed], t.begin, t.end, epoch)
+                    entries = [entries_of(k, io, epoch) for k in keyed]
+                    seen = self.resnapshots.step(identifier, key, entries, t.begin, t.end, epoch)
                     gone = None if seen is None or t.truncate else gone_rows(target, table, seen)
                 planned = plan_epoch(target, table, keyed, epoch, truncate=t.truncate, gone=gone)
                 written = planned.written
