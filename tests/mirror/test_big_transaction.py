@@ -4,7 +4,8 @@ The transaction (an UPDATE of every row, deletes and inserts: 200k+ changes) is 
 range in pieces (``changes.PEEK_PIECE`` messages) and yields 65k-row batches as it goes, the sink task decodes them
 ``routing.DECODE_ROWS`` at a time -- the code path of a transaction of millions of rows, whose memory
 ``benchmarks/big_transaction.py`` measures. The driver is killed in the middle of the source's read of the range,
-and once more after the decision of the epoch is recorded; a last run drains: the target equals the table, and the
+and once more after the decision of the epoch is recorded (which names the sink task's key entries file, see
+``connectors.lakehouse.entries_file``: the restart's commit reads it); a last run drains: the target equals the table, and the
 epoch is in one Delta version.
 """
 
@@ -77,6 +78,11 @@ def test_a_transaction_of_200k_changes_is_mirrored_exactly_once_through_kills_du
     # Every task prepared, the decision of the epoch recorded, the Delta version not yet written.
     decided = run_pipeline(spec(tmp_path, pg_url), crash_at="sink.after_decision")
     assert decided.killed, decided.output[-3000:]
+    # The task's key entries (200k+ keys) are in a file beside its data files: the decision record names it
+    # (a few hundred bytes, not megabytes of keys), and the restart's commit reads that same file.
+    key_files = glob.glob(str(target / "flinkish" / "lake" / "e*" / "*.entries.arrow"))
+    records = glob.glob(str(tmp_path / "meta" / "**" / "sinks" / "lake" / "decisions" / "*.parquet"), recursive=True)
+    assert key_files and records and max(os.path.getsize(r) for r in records) < 64 * 1024, (key_files, records)
     last = run_pipeline(spec(tmp_path, pg_url, end="drain", stopAfterBatches=1))
     assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]
 
@@ -93,3 +99,5 @@ def test_a_transaction_of_200k_changes_is_mirrored_exactly_once_through_kills_du
                 epochs.append(action["txn"]["version"])
     assert len(epochs) == len(set(epochs)) and epochs == sorted(epochs), epochs
     assert os.path.exists(target)
+    # Done epochs' key files are cleaned up with the other files of the epoch no commit will read again.
+    assert glob.glob(str(target / "flinkish" / "lake" / "e*" / "*.entries.arrow")) == []

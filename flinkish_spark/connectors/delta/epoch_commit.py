@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from flinkish_spark.connectors.delta.committables import DeltaFile, KeyedCommittable, delta_files
-from flinkish_spark.connectors.delta.deletion_vectors import DvFileWriter, dv_file_uuid
+from flinkish_spark.connectors.delta.deletion_vectors import DvFileWriter, dv_file_uuid, union_positions
 from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.log import add_action, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
@@ -215,7 +215,7 @@ class EpochCommit:
         for path, positions in sorted(apply.table_deletes.items()):
             f = self.state.files[path]
             before = deleted_positions(self.sink, f)
-            union = np.union1d(before, positions)
+            union = union_positions(before, positions)
             deleted += len(union) - len(before)
             rows = f.num_records
             if rows is None:

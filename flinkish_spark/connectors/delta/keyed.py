@@ -4,7 +4,8 @@
   key (:func:`resolve_task`: the last change per key, or every version), writes the rows
   the table will hold sorted by key as Parquet files below ``flinkish/<uid>/e<epoch>/``,
   and returns a :class:`KeyedCommittable`: the files and the task's *entries* (its keys,
-  the order of their changes, where their rows are).
+  the order of their changes, where their rows are) -- above 1 MiB in a file beside the data
+  files that the committable names (:mod:`flinkish_spark.connectors.lakehouse.entries_file`).
 * **Commit** (driver, after the decision is recorded): the epoch's entries are resolved
   across tasks, the changed keys are looked up in the table's live files
   (:class:`KeyLookup`: positions of the rows they replace), and one Delta version is
@@ -40,7 +41,7 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 
-from flinkish_spark.connectors.delta.committables import KeyedCommittable, delta_files, ipc_bytes
+from flinkish_spark.connectors.delta.committables import KeyedCommittable, delta_files
 from flinkish_spark.connectors.delta.compaction import compact
 from flinkish_spark.connectors.delta.epoch_commit import EpochCommit, EpochExtra
 from flinkish_spark.connectors.delta.live import forget_state, remember_dv, table_state
@@ -48,6 +49,7 @@ from flinkish_spark.connectors.delta.log import StaleHead, TableChanged, Version
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.changes import check_rows
+from flinkish_spark.connectors.lakehouse.entries_file import SUFFIX, store_entries
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, write_table
 from flinkish_spark.connectors.lakehouse.resolve import resolve_epoch, resolve_task
 from flinkish_spark.errors import StorageUnavailableError
@@ -70,12 +72,18 @@ def prepare_keyed(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pre
     resolved = resolve_task(plan, table)
     rows = resolved.rows.cast(plan.table_schema)
     token = uuid.uuid4().hex[:8]
-    written = write_table(sink.io, epoch_dir(sink.path, DATA_PREFIX, sink.uid, ctx.epoch), rows,
+    folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, ctx.epoch)
+    written = write_table(sink.io, folder, rows,
                           lambda i: f"{ctx.partition_id:05d}-{ctx.attempt}-{token}-{i:04d}.parquet",
                           sink.rows_per_file, sink.target_file_size)
+    # Large entries go to a file named like the data files (unique to this prepare: a replay never
+    # overwrites the one a decision names), written before the committable exists.
+    root = sink.io.strip(sink.path).rstrip("/") + "/"
+    relative = f"{sink.io.strip(folder)[len(root):]}/{ctx.partition_id:05d}-{ctx.attempt}-{token}{SUFFIX}"
+    inline, entries_file = store_entries(sink.io, sink.path, relative, resolved.entries)
     fail_point("sink.write", attempt=ctx.attempt)
     return KeyedCommittable(ctx.partition_id, delta_files(sink.io, sink.path, [w for w, _ in written]),
-                            tuple(s for _, s in written), ipc_bytes(resolved.entries))
+                            tuple(s for _, s in written), inline, entries_file)
 
 
 def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch: int,
@@ -83,7 +91,7 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
     """``extra``: computed against each attempt's state (routing: a new schema, a truncate, a re-snapshot's end)."""
     plan = sink.plan
     assert plan is not None
-    changes = resolve_epoch(plan, [(c.partition, c.entries_table()) for c in committables])
+    changes = None
     for _ in range(MAX_ATTEMPTS):
         try:
             state = table_state(sink)
@@ -91,6 +99,14 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
             return "RETRY_LATER"
         if state.txn(sink.uid) >= epoch:
             return "ALREADY_COMMITTED"  # table_state() confirmed that the state is of the table on storage
+        if changes is None:
+            # Read once the table is known not to hold the epoch: a table that does (a recovered commit)
+            # needs no entries, and its entries file may be cleaned up already.
+            try:
+                entries = [(c.partition, c.entries_table(sink.io, sink.path, epoch)) for c in committables]
+                changes = resolve_epoch(plan, entries)
+            except StorageUnavailableError:
+                return "RETRY_LATER"
         more = extra(state) if extra is not None else None
         built = EpochCommit(sink, state, changes, committables, epoch, more).build()
         version = state.version + 1

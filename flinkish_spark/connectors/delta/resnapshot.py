@@ -29,7 +29,8 @@ class Resnapshots(ResnapshotKeys):
         """Remember the epoch's keys; at the end, the live rows to delete (table file -> positions)."""
         assert target.plan is not None
         key = target.plan.key
-        seen_keys = self.step(target.path, key, [k.entries_table() for k in keyed], begin, end, epoch)
+        entries = [k.entries_table(target.io, target.path, epoch) for k in keyed]
+        seen_keys = self.step(target.path, key, entries, begin, end, epoch)
         if seen_keys is None:
             return None
         gone: dict[str, np.ndarray] = {}

@@ -198,7 +198,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             for p in c.parts:
                 if p.keyed is not None:
                     path = self.route.target(p.table)
-                    urls += [f"{path}/{f.path}" for f in p.keyed.files]
+                    urls += [f"{path}/{f}" for f in sorted(p.keyed.paths())]
         self.io.delete_many(urls)
 
     def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
@@ -207,7 +207,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         for t in self._tables(keep):
             target = self.target(t.table, t.schemas()[-1])
             target._committed_here = self._committed_here.get(t.table, {})
-            target.cleanup_epoch(epoch, {f.path for k in t.keyed() for f in k.files})
+            target.cleanup_epoch(epoch, {f for k in t.keyed() for f in k.paths()})
 
     def last_committed_epoch(self) -> int:
         """The newest epoch of this uid in any target the route can name (-1: none): each Delta table below

@@ -44,7 +44,7 @@ from pyspark.sql.types import StructType
 
 from flinkish_spark.connectors.delta.append import commit_append, prepare_append
 from flinkish_spark.connectors.delta.committables import (
-    KEYED_MAGIC, DeltaCommittable, DeltaFile, KeyedCommittable, decode_files, decode_keyed, encode_files, encode_keyed,
+    DeltaCommittable, DeltaFile, KeyedCommittable, decode_files, decode_keyed, encode_files, encode_keyed, is_keyed,
 )
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.live import LiveTarget
@@ -80,6 +80,11 @@ def keyed_plan(keyed: KeyedOptions, schema: StructType, partition_by: tuple[str,
         raise ConfigError(f"{component}: option 'partitionBy' is not supported with mode {keyed.mode!r} yet (the "
                           "keyed commit reads whole rows back from data files); drop it, or use mode 'append'")
     return plan_changes(keyed, schema, arrow_schema(schema), component)
+
+
+def paths(c: Committable) -> set[str]:
+    """What a task wrote, relative to the table root (a keyed task's entries file too)."""
+    return c.paths() if isinstance(c, KeyedCommittable) else {f.path for f in c.files}
 
 
 class DeltaSink(LiveTarget, TwoPhaseCommitSink[Committable]):
@@ -127,10 +132,10 @@ class DeltaSink(LiveTarget, TwoPhaseCommitSink[Committable]):
         return commit_append(self, [f for c in committables if isinstance(c, DeltaCommittable) for f in c.files], epoch)
 
     def abort(self, committables: list[Committable], epoch: int) -> None:
-        self.io.delete_many([self.url(f.path) for c in committables for f in c.files])
+        self.io.delete_many([self.url(p) for c in committables for p in paths(c)])
 
     def cleanup(self, epoch: int, keep: list[Committable]) -> None:
-        self.cleanup_epoch(epoch, {f.path for c in keep for f in c.files})
+        self.cleanup_epoch(epoch, {p for c in keep for p in paths(c)})
 
     def encode(self, committable: Committable) -> bytes:
         if isinstance(committable, KeyedCommittable):
@@ -138,7 +143,7 @@ class DeltaSink(LiveTarget, TwoPhaseCommitSink[Committable]):
         return json.dumps(encode_files(committable.files)).encode()
 
     def decode(self, data: bytes) -> Committable:
-        if data.startswith(KEYED_MAGIC):
+        if is_keyed(data):
             return decode_keyed(data)
         return DeltaCommittable(decode_files(json.loads(data)))
 

@@ -8,7 +8,8 @@ Built on the shared core (:mod:`flinkish_spark.connectors.lakehouse.changes`, ``
   them (:func:`~.resolve.resolve_task`), and writes the rows the table will hold as data
   files below ``e<epoch>/`` -- grouped by partition, sorted by key, so the files' key
   bounds prune later lookups. The committable carries the files, the index of each
-  file's first row, and the task's *entries* (which key each row is, in which order).
+  file's first row, and the task's *entries* (which key each row is, in which order; above
+  1 MiB in a file of ``e<epoch>/`` that it names: :mod:`~.lakehouse.entries_file`).
   No manifest names a file yet.
 * **Commit** (driver, after the decision): all tasks' entries are resolved together
   (:func:`~.resolve.resolve_epoch`: the last change of a key wins by ``_lsn``, then input
@@ -50,6 +51,7 @@ from flinkish_spark.connectors.iceberg.deletes import write_position_deletes
 from flinkish_spark.connectors.iceberg.lookup import LiveFiles
 from flinkish_spark.connectors.iceberg.table import TableInfo
 from flinkish_spark.connectors.lakehouse.changes import ChangePlan, check_rows
+from flinkish_spark.connectors.lakehouse.entries_file import SUFFIX, EntriesFile, read_entries, store_entries, table_of
 from flinkish_spark.connectors.lakehouse.key_lookup import KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import E_POS, Apply, RowCopy, fill_rows, resolve_epoch, resolve_task
 from flinkish_spark.io.fileio import FileIO
@@ -63,8 +65,15 @@ DRIVER_PARTITION = 99999  # file names of rows the driver writes (copies, copy-o
 class KeyedCommittable:
     files: tuple[IcebergFile, ...]  # the task's rows
     first_rows: tuple[int, ...]  # per file: the index of its first row among the task's rows
-    entries: bytes  # the task's resolve entries, Arrow IPC
+    entries: bytes  # the task's resolve entries, Arrow IPC (b"" when in ``entries_file``)
     partition: int  # the Spark partition (input order across tasks)
+    # Large entries: a file beside the data files (lakehouse.entries_file). A committable pickled by a version
+    # before it has no such attribute: the class default (None) reads it as inline.
+    entries_file: EntriesFile | None = None
+
+    def paths(self) -> list[str]:
+        """What the task wrote (URLs): the data files and the entries file."""
+        return [f.path for f in self.files] + ([self.entries_file.path] if self.entries_file is not None else [])
 
 
 @dataclass(frozen=True)
@@ -96,11 +105,13 @@ def prepare(target: Target, batches: Iterator[pa.RecordBatch], ctx: PrepareConte
     out, entries = _grouped(task.rows, task.entries, target.partition_by)
     located = write_located(target.io, target.info, target.uid, out, ctx, target.partition_by, target.rows_per_file,
                             target.target_file_size)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, entries.schema) as writer:
-        writer.write_table(entries)
-    return KeyedCommittable(tuple(f for f, _ in located), tuple(s for _, s in located), sink.getvalue().to_pybytes(),
-                            ctx.partition_id)
+    # Large entries go to a file of the epoch's folder under a name unique to this prepare (a replay never
+    # overwrites the file a decision names), written before the committable exists.
+    token = uuid.uuid4().hex[:8]
+    name = f"{epoch_folder(target.info, target.uid, ctx.epoch)}/{ctx.partition_id:05d}-{ctx.attempt}-{token}{SUFFIX}"
+    inline, entries_file = store_entries(target.io, "", name, entries)
+    return KeyedCommittable(tuple(f for f, _ in located), tuple(s for _, s in located), inline, ctx.partition_id,
+                            entries_file)
 
 
 def _grouped(rows: pa.Table, entries: pa.Table, partition_by: tuple[str, ...]) -> tuple[pa.Table, pa.Table]:
@@ -116,10 +127,11 @@ def _grouped(rows: pa.Table, entries: pa.Table, partition_by: tuple[str, ...]) -
                                                           pa.array(new_pos, pa.int64()))
 
 
-def entries_of(c: KeyedCommittable) -> pa.Table:
-    """The task's resolve entries."""
-    with pa.ipc.open_stream(c.entries) as reader:
-        return reader.read_all()
+def entries_of(c: KeyedCommittable, io: FileIO, epoch: int) -> pa.Table:
+    """The task's resolve entries (read from its file, checked against the committable, when there)."""
+    if c.entries_file is not None:
+        return read_entries(io, "", c.entries_file, epoch)
+    return table_of(c.entries)
 
 
 @dataclass
@@ -137,7 +149,7 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
     no file). ``gone``: rows of table files to delete besides the lookup's (data file -> positions).
     """
     plan = target.plan
-    epoch_changes = resolve_epoch(plan, [(c.partition, entries_of(c)) for c in committables])
+    epoch_changes = resolve_epoch(plan, [(c.partition, entries_of(c, target.io, epoch)) for c in committables])
     live = LiveFiles(table, empty=truncate)
     key_field = table.schema().find_field(plan.key[0])
     matches = KeyLookup(target.io, plan.key, plan.live_column).find(epoch_changes.keys(),

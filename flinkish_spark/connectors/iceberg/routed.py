@@ -298,7 +298,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             try:
                 gone = None
                 if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(identifier)):
-                    seen = self.resnapshots.step(identifier, key, [entries_of(k) for k in keyed], t.begin, t.end, epoch)
+                    entries = [entries_of(k, io, epoch) for k in keyed]
+                    seen = self.resnapshots.step(identifier, key, entries, t.begin, t.end, epoch)
                     gone = None if seen is None or t.truncate else gone_rows(target, table, seen)
                 planned = plan_epoch(target, table, keyed, epoch, truncate=t.truncate, gone=gone)
                 written = planned.written
@@ -390,7 +391,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         for c in committables:
             for p in c.parts:
                 if p.keyed is not None:
-                    self.io_for(p.location).delete_many([f.path for f in p.keyed.files])
+                    self.io_for(p.location).delete_many(p.keyed.paths())
 
     def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
         """Per table the decision names: files of the epoch's folder that the table does not name (it has
@@ -414,6 +415,6 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                         continue  # the epoch is in an expired snapshot: its files are unknown, never delete by listing
                     wanted = {io.strip(p) for p in added}
                 else:
-                    wanted = {io.strip(f.path) for k in t.keyed() for f in k.files}
+                    wanted = {io.strip(f) for k in t.keyed() for f in k.paths()}
                 io.delete_many([io.url(p) for p in on_storage if p not in wanted])
                 io.remove_empty_dirs(folder)

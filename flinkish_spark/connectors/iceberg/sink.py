@@ -337,7 +337,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
 
 
 def _paths(c: Committable) -> list[str]:
-    return [f.path for f in c.files]
+    return c.paths() if isinstance(c, KeyedCommittable) else [f.path for f in c.files]
 
 
 def keyed_plan(options: KeyedOptions, schema: StructType, component: str) -> ChangePlan | None:

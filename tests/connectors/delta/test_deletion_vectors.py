@@ -116,3 +116,15 @@ def test_vectors_written_here_are_applied_by_delta_rs(tmp_path: Path) -> None:
     last = max((descriptors[p] for p in (big.path, small.path)), key=lambda d: d.offset or 0)
     with pytest.raises(CorruptMetadataError, match="CRC-32"):
         read_vector(last, read_range)
+
+
+def test_union_positions_is_union1d() -> None:
+    from flinkish_spark.connectors.delta.deletion_vectors import union_positions
+
+    rng = np.random.default_rng(4)
+    cases = [(np.zeros(0, np.int64), np.zeros(0, np.int64)), (np.zeros(0, np.int64), np.array([5, 1, 5])),
+             (np.array([3, 2**40]), np.array([1]))]  # far positions: the union1d fallback
+    cases += [(np.unique(rng.integers(0, 10_000, n)), np.unique(rng.integers(0, 10_000, m))) for n, m in ((0, 50), (3000, 2000))]
+    for a, b in cases:
+        got = union_positions(a, b)
+        assert got.dtype == np.int64 and got.tolist() == np.union1d(a, b).tolist()

@@ -162,7 +162,21 @@ def test_truncate_empties_the_target_before_the_later_changes(tmp_path: Path) ->
     assert m.rows("public.a", "id") == [{"id": 8, "v": "after"}]
 
 
-def test_a_resnapshot_deletes_the_keys_it_did_not_deliver_at_its_end(tmp_path: Path) -> None:
+@pytest.fixture(params=["inline", "file"])
+def entries_in(request, monkeypatch) -> str:
+    """Tasks' key entries inline in the committable, or each in a file (in production: above 1 MiB)."""
+    from flinkish_spark.connectors.lakehouse import entries_file
+
+    if request.param == "file":
+        monkeypatch.setattr(entries_file, "INLINE_MAX_BYTES", 0)
+    return request.param
+
+
+def entries_files(tmp_path: Path) -> list:
+    return sorted((tmp_path / "lake").rglob("*.entries.arrow"))
+
+
+def test_a_resnapshot_deletes_the_keys_it_did_not_deliver_at_its_end(tmp_path: Path, entries_in: str) -> None:
     m = Mirror(tmp_path)
     s = StreamBuilder()
     s.snapshot(A, [{"id": i, "v": "old"} for i in range(1, 7)])
@@ -177,9 +191,11 @@ def test_a_resnapshot_deletes_the_keys_it_did_not_deliver_at_its_end(tmp_path: P
     s.transaction((A, "c", {"id": 5, "v": "later"}))
     m.epoch(s.batch())  # after the end, changes apply as usual
     assert [r["id"] for r in m.rows("public.a", "id")] == [1, 2, 4, 5]
+    assert entries_files(tmp_path) == []
 
 
-def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_first(tmp_path: Path, monkeypatch) -> None:
+def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_first(tmp_path: Path, monkeypatch,
+                                                                                    entries_in: str) -> None:
     from flinkish_spark.connectors.delta import routed
 
     m = Mirror(tmp_path)
@@ -202,10 +218,12 @@ def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_fir
     assert m.rows("public.a", "id") == [{"id": 1, "v": "a2"}]  # the first table has the epoch ...
     assert m.rows("public.b", "k") == [{"k": "x", "n": 1}]  # ... the second not yet
     a_version = m.version("public.a")
-    monkeypatch.undo()
+    assert len(entries_files(tmp_path)) == (2 if entries_in == "file" else 0)  # the decision names them
+    monkeypatch.setattr(routed, "crash_point", lambda name: None)  # the restart: reads the same files
     m.epoch(batch)  # the restart (the killed epoch is still m.epochs): recover-and-commit of the recorded decision
     assert m.version("public.a") == a_version  # not applied again
     assert m.rows("public.b", "k") == [{"k": "x", "n": 2}]
+    assert entries_files(tmp_path) == []
 
 
 def test_a_column_dropped_within_an_epoch_keeps_the_rows_of_both_schemas(tmp_path: Path) -> None:

@@ -300,3 +300,33 @@ def _iceberg_schema(sink):
     from flinkish_spark.connectors.iceberg.schema import iceberg_schema, keyed_table_schema
 
     return iceberg_schema(keyed_table_schema(sink.spark_schema, sink.plan.table_schema.names))
+
+
+def test_large_entries_travel_in_a_file_that_a_restart_reads_and_cleanup_removes(tmp_path: Path, monkeypatch) -> None:
+    """Above the threshold (here: always) a task's key entries are a file of the epoch's folder; the (pickled)
+    committable names it; a restart's commit of the decided committables reads it; a lost attempt's file and,
+    once the epoch is done, the decided one are removed. A committable pickled before the entries files (no
+    attribute) reads as inline."""
+    import pickle
+
+    from flinkish_spark.connectors.lakehouse import entries_file
+
+    monkeypatch.setattr(entries_file, "INLINE_MAX_BYTES", 0)
+    sink = sink_at(tmp_path)
+    data = [(i, f"a{i}", "c", 1) for i in range(1, 30)]
+    lost = sink.prepare(iter([batch(data)]), PrepareContext("u", 0, 0, 0))  # killed before it was sent
+    decided = sink.prepare(iter([batch(data)]), PrepareContext("u", 0, 0, 1))
+    assert decided.entries == b"" and decided.entries_file.path != lost.entries_file.path
+    files = lambda: sorted(tmp_path.rglob(f"*{entries_file.SUFFIX}"))  # noqa: E731
+    assert len(files()) == 2
+    record = pickle.dumps(decided)
+    assert len(record) < 4096
+    assert sink.commit([pickle.loads(record)], 0) == "COMMITTED"
+    assert sink.commit([pickle.loads(record)], 0) == "ALREADY_COMMITTED"  # a restart before the done marker
+    sink.cleanup(0, [pickle.loads(record)])
+    assert files() == [] and rows(sink) == sorted(((i, f"a{i}") for i in range(1, 30)), key=repr)
+    monkeypatch.setattr(entries_file, "INLINE_MAX_BYTES", 1 << 20)
+    old = sink.prepare(iter([batch([(1, "b1", "u", 2)])]), PrepareContext("u", 1, 0, 0))
+    del old.__dict__["entries_file"]  # as unpickled from a version before the entries files
+    assert old.entries_file is None and sink.commit([pickle.loads(pickle.dumps(old))], 1) == "COMMITTED"
+    assert rows(sink)[0] == (1, "b1")
