@@ -210,3 +210,18 @@ def test_a_signature_change_asks_for_a_re_snapshot_only_when_rows_changed_withou
         None, before, [before[0], ["v", "int(11)", False], before[2]]) or "")
     assert "renamed" in (dialect.signature_change(None, before, [*before[:2], ["m", "int(11)", False]]) or "")
     assert "added with a default" in (dialect.signature_change(None, before, [*before, ["x", "int(11)", True]]) or "")
+
+
+def test_the_core_re_snapshots_a_table_whose_column_was_rewritten_by_a_modify(mariadb: Any, mysql_db: str) -> None:
+    mariadb.sql("CREATE TABLE t (id int PRIMARY KEY, v varchar(10), w varchar(10)); INSERT INTO t VALUES (1, '7', 'a')",
+                database=mysql_db)
+    dialect = MysqlDialect(parse_url(mariadb.url_for(mysql_db)))
+    with dialect.connect() as conn:
+        found, _ = split_followable(dialect.find_tables(conn, TablePatterns.parse(f"{mysql_db}.t", "t")))
+        entries, next_tid = poll.first_entries(dialect, conn, found, 0, streaming=True)
+        mariadb.sql("ALTER TABLE t MODIFY w varchar(40), ADD COLUMN x int", database=mysql_db)  # values unchanged
+        entries, next_tid, _ = poll.compare_signatures(dialect, conn, entries, next_tid)
+        assert [e.tid for e in entries] == [0]
+        mariadb.sql("ALTER TABLE t MODIFY v int", database=mysql_db)  # '7' -> 7 without a row event
+        entries, next_tid, _ = poll.compare_signatures(dialect, conn, entries, next_tid)
+    assert [e.tid for e in entries] == [1] and "changed type from varchar(10) to int" in (entries[0].reason or "")
