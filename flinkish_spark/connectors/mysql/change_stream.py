@@ -19,7 +19,7 @@ matches joins with a snapshot). Nothing here stops: the statements the stream do
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -34,10 +34,12 @@ Encoder = Callable[[Any], str]
 
 def change_batches(txns: Iterable[Transaction], follows: Callable[[str], bool],
                    planned_key: Callable[[str], tuple[str, ...] | None],
-                   catalog_schema: Callable[[str, str], TableSchema | None]) -> Iterator[pa.RecordBatch]:
+                   catalog_schema: Callable[[str, str], TableSchema | None],
+                   text_types: Callable[[Any], Mapping[int, str]] | None = None) -> Iterator[pa.RecordBatch]:
     """The stream rows of ``txns`` (see the module docstring). ``follows``: whether ``database.table`` matches the
     patterns; ``planned_key``: its key as the epoch was planned, for a table map that names none; ``catalog_schema``:
-    a table's schema now (a ``t`` row's, when the range has no table map of it)."""
+    a table's schema now (a ``t`` row's, when the range has no table map of it); ``text_types``: a table map's
+    columns the decoder reads as text (:meth:`.row_values.RowDecoder.text_types`)."""
     rows = StreamRows()
     emitted: dict[str, str] = {}  # table -> the schema id of its last 's' row in this read
     maps: dict[int, tuple[Any, TableSchema | None, Encoder | None]] = {}  # id(table map) -> (map, schema, encoder)
@@ -68,7 +70,8 @@ def change_batches(txns: Iterable[Transaction], follows: Callable[[str], bool],
             if entry is None or entry[0] is not tm:
                 name = f"{tm.database}.{tm.table}"
                 key = map_key(tm) or planned_key(name) or ()
-                schema = schema_of_map(tm, key) if follows(name) and key else None
+                text = None if text_types is None else text_types(tm)
+                schema = schema_of_map(tm, key, text) if follows(name) and key else None
                 entry = (tm, schema, None if schema is None else row_encoder(schema))
                 maps[id(tm)] = entry
             _, schema, encode = entry

@@ -422,7 +422,7 @@ class MysqlDialect:
                     return None
 
         txns = read_range(self.info, first, last, decoder, self._reader_id(), mariadb=mariadb)
-        yield from change_batches(txns, self._follows, planned_key, catalog_schema)
+        yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types)
 
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import datetime as dt
 import json
 import math
 from decimal import Decimal
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pyspark.sql import types as T
 
@@ -60,8 +60,12 @@ def schema_of_info(info: TableInfo) -> TableSchema:
                        info.key)
 
 
-def map_column_type(table: B.TableMap, i: int) -> str:
-    """The ``COLUMN_TYPE`` spelling of a table map's column ``i``, as far as :mod:`.types` tells types apart."""
+def map_column_type(table: B.TableMap, i: int, text: Mapping[int, str] | None = None) -> str:
+    """The ``COLUMN_TYPE`` spelling of a table map's column ``i``, as far as :mod:`.types` tells types apart.
+    ``text``: the columns the decoder reads as text though the log has them as binary strings (MariaDB's UUID,
+    INET4, INET6: :meth:`.row_values.RowDecoder.text_types`)."""
+    if text and i in text:
+        return text[i]
     t, meta = table.types[i], table.meta[i]
     unsigned = " unsigned" if table.unsigned and table.unsigned[i] else ""
     if t in _INTS:
@@ -77,13 +81,13 @@ def map_column_type(table: B.TableMap, i: int) -> str:
     raise ValueError(f"column {i} of {table.database}.{table.table}: binary log type {t} has no stream type")
 
 
-def schema_of_map(table: B.TableMap, key: Sequence[str]) -> TableSchema:
+def schema_of_map(table: B.TableMap, key: Sequence[str], text: Mapping[int, str] | None = None) -> TableSchema:
     """A change's schema from its table map (``binlog_row_metadata=FULL``: names, signedness, collations)."""
     if table.names is None:
         raise ValueError(f"the table map of {table.database}.{table.table} has no column names: "
                          "binlog_row_metadata must be FULL")
     return TableSchema(f"{table.database}.{table.table}",
-                       tuple(column(n, map_column_type(table, i)) for i, n in enumerate(table.names)), tuple(key))
+                       tuple(column(n, map_column_type(table, i, text)) for i, n in enumerate(table.names)), tuple(key))
 
 
 def map_key(table: B.TableMap) -> tuple[str, ...]:

@@ -165,14 +165,14 @@ def test_a_purged_start_is_the_clear_error_at_planning_and_at_reading(mariadb: A
 def test_types_reach_the_stream_as_the_sinks_know_them(mariadb: Any, mysql_db: str) -> None:
     mariadb.sql("CREATE TABLE t (id bigint unsigned PRIMARY KEY, a tinyint, b int unsigned, d decimal(12,3), "
                 "f float, g double, s varchar(5), e enum('x','y'), bl blob, bt bit(1), dt datetime(3), "
-                "ts timestamp(6) NULL, yr year, j json)", database=mysql_db)
+                "ts timestamp(6) NULL, yr year, j json, u uuid)", database=mysql_db)
     info = parse_url(mariadb.url_for(mysql_db))
     dialect = MysqlDialect(info, patterns=TablePatterns.parse(f"{mysql_db}.t", "t"))
     with dialect.connect() as conn:
         start = dialect.current_position(conn)
     mariadb.sql("SET time_zone = '+00:00'; INSERT INTO t VALUES (18446744073709551615, -5, 4000000000, 123456789.125, "
                 "1.5, 2.25, 'héé', 'y', x'00ff', b'1', '2024-02-29 10:11:12.345', '2024-03-01 00:00:01.000002', "
-                "2024, '{\"k\": [1, 2]}')", database=mysql_db)
+                "2024, '{\"k\": [1, 2]}', '6ccd780c-baba-1026-9564-5b8c656024db')", database=mysql_db)
     end = dialect.change_target(start, None)
     changes = [r for b in dialect.read_changes(start, end, None) for r in b.to_pylist()]
     snapshot = [r for b in _chunk(dialect, mysql_db) for r in b.to_pylist()]
@@ -181,11 +181,12 @@ def test_types_reach_the_stream_as_the_sinks_know_them(mariadb: Any, mysql_db: s
     schema = TableSchema.from_json(changes[0]["row"])
     assert [c.type for c in schema.columns] == [
         "numeric(20,0)", "smallint", "bigint", "numeric(12,3)", "real", "double precision", "text", "text", "bytea",
-        "boolean", "timestamp without time zone", "timestamp with time zone", "smallint", "text"]
+        "boolean", "timestamp without time zone", "timestamp with time zone", "smallint", "text", "text"]
     from_log = decode_rows([changes[1]["row"]], schema).to_pylist()[0]
     from_chunk = decode_rows([snapshot[1]["row"]], schema).to_pylist()[0]
     assert from_log == from_chunk
     assert from_log["id"] == Decimal(18446744073709551615) and from_log["bl"] == b"\x00\xff" and from_log["bt"] is True
+    assert from_log["u"] == "6ccd780c-baba-1026-9564-5b8c656024db"  # MariaDB's UUID: text from the log too
     assert from_log["s"] == "héé" and from_log["ts"].microsecond == 2 and from_log["dt"].microsecond == 345000
 
 
