@@ -128,6 +128,7 @@ class MysqlDialect:
         self._mariadb: bool | None = None
         self._released = -1  # the greatest position release() was given in this process
         self._needed: int | None = None  # where the next change range starts (position_lost checks it)
+        self._idle: tuple[int, int] | None = None  # (start, end): no change of ours in it (change_target)
         self._engine_problems: dict[str, str] = {}
 
     @property
@@ -297,10 +298,14 @@ class MysqlDialect:
 
     def change_target(self, position: int, limit: int | None) -> int:
         """The end of the next range from ``position``: the log's end now, or -- with ``limit`` -- the end of the first
-        transaction at which the range holds ``limit`` changes of followed tables; ``position`` when the log holds
-        none before its end (no epoch). Each end is a transaction boundary at or before the log's end when planned,
-        so every read of the range reads the same transactions. The range is read here once to count (the binary
-        log has no index by table): planning costs one decode of the range."""
+        transaction at which the range holds ``limit`` changes of followed tables. Each end is a transaction
+        boundary at or before the log's end when planned, so every read of the range reads the same transactions.
+
+        The range is read here to count (the binary log has no index by table). With no change of ours before
+        the end: no epoch (``position``), and the stretch read is remembered (the next planning from the same
+        position reads on from its end) -- unless the log moved to a newer file since ``position``: then the range
+        ends at the log's end all the same, an epoch without rows, so that a source whose tables are idle does not
+        hold a file the server's expiry would purge (there is no slot; ``position_lost`` would stop it)."""
         self._needed = position
         with closing(connect(self.info)) as conn:
             end = self._end(conn)
@@ -309,8 +314,11 @@ class MysqlDialect:
             mariadb = self._is_mariadb(conn)
         if start >= end:
             return position
+        scan = start
+        if self._idle is not None and self._idle[0] == position and self._idle[1] <= position_key(end):
+            scan = self._position(self._idle[1])  # nothing of ours before it (read at an earlier planning)
         seen = 0
-        txns = read_range(self.info, start, end, decoder, self._reader_id(), mariadb=mariadb)
+        txns = read_range(self.info, scan, end, decoder, self._reader_id(), mariadb=mariadb)
         try:
             for txn in txns:
                 seen += sum(1 for c in txn.changes if self._follows(f"{c.table.database}.{c.table.table}"))
@@ -320,7 +328,10 @@ class MysqlDialect:
                     return position_key(end) if limit is None else position_key(txn.end)
         finally:
             txns.close()  # type: ignore[attr-defined]
-        return position_key(end) if seen else position
+        if seen or end.key[:2] != start.key[:2]:
+            return position_key(end)
+        self._idle = (position, position_key(end))
+        return position
 
     def plan_chunks(self, conn: Any, entry: TableEntry, split_size: int) -> TableChunks:
         info = table_info(conn, entry.schema, entry.table)

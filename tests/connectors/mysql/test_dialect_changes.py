@@ -226,3 +226,19 @@ def test_the_core_re_snapshots_a_table_whose_column_was_rewritten_by_a_modify(ma
         mariadb.sql("ALTER TABLE t MODIFY v int", database=mysql_db)  # '7' -> 7 without a row event
         entries, next_tid, _ = poll.compare_signatures(dialect, conn, entries, next_tid)
     assert [e.tid for e in entries] == [1] and "changed type from varchar(10) to int" in (entries[0].reason or "")
+
+
+def test_idle_tables_make_no_epoch_until_the_log_moves_to_a_new_file(mariadb: Any, mysql_db: str) -> None:
+    mariadb.sql("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE busy (id int PRIMARY KEY)", database=mysql_db)
+    dialect = MysqlDialect(parse_url(mariadb.url_for(mysql_db)), patterns=TablePatterns.parse(f"{mysql_db}.t", "t"))
+    with dialect.connect() as conn:
+        start = dialect.current_position(conn)
+    mariadb.sql("INSERT INTO busy VALUES (1)", database=mysql_db)
+    assert dialect.change_target(start, None) == start  # others' changes only: no epoch
+    mariadb.sql("INSERT INTO busy VALUES (2); INSERT INTO t VALUES (5)", database=mysql_db)
+    end = dialect.change_target(start, None)  # read on from what the last planning read
+    assert end > start and [r["_op"] for b in dialect.read_changes(start, end, None) for r in b.to_pylist()] == ["s", "c"]
+    mariadb.sql("INSERT INTO busy VALUES (3); FLUSH BINARY LOGS; INSERT INTO busy VALUES (4)", database=mysql_db)
+    moved = dialect.change_target(end, None)  # a new file: an epoch without rows, so the old file can go
+    assert dialect.format_position(moved).split(":")[0] != dialect.format_position(end).split(":")[0]
+    assert list(dialect.read_changes(end, moved, None)) == []
