@@ -34,13 +34,10 @@ server (the server's expiry is the retention, which :meth:`MysqlDialect.position
 
 from __future__ import annotations
 
-import base64
-import datetime
 import functools
 import hashlib
 import random
 from contextlib import closing
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
 
 import pyarrow as pa
@@ -48,11 +45,11 @@ import pyarrow as pa
 from flinkish_spark.connectors.cdc.dialect import JoinMark, TableChunks
 from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns
 from flinkish_spark.connectors.cdc.registry import TableEntry
-from flinkish_spark.connectors.cdc.stream import (
-    RESNAPSHOT_BEGIN, RESNAPSHOT_END, STREAM_ARROW, marker, schema_row, snapshot_rows,
-)
 from flinkish_spark.connectors.mysql import catalog
 from flinkish_spark.connectors.mysql.change_stream import change_batches
+from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: F401 (bound_*: their old home)
+    bound_of_json, bound_to_json, read_chunk_arrow, read_chunk_rows,
+)
 from flinkish_spark.connectors.mysql.changes import (
     BinlogPurgedError, check_start, current_end, position_key, position_of_key, read_range,
 )
@@ -60,8 +57,8 @@ from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
-from flinkish_spark.connectors.mysql.snapshot import Chunk, begin_snapshot, plan_chunks, read_chunk, table_info
-from flinkish_spark.connectors.mysql.stream_rows import column, row_encoder, schema_of_info
+from flinkish_spark.connectors.mysql.snapshot import plan_chunks, table_info
+from flinkish_spark.connectors.mysql.stream_rows import column, schema_of_info
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.errors import TerminalError
 
@@ -75,41 +72,9 @@ WIDENINGS = frozenset({("int2", "int4"), ("int2", "int8"), ("int4", "int8"), ("f
                        ("bytea", "bytea")})
 
 
-#: How often a chunk is taken again when a DDL statement overtook its snapshot (:meth:`MysqlDialect.read_chunk`).
-CHUNK_ATTEMPTS = 20
-_ER_TABLE_DEF_CHANGED = 1412
-
-
-def _definition_changed(exc: BaseException) -> bool:
-    return bool(exc.args) and exc.args[0] == _ER_TABLE_DEF_CHANGED
-
-
 def table_id(name: str) -> int:
     """The registry's id of the table ``database.table``: a stable 63-bit hash of its name (see the module)."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") >> 1
-
-
-def bound_to_json(value: Any) -> Any:
-    """A key value as JSON (the chunk's payload); :func:`bound_of_json` gives a query parameter back."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Decimal):
-        return {"decimal": str(value)}
-    if isinstance(value, (bytes, bytearray)):
-        return {"bytes": base64.b64encode(bytes(value)).decode()}
-    if isinstance(value, (datetime.date, datetime.datetime, datetime.time, datetime.timedelta)):
-        return {"text": str(value)}  # as the server prints it: compares as the column's type
-    raise TypeError(f"a primary key value of type {type(value).__name__} cannot be a chunk bound")
-
-
-def bound_of_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "decimal" in value:
-            return Decimal(value["decimal"])
-        if "bytes" in value:
-            return base64.b64decode(value["bytes"])
-        return value["text"]
-    return value
 
 
 class MysqlDialect:
@@ -350,66 +315,13 @@ class MysqlDialect:
     def chunk_connection(self) -> Any:
         return connect(self.info)
 
-    def _chunk_table(self, chunk: dict[str, Any], conn: Any) -> tuple[Any, Chunk] | None:
-        """In the chunk's snapshot (begun on ``conn``): the table's info and the chunk, None when it is gone."""
-        db, table = str(chunk["database"]), str(chunk["name"])
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
-                        (db, table))
-            if cur.fetchone() is None:
-                return None
-        lo, hi = chunk.get("lo"), chunk.get("hi")
-        return table_info(conn, db, table), Chunk(None if lo is None else tuple(bound_of_json(v) for v in lo),
-                                                   None if hi is None else tuple(bound_of_json(v) for v in hi))
-
     def read_chunk_arrow(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
-        """A chunk (its split's payload) in a consistent snapshot of its own, as Arrow typed by :mod:`.types`;
-        nothing when the table is gone."""
-        begin_snapshot(conn)
-        try:
-            found = self._chunk_table(chunk, conn)
-            if found is not None:
-                yield from read_chunk(conn, *found)
-        finally:
-            conn.rollback()
+        """The chunk as Arrow typed by :mod:`.types` (:func:`.chunk_rows.read_chunk_arrow`)."""
+        return read_chunk_arrow(chunk, conn)
 
     def read_chunk(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
-        """A chunk as stream rows: its ``s`` row (the columns in the chunk's own snapshot), then its ``r`` rows, with
-        ``B`` before a re-snapshot's first chunk and ``E`` after its last (as the PostgreSQL source).
-
-        The columns come from ``information_schema``, which is not part of the snapshot: a DDL statement between
-        the snapshot's start and the chunk's query makes InnoDB refuse the query ("Table definition has changed",
-        1412), and the chunk is taken again in a new snapshot -- so the ``s`` row always describes the rows after it."""
-        for attempt in range(CHUNK_ATTEMPTS):
-            begin_snapshot(conn)
-            try:
-                found = self._chunk_table(chunk, conn)
-                if found is None:
-                    return
-                info, part = found
-                batches = read_chunk(conn, info, part)
-                try:
-                    first = next(batches, None)  # the query runs here: a changed definition fails before any row
-                except Exception as e:
-                    if _definition_changed(e) and attempt + 1 < CHUNK_ATTEMPTS:
-                        continue
-                    raise
-                schema = schema_of_info(info)
-                yield pa.RecordBatch.from_pylist([schema_row(schema, None, None, None)], schema=STREAM_ARROW)
-                bracketed = bool(chunk.get("resnapshot"))
-                if bracketed and part.lo is None:
-                    yield marker(schema, RESNAPSHOT_BEGIN)
-                encode = row_encoder(schema)
-                for batch in ([] if first is None else [first]), batches:
-                    for b in batch:
-                        if b.num_rows:
-                            columns = [c.to_pylist() for c in b.columns]
-                            yield snapshot_rows(schema, pa.array([encode(v) for v in zip(*columns)], pa.string()))
-            finally:
-                conn.rollback()
-            if bracketed and part.hi is None:
-                yield marker(schema, RESNAPSHOT_END)
-            return
+        """The chunk as an ``s`` row and its ``r`` rows, ``B``/``E`` for a re-snapshot (:func:`.chunk_rows.read_chunk_rows`)."""
+        return read_chunk_rows(chunk, conn)
 
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:

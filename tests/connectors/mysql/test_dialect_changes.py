@@ -242,3 +242,27 @@ def test_idle_tables_make_no_epoch_until_the_log_moves_to_a_new_file(mariadb: An
     moved = dialect.change_target(end, None)  # a new file: an epoch without rows, so the old file can go
     assert dialect.format_position(moved).split(":")[0] != dialect.format_position(end).split(":")[0]
     assert list(dialect.read_changes(end, moved, None)) == []
+
+
+def test_a_chunk_whose_snapshot_a_ddl_overtook_is_taken_again_with_the_new_columns(
+        mariadb: Any, mysql_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flinkish_spark.connectors.mysql import chunk_rows
+
+    mariadb.sql("CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 10), (2, 20)", database=mysql_db)
+    begun = []
+
+    def begin_then_alter(conn: Any) -> Any:
+        position = chunk_rows.__dict__["_begin"](conn)
+        if not begun:  # the first snapshot is overtaken by an ALTER (information_schema then shows the new columns)
+            mariadb.sql("ALTER TABLE t ADD COLUMN w int NOT NULL DEFAULT 7, ALGORITHM=COPY", database=mysql_db)
+        begun.append(position)
+        return position
+
+    monkeypatch.setitem(chunk_rows.__dict__, "_begin", chunk_rows.begin_snapshot)
+    monkeypatch.setattr(chunk_rows, "begin_snapshot", begin_then_alter)
+    dialect = MysqlDialect(parse_url(mariadb.url_for(mysql_db)))
+    rows = _chunk(dialect, mysql_db)
+    schema = TableSchema.from_json(rows[0].column("row")[0].as_py())
+    assert len(begun) == 2 and schema.names == ("id", "v", "w")
+    assert decode_rows(rows[1].column("row"), schema).to_pylist() == [{"id": 1, "v": 10, "w": 7},
+                                                                       {"id": 2, "v": 20, "w": 7}]
