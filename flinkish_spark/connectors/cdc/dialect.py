@@ -21,8 +21,10 @@ a moment T >= S; and :meth:`ReaderDialect.read_changes` of ``[start, end)`` retu
 at every read (a replay). Keyed sinks then end equal to the table (the argument of
 docs/postgres-source.md, "Consistency", which uses nothing else).
 
-The dialect is implemented by PostgreSQL (:class:`flinkish_spark.connectors.postgres.source.dialect.PostgresDialect`);
-tests/connectors/cdc/test_dialect.py holds it to this protocol.
+The dialect is implemented by PostgreSQL (:class:`flinkish_spark.connectors.postgres.source.dialect.PostgresDialect`;
+tests/connectors/cdc/test_dialect.py runs it) and by MySQL/MariaDB
+(:class:`flinkish_spark.connectors.mysql.dialect.MysqlDialect`; tests/connectors/mysql/test_dialect_changes.py);
+mypy holds both to :class:`SourceDialect`.
 """
 
 from __future__ import annotations

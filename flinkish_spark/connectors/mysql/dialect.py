@@ -1,56 +1,75 @@
-"""MySQL/MariaDB as a dialect of the CDC core: its catalog and snapshot half (:class:`..cdc.dialect.CatalogDialect`).
+"""MySQL/MariaDB as a dialect of the CDC core (:class:`..cdc.dialect.SourceDialect`): catalog, change log and reader.
 
-What it answers, from :mod:`.snapshot` and ``information_schema``:
+What it answers, from :mod:`.catalog`, :mod:`.snapshot`, :mod:`.changes` and ``information_schema``:
 
-* **Tables** (:meth:`MysqlDialect.find_tables`): base tables outside the system databases, as
-  ``database.table`` against the ``tables`` patterns (unquoted parts fold to lower case, so a table
-  named with capitals is written quoted: ``shop."Orders"``). A table without a primary key is left out
-  with a warning (its changes could not be applied by key). The table's id is a stable hash of its name:
-  MySQL has no catalog id that survives a restart and is readable without PROCESS; a ``RENAME`` or a
-  ``DROP``/``CREATE`` under one name is the binary log's DDL to follow, not the catalog's.
-* **No signature**: every DDL is in the binary log (the log reader follows it), so nothing changes a
-  table's rows without a log event; ``signatures`` is empty and never asks for a re-snapshot.
-* **Positions**: a file position as an integer, ``file sequence << 32 | offset`` (``binlog.000042`` at
-  1234 is ``42 << 32 | 1234``; a file is at most 1 GiB); the base name is the server's
-  (:meth:`MysqlDialect.format_position` gives ``binlog.000042:1234`` back).
-* **Joining**: the binary log carries every table from the start (no publication): a table's chunks
-  wait for nothing (``after_xid = None``), except -- under a name followed before -- for the changes
-  before the join to be committed downstream (:meth:`MysqlDialect.unread_before`, from the positions
-  :meth:`MysqlDialect.release` was given: a restarted source waits for its first completed epoch).
-* **Chunks** (:meth:`MysqlDialect.plan_chunks`): :func:`.snapshot.plan_chunks`' primary key ranges, their
-  bounds as JSON (:func:`bound_to_json`); :meth:`MysqlDialect.read_chunk_arrow` reads one in a consistent
-  snapshot of its own (``START TRANSACTION WITH CONSISTENT SNAPSHOT``), typed by :mod:`.types`.
+* **Tables** (:meth:`MysqlDialect.find_tables`): :func:`.catalog.find_tables` (the one listing, shared with the
+  mirror's preflight): base tables outside the system databases as ``database.table`` against the ``tables``
+  patterns. A table without a primary key is left out with a warning (its changes could not be applied by key);
+  a table of an engine without transactions is refused (:meth:`MysqlDialect.check_followable`). The table's id is
+  a stable hash of its name: MySQL has no catalog id that survives a restart and is readable without PROCESS.
+* **Signatures** (:meth:`MysqlDialect.signatures`): the columns as ``[name, COLUMN_TYPE, has a default]``, for
+  the statements that change rows without row events in the log, which the core answers with a re-snapshot
+  (:meth:`MysqlDialect.signature_change`): a column whose stream type changes other than by widening (``MODIFY``
+  rewrites its values), a renamed column (its values would be null under the new name), an added column with a
+  default (the existing rows hold it). ``DROP``/``RENAME TABLE`` are the catalog poll's; ``TRUNCATE`` is a ``t``
+  row of the change stream (:mod:`.change_stream`).
+* **Positions**: a file position as an integer, :func:`.changes.position_key` (``binlog.000042`` at 1234 is
+  ``42 << 32 | 1234``); :meth:`MysqlDialect.format_position` gives ``binlog.000042:1234`` back (the base name
+  from the server's ``SHOW BINARY LOGS``).
+* **Joining**: the binary log carries every table from the start (no publication): a table's chunks wait for
+  nothing (``after_xid = None``), except -- under a name followed before -- for the changes before the join to be
+  committed downstream (:meth:`MysqlDialect.unread_before`, from the positions :meth:`MysqlDialect.release` was
+  given: a restarted source waits for its first completed epoch).
+* **Chunks** (:meth:`MysqlDialect.plan_chunks`): :func:`.snapshot.plan_chunks`' primary key ranges, their bounds as
+  JSON (:func:`bound_to_json`); :meth:`MysqlDialect.read_chunk` reads one in a consistent snapshot of its own
+  (``START TRANSACTION WITH CONSISTENT SNAPSHOT``) as an ``s`` row and ``r`` rows (:mod:`.stream_rows`).
+* **Change ranges** (:meth:`MysqlDialect.change_target`, :meth:`MysqlDialect.read_changes`): ``[start, end)`` with
+  ``end`` a transaction boundary at or before the log's end when planned, so every read of it (a replay) is the
+  same transactions (:func:`.changes.read_range`); a purged start is :class:`.changes.BinlogPurgedError`, at
+  every planning (:meth:`MysqlDialect.position_lost`) and at every read.
 
-Not here yet: the change-log half (ranges of the binary log, purge checks -- :mod:`.binlog`,
-:mod:`.position`) and the chunk's rows in the stream schema (the MySQL columns in the stream's
-``TableSchema``). docs/cdc-core.md.
+No slot: the position lives in the source's checkpoint, :meth:`MysqlDialect.release` frees nothing on the
+server (the server's expiry is the retention, which :meth:`MysqlDialect.position_lost` watches). docs/mysql-source.md.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime
+import functools
 import hashlib
+import random
 from contextlib import closing
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
 
 import pyarrow as pa
 
 from flinkish_spark.connectors.cdc.dialect import JoinMark, TableChunks
 from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns
 from flinkish_spark.connectors.cdc.registry import TableEntry
+from flinkish_spark.connectors.mysql import catalog
+from flinkish_spark.connectors.mysql.change_stream import change_batches
+from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: F401 (bound_*: their old home)
+    bound_of_json, bound_to_json, read_chunk_arrow, read_chunk_rows,
+)
+from flinkish_spark.connectors.mysql.changes import (
+    BinlogPurgedError, check_start, current_end, position_key, position_of_key, read_range,
+)
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition
-from flinkish_spark.connectors.mysql.snapshot import Chunk, begin_snapshot, plan_chunks, read_chunk, table_info
+from flinkish_spark.connectors.mysql.row_values import RowDecoder
+from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
+from flinkish_spark.connectors.mysql.snapshot import plan_chunks, table_info
+from flinkish_spark.connectors.mysql.stream_rows import column, schema_of_info
+from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.errors import TerminalError
 
 if TYPE_CHECKING:
-    from flinkish_spark.connectors.cdc.dialect import CatalogDialect
+    from flinkish_spark.connectors.cdc.dialect import SourceDialect
 
 #: Databases never followed.
-SYSTEM_DATABASES = ("mysql", "information_schema", "performance_schema", "sys")
-_OFFSET_BITS = 32
+SYSTEM_DATABASES = catalog.SYSTEM_DATABASES
+#: Stream types a column may change between without its stored values changing (PostgreSQL base type names).
+WIDENINGS = frozenset({("int2", "int4"), ("int2", "int8"), ("int4", "int8"), ("float4", "float8"), ("text", "text"),
+                       ("bytea", "bytea")})
 
 
 def table_id(name: str) -> int:
@@ -58,46 +77,24 @@ def table_id(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") >> 1
 
 
-def encode_position(position: FilePosition) -> int:
-    _, seq, offset = position.key
-    return seq << _OFFSET_BITS | offset
-
-
-def decode_position(base: str, position: int) -> FilePosition:
-    return FilePosition(f"{base}.{position >> _OFFSET_BITS:06d}", position & ((1 << _OFFSET_BITS) - 1))
-
-
-def bound_to_json(value: Any) -> Any:
-    """A key value as JSON (the chunk's payload); :func:`bound_of_json` gives a query parameter back."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Decimal):
-        return {"decimal": str(value)}
-    if isinstance(value, (bytes, bytearray)):
-        return {"bytes": base64.b64encode(bytes(value)).decode()}
-    if isinstance(value, (datetime.date, datetime.datetime, datetime.time, datetime.timedelta)):
-        return {"text": str(value)}  # as the server prints it: compares as the column's type
-    raise TypeError(f"a primary key value of type {type(value).__name__} cannot be a chunk bound")
-
-
-def bound_of_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "decimal" in value:
-            return Decimal(value["decimal"])
-        if "bytes" in value:
-            return base64.b64decode(value["bytes"])
-        return value["text"]
-    return value
-
-
 class MysqlDialect:
-    """The catalog and snapshot half of a MySQL/MariaDB source (see the module docstring)."""
+    """A MySQL/MariaDB source's dialect (see the module docstring). ``patterns``: the tables a change range
+    carries (the reader's half needs them; the catalog half is given them per call). ``server_id``: the first
+    of the replica ids its log readers take (each read takes one of its own: a server ends a dump when another
+    starts with the same id)."""
 
-    def __init__(self, info: ConnectionInfo, component: str = "flinkish.mysql source") -> None:
+    def __init__(self, info: ConnectionInfo, component: str = "flinkish.mysql source",
+                 patterns: TablePatterns | None = None, server_id: int = 0x5F000000) -> None:
         self.info = info
         self._component = component
-        self._base: str | None = None  # the binary log's base name (binlog.000012 -> binlog)
+        self.patterns = patterns
+        self.server_id = server_id
+        self._files: list[str] = []  # the server's binary log files, as last read (for their base name)
+        self._mariadb: bool | None = None
         self._released = -1  # the greatest position release() was given in this process
+        self._needed: int | None = None  # where the next change range starts (position_lost checks it)
+        self._idle: tuple[int, int] | None = None  # (start, end): no change of ours in it (change_target)
+        self._engine_problems: dict[str, str] = {}
 
     @property
     def component(self) -> str:
@@ -112,26 +109,21 @@ class MysqlDialect:
     # catalog -----------------------------------------------------------------------------------------
 
     def find_tables(self, conn: Any, patterns: TablePatterns) -> list[FoundTable]:
-        marks = ", ".join(["%s"] * len(SYSTEM_DATABASES))
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT t.TABLE_SCHEMA, t.TABLE_NAME, EXISTS (SELECT 1 FROM information_schema.STATISTICS s WHERE "
-                "s.TABLE_SCHEMA = t.TABLE_SCHEMA AND s.TABLE_NAME = t.TABLE_NAME AND s.INDEX_NAME = 'PRIMARY') "
-                f"FROM information_schema.TABLES t WHERE t.TABLE_TYPE = 'BASE TABLE' AND t.TABLE_SCHEMA NOT IN ({marks})",
-                SYSTEM_DATABASES)
-            rows = cur.fetchall()
         found = []
-        for db, table, keyed in rows:
-            name = f"{db}.{table}"
-            if patterns.matches(name):
-                found.append(FoundTable(table_id(name), name, str(db), str(table), True,
-                                        None if keyed else "it has no primary key",
-                                        f"ALTER TABLE `{db}`.`{table}` ADD PRIMARY KEY (...)"))
-        return sorted(found, key=lambda f: f.name)
+        for t in catalog.find_tables(conn, patterns):
+            problem = t.engine_problem(self.component)
+            if problem is not None:
+                self._engine_problems[t.name] = problem
+            found.append(FoundTable(table_id(t.name), t.name, t.database, t.table, True,
+                                    None if t.has_key else "it has no primary key",
+                                    f"ALTER TABLE `{t.database}`.`{t.table}` ADD PRIMARY KEY (...)"))
+        return found
 
     def check_followable(self, table: FoundTable) -> None:
         if not table.readable:
             raise self.error(f"{self.component}: table {table.name} matches 'tables' but this user may not read it")
+        if table.name in self._engine_problems:
+            raise self.error(self._engine_problems[table.name])
 
     def follow(self, conn: Any, tables: list[FoundTable]) -> None:
         pass  # the binary log carries every table
@@ -161,9 +153,31 @@ class MysqlDialect:
         return out
 
     def signatures(self, conn: Any, oids: list[int]) -> dict[int, Any]:
-        return {}  # every DDL is in the binary log
+        """Per table: its columns as ``[name, COLUMN_TYPE, has a default]`` in order (see the module docstring)."""
+        out: dict[int, Any] = {}
+        with conn.cursor() as cur:
+            for oid, (db, table) in self._names(conn, oids).items():
+                cur.execute("SELECT COLUMN_NAME, COLUMN_TYPE, COLUMN_DEFAULT IS NOT NULL AND COLUMN_DEFAULT <> 'NULL' "
+                            "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+                            "ORDER BY ORDINAL_POSITION", (db, table))
+                out[oid] = [[str(n), str(t), bool(d)] for n, t, d in cur.fetchall()]
+        return out
 
     def signature_change(self, conn: Any, old: Any, new: Any) -> str | None:
+        before = {c[0]: c for c in old}
+        after = {c[0]: c for c in new}
+        for name, (_, was, _) in before.items():
+            if name in after and after[name][1] != was:
+                a, b = column(name, was), column(name, after[name][1])
+                if a.type != b.type and (a.pg_type, b.pg_type) not in WIDENINGS:
+                    return f"column {name!r} changed type from {was} to {after[name][1]} (its values were rewritten)"
+        gone = [n for n in before if n not in after]
+        added = [n for n in after if n not in before]
+        if gone and added:
+            return f"column {gone[0]!r} was renamed (or replaced by {added[0]!r}): its values are not in the log"
+        with_default = [n for n in added if after[n][2]]
+        if with_default:
+            return f"column {with_default[0]!r} was added with a default, which the existing rows hold"
         return None
 
     def table_name(self, conn: Any, oid: int) -> str | None:
@@ -172,15 +186,29 @@ class MysqlDialect:
 
     # positions -------------------------------------------------------------------------------------------
 
+    def _is_mariadb(self, conn: Any) -> bool:
+        if self._mariadb is None:
+            with conn.cursor() as cur:
+                cur.execute("SELECT VERSION()")
+                self._mariadb = "mariadb" in str(cur.fetchone()[0]).lower()
+        return self._mariadb
+
+    def _end(self, conn: Any) -> FilePosition:
+        end = current_end(conn, self._is_mariadb(conn)).file
+        self._files = binary_logs(conn)
+        return end
+
+    def _position(self, key: int, conn: Any | None = None) -> FilePosition:
+        if not self._files:
+            if conn is None:
+                with closing(connect(self.info)) as own:
+                    self._files = binary_logs(own)
+            else:
+                self._files = binary_logs(conn)
+        return position_of_key(key, self._files)
+
     def current_position(self, conn: Any) -> int:
-        with conn.cursor() as cur:
-            cur.execute("SHOW MASTER STATUS")
-            row = cur.fetchone()
-        if row is None:
-            raise self.error(f"{self.component}: the server writes no binary log: start it with log-bin")
-        position = FilePosition(str(row[0]), int(row[1]))
-        self._base = position.key[0]
-        return encode_position(position)
+        return position_key(self._end(conn))
 
     def join_mark(self, conn: Any) -> JoinMark:
         return JoinMark(None, self.current_position(conn))
@@ -192,20 +220,83 @@ class MysqlDialect:
         return max((p for p in positions if p <= self._released), default=-1)
 
     def release(self, position: int) -> None:
-        """An epoch up to ``position`` is committed (nothing to free on the server: the position is ours)."""
+        """An epoch up to ``position`` is committed. Nothing to free on the server: there is no slot, the position
+        is the checkpoint's and the server keeps its logs by its own expiry; what is kept here is for
+        :meth:`unread_before` (a join under a name followed before waits for the changes before it)."""
         self._released = max(self._released, position)
 
     def format_position(self, position: int) -> str:
-        if self._base is None:
-            raise self.error(f"{self.component}: no binary log base name known yet (read the position first)")
-        return str(decode_position(self._base, position))
+        return str(self._position(position))
 
     def parse_position(self, text: str) -> int:
-        position = FilePosition.parse(text)
-        self._base = position.key[0]
-        return encode_position(position)
+        return position_key(FilePosition.parse(text))
 
-    # snapshot ---------------------------------------------------------------------------------------------
+    # the change log (driver) --------------------------------------------------------------------------------
+
+    def position_lost(self) -> TerminalError | None:
+        """The purged-log error when the server no longer has the log from where the next range starts."""
+        if self._needed is None:
+            return None
+        with closing(connect(self.info)) as conn:
+            try:
+                check_start(conn, self.info, self._position(self._needed, conn))
+            except BinlogPurgedError as e:
+                return e
+        return None
+
+    def _follows(self, name: str) -> bool:
+        return self.patterns is not None and catalog.matches(self.patterns, name)
+
+    def _decoder(self, conn: Any) -> RowDecoder:
+        info = self.info
+
+        def column_types(database: str, table: str) -> dict[str, str]:
+            with closing(connect(info)) as c, c.cursor() as cur:
+                cur.execute("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
+                            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
+                return {str(n): str(t) for n, t in cur.fetchall()}
+
+        return RowDecoder(collation_charsets(conn), self._is_mariadb(conn), column_types=column_types)
+
+    def _reader_id(self) -> int:
+        return self.server_id + random.randrange(1, 1 << 24)
+
+    def change_target(self, position: int, limit: int | None) -> int:
+        """The end of the next range from ``position``: the log's end now, or -- with ``limit`` -- the end of the first
+        transaction at which the range holds ``limit`` changes of followed tables. Each end is a transaction
+        boundary at or before the log's end when planned, so every read of the range reads the same transactions.
+
+        The range is read here to count (the binary log has no index by table). With no change of ours before
+        the end: no epoch (``position``), and the stretch read is remembered (the next planning from the same
+        position reads on from its end) -- unless the log moved to a newer file since ``position``: then the range
+        ends at the log's end all the same, an epoch without rows, so that a source whose tables are idle does not
+        hold a file the server's expiry would purge (there is no slot; ``position_lost`` would stop it)."""
+        self._needed = position
+        with closing(connect(self.info)) as conn:
+            end = self._end(conn)
+            start = self._position(position, conn)
+            decoder = self._decoder(conn)
+            mariadb = self._is_mariadb(conn)
+        if start >= end:
+            return position
+        scan = start
+        if self._idle is not None and self._idle[0] == position and self._idle[1] <= position_key(end):
+            scan = self._position(self._idle[1])  # nothing of ours before it (read at an earlier planning)
+        seen = 0
+        txns = read_range(self.info, scan, end, decoder, self._reader_id(), mariadb=mariadb)
+        try:
+            for txn in txns:
+                seen += sum(1 for c in txn.changes if self._follows(f"{c.table.database}.{c.table.table}"))
+                seen += sum(1 for st in txn.statements for sc in st.changes
+                            if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"))
+                if seen and (limit is None or seen >= limit):
+                    return position_key(end) if limit is None else position_key(txn.end)
+        finally:
+            txns.close()  # type: ignore[attr-defined]
+        if seen or end.key[:2] != start.key[:2]:
+            return position_key(end)
+        self._idle = (position, position_key(end))
+        return position
 
     def plan_chunks(self, conn: Any, entry: TableEntry, split_size: int) -> TableChunks:
         info = table_info(conn, entry.schema, entry.table)
@@ -219,28 +310,44 @@ class MysqlDialect:
                    None if c.hi is None else [bound_to_json(v) for v in c.hi]) for c in chunks]
         return TableChunks(bounds, {"database": entry.schema, "name": entry.table, "key": list(info.key)}, rows)
 
+    # the reader (executors) ---------------------------------------------------------------------------------
+
     def chunk_connection(self) -> Any:
         return connect(self.info)
 
     def read_chunk_arrow(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
-        """A chunk (its split's payload) in a consistent snapshot of its own, as Arrow typed by :mod:`.types`;
-        nothing when the table is gone."""
-        db, table = str(chunk["database"]), str(chunk["name"])
-        begin_snapshot(conn)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
-                            (db, table))
-                exists = cur.fetchone() is not None
-            if exists:
-                info = table_info(conn, db, table)
-                lo, hi = chunk.get("lo"), chunk.get("hi")
-                yield from read_chunk(conn, info, Chunk(None if lo is None else tuple(bound_of_json(v) for v in lo),
-                                                        None if hi is None else tuple(bound_of_json(v) for v in hi)))
-        finally:
-            conn.rollback()
+        """The chunk as Arrow typed by :mod:`.types` (:func:`.chunk_rows.read_chunk_arrow`)."""
+        return read_chunk_arrow(chunk, conn)
+
+    def read_chunk(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
+        """The chunk as an ``s`` row and its ``r`` rows, ``B``/``E`` for a re-snapshot (:func:`.chunk_rows.read_chunk_rows`)."""
+        return read_chunk_rows(chunk, conn)
+
+    def read_changes(self, start: int, end: int,
+                     planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:
+        """The changes of the followed tables in ``[start, end)`` as stream rows (:mod:`.change_stream`)."""
+        if start >= end:
+            return
+        with closing(connect(self.info)) as conn:
+            first, last = self._position(start, conn), self._position(end, conn)
+            decoder = self._decoder(conn)
+            mariadb = self._is_mariadb(conn)
+        planned = None if planned_keys is None else functools.cache(planned_keys)  # read once, when first needed
+
+        def planned_key(name: str) -> tuple[str, ...] | None:
+            return None if planned is None else planned().get(table_id(name))
+
+        def catalog_schema(database: str, table: str) -> TableSchema | None:
+            with closing(connect(self.info)) as c:
+                try:
+                    return schema_of_info(table_info(c, database, table))
+                except Exception:  # gone, or without a key now: no 't' row to give
+                    return None
+
+        txns = read_range(self.info, first, last, decoder, self._reader_id(), mariadb=mariadb)
+        yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types)
 
 
 if TYPE_CHECKING:
-    def _conforms(dialect: MysqlDialect) -> CatalogDialect:
-        return dialect  # mypy holds the catalog half to the core's protocol
+    def _conforms(dialect: MysqlDialect) -> SourceDialect:
+        return dialect  # mypy holds MysqlDialect to the core's protocol, as PostgresDialect

@@ -360,6 +360,10 @@ class RowDecoder:
         self._by_id[hit[0].table_id] = hit
         return hit[0]
 
+    def text_types(self, table: B.TableMap) -> dict[int, str]:
+        """Column index -> the catalog type of the columns of ``table`` read as text though logged as binary."""
+        return self._text_types(table)
+
     def _text_types(self, table: B.TableMap) -> dict[int, str]:
         if self._column_types is None or table.names is None or B.STRING not in table.types:
             return {}
