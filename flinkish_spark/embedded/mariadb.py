@@ -98,6 +98,10 @@ class EmbeddedMariaDB:
         return self.home / "mariadbd.log"
 
     @property
+    def tmp_dir(self) -> Path:
+        return self.home / "tmp"
+
+    @property
     def url(self) -> str:
         """``mysql://root@127.0.0.1:PORT/``: TCP, user root, empty password, no default database."""
         return self.url_for("")
@@ -125,6 +129,7 @@ class EmbeddedMariaDB:
 
     def start(self) -> None:
         """Start ``mariadbd`` on this folder and wait until it accepts connections."""
+        self.tmp_dir.mkdir(exist_ok=True)
         args = [
             _program("mariadbd"), "--no-defaults",
             f"--datadir={self.data_dir}", f"--socket={self.socket_path}", f"--pid-file={self.home / 'mariadbd.pid'}",
@@ -134,6 +139,9 @@ class EmbeddedMariaDB:
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
             # Small throwaway servers: less memory than the 128 MB default.
             "--innodb-buffer-pool-size=64M",
+            # A temporary folder of its own: servers of parallel test workers in one shared /tmp clashed on
+            # the names of their temporary tables while initialising (mariadb-install-db failed once).
+            f"--tmpdir={self.tmp_dir}",
             *self.extra_args,
         ]
         if os.geteuid() == 0:
@@ -190,8 +198,9 @@ def start_mariadb(home: str | os.PathLike[str], port: int | None = None,
     server = EmbeddedMariaDB(Path(home).expanduser().resolve(), port or free_port(), tuple(extra_args))
     server.home.mkdir(parents=True, exist_ok=True)
     if not (server.data_dir / "mysql").is_dir():
+        server.tmp_dir.mkdir(exist_ok=True)
         args = [_program("mariadb-install-db"), "--no-defaults", f"--datadir={server.data_dir}",
-                "--auth-root-authentication-method=normal", "--skip-test-db"]
+                f"--tmpdir={server.tmp_dir}", "--auth-root-authentication-method=normal", "--skip-test-db"]
         if os.geteuid() == 0:
             args.append("--user=root")
         with tempfile.TemporaryFile("w+") as out:
