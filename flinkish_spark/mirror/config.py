@@ -145,6 +145,10 @@ class MirrorConfig:
                 max(DEFAULT_MAX_ROWS_PER_TRIGGER,
                     min(SNAPSHOT_ROWS_PER_TRIGGER_MAX, int(SNAPSHOT_ROWS_PER_TRIGGER_SECOND * self.trigger_s)))))
         opts.setdefault("maxRowsPerTrigger", str(DEFAULT_MAX_ROWS_PER_TRIGGER))
+        if self.format in ("delta", "iceberg"):
+            # Packed rows (rows.packed): typed Arrow per table, no JSON through Spark; the PostgreSQL routed sink
+            # stages JSON and keeps the JSON shape (exact for values Arrow cannot hold, e.g. NaN in a numeric).
+            opts.setdefault("rowFormat", "arrow")
         return opts
 
     def sink_options(self) -> dict[str, str]:

@@ -33,6 +33,7 @@ from flinkish_spark.connectors.postgres.connection import adbc_connect, connect
 from flinkish_spark.connectors.postgres.pgoutput import Relation, relations_in
 from flinkish_spark.connectors.postgres.rows import RESNAPSHOT_BEGIN, RESNAPSHOT_END, TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
+from flinkish_spark.connectors.postgres.rows.packed import Packer
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source import registry
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
@@ -62,6 +63,11 @@ class TablesReader(SplitReader):
         self._ckpt_id = ckpt_id
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        rows = self._read(split, start, end)
+        # rowFormat=arrow: packed per table (rows.packed), from the same rows
+        return Packer().pack_all(rows) if getattr(self.source, "row_format", "json") == "arrow" else rows
+
+    def _read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):
