@@ -102,7 +102,7 @@ class Packer:
     def pack_all(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
             if b.num_rows:
-                yield self.pack(b)
+                yield b if is_packed(b.schema.names) else self.pack(b)  # packed where it was read
 
     def pack(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """One stream batch as packed rows: per table (in the order tables first appear), its rows in stream order,
