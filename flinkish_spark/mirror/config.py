@@ -65,7 +65,7 @@ _STORAGE = ("endpointUrl", "region", "storageOptions")
 _COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
-                  "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
+                  "rowFormat", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
 #: Flink CDC's names for some of them (a pipeline file may use either).
 SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.size": "splitSize",
                       "scan.startup.mode": "startup"}

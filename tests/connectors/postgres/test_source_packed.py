@@ -65,7 +65,7 @@ def test_typed_column_reads_each_text_as_the_json_shape_does() -> None:
     from flinkish_spark.connectors.postgres.rows.encode import value_encoder
     from flinkish_spark.connectors.postgres.rows.schema import make_column
 
-    cases = [
+    cases: list[tuple[tuple[Any, ...], list[str | None]]] = [
         (("n", "numeric(12,2)", "numeric", (12 << 16 | 2) + 4, None), ["1.50", "-0.01", "NaN", None]),
         (("f", "real", "float4", -1, None), ["3.4e+38", "NaN", "-Infinity", "0.1"]),
         (("d", "date", "date", -1, None), ["2024-02-29", "infinity", "0044-03-15 BC"]),
@@ -83,3 +83,42 @@ def test_typed_column_reads_each_text_as_the_json_shape_does() -> None:
         want = decode_rows(rows, schema).column(0).to_pylist()
         got = packed_rows.typed_column(pa.array(texts, pa.string()), col).to_pylist()
         assert json.dumps(got, default=str) == json.dumps(want, default=str), spec
+
+
+def test_a_packed_chunk_holds_what_the_json_chunk_decodes_to(pg_url: str) -> None:
+    """A snapshot chunk of a table with a column of every kind (test_rows: NaN, infinities, BC, arrays, bytea,
+    domains, enums), read as ``::text`` and typed, against the server's JSON rows decoded."""
+    from flinkish_spark.connectors.postgres.connection import parse_url
+    from flinkish_spark.connectors.postgres.rows import split_tables
+    from flinkish_spark.connectors.postgres.source.tables_reader import _chunk_connection, read_chunk
+    from tests.connectors.postgres.test_rows import ROWS, make_table, session
+
+    with session(pg_url) as conn:
+        schema = make_table(conn)
+        conn.execute("INSERT INTO everything VALUES " + ", ".join(ROWS))
+        oid = conn.execute("SELECT 'everything'::regclass::oid").fetchone()[0]  # type: ignore[index]
+    chunk = {"table": schema.table, "oid": oid, "column": "id", "type": "bigint", "lo": None, "hi": None}
+    got = {}
+    for fmt in ("json", "arrow"):
+        src = SimpleNamespace(conn_info=parse_url(pg_url), component="test", row_format=fmt)
+        conn = _chunk_connection(src)
+        try:
+            read = read_chunk(src, chunk, conn)
+            batches = list(Packer().pack_all(read)) if fmt == "arrow" else list(read)
+        finally:
+            conn.close()
+        if fmt == "arrow":
+            assert all(is_packed(b.schema.names) for b in batches)
+            decode = PackedDecode()
+            for b in batches:
+                decode.add(b)
+            rows = decode.result()[schema.table][1]
+        else:
+            rows = split_tables(pa.Table.from_batches(batches))[schema.table].rows
+        got[fmt] = json.dumps(rows.sort_by("id").to_pylist(), default=str)
+    a, j = json.loads(got["arrow"]), json.loads(got["json"])
+    for ra, rj in zip(a, j):
+        for k in rj:
+            assert json.dumps(ra[k]) == json.dumps(rj[k]), (k, ra[k], rj[k])
+    assert got["arrow"] == got["json"]
+    assert "2024-01-01 21:34:05.123456+00:00" in got["arrow"]  # timestamptz typed, in UTC

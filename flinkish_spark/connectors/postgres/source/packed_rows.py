@@ -44,8 +44,8 @@ def typed_column(texts: pa.Array, col: Column) -> pa.Array:
     if col.encoding == "string" and pa.types.is_string(target):
         return texts
     if col.encoding == "bool":
-        valid = pc.is_valid(texts)
-        return pc.if_else(valid, pc.equal(texts, "t"), pa.scalar(None, pa.bool_()))
+        # 't'/'f' from pgoutput (the type's output function), 'true'/'false' from a ::text cast (booltext)
+        return pc.if_else(pc.is_valid(texts), pc.is_in(texts, pa.array(["t", "true"])), pa.scalar(None, pa.bool_()))
     if col.encoding == "number" or (col.encoding == "string" and (pa.types.is_date32(target)
                                                                    or pa.types.is_timestamp(target))):
         try:
@@ -174,7 +174,11 @@ class _PackedStream(_Stream):
 
 def chunk_select(schema: TableSchema) -> str:
     """The select list of a packed chunk read: every column's text, as the JSON shape's ``row_sql`` starts from."""
-    return ", ".join('"' + c.name.replace('"', '""') + '"::text' for c in schema.columns) or "NULL"
+    def text(c: Column) -> str:
+        name = '"' + c.name.replace('"', '""') + '"'
+        return f"bpcharout({name})::text" if c.pg_type == "bpchar" else f"{name}::text"  # ::text drops the padding
+
+    return ", ".join(text(c) for c in schema.columns) or "NULL"
 
 
 def chunk_pack(schema: TableSchema, batch: pa.RecordBatch) -> pa.RecordBatch:
