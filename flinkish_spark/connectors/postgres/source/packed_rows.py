@@ -172,19 +172,43 @@ class _PackedStream(_Stream):
 # -- snapshot chunks -------------------------------------------------------------------------------------------------
 
 
-def chunk_select(schema: TableSchema) -> str:
-    """The select list of a packed chunk read: every column's text, as the JSON shape's ``row_sql`` starts from."""
-    def text(c: Column) -> str:
-        name = '"' + c.name.replace('"', '""') + '"'
-        return f"bpcharout({name})::text" if c.pg_type == "bpchar" else f"{name}::text"  # ::text drops the padding
+#: Types a chunk reads as they are (ADBC's binary COPY gives the value the JSON shape decodes to): no text made on the
+#: server, none parsed here. Dates and timestamps only within years 1-9999 -- outside (infinity, BC, year 10000+)
+#: the JSON shape decodes null, and so do these (the CASE below).
+_RAW = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar"}
+_TEMPORAL = {"date": "date", "timestamp": "timestamp", "timestamptz": "timestamptz"}
+_SUFFIX = {"timestamptz": "+00"}
 
-    return ", ".join(text(c) for c in schema.columns) or "NULL"
+
+def chunk_select(schema: TableSchema) -> str:
+    """The select list of a packed chunk read: a column as its base type where Arrow holds it as the JSON shape
+    decodes it, else its text (what the JSON shape's ``row_sql`` starts from)."""
+    def expr(c: Column) -> str:
+        name = '"' + c.name.replace('"', '""') + '"'
+        if c.pg_type in _RAW:
+            return f"{name}::{c.pg_type}"
+        if c.pg_type in _TEMPORAL:
+            lo, hi = (f"'{y}-01-01{_SUFFIX.get(c.pg_type, '')}'::{c.pg_type}" for y in ("0001", "10000"))
+            return f"CASE WHEN {name} >= {lo} AND {name} < {hi} THEN {name}::{c.pg_type} END"
+        if c.pg_type == "bpchar":
+            return f"bpcharout({name})::text"  # ::text would drop the padding that pgoutput keeps
+        return f"{name}::text"
+
+    return ", ".join(expr(c) for c in schema.columns) or "NULL"
 
 
 def chunk_pack(schema: TableSchema, batch: pa.RecordBatch) -> pa.RecordBatch:
     """One batch of a chunk's :func:`chunk_select` rows as one packed row of snapshot rows."""
     n = batch.num_rows
-    typed = [typed_column(batch.column(i).cast(pa.string()), c) for i, c in enumerate(schema.columns)]
+    typed = [_chunk_column(batch.column(i), c) for i, c in enumerate(schema.columns)]
     meta = [pa.repeat(pa.scalar("r"), n), pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32()), pa.nulls(n, _TS),
             pa.nulls(n, pa.list_(pa.string()))]
     return pa.RecordBatch.from_pylist([pack_row(schema, _body(schema, typed, meta))], schema=PACKED_ARROW)
+
+
+def _chunk_column(arr: pa.Array, col: Column) -> pa.Array:
+    if col.pg_type in _RAW or col.pg_type in _TEMPORAL:
+        target = arrow_type(col.spark_type)
+        if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
+            return arr if arr.type == target else arr.cast(target)
+    return typed_column(arr.cast(pa.string()), col)
