@@ -101,10 +101,13 @@ def main() -> None:
         result["cpu_ms"][label] = round(s * 1000)
     s, _ = best_cpu(lambda: task_tables(iter(batches)), args.repeats)
     result["cpu_ms"]["sink task_tables"] = round(s * 1000)
+    packed_pieces: Any = None
     try:  # the packed shape (rowFormat=arrow), where the code has it
-        from flinkish_spark.connectors.postgres.source.packed_rows import packed_pieces
+        from flinkish_spark.connectors.postgres.source import packed_rows
+
+        packed_pieces = packed_rows.packed_pieces
     except ImportError:
-        packed_pieces = None
+        pass
     if packed_pieces is not None:
         s, packs = best_cpu(lambda: list(packed_pieces(src, [msgs], 0, 1 << 62, relations, lambda r: schema)), args.repeats)
         result["cpu_ms"]["source arrow (packed)"] = round(s * 1000)
