@@ -18,7 +18,7 @@ Per epoch, from the query progress: rows, ``latestOffset`` / ``queryPlanning`` /
 worker's read of the change split, its peek, the sink task's ``task_tables`` and ``prepare``, the driver's
 ``commit`` -- summed per epoch.
 
-    python benchmarks/mirror_path.py [--changes 300000] [--txn 1000] [--trigger 1] [--max-rows N] [--timers [--profile driver.commit_epoch,...]]
+    python benchmarks/mirror_path.py [--row-formats json,arrow] [--changes 300000] [--txn 1000] [--trigger 1] [--max-rows N] [--timers [--profile driver.commit_epoch,...]]
 """
 
 from __future__ import annotations
@@ -51,14 +51,26 @@ def epoch_start(p: Any) -> float:
     return datetime.strptime(p.timestamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
-def start_query(spark: Any, url: str, meta: str, cp: str, lake: str, args: argparse.Namespace) -> Any:
-    r = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
-         .option("url", url).option("tables", "bench.*"))
+def start_query(spark: Any, url: str, work: str, args: argparse.Namespace, fmt: str) -> Any:
+    """The mirror of one row shape (``rowFormat``): its own slot, checkpoint and lake; each epoch observes its
+    changes (Spark's numInputRows counts packed rows in the arrow shape)."""
+    from pyspark.sql import functions as F
+
+    meta, cp, lake = (os.path.join(work, fmt, x) for x in ("meta", "cp", "lake"))
+    r = (spark.readStream.format("flinkish.postgres").option("uid", f"src_{fmt}").option("checkpoint", meta)
+         .option("url", url).option("tables", "bench.*").option("rowFormat", fmt))
     if args.max_rows:
         r = r.option("maxRowsPerTrigger", str(args.max_rows))
-    return (r.load().writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
+    df = r.load()
+    n = F.sum("_count") if fmt == "arrow" else F.count_if(F.col("_op").isin("r", "c", "u", "d"))
+    df = df.observe("changes", F.coalesce(n, F.lit(0)).cast("long").alias("n"))
+    return (df.writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
             .option("path", os.path.join(lake, "{schema}", "{table}"))
             .option("checkpointLocation", cp).trigger(processingTime=f"{args.trigger} seconds").start())
+
+
+def changes_of(p: Any) -> int:
+    return int(((getattr(p, "observedMetrics", None) or {}).get("changes") or {"n": 0})["n"] or 0)
 
 
 def timers_by_epoch(path: str, progress: list[Any]) -> dict[int, dict[str, float]]:
@@ -90,6 +102,47 @@ def timeline(path: str, p: Any) -> list[tuple[str, int, int, int]]:
     return sorted(out, key=lambda x: (x[1], x[2]))
 
 
+def report(fmt: str, progress: list[Any], t_start: float, t_done: float, before: int, recv_s: float, timer_file: str,
+           args: argparse.Namespace) -> dict[str, Any]:
+    """One shape's figures, printed; what the results file keeps of it."""
+    first, last = progress[0], progress[-1]
+    span = epoch_start(last) + last.durationMs["triggerExecution"] / 1000 - epoch_start(first)
+    rows = sum(changes_of(p) for p in progress)
+    rate, rate_start = rows / span, rows / (t_done - t_start)
+    timers = timers_by_epoch(timer_file, progress) if args.timers else {}
+    names = sorted({n for d in timers.values() for n in d})
+    epochs = [{"batch": p.batchId, "rows": changes_of(p), **{k: p.durationMs.get(k) for k in DURATIONS},
+               **{n: round(timers.get(p.batchId, {}).get(n, 0.0) * 1000) for n in names}} for p in progress]
+    print(f"\nmirror path, rowFormat={fmt}, 1 table, {rows:,} changes ({args.txn}-row transactions), {args.trigger:g} s "
+          f"trigger, maxRowsPerTrigger {args.max_rows or 'unset'}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus "
+          f"({len(progress)} epochs with rows; restart after {before} epochs)\n")
+    print_table(["", "changes/s", "x pg_recvlogical", "s"], [
+        ("pg_recvlogical -f /dev/null", f"{args.changes / recv_s:,.0f}", "1.00", f"{recv_s:.2f}"),
+        ("mirror: first epoch start -> last epoch end", f"{rate:,.0f}", f"{rate * recv_s / args.changes:.3f}", f"{span:.2f}"),
+        ("mirror: start() -> last rows seen", f"{rate_start:,.0f}", f"{rate_start * recv_s / args.changes:.3f}",
+         f"{t_done - t_start:.2f}")])
+    print("\nper epoch, ms (Spark durationMs" + (", then the timers, summed per epoch" if names else "") + "):\n")
+    total = {k: sum((e.get(k) or 0) for e in epochs) for k in (*DURATIONS, *names)}
+    print_table(["batch", "rows", *DURATIONS, *names],
+                [tuple(e.values()) for e in epochs] + [("all", rows, *(total[k] for k in (*DURATIONS, *names)))])
+    steps: list[tuple[str, int, int, int]] = []
+    if args.timers:
+        big = max(progress, key=changes_of)
+        steps = timeline(timer_file, big)
+        print(f"\ntimeline of batch {big.batchId} ({changes_of(big):,} rows), ms after its start:\n")
+        print_table(["call", "start", "end", "own"], steps)
+    for name in filter(None, args.profile.split(",")):
+        import pstats
+
+        dumps = sorted(glob.glob(f"{timer_file}.{name}.*.prof"))
+        if dumps:
+            print(f"\ncProfile of {name} ({len(dumps)} calls, all epochs), by own time:")
+            pstats.Stats(*dumps).sort_stats("tottime").print_stats(12)
+    return {"timeline": steps, "load_avg": os.getloadavg(), "span_s": span, "mirror_changes_per_s": rate,
+            "mirror_changes_per_s_from_start": rate_start, "ratio": rate * recv_s / args.changes, "epochs": epochs,
+            "totals_ms": total}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--changes", type=int, default=300_000)
@@ -100,6 +153,7 @@ def main() -> None:
     ap.add_argument("--timers", action="store_true", help="benchmark-only timers in the driver and Python workers")
     ap.add_argument("--profile", default="", help="with --timers: timer names to cProfile too, e.g. driver.commit_epoch")
     ap.add_argument("--name", default="mirror_path", help="results/<name>.json")
+    ap.add_argument("--row-formats", default="json,arrow", help="the source's rowFormat values to run, one after another")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="flinkish-bench-mirror-path-")
     timer_file = os.path.join(work, "timers.jsonl")
@@ -121,7 +175,8 @@ def main() -> None:
 
     pg = start_postgres(os.path.join(work, "data"))
     url = pg.uri
-    meta, cp, lake = (os.path.join(work, x) for x in ("meta", "cp", "lake"))
+    formats = [f for f in args.row_formats.split(",") if f]
+    runs: dict[str, dict[str, Any]] = {}
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA bench")
@@ -129,13 +184,14 @@ def main() -> None:
         spark = flinkish_spark.session(app_name="bench-mirror-path", conf={
             "spark.sql.streaming.numRecentProgressUpdates": "100000", "spark.driver.memory": "2g"})
         spark.sparkContext.setLogLevel("ERROR")
-        q = start_query(spark, url, meta, cp, lake, args)
-        while not glob.glob(os.path.join(lake, "bench", "t", "_delta_log", "*.json")):
-            if q.exception() is not None or not q.isActive:
-                raise RuntimeError(f"the mirror ended during the snapshot: {q.exception()}")
-            time.sleep(0.5)
-        time.sleep(2 * args.trigger)
-        flinkish_spark.stop(q, drain=False, timeout=300)
+        for fmt in formats:  # each shape's (empty) snapshot and slot, before the backlog
+            q = start_query(spark, url, work, args, fmt)
+            while not glob.glob(os.path.join(work, fmt, "lake", "bench", "t", "_delta_log", "*.json")):
+                if q.exception() is not None or not q.isActive:
+                    raise RuntimeError(f"the mirror ended during the snapshot: {q.exception()}")
+                time.sleep(0.5)
+            time.sleep(2 * args.trigger)
+            flinkish_spark.stop(q, drain=False, timeout=300)
         with psycopg.connect(url, autocommit=True) as conn:
             for i in range(args.recv_repeats):  # pg_recvlogical consumes its slot: one per run
                 conn.execute(f"SELECT pg_create_logical_replication_slot('bench_recv{i}', 'pgoutput')")
@@ -150,73 +206,43 @@ def main() -> None:
         for i in range(args.recv_repeats):
             t0 = time.perf_counter()
             subprocess.run([exe, "-d", url, "--slot", f"bench_recv{i}", "--start", "--no-loop", "-o", "proto_version=1",
-                            "-o", "publication_names=flinkish_src", "-f", "/dev/null", "--endpos", format_lsn(end)],
-                           check=True, capture_output=True)
+                            "-o", f"publication_names=flinkish_src_{formats[0]}", "-f", "/dev/null",
+                            "--endpos", format_lsn(end)], check=True, capture_output=True)
             recv_runs.append(time.perf_counter() - t0)
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(f"SELECT pg_drop_replication_slot('bench_recv{i}')")
         recv_s = statistics.median(recv_runs)
         print(f"pg_recvlogical: {', '.join(f'{x:.2f}' for x in recv_runs)} s; median {args.changes / recv_s:,.0f} changes/s",
               flush=True)
-        for old in glob.glob(timer_file + "*"):  # the snapshot's
-            os.remove(old)
-        before = len(glob.glob(os.path.join(cp, "commits", "*")))
-        t_start = time.time()
-        q = start_query(spark, url, meta, cp, lake, args)
-        seen = 0
-        while seen < args.changes:
-            if q.exception() is not None or not q.isActive:
-                raise RuntimeError(f"the mirror failed: {q.exception()}")
-            seen = sum(p.numInputRows for p in q.recentProgress)
-            time.sleep(0.2)
-        t_done = time.time()
-        flinkish_spark.stop(q, drain=False, timeout=300)
-        progress = [p for p in q.recentProgress if p.numInputRows]
+        for fmt in formats:
+            for old in glob.glob(timer_file + "*"):  # the snapshot's, the other shape's
+                os.remove(old)
+            before = len(glob.glob(os.path.join(work, fmt, "cp", "commits", "*")))
+            t_start = time.time()
+            q = start_query(spark, url, work, args, fmt)
+            seen = 0
+            while seen < args.changes:
+                if q.exception() is not None or not q.isActive:
+                    raise RuntimeError(f"the mirror failed: {q.exception()}")
+                seen = sum(changes_of(p) for p in q.recentProgress)
+                time.sleep(0.2)
+            t_done = time.time()
+            flinkish_spark.stop(q, drain=False, timeout=300)
+            progress = [p for p in q.recentProgress if changes_of(p)]
+            runs[fmt] = report(fmt, progress, t_start, t_done, before, recv_s, timer_file, args)
         spark.stop()
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot('flinkish_src')")
-            conn.execute("DROP PUBLICATION flinkish_src")
+            for fmt in formats:
+                conn.execute(f"SELECT pg_drop_replication_slot('flinkish_src_{fmt}')")
+                conn.execute(f"DROP PUBLICATION flinkish_src_{fmt}")
     finally:
         pg.stop()
-    first, last = progress[0], progress[-1]
-    span = epoch_start(last) + last.durationMs["triggerExecution"] / 1000 - epoch_start(first)
-    rows = sum(p.numInputRows for p in progress)
-    rate, rate_start = rows / span, rows / (t_done - t_start)
-    timers = timers_by_epoch(timer_file, progress) if args.timers else {}
-    names = sorted({n for d in timers.values() for n in d})
-    epochs = [{"batch": p.batchId, "rows": p.numInputRows, **{k: p.durationMs.get(k) for k in DURATIONS},
-               **{n: round(timers.get(p.batchId, {}).get(n, 0.0) * 1000) for n in names}} for p in progress]
-    print(f"\nmirror path, 1 table, {rows:,} changes ({args.txn}-row transactions), {args.trigger:g} s trigger, "
-          f"maxRowsPerTrigger {args.max_rows or 'unset'}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus "
-          f"({len(progress)} epochs with rows; restart after {before} epochs)\n")
-    print_table(["", "changes/s", "x pg_recvlogical", "s"], [
-        ("pg_recvlogical -f /dev/null", f"{args.changes / recv_s:,.0f}", "1.00", f"{recv_s:.2f}"),
-        ("mirror: first epoch start -> last epoch end", f"{rate:,.0f}", f"{rate * recv_s / args.changes:.3f}", f"{span:.2f}"),
-        ("mirror: start() -> last rows seen", f"{rate_start:,.0f}", f"{rate_start * recv_s / args.changes:.3f}",
-         f"{t_done - t_start:.2f}")])
-    print("\nper epoch, ms (Spark durationMs" + (", then the timers, summed per epoch" if names else "") + "):\n")
-    total = {k: sum((e.get(k) or 0) for e in epochs) for k in (*DURATIONS, *names)}
-    print_table(["batch", "rows", *DURATIONS, *names],
-                [tuple(e.values()) for e in epochs] + [("all", rows, *(total[k] for k in (*DURATIONS, *names)))])
-    steps: list[tuple[str, int, int, int]] = []
-    if args.timers:
-        big = max(progress, key=lambda p: p.numInputRows)
-        steps = timeline(timer_file, big)
-        print(f"\ntimeline of batch {big.batchId} ({big.numInputRows:,} rows), ms after its start "
-              f"(addBatch ends at ~{big.durationMs['triggerExecution'] - big.durationMs.get('commitOffsets', 0)}):\n")
-        print_table(["call", "start", "end", "own"], steps)
-    for name in filter(None, args.profile.split(",")):
-        import pstats
-
-        dumps = sorted(glob.glob(f"{timer_file}.{name}.*.prof"))
-        if dumps:
-            print(f"\ncProfile of {name} ({len(dumps)} calls, all epochs), by own time:")
-            pstats.Stats(*dumps).sort_stats("tottime").print_stats(12)
-    print("\nwrote", write_results(args.name, {"timeline": steps,
+    if len(runs) > 1:
+        print("\nside by side: " + ", ".join(f"{f} {r['mirror_changes_per_s']:,.0f}/s ({r['ratio']:.3f}x)" for f, r in runs.items()))
+    print("\nwrote", write_results(args.name, {
         "args": vars(args), "load_avg": os.getloadavg(), "changes": args.changes, "write_s": write_s,
-        "recvlogical_s": recv_s, "recvlogical_runs_s": recv_runs, "recvlogical_changes_per_s": args.changes / recv_s, "span_s": span,
-        "mirror_changes_per_s": rate, "mirror_changes_per_s_from_start": rate_start,
-        "ratio": rate * recv_s / args.changes, "epochs": epochs, "totals_ms": total}))
+        "recvlogical_s": recv_s, "recvlogical_runs_s": recv_runs, "recvlogical_changes_per_s": args.changes / recv_s,
+        "runs": runs, **(runs[formats[-1]] if runs else {})}))
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -7,7 +7,9 @@ transactions) are built here as the pgoutput messages a peek returns; then, in o
 * **source**: ``stream_batches`` -- pgoutput decode, JSON row text, Arrow batches (what the source's Python
   worker does after its peek), the bulk path and (``bulk=False``) the per-message path;
 * **sink**: ``routing.task_tables`` on those batches -- JSON back to typed columns per table (what the sink's
-  task does before its keyed prepare).
+  task does before its keyed prepare);
+* the same two stages in the packed shape (``rowFormat=arrow``: ``packed_rows.packed_pieces``, typed from the
+  messages, and ``task_tables`` reading the packs), where the code has it.
 
 ``PYTHONPATH`` chooses the code: run it once on another checkout (e.g. ``git archive <commit> flinkish_spark``)
 to compare (there ``bulk=False`` may not exist: only the default path is timed then).
@@ -99,6 +101,19 @@ def main() -> None:
         result["cpu_ms"][label] = round(s * 1000)
     s, _ = best_cpu(lambda: task_tables(iter(batches)), args.repeats)
     result["cpu_ms"]["sink task_tables"] = round(s * 1000)
+    packed_pieces: Any = None
+    try:  # the packed shape (rowFormat=arrow), where the code has it
+        from flinkish_spark.connectors.postgres.source import packed_rows
+
+        packed_pieces = packed_rows.packed_pieces
+    except ImportError:
+        pass
+    if packed_pieces is not None:
+        s, packs = best_cpu(lambda: list(packed_pieces(src, [msgs], 0, 1 << 62, relations, lambda r: schema)), args.repeats)
+        result["cpu_ms"]["source arrow (packed)"] = round(s * 1000)
+        s, _ = best_cpu(lambda: task_tables(iter(packs)), args.repeats)
+        result["cpu_ms"]["sink task_tables arrow (packed)"] = round(s * 1000)
+        result["stream_rows"] = {"json": sum(b.num_rows for b in batches), "arrow": sum(b.num_rows for b in packs)}
     result["load_avg_after"] = list(os.getloadavg())
     print(f"{result['code']}: {args.changes:,} changes, CPU ms (min of {args.repeats}): {result['cpu_ms']}; "
           f"load {result['load_avg'][0]:.1f} -> {result['load_avg_after'][0]:.1f}")

@@ -18,7 +18,7 @@ tables ``many.t_<i>`` of ``--table-rows`` rows each, the same row. One warm-up o
 ``mirror_path.py``): per epoch the sink's prepare, commit and the source's read, summed.
 
     python benchmarks/mirror_snapshot.py [--rows 2000000] [--tables 100 --table-rows 20000] [--cases big,many]
-        [--variants 200000@1,1000000@1,200000@10] [--split-size 100000] [--timers] [--tag NAME]
+        [--variants 200000@1,1000000@1,200000@10] [--split-size 100000] [--row-formats json,arrow] [--timers] [--tag NAME]
 """
 
 from __future__ import annotations
@@ -91,14 +91,14 @@ def load(url: str, schema: str, tables: int, rows: int) -> list[str]:
 
 
 def mirror(spark: Any, url: str, schema: str, work: str, tag: str, max_rows: int, trigger: float,
-           split_size: int) -> tuple[float, Any]:
+           split_size: int, row_format: str = "json") -> tuple[float, Any]:
     import flinkish_spark
 
     meta, lake = os.path.join(work, f"meta-{tag}"), os.path.join(work, f"lake-{tag}")
     r = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
          .option("url", url).option("tables", f"{schema}.*").option("startup", "snapshot")
          .option("maxRowsPerTrigger", str(max_rows)).option("splitSize", str(split_size))
-         .option("snapshotPartitions", "2"))
+         .option("snapshotPartitions", "2").option("rowFormat", row_format))
     t0 = time.time()
     q = (r.load().writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
          .option("path", os.path.join(lake, "{schema}", "{table}"))
@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--split-size", type=int, default=100_000)
     ap.add_argument("--timers", action="store_true")
     ap.add_argument("--profile", default="")
+    ap.add_argument("--row-formats", default="json,arrow", help="the source's rowFormat values, each run per variant")
     ap.add_argument("--tag", default="", help="a name for this run in the results file (e.g. before, after)")
     args = ap.parse_args()
     cases = args.cases.split(",")
@@ -181,7 +182,8 @@ def main() -> None:
                                        conf={"spark.jars": JDBC_JAR, "spark.driver.memory": "2g"})
         spark.sparkContext.setLogLevel("ERROR")
         jdbc(spark, pg.jdbc_url, warm, 200_000, work, "warm")
-        mirror(spark, pg.uri, "warm", work, "warm", 200_000, 1.0, args.split_size)
+        for fmt in args.row_formats.split(","):
+            mirror(spark, pg.uri, "warm", work, f"warm-{fmt}", 200_000, 1.0, args.split_size, fmt)
         def parse(text: str) -> list[tuple[int, float]]:
             return [(int(v.split("@")[0]), float(v.split("@")[1])) for v in text.split(",")]
 
@@ -193,11 +195,12 @@ def main() -> None:
             j = jdbc(spark, pg.jdbc_url, names, per_table, work, case)
             jcpu = cpu_since(before)
             print(f"{case}: JDBC {j:.1f}s, CPU s {jcpu}", flush=True)
-            for max_rows, trigger in parse(args.many_variants if case == "many" and args.many_variants else args.variants):
-                tag = f"{case}-{max_rows}-{trigger:g}"
+            variants = parse(args.many_variants if case == "many" and args.many_variants else args.variants)
+            for max_rows, trigger, fmt in [(m, t, f) for m, t in variants for f in args.row_formats.split(",")]:
+                tag = f"{case}-{max_rows}-{trigger:g}-{fmt}"
                 load_before = os.getloadavg()
                 before = cpu_seconds(os.getpid(), pgroot)
-                m, (progress, lake) = mirror(spark, pg.uri, schema, work, tag, max_rows, trigger, args.split_size)
+                m, (progress, lake) = mirror(spark, pg.uri, schema, work, tag, max_rows, trigger, args.split_size, fmt)
                 load_after = os.getloadavg()
                 mcpu = cpu_since(before)
                 got = delta_rows(lake, names)
@@ -212,7 +215,7 @@ def main() -> None:
                 for p in progress:
                     for k, v in (p.durationMs or {}).items():
                         durations[k] = durations.get(k, 0) + int(v)
-                r = {"case": case, "tables": len(names), "rows": total, "max_rows_per_trigger": max_rows,
+                r = {"case": case, "row_format": fmt, "tables": len(names), "rows": total, "max_rows_per_trigger": max_rows,
                      "trigger_s": trigger, "jdbc_s": round(j, 2), "mirror_s": round(m, 2),
                      "jdbc_rows_per_s": round(total / j), "mirror_rows_per_s": round(total / m),
                      "ratio": round(j / m, 3), "epochs": len(epochs), "load_before": load_before,
@@ -224,14 +227,14 @@ def main() -> None:
                       f"{len(epochs)} epochs, "
                       f"load {load_before[0]:.1f} -> {load_after[0]:.1f}; durations {durations}; timers {r['timers_s']}",
                       flush=True)
-                rows_out.append([case, f"{len(names)} x {per_table:,}", f"{max_rows:,} @ {trigger:g} s", f"{j:.1f}",
+                rows_out.append([case, fmt, f"{len(names)} x {per_table:,}", f"{max_rows:,} @ {trigger:g} s", f"{j:.1f}",
                                  f"{total / j:,.0f}", f"{m:.1f}", f"{total / m:,.0f}", f"{r['ratio']:.2f}x",
                                  f"{sum(jcpu.values()):.0f} / {sum(mcpu.values()):.0f}", len(epochs),
                                  f"{load_before[0]:.1f} / {load_after[0]:.1f}"])
                 shutil.rmtree(lake, ignore_errors=True)
             shutil.rmtree(os.path.join(work, f"pq-{case}"), ignore_errors=True)
         print()
-        print_table(["case", "tables x rows", "maxRowsPerTrigger @ trigger", "JDBC s", "JDBC rows/s", "mirror s", "mirror rows/s", "mirror / JDBC", "CPU s JDBC / mirror",
+        print_table(["case", "rowFormat", "tables x rows", "maxRowsPerTrigger @ trigger", "JDBC s", "JDBC rows/s", "mirror s", "mirror rows/s", "mirror / JDBC", "CPU s JDBC / mirror",
                      "epochs", "load 1 min before / after"], rows_out)
         spark.stop()
         name = "mirror_snapshot" + (f"_{args.tag}" if args.tag else "")

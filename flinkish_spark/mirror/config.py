@@ -75,7 +75,7 @@ _STORAGE = ("endpointUrl", "region", "storageOptions")
 _COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
-                  "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
+                  "rowFormat", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
 #: Flink CDC's names for some of them (a pipeline file may use either).
 SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.size": "splitSize",
                       "scan.startup.mode": "startup"}
@@ -161,6 +161,10 @@ class MirrorConfig:
                 max(DEFAULT_MAX_ROWS_PER_TRIGGER,
                     min(SNAPSHOT_ROWS_PER_TRIGGER_MAX, int(SNAPSHOT_ROWS_PER_TRIGGER_SECOND * self.trigger_s)))))
         opts.setdefault("maxRowsPerTrigger", str(DEFAULT_MAX_ROWS_PER_TRIGGER))
+        if self.format in ("delta", "iceberg"):
+            # Packed rows (rows.packed): typed Arrow per table, no JSON through Spark; the PostgreSQL routed sink
+            # stages JSON and keeps the JSON shape (exact for values Arrow cannot hold, e.g. NaN in a numeric).
+            opts.setdefault("rowFormat", "arrow")
         return opts
 
     def sink_options(self) -> dict[str, str]:

@@ -167,6 +167,14 @@ def _observe(df: Any) -> Any:
     from pyspark.sql import functions as F
 
     op = F.col("_op")
+    if "batch" in df.columns:  # packed rows (rowFormat=arrow): each carries its counts
+        return df.observe(
+            OBSERVED,
+            F.coalesce(F.sum("_count"), F.lit(0)).cast("long").alias("rows"),
+            F.coalesce(F.sum(F.when(F.col("_lsn").isNull(), F.col("_count"))), F.lit(0)).cast("long").alias("snapshot_rows"),
+            F.coalesce(F.sum("_changes"), F.lit(0)).cast("long").alias("changes"),
+            F.max(F.unix_micros(F.col("_commit_ts"))).alias("last_commit_us"),
+        )
     return df.observe(
         OBSERVED,
         F.count_if(op.isin("r", "c", "u", "d")).alias("rows"),

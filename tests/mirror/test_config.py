@@ -49,7 +49,9 @@ def test_flags_give_the_options_a_python_user_passes() -> None:
     assert c.source_options() == {"uid": "mirror", "checkpoint": "/meta", "url": "postgresql://cdc@db.internal:5432/shop",
                                   "tables": "public.*", "splitSize": "5000", "passwordEnv": SOURCE_PASSWORD_ENV,
                                   "maxRowsPerTrigger": "200000",  # the mirror's default bound of an epoch
-                                  "snapshotRowsPerTrigger": "200000"}  # 100,000 per second of the trigger, >= 200,000
+                                  "snapshotRowsPerTrigger": "200000",  # 100,000 per second of the trigger, >= 200,000
+                                  "rowFormat": "arrow"}  # packed rows for a lakehouse target
+    assert flags(source_option=["rowFormat=json"]).source_options()["rowFormat"] == "json"  # the user's choice holds
     assert flags(source_option=["maxRowsPerTrigger=5000"]).source_options()["maxRowsPerTrigger"] == "5000"
     # A snapshot epoch fills the default 10 s trigger; a bound the user gives holds for the snapshot too.
     assert flags().source_options()["snapshotRowsPerTrigger"] == "1000000"

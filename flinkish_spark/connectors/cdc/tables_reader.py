@@ -12,7 +12,7 @@ gives the same schemas. PostgreSQL's reads: :mod:`flinkish_spark.connectors.post
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -27,9 +27,13 @@ class TablesReaderCore(SplitReader):
     """Reads a task's ranges; the chunks of one task share one ADBC connection (a table of a few
     rows costs a connection otherwise: most of a snapshot of 1,000 small tables)."""
 
-    def __init__(self, source: CdcSourceHost, dialect: ReaderDialect) -> None:
+    def __init__(self, source: CdcSourceHost, dialect: ReaderDialect,
+                 pack: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None) -> None:
         self.source = source
         self.dialect = dialect
+        #: ``rowFormat=arrow``: turns a read's stream rows into packed rows, one Arrow IPC stream per run of a
+        #: table's rows (PostgreSQL: :class:`flinkish_spark.connectors.postgres.rows.packed.Packer`).
+        self.pack = pack
         self._conn: Any = None
         self._ckpt_id: int | None = None
 
@@ -37,6 +41,10 @@ class TablesReaderCore(SplitReader):
         self._ckpt_id = ckpt_id
 
     def read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        rows = self._read(split, start, end)
+        return rows if self.pack is None else self.pack(rows)
+
+    def _read(self, split: Split, start: int, end: int) -> Iterator[pa.RecordBatch]:
         if start >= end:
             return
         if split.split_id.startswith("snapshot-"):

@@ -30,7 +30,9 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, ChangePlan, MergeMode
 from flinkish_spark.connectors.lakehouse.figures import Figures
+from flinkish_spark.connectors.lakehouse.packed import PackedDecode
 from flinkish_spark.connectors.lakehouse.task_decode import TaskDecode
+from flinkish_spark.connectors.postgres.rows.packed import is_packed
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.connectors.postgres.rows.decode import ROW_META
 from flinkish_spark.errors import ConfigError, SchemaChangeError
@@ -123,8 +125,8 @@ def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str
 
 
 def check_stream(names: list[str], component: str, option: str) -> None:
-    """Refuse an input that is not the multi-table stream."""
-    if list(names) != list(STREAM_COLUMNS):
+    """Refuse an input that is not the multi-table stream (its JSON shape or its packed one, ``rowFormat=arrow``)."""
+    if list(names) != list(STREAM_COLUMNS) and not is_packed(names):
         raise ConfigError(
             f"{component}: '{{table}}' in {option!r} routes the multi-table stream of a flinkish.postgres source "
             f"read with the option 'tables' (columns {', '.join(STREAM_COLUMNS)}), but the query writes "
@@ -182,9 +184,13 @@ def task_tables(batches: Iterable[pa.RecordBatch]) -> list[tuple[str, TableSchem
     The rows are typed as they arrive (:class:`.task_decode.TaskDecode`): a one-table task in stream order a batch
     at a time, anything else :data:`DECODE_ROWS` at a time; the same rows as one decode of the whole task, and the
     task's JSON texts are never all held."""
-    decode = TaskDecode(DECODE_ROWS)
+    decode: TaskDecode | PackedDecode | None = None
     for b in batches:
+        if decode is None:  # the shape of the stream (rowFormat=arrow: packed, :mod:`.packed`)
+            decode = PackedDecode() if is_packed(b.schema.names) else TaskDecode(DECODE_ROWS)
         decode.add(b)
+    if decode is None:
+        return []
     return [(name, require_key(name, last.schema),
              replace(table_input(rows), figures=figures, earlier=earlier))
             for name, (last, rows, figures, earlier) in decode.result().items()]

@@ -45,6 +45,7 @@ from flinkish_spark.connectors.postgres.connection import (
 from flinkish_spark.connectors.postgres.resnapshot import apply_markers
 from flinkish_spark.connectors.postgres.routed_schema import evolve, read_target
 from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD, Column, TableSchema
+from flinkish_spark.connectors.postgres.rows.packed import is_packed, unpack_json
 from flinkish_spark.connectors.postgres.staging import (
     Bookkeeping, S_ATTEMPT, S_EPOCH, S_PART, S_ROW, check_staged, chunks, clear_staged, create_commits_table, staging_table_name,
 )
@@ -264,7 +265,10 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         got = [b for b in batches if b.num_rows]
         if not got:
             return None
-        staged, parts = stage_rows(pa.Table.from_batches(got), ctx, attempt_id)
+        stream = pa.Table.from_batches(got)
+        if is_packed(stream.column_names):  # rowFormat=arrow: back to JSON rows, which staging holds
+            stream = unpack_json(stream)
+        staged, parts = stage_rows(stream, ctx, attempt_id)
         if not parts:
             return None
         for part in parts:  # a name no target can have: refused before the epoch's decision is recorded

@@ -34,7 +34,8 @@ def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
     return {
         "source": {"format": "flinkish.postgres", "options": {
             "uid": "mirror", "checkpoint": META, "endpointUrl": endpoint, "url": url, "tables": "public.m_*",
-            "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1}},
+            "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1,
+            "rowFormat": "arrow"}},  # the shape flinkish mirror reads to a lakehouse
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": META, "endpointUrl": endpoint, "path": LAKE + "/{schema}/{table}"}},
         "trigger": "1 second",

@@ -41,6 +41,10 @@ Guarantees a consumer can build on:
    changes when it joined while the stream ran; a keyed sink may apply them in any interleaving
    that keeps the change rows in ``(_lsn, _seq)`` order (docs/postgres-source.md, "New tables").
 
+The source option ``rowFormat=arrow`` gives the same rows in a packed shape instead: one row per run of up to
+65,536 changes of one table, typed inside an Arrow IPC stream (:mod:`.packed`, :data:`.packed.PACKED_DDL`), with the
+same guarantees within a table; the routing sinks read both.
+
 Helpers: :func:`split_tables` (one epoch, Arrow, per table: typed rows and schemas),
 :func:`net_changes` (one table's epoch as a keyed target sees it: upserts, deletes, truncate),
 :func:`decode_rows` (JSON rows of one schema to typed Arrow), :func:`mirror_rows` (Spark:

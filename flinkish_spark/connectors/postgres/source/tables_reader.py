@@ -39,6 +39,7 @@ from flinkish_spark.connectors.postgres.rows import TableSchema, row_sql
 from flinkish_spark.connectors.postgres.rows.encode import session_settings_sql
 from flinkish_spark.connectors.postgres.source.catalog import RelationSchemas, load_table_schema, psycopg_query
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces
+from flinkish_spark.connectors.postgres.source.packed_rows import chunk_pack, chunk_select, packed_pieces
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.stream_rows import (  # noqa: F401 (stream_batches: its old home)
     stream_batches, stream_pieces,
@@ -77,9 +78,14 @@ def read_chunk(src: PostgresSourceHost, chunk: dict[str, Any], conn: Any) -> Ite
         # opens it, its last (no upper bound) closes it (rows.RESNAPSHOT_BEGIN / _END).
         if chunk.get("resnapshot") and chunk.get("lo") is None:
             yield marker(schema, RESNAPSHOT_BEGIN)
-        cur.execute(f"SELECT {row_sql(schema)} AS row FROM {name} WHERE {_bounds(chunk)}")
+        packed = getattr(src, "row_format", "json") == "arrow"  # typed from the columns' text (packed_rows)
+        select = chunk_select(schema) if packed else f"{row_sql(schema)} AS row"
+        cur.execute(f"SELECT {select} FROM {name} WHERE {_bounds(chunk)}")
         for batch in cur.fetch_record_batch():
-            if batch.num_rows:
+            n = batch.num_rows
+            if n and packed:
+                yield chunk_pack(schema, batch)
+            elif n:
                 yield snapshot_rows(schema, batch.column(0).cast(pa.string()))
         conn.commit()
         if chunk.get("resnapshot") and chunk.get("hi") is None:
@@ -196,4 +202,5 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
                 return None
             return schema
 
-        yield from stream_pieces(src, pieces(), start, end, relations, resolve)
+        packed = getattr(src, "row_format", "json") == "arrow"  # bulk runs typed from the messages (packed_rows)
+        yield from (packed_pieces if packed else stream_pieces)(src, pieces(), start, end, relations, resolve)

@@ -1,0 +1,214 @@
+"""The packed shape (``rowFormat=arrow``, :mod:`..rows.packed`) made without JSON where it can: PostgreSQL's text of
+the values straight into typed Arrow.
+
+What it guarantees: the packs hold the values the JSON shape's rows decode to (:func:`..rows.decode.decode_rows`),
+value for value. Both start from PostgreSQL's text output of a value under the same session settings (pgoutput's
+for changes, ``::text`` for snapshot chunks, :mod:`..rows.encode`): :func:`typed_column` casts a column's texts with
+Arrow where the cast reads them as the JSON decoder reads their JSON (integers, floats, decimals, booleans, ISO dates
+and timestamps, text); a column whose cast refuses a value (NaN in a numeric, infinite or BC dates, bytea, arrays) is
+written as JSON per value and decoded as the JSON shape decodes it. ``tests/connectors/lakehouse/
+test_packed_rows.py`` and ``tests/connectors/postgres/test_source_packed.py`` compare the two.
+
+* **Changes**: :func:`packed_pieces` is :func:`.stream_rows.stream_pieces` whose bulk runs (long stretches of one
+  table's inserts, updates without an old tuple, deletes: :mod:`.bulk_rows`) become a pack each, typed from the
+  messages' bytes; every other row goes the JSON way and is packed after (:class:`..rows.packed.Packer`), in
+  stream order per table.
+* **Snapshot chunks**: :func:`chunk_packs` types a chunk's ``SELECT col::text, ...`` batches into packs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flinkish_spark.connectors.postgres.pgoutput import DecodeState, Relation
+from flinkish_spark.connectors.postgres.rows.decode import decode_rows
+from flinkish_spark.connectors.postgres.rows.encode import value_encoder
+from flinkish_spark.connectors.postgres.rows.packed import PACKED_ARROW, Packer, is_packed
+from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type
+from flinkish_spark.connectors.postgres.source import bulk_rows
+from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
+from flinkish_spark.connectors.postgres.source.stream_rows import _Stream
+
+_TS = pa.timestamp("us", tz="UTC")
+_ROW_OPS = pa.array(["r", "c", "u", "d"])
+
+
+def typed_column(texts: pa.Array, col: Column) -> pa.Array:
+    """A column's PostgreSQL texts (null: SQL NULL) as its typed Arrow array, the values the JSON shape decodes to."""
+    target = arrow_type(col.spark_type)
+    if col.encoding == "string" and pa.types.is_string(target):
+        return texts
+    if col.encoding == "bool":
+        # 't'/'f' from pgoutput (the type's output function), 'true'/'false' from a ::text cast (booltext)
+        return pc.if_else(pc.is_valid(texts), pc.is_in(texts, pa.array(["t", "true"])), pa.scalar(None, pa.bool_()))
+    if col.encoding == "number" or (col.encoding == "string" and (pa.types.is_date32(target)
+                                                                   or pa.types.is_timestamp(target))):
+        try:
+            return texts.cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # NaN in a decimal, infinity, BC, a year past 9999: as the JSON shape reads them
+    return _by_json(texts, col)
+
+
+def _by_json(texts: pa.Array, col: Column) -> pa.Array:
+    """The column written as JSON value by value (the encoder of the JSON shape) and decoded as that shape is."""
+    enc = value_encoder(col)
+    rows = [None if v is None else '{"v":' + enc(v) + "}" for v in texts.to_pylist()]
+    one = TableSchema("packed.column", (dataclasses.replace(col, name="v"),), ())
+    out = decode_rows(pa.chunked_array([pa.array([r if r is not None else "{}" for r in rows], pa.string())]), one)
+    return out.column(0).combine_chunks()
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def pack_row(schema: TableSchema, body: pa.Table) -> dict[str, Any]:
+    """The packed row of one table's typed rows (``body``: the columns of :mod:`..rows.packed`'s batch)."""
+    ops, lsns = body.column("_op"), body.column("_lsn")
+    changes = pc.is_valid(lsns)
+    ts = pc.max(pc.filter(body.column("_commit_ts"), changes)).as_py() if body.num_rows else None
+    return {"_table": schema.table, "_op": "p", "_schema_id": schema.schema_id, "_lsn": lsns[0].as_py(),
+            "_seq": body.column("_seq")[0].as_py(), "_last_lsn": lsns[-1].as_py(),
+            "_count": int(pc.sum(pc.is_in(ops, _ROW_OPS)).as_py() or 0),
+            "_changes": int(pc.sum(pc.and_(changes, pc.is_in(ops, pa.array(["c", "u", "d", "t"])))).as_py() or 0),
+            "_commit_ts": ts, "batch": _ipc(body)}
+
+
+def _body(schema: TableSchema, typed: list[pa.Array], meta: list[pa.Array]) -> pa.Table:
+    return pa.Table.from_arrays(typed + meta, names=list(schema.names) + ["_op", "_lsn", "_seq", "_commit_ts", "_unchanged"])
+
+
+# -- changes ---------------------------------------------------------------------------------------------------------
+
+
+def packed_pieces(src: PostgresSourceHost, pieces: Iterable[list[bytes]], start: int, end: int,
+                  relations: Mapping[int, Relation], resolve: Callable[[Relation], TableSchema | None],
+                  bulk: bool = True) -> Iterator[pa.RecordBatch]:
+    """:func:`.stream_rows.stream_pieces`, packed (see the module docstring)."""
+    out = _PackedStream(src, relations, resolve)
+    state = DecodeState()
+    for messages in pieces:
+        yield from out.packed(out.piece(messages, start, end, state, bulk))
+    yield from out.packed(out.finish())
+
+
+class _PackedStream(_Stream):
+    """A stream whose bulk runs come out as packs (and whose JSON batches the caller packs)."""
+
+    def __init__(self, src: PostgresSourceHost, relations: Mapping[int, Relation],
+                 resolve: Callable[[Relation], TableSchema | None]) -> None:
+        super().__init__(src, relations, resolve)
+        self.packer = Packer()
+
+    def packed(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            if b.num_rows:
+                yield b if is_packed(b.schema.names) else self.packer.pack(b)
+
+    def bulk(self, m: bulk_rows.Messages, messages: list[bytes], a: int, b: int, start: int, end: int,
+             state: DecodeState) -> Iterator[pa.RecordBatch]:
+        before = dataclasses.replace(state)
+        try:
+            packed = self._typed_run(m, a, b, start, end, state)
+        except bulk_rows.Declined:
+            packed = None
+        if packed is None:  # declined, or its table's first row goes message by message: the JSON shape's way
+            for f in dataclasses.fields(state):
+                setattr(state, f.name, getattr(before, f.name))
+            yield from super().bulk(m, messages, a, b, start, end, state)
+            return
+        if len(self.rows) or self.parts_n:
+            yield self._flush()  # the rows before the run first: stream order within the table
+        if packed.num_rows:
+            yield packed
+
+    def _typed_run(self, m: bulk_rows.Messages, a: int, b: int, start: int, end: int,
+                   state: DecodeState) -> pa.RecordBatch | None:
+        pos = bulk_rows.locate(m, a, b, state, start, end)
+        n = len(pos.msgs)
+        if not n:
+            return pa.RecordBatch.from_pylist([], schema=PACKED_ARROW)
+        relid = int(m.relids[pos.msgs[0]])
+        rel = state.relations.get(relid)
+        if rel is None:
+            raise bulk_rows.Declined("no Relation message")
+        entry = self.resolved.get(relid)
+        if entry is None or entry[0] is not rel or (entry[1] is not None and self.emitted.get(relid) != entry[1].schema_id):
+            return None
+        schema = entry[1]
+        if schema is None:
+            raise bulk_rows.Declined("not followed")
+        vals = bulk_rows.columns(m, pos.msgs, len(rel.names))
+        ops, is_del = bulk_rows.encode_ops(m, pos.msgs)
+        index = {name: i for i, name in enumerate(rel.names)}
+        key = set(schema.key)
+        masked = pa.array(is_del) if schema.key and is_del.any() else None  # a delete carries its key only
+        typed = []
+        for col in schema.columns:
+            t = arrow_type(col.spark_type)
+            i = index.get(col.name)
+            if i is None:
+                typed.append(pa.nulls(n, t))
+                continue
+            arr = typed_column(bulk_rows._strings(m.buf, vals[i])[0], col)
+            if masked is not None and col.name not in key:
+                arr = pc.if_else(masked, pa.scalar(None, arr.type), arr)
+            typed.append(arr)
+        seq, self.txn, self.seq = bulk_rows.seqs(pos.lsns, self.txn, self.seq)
+        meta = [ops, pa.array(pos.lsns, pa.int64()), pa.array(seq.astype(np.int32), pa.int32()),
+                pa.array(pos.ts, pa.int64()).cast(_TS), pa.nulls(n, pa.list_(pa.string()))]
+        return pa.RecordBatch.from_pylist([pack_row(schema, _body(schema, typed, meta))], schema=PACKED_ARROW)
+
+
+# -- snapshot chunks -------------------------------------------------------------------------------------------------
+
+
+#: Types a chunk reads as they are (ADBC's binary COPY gives the value the JSON shape decodes to): no text made on the
+#: server, none parsed here. Dates and timestamps only within years 1-9999 -- outside (infinity, BC, year 10000+)
+#: the JSON shape decodes null, and so do these (the CASE below).
+_RAW = {"int2", "int4", "int8", "float4", "float8", "bool", "text", "varchar"}
+_TEMPORAL = {"date": "date", "timestamp": "timestamp", "timestamptz": "timestamptz"}
+_SUFFIX = {"timestamptz": "+00"}
+
+
+def chunk_select(schema: TableSchema) -> str:
+    """The select list of a packed chunk read: a column as its base type where Arrow holds it as the JSON shape
+    decodes it, else its text (what the JSON shape's ``row_sql`` starts from)."""
+    def expr(c: Column) -> str:
+        name = '"' + c.name.replace('"', '""') + '"'
+        if c.pg_type in _RAW:
+            return f"{name}::{c.pg_type}"
+        if c.pg_type in _TEMPORAL:
+            lo, hi = (f"'{y}-01-01{_SUFFIX.get(c.pg_type, '')}'::{c.pg_type}" for y in ("0001", "10000"))
+            return f"CASE WHEN {name} >= {lo} AND {name} < {hi} THEN {name}::{c.pg_type} END"
+        if c.pg_type == "bpchar":
+            return f"bpcharout({name})::text"  # ::text would drop the padding that pgoutput keeps
+        return f"{name}::text"
+
+    return ", ".join(expr(c) for c in schema.columns) or "NULL"
+
+
+def chunk_pack(schema: TableSchema, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """One batch of a chunk's :func:`chunk_select` rows as one packed row of snapshot rows."""
+    n = batch.num_rows
+    typed = [_chunk_column(batch.column(i), c) for i, c in enumerate(schema.columns)]
+    meta = [pa.repeat(pa.scalar("r"), n), pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32()), pa.nulls(n, _TS),
+            pa.nulls(n, pa.list_(pa.string()))]
+    return pa.RecordBatch.from_pylist([pack_row(schema, _body(schema, typed, meta))], schema=PACKED_ARROW)
+
+
+def _chunk_column(arr: pa.Array, col: Column) -> pa.Array:
+    if col.pg_type in _RAW or col.pg_type in _TEMPORAL:
+        target = arrow_type(col.spark_type)
+        if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
+            return arr if arr.type == target else arr.cast(target)
+    return typed_column(arr.cast(pa.string()), col)
