@@ -90,7 +90,7 @@ def test_a_packed_chunk_holds_what_the_json_chunk_decodes_to(pg_url: str) -> Non
     domains, enums), read as ``::text`` and typed, against the server's JSON rows decoded."""
     from flinkish_spark.connectors.postgres.connection import parse_url
     from flinkish_spark.connectors.postgres.rows import split_tables
-    from flinkish_spark.connectors.postgres.source.tables_reader import _chunk_connection, read_chunk
+    from flinkish_spark.connectors.postgres.source.tables_reader import chunk_connection, read_chunk
     from tests.connectors.postgres.test_rows import ROWS, make_table, session
 
     with session(pg_url) as conn:
@@ -101,7 +101,7 @@ def test_a_packed_chunk_holds_what_the_json_chunk_decodes_to(pg_url: str) -> Non
     got = {}
     for fmt in ("json", "arrow"):
         src = SimpleNamespace(conn_info=parse_url(pg_url), component="test", row_format=fmt)
-        conn = _chunk_connection(src)
+        conn = chunk_connection(src)
         try:
             read = read_chunk(src, chunk, conn)
             batches = list(Packer().pack_all(read)) if fmt == "arrow" else list(read)
