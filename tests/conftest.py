@@ -268,7 +268,8 @@ class PipelineRun:
 
 @pytest.fixture
 def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
-    """Run a pipeline spec in a child driver process; optionally kill -9 it at a crash point."""
+    """Run a pipeline spec in a child driver process; optionally kill -9 it at a crash point.
+    ``{"queries": [spec, ...]}`` runs several specs one after the other in one driver (one Spark start)."""
     counter = 0
 
     def run(spec: dict[str, Any], crash_at: str | None = None, timeout: float = 300, env: dict[str, str] | None = None,
@@ -280,8 +281,13 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
         counter += 1
         spec_path = tmp_path / f"spec-{counter}.json"
         # The child driver knows the suite's own formats (flinkish.testing.counting) too.
-        spec = {**spec, "register": ["flinkish_spark.testing.sources:register_test_sources", *spec.get("register", [])]}
-        spec_path.write_text(json.dumps(child_spec(spec)))
+        def child(one: dict[str, Any]) -> dict[str, Any]:
+            return child_spec({**one, "register": ["flinkish_spark.testing.sources:register_test_sources",
+                                                   *one.get("register", [])]})
+
+        # {"queries": [spec, ...]}: the specs one after the other in one driver (flinkish_spark.testing.queries)
+        chained = "queries" in spec
+        spec_path.write_text(json.dumps({"queries": [child(q) for q in spec["queries"]]} if chained else child(spec)))
         extra = env or {}
         env = dict(os.environ)
         env.pop(ENV_POINT, None)
@@ -292,7 +298,7 @@ def run_pipeline(tmp_path: Path) -> Callable[..., PipelineRun]:
             env[ENV_POINT] = crash_at
             env[ENV_DIR] = str(crash_dir)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flinkish_spark.runner", str(spec_path)],
+            [sys.executable, "-m", "flinkish_spark.testing.queries" if chained else "flinkish_spark.runner", str(spec_path)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -1,4 +1,10 @@
-"""Separate executor JVMs (local-cluster): sources, 2PC sink and a kill -9 restart still give exactly once."""
+"""Separate executor JVMs (local-cluster): sources, 2PC sink and a kill -9 restart still give exactly once; a
+bounded query on a processing-time trigger ends by itself; a drain ends an unbounded one.
+
+Two driver starts in all (each starts a driver JVM and two executor JVMs, the cost of this test): the first is
+killed -9 mid-commit; the second restarts that query and then, in the same driver, runs the bounded query and
+the drained one (flinkish_spark.testing.queries).
+"""
 
 from __future__ import annotations
 
@@ -7,51 +13,54 @@ from pathlib import Path
 
 import pytest
 
+from flinkish_spark.testing.queries import outputs
+
 pytestmark = pytest.mark.slow
 
+MASTER = "local-cluster[2,1,1024]"
 
-def test_local_cluster_pipeline_with_crash_and_restart(spark, run_pipeline, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    spec = {
-        "master": "local-cluster[2,1,1024]",
+
+def test_local_cluster_crash_and_restart_then_a_bounded_query_ends_by_itself_and_drain_ends_an_unbounded_one(
+        spark, run_pipeline, tmp_path: Path) -> None:
+    crashed = {
+        "master": MASTER,
         "source": {"format": "flinkish.sequence", "options": {
             "uid": "seq", "checkpoint": str(tmp_path / "meta"), "rowsPerSplit": "300,200", "maxRowsPerTrigger": 200}},
         "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"),
-                 "options": {"uid": "out", "path": str(out), "rowsPerFile": 50}},
+                 "options": {"uid": "out", "path": str(tmp_path / "out"), "rowsPerFile": 50}},
     }
-    first = run_pipeline(spec, crash_at="sink.mid_commit:2", timeout=400)
-    assert first.killed, first.output[-3000:]
-    second = run_pipeline(spec, timeout=400)
-    assert second.returncode == 0, second.output[-3000:]
-    rows = spark.read.parquet(str(out)).collect()
-    assert collections.Counter((r.split, r.seq) for r in rows) == collections.Counter(
-        [(0, i) for i in range(300)] + [(1, i) for i in range(200)]
-    )
-
-
-def test_local_cluster_bounded_query_ends_by_itself_and_drain_ends_an_unbounded_one(spark, run_pipeline, tmp_path: Path) -> None:
     sink = {"format": "flinkish.parquet", "options": {"uid": "out", "path": str(tmp_path / "out1")},
             "checkpointLocation": str(tmp_path / "cp1")}
     bounded = {
-        "master": "local-cluster[2,1,1024]", "trigger": "30 seconds", "end": "finish", "runSeconds": 200,
+        "master": MASTER, "trigger": "30 seconds", "end": "finish", "runSeconds": 200,
         "source": {"format": "flinkish.sequence", "options": {"uid": "seq", "checkpoint": str(tmp_path / "meta1"),
                                                              "rowsPerSplit": "100,250,50"}},
         "sink": sink,
     }
-    run = run_pipeline(bounded, timeout=400)
-    assert run.returncode == 0 and "QUERY_END=finished" in run.output, run.output[-3000:]
-    rows = spark.read.parquet(str(tmp_path / "out1")).collect()
-    assert collections.Counter((r.split, r.seq) for r in rows) == collections.Counter(
-        [(0, i) for i in range(100)] + [(1, i) for i in range(250)] + [(2, i) for i in range(50)])
-
     drained = {
-        "master": "local-cluster[2,1,1024]", "trigger": "2 seconds", "end": "drain", "stopAfterBatches": 2, "runSeconds": 200,
+        "master": MASTER, "trigger": "2 seconds", "end": "drain", "stopAfterBatches": 2, "runSeconds": 200,
         "source": {"format": "flinkish.sequence", "options": {"uid": "seq", "checkpoint": str(tmp_path / "meta2"),
                                                              "splits": 2, "rowsPerSecond": 100}},
         "sink": {**sink, "options": {"uid": "out", "path": str(tmp_path / "out2")}, "checkpointLocation": str(tmp_path / "cp2")},
     }
-    run = run_pipeline(drained, timeout=400)
-    assert run.returncode == 0 and "QUERY_END=drained" in run.output, run.output[-3000:]
+
+    first = run_pipeline(crashed, crash_at="sink.mid_commit:2", timeout=400)
+    assert first.killed, first.output[-3000:]
+    second = run_pipeline({"queries": [crashed, bounded, drained]}, timeout=600)  # the restart, then two more queries
+    assert second.returncode == 0, second.output[-3000:]
+    restart, bounded_run, drained_run = outputs(second.output)
+    assert "QUERY_END=finished" in restart, second.output[-3000:]
+    rows = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert collections.Counter((r.split, r.seq) for r in rows) == collections.Counter(
+        [(0, i) for i in range(300)] + [(1, i) for i in range(200)]
+    )
+
+    assert "QUERY_END=finished" in bounded_run, second.output[-3000:]  # not by its 200 s runSeconds
+    rows = spark.read.parquet(str(tmp_path / "out1")).collect()
+    assert collections.Counter((r.split, r.seq) for r in rows) == collections.Counter(
+        [(0, i) for i in range(100)] + [(1, i) for i in range(250)] + [(2, i) for i in range(50)])
+
+    assert "QUERY_END=drained" in drained_run, second.output[-3000:]
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
     from flinkish_spark.io.fileio import FileIO
 

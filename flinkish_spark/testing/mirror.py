@@ -219,21 +219,38 @@ def slots_and_publications(url: str) -> tuple[int, list[str]]:
 
 
 def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: str, work_dir: str,
-                 kills: int, seed: int, crash_at: str | None = None) -> None:
+                 kills: int, seed: int, crash_at: str | None = None, epochs_after_ddl: int = 5) -> None:
     """:data:`SETUP`, then :data:`WRITER` running while ``spec(**extra)`` (a ``run_pipeline`` spec with a
-    1-second trigger, ``end = timeout``) is killed ``kills`` times at random moments after a commit (one
-    slot and one publication after each kill) -- and once more at the named point ``crash_at`` when
-    given --, runs 25 s more, and is stopped with drain."""
+    1-second trigger) is killed ``kills`` times at random moments after a commit (one slot and one
+    publication after each kill) -- and once more at the named point ``crash_at`` when given --; the same
+    spec is run once more until the writer's schema changes, new table and dropped table are all done in
+    the source and ``epochs_after_ddl`` more epochs are committed, then the writer stops and a stop with
+    drain (what ``flinkish stop --drain`` sends) ends that run: ``QUERY_END=drained``.
+
+    The last run ends on a condition, not after a fixed time, and drains itself: one driver start and
+    a 25 s wait fewer than a timed run followed by a drained restart (docs/testing.md)."""
     import random
     import subprocess
     import sys
+    import threading
+    import time
 
     import psycopg
+
+    from flinkish_spark.errors import ConfigError
+    from flinkish_spark.finish.stop_request import request_stop
+    from flinkish_spark.io.fileio import FileIO
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(SETUP)
     stop_file = os.path.join(work_dir, "stop-writer")
     writer = subprocess.Popen([sys.executable, "-c", WRITER, url, stop_file, os.path.join(checkpoint_location, "commits")])
+    source = spec()["source"]["options"]
+    endpoint = source.get("endpointUrl")
+    io = FileIO.for_url(source["checkpoint"], {"endpoint_url": endpoint} if endpoint else None)
+    runs: dict[str, Any] = {}
+    last_run = threading.Thread(target=lambda: runs.setdefault("last", run_pipeline(spec(end="external", runSeconds=300), timeout=400)),
+                                daemon=True)
     try:
         rng = random.Random(seed)
         for kill in range(kills):
@@ -246,11 +263,34 @@ def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: st
             run = run_pipeline(spec(), crash_at=crash_at)
             assert run.killed, f"expected a kill at {crash_at}, got rc={run.returncode}:\n{run.output[-3000:]}"
             assert slots_and_publications(url) == (1, ["flinkish_mirror"]), crash_at
-        # Let the schema changes and the new table happen before the end (the writer starts them after two commits).
-        run = run_pipeline(spec(runSeconds=25))
-        assert run.returncode == 0, run.output[-3000:]
+        last_run.start()
+        deadline = time.time() + 300
+
+        def wait(what: str, check: Callable[[], bool]) -> None:
+            while not check():
+                assert last_run.is_alive(), f"the last run ended before {what}:\n" + \
+                    (runs["last"].output[-3000:] if "last" in runs else "")
+                assert time.time() < deadline, f"no {what} within 300 s"
+                time.sleep(0.3)
+
+        def ddl_done() -> bool:  # the writer's last step drops m_drop (after the new column, the widening, m_new)
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute("SELECT to_regclass('public.m_drop') IS NULL").fetchone()
+                return row is not None and bool(row[0])
+
+        wait("the writer's schema changes, new and dropped table", ddl_done)
+        after = len(committed_batches(checkpoint_location))
+        wait(f"{epochs_after_ddl} epochs after them",
+             lambda: len(committed_batches(checkpoint_location)) >= after + epochs_after_ddl)
     finally:
         open(stop_file, "w").close()
         writer.wait(timeout=60)
-    last = run_pipeline(spec(end="drain", stopAfterBatches=2))
+        if last_run.is_alive():  # the writer stopped: drain (after a failed wait too: end the run, not wait for it)
+            try:
+                request_stop(io, source["checkpoint"], source["uid"], drain=True)
+            except ConfigError:  # no lease yet (a failure above): the run ends by its runSeconds
+                pass
+            last_run.join(timeout=400)
+    last = runs.get("last")
+    assert last is not None, "the last run did not end within 400 s of the drain request"
     assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]

@@ -1,14 +1,17 @@
 """Running ``flinkish mirror`` as a user does, in a process of its own, for tests: start it, wait for a
-condition while it runs, wait for its end -- with the end of its output in every failure message."""
+condition while it runs, drain it or wait for its end -- with the end of its output in every failure message;
+and the writer that changes the source tables meanwhile (:func:`writer_running`)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 
 def flinkish() -> list[str]:
@@ -41,3 +44,40 @@ def ended(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> tup
         proc.kill()
         raise AssertionError(f"the mirror did not end within {timeout}s:\n{log.read_text()[-4000:]}") from None
     return rc, log.read_text()
+
+
+def drain(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> str:
+    """SIGTERM, as a supervisor or Ctrl-C sends it: the command drains; its output, after asserting it did."""
+    proc.send_signal(signal.SIGTERM)
+    rc, out = ended(proc, log, timeout)
+    assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
+    return out
+
+
+@contextmanager
+def writer_running(url: str, work: Path, ddl_after: str | None = None) -> Iterator[Callable[[], None]]:
+    """:data:`flinkish_spark.testing.mirror.SETUP`, then its ``WRITER`` changing the tables in a process of its own
+    until the function this yields is called (or the block ends). The writer's schema changes, new and dropped
+    table start once the folder ``ddl_after`` holds two numbered files (Spark's commits folder: after two epochs;
+    a gate folder the test fills); without ``ddl_after``, never."""
+    import psycopg
+
+    from flinkish_spark.testing.mirror import SETUP, WRITER
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SETUP)
+    stop_file = work / "stop-writer"
+    if ddl_after is None:
+        gate = work / "ddl-gate"  # never opened
+        gate.mkdir(exist_ok=True)
+        ddl_after = str(gate)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, url, str(stop_file), ddl_after])
+
+    def stop() -> None:
+        stop_file.touch()
+        writer.wait(timeout=60)
+
+    try:
+        yield stop
+    finally:
+        stop()

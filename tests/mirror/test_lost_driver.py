@@ -16,15 +16,14 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, table_states
-from flinkish_spark.testing.mirror_process import flinkish, wait_for
+from flinkish_spark.testing.mirror import delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.mirror_process import flinkish, wait_for, writer_running
 from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
@@ -102,14 +101,9 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_the_same_command_on_a_new_machine_continues_exactly_once(pg_url: str, s3_proc: str, tmp_path: Path) -> None:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(SETUP)
     old, new = tmp_path / "machine-1", tmp_path / "machine-2"
-    stop_writer = tmp_path / "stop-writer"
-    gate = tmp_path / "ddl-gate"  # never opened: no schema changes here (tests/mirror/test_pipeline.py has them)
-    gate.mkdir()
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_writer), str(gate)])
-    try:
+    # no schema changes here (tests/mirror/test_pipeline.py has them)
+    with writer_running(pg_url, tmp_path) as stop_writer:
         log1 = tmp_path / "machine-1.log"
         run1 = start(pg_url, old, s3_proc, log1)
         wait_for("5 committed epochs", lambda: commits(old) >= 5, run1, log1)
@@ -122,8 +116,7 @@ def test_the_same_command_on_a_new_machine_continues_exactly_once(pg_url: str, s
         log2 = tmp_path / "machine-2.log"
         run2 = start(pg_url, new, s3_proc, log2)  # the same command, an empty local state folder
         wait_for("5 epochs committed on the new machine", lambda: commits(new) >= committed + 5, run2, log2)
-        stop_writer.touch()
-        writer.wait(timeout=60)
+        stop_writer()
         run2.send_signal(signal.SIGTERM)
         try:
             rc = run2.wait(timeout=300)
@@ -134,9 +127,6 @@ def test_the_same_command_on_a_new_machine_continues_exactly_once(pg_url: str, s
         assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
         first = re.search(r"^epoch (\d+):", out, re.M)  # the new machine goes on numbering, it does not start over
         assert first is not None and int(first.group(1)) >= committed - 1, out[-4000:]
-    finally:
-        stop_writer.touch()
-        writer.wait(timeout=60)
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)

@@ -13,15 +13,14 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, table_states
-from flinkish_spark.testing.mirror_process import ended, flinkish, wait_for
+from flinkish_spark.testing.mirror import delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.mirror_process import drain, ended, flinkish, wait_for, writer_running
 from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
@@ -72,14 +71,9 @@ def executor_jvms() -> int:
 
 
 def test_a_killed_driver_on_a_local_cluster_continues_exactly_once(pg_url: str, tmp_path: Path) -> None:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(SETUP)
     spark_cp = str(tmp_path / "meta" / "spark")
-    stop_writer = tmp_path / "stop-writer"
-    gate = tmp_path / "ddl-gate"  # never opened: schema changes are tests/mirror/test_pipeline.py's
-    gate.mkdir()
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_writer), str(gate)])
-    try:
+    # no schema changes here: they are tests/mirror/test_pipeline.py's
+    with writer_running(pg_url, tmp_path) as stop_writer:
         log1 = tmp_path / "run1.log"
         run1 = start(pg_url, tmp_path, log1)
         wait_for("3 committed epochs", lambda: len(committed_batches(spark_cp)) >= 3, run1, log1, timeout=400)
@@ -93,16 +87,11 @@ def test_a_killed_driver_on_a_local_cluster_continues_exactly_once(pg_url: str, 
         log2 = tmp_path / "run2.log"
         run2 = start(pg_url, tmp_path, log2)  # the same command
         wait_for("3 more epochs", lambda: len(committed_batches(spark_cp)) >= committed + 3, run2, log2, timeout=400)
-        stop_writer.touch()
-        writer.wait(timeout=60)
-        run2.send_signal(signal.SIGTERM)
-        rc, out = ended(run2, log2)
-        assert rc == 0 and "flinkish mirror: drained" in out and f"starting Spark ({MASTER})" in out, out[-4000:]
+        stop_writer()
+        out = drain(run2, log2)
+        assert f"starting Spark ({MASTER})" in out, out[-4000:]
         first = re.search(r"^epoch (\d+):", out, re.M)  # it goes on numbering, it does not start over
         assert first is not None and int(first.group(1)) >= committed - 1, out[-4000:]
-    finally:
-        stop_writer.touch()
-        writer.wait(timeout=60)
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)

@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, table_states
-from flinkish_spark.testing.mirror_process import ended, flinkish, start, wait_for
+from flinkish_spark.testing.mirror import SETUP, delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.mirror_process import drain, ended, flinkish, start, wait_for, writer_running
 from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
@@ -59,16 +58,12 @@ def command(url: str, tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drain(pg_url: str, tmp_path: Path) -> None:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(SETUP)
     spark_cp = str(tmp_path / "meta" / "spark")
-    stop_writer = tmp_path / "stop-writer"
     # The writer's schema changes start once this folder holds two numbered files: opened below when the
     # snapshot is complete (a widening during the snapshot is another case: test_widening_during_the_snapshot).
     gate = tmp_path / "ddl-gate"
     gate.mkdir()
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_writer), str(gate)])
-    try:
+    with writer_running(pg_url, tmp_path, ddl_after=str(gate)) as stop_writer:
         log1 = tmp_path / "run1.log"
         run1 = start(command(with_password(pg_url), tmp_path), log1)
         wait_for("3 committed epochs", lambda: len(committed_batches(spark_cp)) >= 3, run1, log1)
@@ -86,16 +81,10 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
         (gate / "1").touch()
         # The writer's schema changes and the new table happen 2 s apart from now: give them time.
         wait_for("12 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 14, run2, log2)
-        stop_writer.touch()
-        writer.wait(timeout=60)
-        run2.send_signal(signal.SIGTERM)
-        rc, out = ended(run2, log2)
-        assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
+        stop_writer()
+        out = drain(run2, log2)
         assert "epoch " in out and "tables snapshotted" in out  # plain progress lines (stdout is not a terminal)
         assert SECRET not in log1.read_text() + out
-    finally:
-        stop_writer.touch()
-        writer.wait(timeout=60)
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
@@ -23,8 +20,8 @@ import pytest
 
 from flinkish_spark.connectors.delta.routed import decode_routed
 from flinkish_spark.sink.decisions import decode_decision
-from flinkish_spark.testing.mirror import SETUP, WRITER, delta_differences, slots_and_publications, table_states
-from flinkish_spark.testing.mirror_process import ended, flinkish, start, wait_for
+from flinkish_spark.testing.mirror import delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.mirror_process import drain, ended, flinkish, start, wait_for, writer_running
 from flinkish_spark.testing.spark_log import committed_batches
 
 pytest.importorskip("deltalake")
@@ -45,16 +42,12 @@ def change_tasks_per_epoch(meta: Path) -> list[int]:
 
 def test_two_tasks_killed_between_prepares_and_mid_commit_then_the_targets_equal_the_tables(
         pg_url: str, tmp_path: Path) -> None:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(SETUP)
     meta = tmp_path / "meta"
     spark_cp = str(meta / "spark")
     cmd = [*flinkish(), "mirror", "--from", pg_url, "--tables", "public.m_*", "--to", str(tmp_path / "lake"),
            "--checkpoint", str(meta), "--trigger", "1s", "--parallelism", "2", "--source-option", "splitSize=500",
            "--source-option", "maxRowsPerTrigger=2000", "--source-option", "discoveryInterval=1"]
-    stop_writer = tmp_path / "stop-writer"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, pg_url, str(stop_writer), os.path.join(spark_cp, "commits")])
-    try:
+    with writer_running(pg_url, tmp_path, ddl_after=os.path.join(spark_cp, "commits")) as stop_writer:
         for run, point in (("run1", "sink.after_prepare:9"), ("run2", "sink.between_tables:3")):
             (tmp_path / run).mkdir()
             log = tmp_path / f"{run}.log"
@@ -66,14 +59,8 @@ def test_two_tasks_killed_between_prepares_and_mid_commit_then_the_targets_equal
         before = len(committed_batches(spark_cp))
         # the schema changes and the new table come 2 s apart once two epochs are committed: give them time
         wait_for("6 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 6, run3, log)
-        stop_writer.touch()
-        writer.wait(timeout=60)
-        run3.send_signal(signal.SIGTERM)
-        rc, out = ended(run3, log)
-        assert rc == 0 and "flinkish mirror: drained" in out, out[-4000:]
-    finally:
-        stop_writer.touch()
-        writer.wait(timeout=60)
+        stop_writer()
+        drain(run3, log)
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
