@@ -86,7 +86,7 @@ SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
     "delta": ("createTable", "checkpointInterval", "compactEvery", "rowsPerFile", "targetFileSize", "mergeMode",
               *_COMMON_SINK),
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
-                "retainSnapshots", "mergeMode", *_COMMON_SINK),
+                "retainSnapshots", "compactEvery", "mergeMode", *_COMMON_SINK),
     "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.
