@@ -83,9 +83,10 @@ SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.
 STARTUP_MODES = {"initial": "snapshotThenChanges", "snapshot": "snapshot", "latest-offset": "changes"}
 #: Options each routing sink accepts from a mirror (the target option and uid/checkpoint are the mirror's).
 SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
-    "delta": ("createTable", "checkpointInterval", "rowsPerFile", "targetFileSize", "mergeMode", *_COMMON_SINK),
+    "delta": ("createTable", "checkpointInterval", "compactEvery", "rowsPerFile", "targetFileSize", "mergeMode",
+              *_COMMON_SINK),
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
-                "retainSnapshots", "mergeMode", *_COMMON_SINK),
+                "retainSnapshots", "compactEvery", "mergeMode", *_COMMON_SINK),
     "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.

@@ -53,6 +53,9 @@ def test_flags_give_the_options_a_python_user_passes() -> None:
                                   "rowFormat": "arrow"}  # packed rows for a lakehouse target
     assert flags(source_option=["rowFormat=json"]).source_options()["rowFormat"] == "json"  # the user's choice holds
     assert flags(source_option=["maxRowsPerTrigger=5000"]).source_options()["maxRowsPerTrigger"] == "5000"
+    assert flags(sink_option=["compactEvery=50"]).sink_options()["compactEvery"] == "50"  # routed targets compact
+    ice = flags(to="m.{schema}_{table}", fmt="iceberg", sink_option=["compactEvery=5"])
+    assert ice.sink_options()["compactEvery"] == "5"
     # A snapshot epoch fills the default 10 s trigger; a bound the user gives holds for the snapshot too.
     assert flags().source_options()["snapshotRowsPerTrigger"] == "1000000"
     assert "snapshotRowsPerTrigger" not in flags(source_option=["maxRowsPerTrigger=5000"]).source_options()

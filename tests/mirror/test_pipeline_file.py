@@ -56,6 +56,7 @@ sink:
   type: delta
   path: s3://lake
   targetFileSize: 64MiB
+  compactEvery: 50
 route:
   - source-table: public.m_*, sales.order_*
     sink-table: raw/<>
@@ -78,7 +79,7 @@ pipeline:
         "snapshotRowsPerTrigger": "1000000",  # 30 s of 100,000 rows, at most 1,000,000
         "rowFormat": "arrow"}  # packed rows for a lakehouse target
     assert c.sink_options() == {"uid": "shop_sink", "checkpoint": "s3://lake/_meta", "path": "s3://lake/raw/{table}",
-                                "targetFileSize": "64MiB"}
+                                "targetFileSize": "64MiB", "compactEvery": "50"}
     assert (c.name, c.trigger_s, c.master, c.spark_checkpoint) == ("Shop to the lake", 30.0, "local[4]", "/var/lib/shop")
     assert c.parallelism == 4  # the sink tasks an epoch's per-table work is spread over
     assert c.password_env() == {SOURCE_PASSWORD_ENV: SECRET}

@@ -108,6 +108,7 @@ def compact(sink: DeltaTarget, state: DeltaState, epoch: int) -> int | None:
             continue
         except StorageUnavailableError:
             return None  # may have landed: the epoch's cleanup keeps the files only if the table names them
+        crash_point("delta.compaction.after_version")  # the version is written, this process has not seen it
         state.apply(version, [json.loads(line) for line in payload.decode().splitlines() if line.strip()])
         return version
     sink.io.delete_many([sink.url(nf.path) for nf in new_files])

@@ -28,7 +28,8 @@
   those the epoch's version named (a compaction right after it may have removed some,
   but a reader of that version still reads them).
 
-Every ``compactEvery`` epochs the commit is followed by a compaction
+Every ``compactEvery`` epochs (a routed target: every ``compactEvery`` versions of the table, at its
+own offset) the commit is followed by a compaction
 (:mod:`flinkish_spark.connectors.delta.compaction`); every ``checkpointInterval``
 versions by a checkpoint.
 """
@@ -135,13 +136,15 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
 
 
 def after_keyed(sink: DeltaTarget, state: DeltaState, version: int, epoch: int) -> None:
-    """Compaction every ``compactEvery`` epochs, a checkpoint every ``checkpointInterval`` versions
-    (at the target's :attr:`~flinkish_spark.connectors.delta.table.DeltaTarget.checkpoint_offset`).
+    """Compaction every ``compactEvery`` epochs (a routed target: versions, at its offset --
+    :meth:`~flinkish_spark.connectors.delta.table.DeltaTarget.compaction_due`), a checkpoint every
+    ``checkpointInterval`` versions (at the target's
+    :attr:`~flinkish_spark.connectors.delta.table.DeltaTarget.checkpoint_offset`).
 
     The epoch is committed already: a failure here is logged, not raised.
     """
     try:
-        if sink.compact_every and (epoch + 1) % sink.compact_every == 0:
+        if sink.compaction_due(version, epoch):
             compacted = compact(sink, state, epoch)
             if compacted is not None:
                 version = compacted

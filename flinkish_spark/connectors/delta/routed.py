@@ -28,6 +28,16 @@
   no read, no commit and no marker. Each table checkpoints every ``checkpointInterval`` versions
   at its own offset (:func:`checkpoint_offset`), so tables changing together spread their
   checkpoints over the interval's epochs instead of all writing one in the same epoch.
+* **Compaction** (``compactEvery`` = N, default 0: off): a table is compacted right after the
+  commit that brings it to a version v with (v + offset) % N == 0 -- about every N of its own
+  commits (the compaction's version counts as one), at an offset of its own (:func:`checkpoint_offset`
+  of the path mod N), so a table that changes in few epochs is still compacted, and tables that
+  change in every epoch compact ~1/N of them per epoch. It is the one-table sink's compaction
+  (:mod:`flinkish_spark.connectors.delta.compaction`: a version of its own, ``dataChange = false``,
+  abandoned when a concurrent commit touched its files), in the table's commit thread. A crash
+  before or after its version loses nothing: the restart finds the table holding the epoch and
+  skips it (the compaction comes at the table's next due version), and the epoch's cleanup deletes
+  the compaction's files the table does not name.
 """
 
 from __future__ import annotations
@@ -108,8 +118,9 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
-                 metadata_io: FileIO | None = None, metadata_dir: str | None = None) -> None:
+                 metadata_io: FileIO | None = None, metadata_dir: str | None = None, compact_every: int = 0) -> None:
         self.io, self.route, self.uid, self.merge_mode = io, route, uid, merge_mode
+        self.compact_every = compact_every
         self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
         self.create_table = create_table
         self.resnapshots = Resnapshots(metadata_io or io, metadata_dir) if metadata_dir else None
@@ -120,9 +131,11 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         (a column dropped within the epoch: the rows written before the drop keep its values)."""
         plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode)
         target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
-                                   self.checkpoint_interval, 0, self.rows_per_file, self.target_file_size,
-                                   source_table=table)
+                                   self.checkpoint_interval, self.compact_every, self.rows_per_file,
+                                   self.target_file_size, source_table=table)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
+        if self.compact_every:  # counted in the table's versions, at its own offset (module docstring)
+            target.compact_offset = checkpoint_offset(target.path, self.compact_every)
         return target
 
     # -- prepare (executors) -----------------------------------------------------------------

@@ -26,7 +26,8 @@ or belongs to another Spark query (see :mod:`flinkish_spark.sink.incarnation`).
 Every ``checkpointInterval`` table versions (default 10) the driver writes a Delta
 checkpoint (O(live files): delta-rs lists them all). ``compactEvery`` (default 0: off):
 in append mode delta-rs's ``optimize.compact`` every N versions; in the keyed modes
-every N epochs the sink rewrites files that carry deletes (and small ones).
+every N epochs the sink rewrites files that carry deletes (and small ones); routed (``{table}``
+in ``path``) every N versions of each table, at the table's own offset (:mod:`.routed`).
 
 Options: ``uid``, ``path`` (local or ``s3://``), ``mode``, ``key``, ``deletes``,
 ``mergeMode``, ``partitionBy`` (append only), ``createTable`` (default true),
@@ -160,9 +161,6 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         self.route = parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None
         if self.route is not None:
             refuse_keyed_options(opts.has, opts.component, "path")
-            if opts.has("compactEvery"):
-                raise ConfigError(f"{opts.component}: option 'compactEvery' is not available with routing "
-                                  "('{table}' in 'path') yet; drop it")
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)
@@ -187,7 +185,7 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
             return RoutedDeltaSink(self.data_io, self.route, self.uid, self.keyed.merge_mode,
                                    DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval,
                                    self.rows_per_file, self.target_file_size, self.create_table,
-                                   self.io, self.decision_log().directory)
+                                   self.io, self.decision_log().directory, self.compact_every)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")

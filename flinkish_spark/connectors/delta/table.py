@@ -100,6 +100,11 @@ class DeltaTarget:
         # target's own (checkpoint_offset below), so tables changing together do not all checkpoint in one epoch.
         self.checkpoint_offset = 0
         self.compact_every = compact_every
+        # compactEvery counted in epochs (None: one table, every epoch commits a version) or -- a routed
+        # target, set by the routed sink -- in the table's own versions at this offset: a table that changes
+        # in few epochs is still compacted after N of its commits, and tables changing together spread
+        # their compactions over N epochs instead of all compacting in the same one.
+        self.compact_offset: int | None = None
         self.rows_per_file = rows_per_file
         self.target_file_size = target_file_size
         self.storage_options = delta_storage_options(io.storage_options) if io.protocol == "s3" else {}
@@ -109,6 +114,14 @@ class DeltaTarget:
     def checkpoint_due(self, version: int) -> bool:
         """Whether ``version`` gets a checkpoint: every ``checkpoint_interval`` versions, at the target's offset."""
         return bool(self.checkpoint_interval) and (version + self.checkpoint_offset) % self.checkpoint_interval == 0
+
+    def compaction_due(self, version: int, epoch: int) -> bool:
+        """Whether the keyed commit of ``epoch`` (table version ``version``) is followed by a compaction."""
+        if not self.compact_every:
+            return False
+        if self.compact_offset is None:
+            return (epoch + 1) % self.compact_every == 0
+        return (version + self.compact_offset) % self.compact_every == 0
 
     @property
     def table_uri(self) -> str:

@@ -30,6 +30,7 @@ from flinkish_spark.connectors.iceberg.datafiles import to_data_file, write_data
 from flinkish_spark.connectors.iceberg.deletes import read_positions
 from flinkish_spark.connectors.iceberg.keyed import Target
 from flinkish_spark.connectors.iceberg.lookup import LiveFiles
+from flinkish_spark.faults import crash_point
 from flinkish_spark.sink.protocol import PrepareContext
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ def compact(target: Target, catalog: Any, table: Any, load: Callable[[], Any], e
         if planned is None:
             return True
         changes, written = planned
+        crash_point("iceberg.compaction.before_snapshot")  # the rewritten files written, no snapshot names them
         try:
             commit_snapshot(catalog, table, changes, table.metadata.default_spec_id,
                             {**properties, COMPACTION_PROPERTY: "true"}, retain=retain,

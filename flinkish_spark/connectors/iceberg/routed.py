@@ -29,6 +29,14 @@
   Targets are loaded from the catalog on every commit: no cache to outlive a dropped table.
 * **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
   no read, no commit and no snapshot.
+* **Compaction** (``compactEvery`` = N, mergeOnRead; default 0: off): right after the epoch's
+  snapshot that brings a table's sequence number s to (s + offset) % N == 0 -- about every N of its
+  own snapshots, at an offset of its own (crc32 of the identifier mod N), so tables changing together
+  do not all compact in the same epoch -- the one-table sink's compaction (:mod:`.compact`: data
+  files with position deletes written again, one ``replace`` snapshot that asserts ``main`` did not
+  move, carrying the epoch's marker). A crash before its snapshot (crash point
+  ``iceberg.compaction.before_snapshot``) leaves files in the epoch's folder that the epoch's
+  cleanup deletes; the restart skips the table (it holds the epoch).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -43,6 +52,7 @@ import pyarrow as pa
 
 from flinkish_spark.connectors.iceberg.catalog import load, pyiceberg
 from flinkish_spark.connectors.iceberg.commit import commit_snapshot
+from flinkish_spark.connectors.iceberg.compact import compact
 from flinkish_spark.connectors.iceberg.datafiles import epoch_folder, write_data_files
 from flinkish_spark.connectors.iceberg.keyed import DRIVER_PARTITION, KeyedCommittable, Target, entries_of, plan_epoch, prepare
 from flinkish_spark.connectors.iceberg.resnapshot import gone_rows
@@ -119,8 +129,10 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
     def __init__(self, catalog_properties: dict[str, str], route: Route, uid: str, options: Mapping[str, str] | None = None,
                  merge_mode: MergeMode = "mergeOnRead", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = 100,
-                 create_table: bool = True, metadata_io: FileIO | None = None, metadata_dir: str | None = None) -> None:
+                 create_table: bool = True, metadata_io: FileIO | None = None, metadata_dir: str | None = None,
+                 compact_every: int = 0) -> None:
         self.catalog_properties, self.route, self.uid = catalog_properties, route, uid
+        self.compact_every = compact_every
         self.options = dict(options or {})
         self.merge_mode, self.rows_per_file, self.target_file_size = merge_mode, rows_per_file, target_file_size
         self.retain_snapshots, self.create_table = retain_snapshots, create_table
@@ -303,11 +315,12 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                     gone = None if seen is None or t.truncate else gone_rows(target, table, seen)
                 planned = plan_epoch(target, table, keyed, epoch, truncate=t.truncate, gone=gone)
                 written = planned.written
-                commit_snapshot(self.catalog(), table, planned.changes, target.spec_id, marker,
-                                retain=self.retain_snapshots, protect_property=UID_PROPERTY,
-                                delete_files=self._delete_quietly(io))
+                table = commit_snapshot(self.catalog(), table, planned.changes, target.spec_id, marker,
+                                        retain=self.retain_snapshots, protect_property=UID_PROPERTY,
+                                        delete_files=self._delete_quietly(io))
                 if t.end and self.resnapshots is not None:
                     self.resnapshots.finish(identifier)
+                self._compact_if_due(target, identifier, table, epoch, marker, io)
                 return "COMMITTED"
             except CommitFailedException:
                 # Another writer came first: re-read the table, check again, look the keys up again.
@@ -315,6 +328,21 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))
                 table = self.catalog().load_table(identifier)
         return "RETRY_LATER"
+
+    def _compact_if_due(self, target: Target, identifier: str, table: Any, epoch: int, marker: dict[str, str],
+                        io: FileIO) -> None:
+        """The table's compaction when its sequence number is due (module docstring); the epoch is committed
+        already: a failure is logged, the table's next due snapshot tries again."""
+        every = self.compact_every
+        if not every or self.merge_mode != "mergeOnRead":
+            return
+        if (table.metadata.last_sequence_number + zlib.crc32(identifier.encode()) % every) % every:
+            return
+        try:
+            compact(target, self.catalog(), table, lambda: self.catalog().load_table(identifier), epoch, marker,
+                    self.retain_snapshots, UID_PROPERTY, self._delete_quietly(io))
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("flinkish.iceberg: compaction of %s after epoch %d failed: %s", identifier, epoch, exc)
 
     def _fitted(self, part: RoutedPart, table: Any, epoch: int) -> KeyedCommittable:
         """The part's files, rewritten when their field ids or types are not the target's (see :mod:`.routed_target`)."""

@@ -363,9 +363,6 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
         if self.route is not None:
             refuse_keyed_options(opts.has, component, "table")
-            if opts.has("compactEvery"):
-                raise ConfigError(f"{component}: option 'compactEvery' is not available with routing "
-                                  "('{table}' in 'table') yet; drop it")
         # A template is checked as a name it makes (each placeholder one part of a name).
         identifier(table.replace("{schema}", "s").replace("{table}", "t"), component)
         self.identifier = table
@@ -392,7 +389,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
             check_stream(schema.fieldNames(), f"{self.name()} sink uid {self.uid!r}", "table")
             return RoutedIcebergSink(self.catalog_props, self.route, self.uid, self.raw_options, self.keyed.merge_mode,
                                      self.rows_per_file, self.target_file_size, self.retain_snapshots,
-                                     self.create_table, self.io, self.decision_log().directory)
+                                     self.create_table, self.io, self.decision_log().directory, self.compact_every)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")

@@ -1,6 +1,6 @@
 """``tables = 'public.m_*'`` mirrored into one Delta table per source table on S3 (moto:
 ``path = s3://test/lake/{schema}/{table}``, the metadata checkpoint on S3 too) through kill -9,
-schema changes, a new and a dropped table, and a drain.
+schema changes, a new and a dropped table, and a drain, with ``compactEvery=3``.
 
 The workload of tests/connectors/postgres/test_source_tables_mirror.py (flinkish_spark.testing.mirror:
 a writer changing every table; after two epochs ``ADD COLUMN`` on m_a, ``numeric(12,2) ->
@@ -37,7 +37,8 @@ def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
             "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1,
             "rowFormat": "arrow"}},  # the shape flinkish mirror reads to a lakehouse
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
-            "uid": "lake", "checkpoint": META, "endpointUrl": endpoint, "path": LAKE + "/{schema}/{table}"}},
+            "uid": "lake", "checkpoint": META, "endpointUrl": endpoint, "path": LAKE + "/{schema}/{table}",
+            "compactEvery": 3}},  # each target compacted every 3 of its versions, through the kills too
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -62,4 +63,5 @@ def test_pattern_mirror_into_routed_delta_through_kills_schema_changes_and_new_t
     m_c = deltalake.DeltaTable(LAKE + "/public/m_c", storage_options=delta_storage(LAKE, {"endpointUrl": s3_proc}))
     amount = {f.name: f for f in m_c.schema().fields}["amount"]
     assert str(amount.type) == 'PrimitiveType("decimal(14,2)")'  # widened in place
+    assert any(h["operation"] == "OPTIMIZE" for h in m_c.history())  # compacted, and still equal to its source
     assert slots_and_publications(pg_url) == (0, [])

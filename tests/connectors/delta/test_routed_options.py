@@ -11,6 +11,7 @@ from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
 from flinkish_spark.connectors.delta.sink import DeltaSinkDataSource
 from flinkish_spark.connectors.lakehouse.routing import STREAM_COLUMNS
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.testing.stream_rows import table_schema
 
 pytest.importorskip("deltalake")
 
@@ -26,7 +27,6 @@ def source(tmp_path: Path, **options: str) -> DeltaSinkDataSource:
     ({"mode": "upsert"}, r"option 'mode' cannot be combined with routing"),
     ({"key": "id", "deletes": "true"}, r"option 'key', 'deletes' cannot be combined with routing"),
     ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
-    ({"compactEvery": "4"}, r"option 'compactEvery' is not available with routing"),
     ({"path": "{schema}/{table}"}, r"needs a folder before its first placeholder"),
     ({"path": "/lake/{db}/{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
 ])
@@ -37,9 +37,10 @@ def test_options_routing_refuses(tmp_path: Path, options: dict, message: str) ->
 
 
 def test_routing_takes_only_the_multi_table_stream(tmp_path: Path) -> None:
-    ds = source(tmp_path, mergeMode="copyOnWrite")
+    ds = source(tmp_path, mergeMode="copyOnWrite", compactEvery="4")
     sink = ds.sink(STREAM)
     assert isinstance(sink, RoutedDeltaSink) and sink.merge_mode == "copyOnWrite"
+    assert sink.target("public.t", table_schema("public.t", [("id", "int")], ("id",))).compact_every == 4  # each table compacts
     plain = StructType([StructField("id", LongType()), StructField("v", StringType())])
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v"):
         ds.sink(plain)

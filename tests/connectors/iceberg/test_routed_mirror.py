@@ -34,7 +34,8 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
             "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1}},
         "sink": {"format": "flinkish.iceberg", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": str(tmp_path / "meta"), "table": "mirror.{schema}_{table}",
-            "catalogUri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh"}},
+            "catalogUri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh",
+            "compactEvery": 3}},  # each target's files with deletes rewritten every 3 of its snapshots, through the kills
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -64,4 +65,6 @@ def test_pattern_mirror_into_routed_iceberg_through_kills_schema_changes_and_new
                                                                   "public_m_drop", "public_m_new"]  # never 'other'
     amount = catalog.load_table("mirror.public_m_c").schema().find_field("amount")
     assert str(amount.field_type) == "decimal(14, 2)"  # promoted in place
+    assert any(s.summary is not None and s.summary.additional_properties.get("flinkish.compaction") == "true"
+               for s in catalog.load_table("mirror.public_m_c").snapshots())  # compacted, and equal to its source
     assert slots_and_publications(pg_url) == (0, [])

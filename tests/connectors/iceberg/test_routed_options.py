@@ -26,7 +26,6 @@ def source(tmp_path: Path, **options: str):
     ({"mode": "upsert"}, r"option 'mode' cannot be combined with routing"),
     ({"key": "id", "deletes": "true"}, r"option 'key', 'deletes' cannot be combined with routing"),
     ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
-    ({"compactEvery": "4"}, r"option 'compactEvery' is not available with routing"),
     ({"table": "mirror.{db}_{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
     ({"table": "{table}"}, r"'table' must be namespace\.name"),
 ])
@@ -39,9 +38,9 @@ def test_options_routing_refuses(tmp_path: Path, options: dict, message: str) ->
 def test_routing_takes_only_the_multi_table_stream(tmp_path: Path) -> None:
     from flinkish_spark.connectors.iceberg.routed import RoutedIcebergSink
 
-    ds = source(tmp_path, mergeMode="copyOnWrite")
+    ds = source(tmp_path, mergeMode="copyOnWrite", compactEvery="4")
     sink = ds.sink(STREAM)
-    assert isinstance(sink, RoutedIcebergSink) and sink.merge_mode == "copyOnWrite"
+    assert isinstance(sink, RoutedIcebergSink) and sink.merge_mode == "copyOnWrite" and sink.compact_every == 4
     plain = StructType([StructField("id", LongType()), StructField("v", StringType())])
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v"):
         ds.sink(plain)
