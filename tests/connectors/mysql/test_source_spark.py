@@ -77,3 +77,11 @@ def test_two_tables_snapshot_then_changes_into_routed_delta(spark, mariadb: Any,
 
     for table in TABLES:
         assert target_of(tmp_path, mysql_db, table) == rows_of(mariadb, mysql_db, table), table
+
+    # What `flinkish inspect` shows: both tables streaming, the change split's binary log position.
+    from flinkish_spark.inspect import postgres_tables, recent_epochs
+    from flinkish_spark.io.fileio import FileIO
+
+    meta = str(tmp_path / "meta")
+    assert postgres_tables(FileIO.for_url(meta), meta) == {"src": {"streaming": 2}}
+    assert recent_epochs(FileIO.for_url(meta), meta, last=1)[-1].position.startswith("binlog file #")
