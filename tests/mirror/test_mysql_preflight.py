@@ -138,15 +138,21 @@ def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tm
     assert sorted(str(p) for p in (tmp_path / "meta").rglob("*")) == files  # the checkpoint only read
 
 
-def test_the_command_stops_after_a_clean_preflight_until_the_spark_source_is_wired(
+@pytest.mark.slow
+def test_a_clean_preflight_starts_the_mirror_and_a_bounded_copy_equals_the_tables(
         mariadb: Any, shop: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flinkish_spark.mirror.pipeline import EXIT_REFUSED, supervise
+    """The flinkish.mysql Spark source is wired (SOURCE_READY): the command runs the mirror (a pipeline process);
+    a --stop-after-snapshot copy ends by itself and each Delta target holds its table's rows."""
+    import deltalake
+    import pyarrow as pa
 
-    assert supervise(config(mariadb, tmp_path, f"{shop}.*")) == EXIT_REFUSED
-    err = capsys.readouterr().err
-    assert "not started, nothing was created: the preflight found no problem, but this version has no " \
-           "flinkish.mysql Spark source yet" in err
-    assert not (tmp_path / "meta").exists() and not (tmp_path / "lake").exists()
+    from flinkish_spark.mirror.pipeline import EXIT_OK, supervise
+
+    mariadb.sql(f"INSERT INTO `{shop}`.orders VALUES (1, 'a'), (2, NULL), (3, 'c')")
+    assert supervise(config(mariadb, tmp_path, f"{shop}.*", stop_after_snapshot=True)) == EXIT_OK
+    assert SECRET not in capsys.readouterr().err
+    rows = pa.table(deltalake.DeltaTable(str(tmp_path / "lake" / shop / "orders")).scan()).to_pylist()
+    assert sorted((r["id"], r["v"]) for r in rows) == [(1, "a"), (2, None), (3, "c")]
 
 
 def test_the_command_with_a_mysql_pipeline_file_exits_2_naming_the_problem(mariadb: Any, shop: str,
