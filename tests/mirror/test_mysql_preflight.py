@@ -104,8 +104,11 @@ def test_tables_that_cannot_be_mirrored(mariadb: Any, shop: str, tmp_path: Path)
     assert not (tmp_path / "meta").exists()
 
 
-def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tmp_path: Path) -> None:
-    """The newest flinkish.mysql checkpoint's change split starts in a log the server then purges."""
+@pytest.mark.parametrize("read", [True, False], ids=["read", "not-read-yet"])
+def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tmp_path: Path, read: bool) -> None:
+    """The newest flinkish.mysql checkpoint's change split starts in a log the server then purges: a split that
+    read up to there, or one that has read nothing yet (position 0, its start in the payload, as the source
+    writes it before its first epoch of changes)."""
     import json
 
     from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
@@ -121,7 +124,8 @@ def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tm
         store = SourceCheckpointStore(FileIO.for_url(cfg.checkpoint), cfg.checkpoint, cfg.uid, "flinkish.mysql")
         key = position_key(start)
         store.write(SourceCheckpoint(cfg.uid, "flinkish.mysql", 0, None, 0, json.dumps({"tables": cfg.tables}),
-                                     b"{}", False, (SplitRecord("changes-0", key, key),)))
+                                     b"{}", False, (SplitRecord("changes-0", key, key) if read else
+                                                    SplitRecord("changes-0", 0, 0, payload=json.dumps({"start": key})),)))
         files = sorted(str(p) for p in (tmp_path / "meta").rglob("*"))
         assert check(cfg, tmp_path)[0] == []  # still there: a restart may continue
 

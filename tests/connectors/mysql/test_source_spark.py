@@ -85,3 +85,22 @@ def test_two_tables_snapshot_then_changes_into_routed_delta(spark, mariadb: Any,
     meta = str(tmp_path / "meta")
     assert postgres_tables(FileIO.for_url(meta), meta) == {"src": {"streaming": 2}}
     assert recent_epochs(FileIO.for_url(meta), meta, last=1)[-1].position.startswith("binlog file #")
+
+
+def test_wrong_options_and_a_pattern_matching_nothing_are_one_clear_error_each(mariadb: Any, mysql_db: str,
+                                                                               tmp_path: Path) -> None:
+    """Before Spark plans anything (no Spark needed): what the user gets from ``load()``."""
+    from flinkish_spark.connectors.mysql.source import MysqlSourceDataSource
+    from flinkish_spark.errors import ConfigError
+
+    base = {"uid": "src", "checkpoint": str(tmp_path / "meta"), "url": mariadb.url_for(mysql_db)}
+    with pytest.raises(ConfigError, match="option 'table' is not supported: the MySQL source reads 'tables'"):
+        MysqlSourceDataSource({**base, "table": f"{mysql_db}.orders"})
+    with pytest.raises(ConfigError, match="startup=snapshot reads no binary log; drop the options onSlotLost"):
+        MysqlSourceDataSource({**base, "tables": f"{mysql_db}.*", "startup": "snapshot", "onSlotLost": "fail"})
+    with pytest.raises(ConfigError, match=f"no table matches 'tables' = '{mysql_db}.nothing' on the MySQL server"):
+        MysqlSourceDataSource({**base, "tables": f"{mysql_db}.nothing"}).schema()
+    mariadb.sql("CREATE TABLE legacy (id int PRIMARY KEY) ENGINE=MyISAM", mysql_db)
+    with pytest.raises(Exception, match=f"table {mysql_db}.legacy uses the MyISAM engine"):
+        MysqlSourceDataSource({**base, "tables": f"{mysql_db}.*"}).schema()
+    assert not (tmp_path / "meta" / "src").exists()  # nothing written
