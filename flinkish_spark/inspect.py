@@ -32,6 +32,7 @@ class SourceEpoch:
     lsn: str | None = None
     wal_bytes_in_epoch: int | None = None
     chunks_in_epoch: int | None = None
+    binlog: str | None = None  # flinkish.mysql: the change split's binary log position, "file #<n> at <offset>"
 
     @classmethod
     def of(cls, c: SourceCheckpoint) -> "SourceEpoch":
@@ -42,6 +43,11 @@ class SourceEpoch:
             changes = [s for s in c.splits if s.split_id.startswith("changes-")]
             postgres = {"lsn": format_lsn(max(s.position for s in changes)) if changes else None,
                         "wal_bytes_in_epoch": sum(s.rows_in_epoch for s in changes),
+                        "chunks_in_epoch": sum(s.rows_in_epoch for s in c.splits if s.split_id.startswith("snapshot-"))}
+        elif c.kind == "flinkish.mysql":
+            # Positions are binary log keys (file number << 32 | offset; 0: the change split's recorded start).
+            at = max((s.position for s in c.splits if s.split_id.startswith("changes-")), default=0)
+            postgres = {"binlog": f"file #{at >> 32} at {at & 0xFFFFFFFF}" if at else None,
                         "chunks_in_epoch": sum(s.rows_in_epoch for s in c.splits if s.split_id.startswith("snapshot-"))}
         return cls(
             uid=c.uid,
@@ -59,6 +65,8 @@ class SourceEpoch:
     @property
     def read_in_epoch(self) -> str:
         """What the epoch read, in the source's units: rows, or snapshot chunks and WAL bytes."""
+        if self.kind == "flinkish.mysql":
+            return f"{self.chunks_in_epoch} chunks"
         if self.kind != "flinkish.postgres":
             return f"{self.rows_in_epoch} rows"
         return f"{self.chunks_in_epoch} chunks, {self.wal_bytes_in_epoch} B of WAL"
@@ -66,6 +74,8 @@ class SourceEpoch:
     @property
     def position(self) -> str:
         """Where the source stands: the rows read in all, or the change stream's LSN."""
+        if self.kind == "flinkish.mysql":
+            return f"binlog {self.binlog}" if self.binlog else "-"
         if self.kind != "flinkish.postgres":
             return str(self.position_total)
         return f"LSN {self.lsn}" if self.lsn else "-"
@@ -165,7 +175,7 @@ def postgres_tables(io: FileIO, root: str) -> dict[str, dict[str, int]]:
     for uid in source_uids(io, root):
         store = SourceCheckpointStore(io, root, uid, kind="")
         latest = store.latest()
-        if latest is None or latest.kind != "flinkish.postgres":
+        if latest is None or latest.kind not in ("flinkish.postgres", "flinkish.mysql"):  # the CDC core's registry
             continue
         tables = registry.of_state(io, store.directory, latest.enumerator_state)
         if tables is not None:

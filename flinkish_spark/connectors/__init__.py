@@ -1,4 +1,4 @@
-"""Built-in connectors: ``flinkish.sequence``, ``flinkish.files`` and ``flinkish.postgres`` sources; ``flinkish.parquet``,
+"""Built-in connectors: ``flinkish.sequence``, ``flinkish.files``, ``flinkish.postgres`` and ``flinkish.mysql`` sources; ``flinkish.parquet``,
 ``flinkish.postgres``, ``flinkish.delta`` and ``flinkish.iceberg`` sinks (each imports its client library
 -- psycopg/ADBC, deltalake, pyiceberg -- only when used).
 
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from flinkish_spark.connectors.delta import DeltaSink, DeltaSinkDataSource
     from flinkish_spark.connectors.files import FilesDataSource
     from flinkish_spark.connectors.iceberg import IcebergSink, IcebergSinkDataSource
+    from flinkish_spark.connectors.mysql.source import MysqlSourceDataSource
     from flinkish_spark.connectors.parquet_sink import ParquetSink, ParquetSinkDataSource
     from flinkish_spark.connectors.postgres import (PostgresDataSource, PostgresSink, PostgresSinkDataSource,
                                                     PostgresSourceDataSource)
@@ -28,6 +29,7 @@ else:
         "FilesDataSource": "flinkish_spark.connectors.files",
         "IcebergSink": "flinkish_spark.connectors.iceberg",
         "IcebergSinkDataSource": "flinkish_spark.connectors.iceberg",
+        "MysqlSourceDataSource": "flinkish_spark.connectors.mysql.source",
         "ParquetSink": "flinkish_spark.connectors.parquet_sink",
         "ParquetSinkDataSource": "flinkish_spark.connectors.parquet_sink",
         "PostgresDataSource": "flinkish_spark.connectors.postgres",
@@ -38,5 +40,5 @@ else:
     })
 
 __all__ = ["BUILTIN_SINKS", "BUILTIN_SOURCES", "DeltaSink", "DeltaSinkDataSource", "FilesDataSource", "IcebergSink",
-           "IcebergSinkDataSource", "ParquetSink", "ParquetSinkDataSource", "PostgresDataSource", "PostgresSink",
+           "IcebergSinkDataSource", "MysqlSourceDataSource", "ParquetSink", "ParquetSinkDataSource", "PostgresDataSource", "PostgresSink",
            "PostgresSinkDataSource", "PostgresSourceDataSource", "SequenceDataSource"]

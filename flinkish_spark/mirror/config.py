@@ -44,10 +44,10 @@ Format = Literal["delta", "iceberg", "postgres"]
 FORMATS: tuple[Format, ...] = ("delta", "iceberg", "postgres")
 #: The source's database: ``flinkish.postgres`` or ``flinkish.mysql`` (MySQL and MariaDB).
 Source = Literal["postgres", "mysql"]
-#: Whether ``flinkish mirror`` can start the source's Spark query yet. The MySQL source is being wired on the CDC
-#: core shared with PostgreSQL (issue 29): until then a MySQL mirror is configured and preflighted, then refused
-#: with one line saying so (:func:`flinkish_spark.mirror.pipeline.supervise`). Set True where it is registered.
-SOURCE_READY: dict[Source, bool] = {"postgres": True, "mysql": False}
+#: Whether ``flinkish mirror`` can start the source's Spark query (False: configured and preflighted, then refused
+#: with one line saying so, :func:`flinkish_spark.mirror.pipeline.supervise`). MySQL: the ``flinkish.mysql`` source
+#: on the CDC core (issue 29), tested end to end by tests/mirror/test_mysql_preflight.py.
+SOURCE_READY: dict[Source, bool] = {"postgres": True, "mysql": True}
 #: Environment variables the pipeline puts the passwords in (named by the connectors' ``passwordEnv``).
 SOURCE_PASSWORD_ENV = "FLINKISH_MIRROR_SOURCE_PASSWORD"
 SINK_PASSWORD_ENV = "FLINKISH_MIRROR_SINK_PASSWORD"

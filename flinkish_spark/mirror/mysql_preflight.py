@@ -98,7 +98,13 @@ def _restart_problems(config: MirrorConfig, info: Any, conn: Any) -> list[str]:
         return [str(e)]
     if latest is None:
         return []
-    starts = [s.start for s in latest.live_splits if s.split_id.startswith("changes-") and s.start > 0]
+    from flinkish_spark.connectors.cdc.change_split import change_start
+    from flinkish_spark.source.split import Split
+
+    # 0: the split has read nothing yet; it starts where its payload says (the log's position at the start).
+    starts = [change_start(Split(s.split_id, s.payload), s.start) for s in latest.live_splits
+              if s.split_id.startswith("changes-")]
+    starts = [s for s in starts if s > 0]
     if not starts:
         return []
     start = position_of_key(min(starts), binary_logs(conn))

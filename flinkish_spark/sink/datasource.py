@@ -89,6 +89,15 @@ def _without_metadata(schema: StructType) -> list[tuple[str, str, bool]]:
     return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
 
 
+def _cdc_stream_shape(schema: StructType) -> bool:
+    """Whether ``schema`` is one of the two shapes of the multi-table CDC stream: a row per change (``row``, JSON)
+    or a table's rows packed (``batch``, Arrow IPC; the sources' ``rowFormat=arrow``). Routing sinks read either,
+    so a restart may switch between them -- an upgraded ``flinkish mirror`` packs the rows of a mirror its older
+    version started with JSON rows."""
+    names = set(schema.fieldNames())
+    return {"_table", "_op", "_schema_id"} <= names and ("row" in names) != ("batch" in names)
+
+
 def task_context(uid: str, epoch: int | None = None, offset: int = 0) -> PrepareContext:
     """Where a task runs; ``epoch`` defaults to Spark's batch id plus the incarnation's ``offset``."""
     from pyspark import TaskContext
@@ -171,7 +180,8 @@ class TwoPhaseCommitDataSource(DataSource):
         except FileNotFoundError:
             return
         # Column metadata (e.g. the primary key a source marks) is no part of what is written.
-        if _without_metadata(recorded) != _without_metadata(schema):
+        if _without_metadata(recorded) != _without_metadata(schema) and not (
+                _cdc_stream_shape(recorded) and _cdc_stream_shape(schema)):
             raise CheckpointMismatchError(
                 f"sink uid {self.uid!r} was started with the schema {recorded.simpleString()}, but the "
                 f"query now writes {schema.simpleString()}. Write to a new path with a new uid, or "

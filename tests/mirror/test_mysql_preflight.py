@@ -104,8 +104,11 @@ def test_tables_that_cannot_be_mirrored(mariadb: Any, shop: str, tmp_path: Path)
     assert not (tmp_path / "meta").exists()
 
 
-def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tmp_path: Path) -> None:
-    """The newest flinkish.mysql checkpoint's change split starts in a log the server then purges."""
+@pytest.mark.parametrize("read", [True, False], ids=["read", "not-read-yet"])
+def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tmp_path: Path, read: bool) -> None:
+    """The newest flinkish.mysql checkpoint's change split starts in a log the server then purges: a split that
+    read up to there, or one that has read nothing yet (position 0, its start in the payload, as the source
+    writes it before its first epoch of changes)."""
     import json
 
     from flinkish_spark.checkpoint.model import SourceCheckpoint, SplitRecord
@@ -121,7 +124,8 @@ def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tm
         store = SourceCheckpointStore(FileIO.for_url(cfg.checkpoint), cfg.checkpoint, cfg.uid, "flinkish.mysql")
         key = position_key(start)
         store.write(SourceCheckpoint(cfg.uid, "flinkish.mysql", 0, None, 0, json.dumps({"tables": cfg.tables}),
-                                     b"{}", False, (SplitRecord("changes-0", key, key),)))
+                                     b"{}", False, (SplitRecord("changes-0", key, key) if read else
+                                                    SplitRecord("changes-0", 0, 0, payload=json.dumps({"start": key})),)))
         files = sorted(str(p) for p in (tmp_path / "meta").rglob("*"))
         assert check(cfg, tmp_path)[0] == []  # still there: a restart may continue
 
@@ -138,15 +142,21 @@ def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tm
     assert sorted(str(p) for p in (tmp_path / "meta").rglob("*")) == files  # the checkpoint only read
 
 
-def test_the_command_stops_after_a_clean_preflight_until_the_spark_source_is_wired(
+@pytest.mark.slow
+def test_a_clean_preflight_starts_the_mirror_and_a_bounded_copy_equals_the_tables(
         mariadb: Any, shop: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flinkish_spark.mirror.pipeline import EXIT_REFUSED, supervise
+    """The flinkish.mysql Spark source is wired (SOURCE_READY): the command runs the mirror (a pipeline process);
+    a --stop-after-snapshot copy ends by itself and each Delta target holds its table's rows."""
+    import deltalake
+    import pyarrow as pa
 
-    assert supervise(config(mariadb, tmp_path, f"{shop}.*")) == EXIT_REFUSED
-    err = capsys.readouterr().err
-    assert "not started, nothing was created: the preflight found no problem, but this version has no " \
-           "flinkish.mysql Spark source yet" in err
-    assert not (tmp_path / "meta").exists() and not (tmp_path / "lake").exists()
+    from flinkish_spark.mirror.pipeline import EXIT_OK, supervise
+
+    mariadb.sql(f"INSERT INTO `{shop}`.orders VALUES (1, 'a'), (2, NULL), (3, 'c')")
+    assert supervise(config(mariadb, tmp_path, f"{shop}.*", stop_after_snapshot=True)) == EXIT_OK
+    assert SECRET not in capsys.readouterr().err
+    rows = pa.table(deltalake.DeltaTable(str(tmp_path / "lake" / shop / "orders")).scan()).to_pylist()
+    assert sorted((r["id"], r["v"]) for r in rows) == [(1, "a"), (2, None), (3, "c")]
 
 
 def test_the_command_with_a_mysql_pipeline_file_exits_2_naming_the_problem(mariadb: Any, shop: str,

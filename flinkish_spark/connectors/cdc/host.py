@@ -13,6 +13,8 @@ from flinkish_spark.connectors.cdc.patterns import TablePatterns
 from flinkish_spark.io.fileio import FileIO
 
 Startup = Literal["snapshot", "snapshotThenChanges", "changes"]
+#: What a source does when the log position it needs is gone (a dropped slot, a purged binary log).
+OnSlotLost = Literal["fail", "resnapshot"]
 
 DEFAULT_SPLIT_SIZE = 100_000
 
@@ -29,3 +31,9 @@ class CdcSourceHost(Protocol):
     @property
     def component(self) -> str: ...
     def checkpoint_store(self) -> SourceCheckpointStore: ...
+
+
+class ChangeSourceHost(CdcSourceHost, Protocol):
+    """A source that reads changes: what :class:`.change_split.ChangeSplitEnumerator` needs besides the core's."""
+
+    on_slot_lost: OnSlotLost

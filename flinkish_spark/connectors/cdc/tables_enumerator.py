@@ -138,9 +138,13 @@ class TablesEnumeratorCore(SplitEnumerator):
         self._discovered_at = time.monotonic()
         if src.startup == "changes":
             self.snapshot_done = self.changes_discovered = True
-            out.append(Split(changes_id(self.generation)))
+            out.append(self._change_split())
         self.started = True
         return [s for s in out if s.split_id not in known]
+
+    def _change_split(self) -> Split:
+        """The change split (:class:`.change_split.ChangeSplitEnumerator`'s, which may carry its start)."""
+        return super()._change_split()  # type: ignore[misc]  # the database's enumerator (a mixin)
 
     def discover(self, known: Collection[str]) -> list[Split]:
         self.previous_name = self.registry_name

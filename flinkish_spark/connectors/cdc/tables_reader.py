@@ -19,6 +19,7 @@ import pyarrow as pa
 from flinkish_spark.connectors.cdc import registry
 from flinkish_spark.connectors.cdc.dialect import ReaderDialect
 from flinkish_spark.connectors.cdc.host import CdcSourceHost
+from flinkish_spark.connectors.cdc.change_split import change_start
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split
 
@@ -62,7 +63,9 @@ class TablesReaderCore(SplitReader):
                 self.close()  # the connection may be mid-transaction: the next chunk opens a new one
                 raise
         else:
-            yield from self.dialect.read_changes(start, end, None if self._ckpt_id is None else self._planned_keys)
+            # 0: where the change split starts (a log position in its payload for MySQL; the slot's own for PostgreSQL).
+            yield from self.dialect.read_changes(change_start(split, start), end,
+                                                 None if self._ckpt_id is None else self._planned_keys)
 
     def _planned_keys(self) -> Mapping[int, tuple[str, ...]]:
         """The tables' keys as the epoch was planned (its checkpoint names the registries)."""

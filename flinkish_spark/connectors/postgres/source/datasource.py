@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, ClassVar
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles
 from pyspark.sql.types import StructType
 
+from flinkish_spark.connectors.cdc.datasource import CdcDataSource
 from flinkish_spark.connectors.cdc.host import DEFAULT_SPLIT_SIZE, Startup
 from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
 from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
@@ -29,15 +28,13 @@ from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_tab
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.options import Options
-from flinkish_spark.source.datasource import SplitDataSource
-from flinkish_spark.source.planning import ReadRange
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_DISCOVERY_INTERVAL_S = 10.0
 DEFAULT_HEARTBEAT_INTERVAL_S = 30.0  # as Flink CDC's heartbeat.interval
 
 
-class PostgresSourceDataSource(SplitDataSource):
+class PostgresSourceDataSource(CdcDataSource):
     """``spark.readStream.format("flinkish.postgres")``.
 
     Options are validated lazily -- in :meth:`schema` and :meth:`streamReader`, not in
@@ -175,25 +172,6 @@ class PostgresSourceDataSource(SplitDataSource):
             self.table_info()
         return super().streamReader(schema)
 
-    def default_read_limit(self) -> ReadLimit:
-        if self.snapshot_rows_per_trigger is not None:
-            return ReadMaxFiles(max(1, self.snapshot_rows_per_trigger // self.split_size))
-        return ReadAllAvailable()
-
-    def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]:
-        """An epoch's chunks in at most ``snapshotPartitions`` tasks (consecutive chunks each), changes alone.
-
-        A task per chunk costs each chunk a Spark task, a Python worker round trip, an ADBC
-        connection and an output file: with the default splitSize, most of the snapshot's
-        time on two cores (see docs/benchmarks.md). The change range stays one partition (WAL order).
-        """
-        chunks = [r for r in ranges if r.split_id.startswith("snapshot-")]
-        groups: list[list[ReadRange]] = [[r] for r in ranges if not r.split_id.startswith("snapshot-")]
-        n = min(self.snapshot_partitions, len(chunks))
-        for i in range(n):
-            groups.append(chunks[len(chunks) * i // n: len(chunks) * (i + 1) // n])
-        return groups
-
     def create_enumerator(self) -> PostgresEnumerator:
         return PostgresEnumerator(self) if self.patterns is None else TablesEnumerator(self)
 
@@ -204,17 +182,3 @@ class PostgresSourceDataSource(SplitDataSource):
 
         pack = (lambda rows: Packer().pack_all(rows)) if self.row_format == "arrow" else None
         return TablesReaderCore(self, PostgresDialect(self), pack)
-
-    def write_descriptor(self) -> None:
-        """As the base class, but with the password masked out of the URL and 'passwordEnv' kept.
-
-        The final notification (which drops the slot) rebuilds the source from this file in the
-        driver's process: it connects with PGPASSWORD or the variable 'passwordEnv' names.
-        """
-        options = {k: v for k, v in self.raw_options.items() if k not in ("storageOptions",)}
-        options["url"] = self.conn_info.url  # the URI without its password
-        cls = type(self)
-        descriptor = {"class": f"{cls.__module__}:{cls.__qualname__}", "options": options}
-        from flinkish_spark.source.datasource import DESCRIPTOR_FILE
-
-        self.io.write_bytes(f"{self.checkpoint_store().directory}/{DESCRIPTOR_FILE}", json.dumps(descriptor).encode())

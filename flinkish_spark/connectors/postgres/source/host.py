@@ -6,16 +6,16 @@ CDC core's options (:class:`flinkish_spark.connectors.cdc.host.CdcSourceHost`) a
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Protocol
 
-from flinkish_spark.connectors.cdc.host import CdcSourceHost
+from flinkish_spark.connectors.cdc.host import ChangeSourceHost, OnSlotLost
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo
 from flinkish_spark.connectors.postgres.source.tables import TableInfo
 
-OnSlotLost = Literal["fail", "resnapshot"]
+__all__ = ["OnSlotLost", "PostgresSourceHost"]
 
 
-class PostgresSourceHost(CdcSourceHost, Protocol):
+class PostgresSourceHost(ChangeSourceHost, Protocol):
     conn_info: ConnectionInfo
     on_slot_lost: OnSlotLost
     slot_name: str

@@ -1,0 +1,125 @@
+"""``spark.readStream.format("flinkish.mysql")``: options, the server check, and the wiring to the CDC core.
+
+The stream is the CDC core's multi-table stream (:func:`flinkish_spark.connectors.cdc.stream.stream_schema`):
+one row per snapshot row or change of every table ``tables`` matches, with ``s`` rows carrying each table's
+schema, routed by a sink's ``{schema}/{table}`` template. Before Spark plans anything the server is checked
+(:func:`flinkish_spark.connectors.mysql.server.check_server`: the binary log on, ROW, FULL row image and
+metadata -- only the log when startup=snapshot) and the patterns must match a table: one clear error each,
+nothing written. Options: docs/mysql-source.md.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import closing
+from typing import Any, ClassVar
+
+from pyspark.sql.datasource import DataSourceStreamReader
+from pyspark.sql.types import StructType
+
+from flinkish_spark.connectors.cdc.datasource import CdcDataSource
+from flinkish_spark.connectors.cdc.host import DEFAULT_SPLIT_SIZE, OnSlotLost, Startup
+from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
+from flinkish_spark.connectors.cdc.stream import stream_schema
+from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
+from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, parse_url
+from flinkish_spark.connectors.mysql.server import read_settings, setting_problems
+from flinkish_spark.connectors.mysql.source.enumerator import MysqlEnumerator, mysql_dialect
+from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, Packer, packed_schema
+from flinkish_spark.errors import ConfigError
+from flinkish_spark.options import Options
+from flinkish_spark.source.reader import SplitReader
+
+DEFAULT_DISCOVERY_INTERVAL_S = 10.0
+#: The first replica id the source's log readers take (each read its own, a random one above it): a server
+#: ends a binary log dump when another starts with the same id, so two sources on one server need other ids.
+DEFAULT_SERVER_ID = 0x5F000000
+
+
+class MysqlSourceDataSource(CdcDataSource):
+    """``spark.readStream.format("flinkish.mysql")`` (see the module docstring)."""
+
+    KIND: ClassVar[str] = "flinkish.mysql"
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "url", "passwordEnv", "table", "tables", "startup", "splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger",
+        "snapshotPartitions", "discoveryInterval", "serverId", "onSlotLost", "rowFormat",
+    )
+
+    @property
+    def component(self) -> str:
+        return f"{self.KIND} source"
+
+    def configure(self, opts: Options) -> None:
+        url = opts.required("url", "mysql://user@host:3306/db (password via MYSQL_PWD or 'passwordEnv')")
+        self.password_env = (opts.get("passwordEnv") or "").strip() or None
+        self.conn_info: ConnectionInfo = parse_url(url, self.password_env, f"{self.component}: option 'url'")
+        if opts.has("table"):
+            raise ConfigError(
+                f"{self.component}: option 'table' is not supported: the MySQL source reads 'tables' (names and "
+                "patterns as database.table, e.g. 'shop.*, crm.customers'; one table is tables='shop.orders'), one "
+                "stream of every table's rows that a sink routes by {schema}/{table}")
+        tables = opts.required("tables", "names and patterns as database.table, e.g. 'shop.*, !shop.tmp_*'")
+        self.patterns: TablePatterns | None = TablePatterns.parse(tables, f"{self.component}: option 'tables'")
+        self.discovery_interval = (opts.number("discoveryInterval", DEFAULT_DISCOVERY_INTERVAL_S)
+                                   or DEFAULT_DISCOVERY_INTERVAL_S)
+        self.startup: Startup = opts.choice("startup", ("snapshot", "snapshotThenChanges", "changes"),
+                                            "snapshotThenChanges")
+        self.split_size = opts.integer("splitSize", DEFAULT_SPLIT_SIZE, minimum=1) or DEFAULT_SPLIT_SIZE
+        self.max_rows_per_trigger = opts.integer("maxRowsPerTrigger", None, minimum=1)
+        self.snapshot_rows_per_trigger = (opts.integer("snapshotRowsPerTrigger", None, minimum=1)
+                                          or self.max_rows_per_trigger)
+        self.snapshot_partitions = opts.integer("snapshotPartitions", None, minimum=1) or os.cpu_count() or 2
+        self.server_id = opts.integer("serverId", DEFAULT_SERVER_ID, minimum=1) or DEFAULT_SERVER_ID
+        if self.server_id >= 1 << 31:
+            raise ConfigError(f"{self.component}: option 'serverId' must be below {1 << 31} (a replica id; each "
+                              "log read takes a random one up to 2^24 above it)")
+        self.on_slot_lost: OnSlotLost = opts.choice("onSlotLost", ("fail", "resnapshot"), "fail")
+        # json: the documented stream shape; arrow: a table's rows packed per run (docs/postgres-source.md "Packed
+        # rows"), what the mirror uses for lakehouse targets. Not part of the data's identity: a restart may switch.
+        self.row_format: str = opts.choice("rowFormat", ROW_FORMATS, "json")
+        if self.startup == "snapshot" and any(opts.has(o) for o in ("onSlotLost", "serverId")):
+            raise ConfigError(f"{self.component}: startup=snapshot reads no binary log; drop the options onSlotLost "
+                              "and serverId")
+
+    def config(self) -> dict[str, Any]:
+        # What defines the data: never the URL (it may hold a password).
+        assert self.patterns is not None
+        return {"tables": self.patterns.text, "startup": self.startup, "splitSize": self.split_size}
+
+    def check_server(self) -> None:
+        """The server's binary log settings and the tables, before anything is written: one clear error each."""
+        if getattr(self, "_server_checked", False):
+            return
+        assert self.patterns is not None
+        dialect = mysql_dialect(self)
+        with closing(connect(self.conn_info)) as conn:
+            version, settings = read_settings(conn)
+            problems = setting_problems(self.conn_info, version, settings, self.startup != "snapshot")
+            if problems:
+                raise problems[0]
+            found = dialect.find_tables(conn, self.patterns)
+        if not found:
+            raise ConfigError(
+                f"{self.component}: no table matches 'tables' = {self.patterns.text!r} on the MySQL server at "
+                f"{self.conn_info.masked} (base tables this user can see, as database.table). Check the names, or "
+                "create the tables first")
+        for table in split_followable(found)[0]:
+            dialect.check_followable(table)
+        self._server_checked = True
+
+    def schema(self) -> StructType:
+        self.setup_source()
+        self.check_server()
+        return packed_schema() if self.row_format == "arrow" else stream_schema()
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self.setup_source()
+        self.check_server()  # on the driver, before anything is written
+        return super().streamReader(schema)
+
+    def create_enumerator(self) -> MysqlEnumerator:
+        return MysqlEnumerator(self)
+
+    def create_reader(self, schema: StructType) -> SplitReader:
+        pack = (lambda rows: Packer().pack_all(rows)) if self.row_format == "arrow" else None
+        return TablesReaderCore(self, mysql_dialect(self), pack)
