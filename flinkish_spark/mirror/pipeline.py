@@ -253,9 +253,7 @@ def run(config: MirrorConfig) -> int:
             return EXIT_RETRY
         _report_failure(config, failure, notes, terminal)
         return EXIT_FAILED
-    code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
-    if how == "finished" and not config.stop_after_snapshot:
-        from flinkish_spark.mirror.finished import DRAINED as text
+    code, text = ending(how, config)
     print(f"flinkish mirror: {text}", flush=True)
     _stop_spark()
     return code
@@ -343,13 +341,26 @@ def _wait(spark: Any, query: Any, config: MirrorConfig, signals: _Signals, paren
 
 
 _ENDINGS = {
-    "drained": (EXIT_OK, "drained: every change up to the stop is committed; slot and publication dropped. The "
-                         "mirror is finished: the same command again does nothing (a new --uid starts a new one)"),
+    "drained": (EXIT_OK, "drained: every change up to the stop is committed; {released}. The mirror is finished: "
+                         "the same command again does nothing (a new --uid starts a new one)"),
     "finished": (EXIT_OK, "finished: every table is copied"),
     "stopped": (EXIT_OK, "stopped (flinkish stop, no drain): run the same command to continue"),
     "interrupted": (EXIT_STOPPED, "stopped at once: run the same command to continue from the last committed epoch"),
     "terminated": (EXIT_STOPPED, "the query ended: run the same command to continue"),
 }
+
+
+def ending(how: str, config: MirrorConfig) -> tuple[int, str]:
+    """The exit code and the last line for a query that ended ``how`` (``drained``, ``finished``, ...)."""
+    code, text = _ENDINGS.get(how, (EXIT_STOPPED, how))
+    if how == "drained":  # what the source held on the server (a MySQL source holds nothing: no slot)
+        text = text.format(released="slot and publication dropped" if config.source_kind == "postgres" else
+                           "the binary log position was only in the checkpoint: nothing on the server to drop")
+    if how == "finished" and not config.stop_after_snapshot:
+        from flinkish_spark.mirror.finished import DRAINED
+
+        text = DRAINED
+    return code, text
 
 
 def _claimed(config: MirrorConfig) -> bool:

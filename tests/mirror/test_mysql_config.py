@@ -123,3 +123,13 @@ def test_each_mistake_in_the_flags_is_one_clear_error(tmp_path: Path, given: dic
     with pytest.raises(ConfigError, match=words) as err:
         flags(tmp_path, **given)
     assert "s3cr" not in str(err.value)
+
+
+def test_a_drained_mysql_mirror_does_not_claim_to_have_dropped_a_slot(tmp_path: Path) -> None:
+    from flinkish_spark.mirror.pipeline import ending
+
+    code, text = ending("drained", flags(tmp_path))
+    assert code == 0 and "every change up to the stop is committed" in text
+    assert "slot" not in text and "nothing on the server to drop" in text
+    postgres = flags(tmp_path, source="postgresql://cdc@db.internal:5432/shop", tables="public.*")
+    assert "slot and publication dropped" in ending("drained", postgres)[1]
