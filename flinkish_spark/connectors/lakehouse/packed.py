@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.figures import Figures
 from flinkish_spark.connectors.postgres.rows import TableRows, TableSchema
-from flinkish_spark.connectors.postgres.rows.decode import ROW_META, _in_order, _versions
+from flinkish_spark.connectors.postgres.rows.decode import ROW_META, _in_order, _versions, conformed, union_fields
 from flinkish_spark.connectors.postgres.rows.packed import PACKED_COLUMNS, read_pack
 
 
@@ -74,25 +74,14 @@ def _micros(ts: pa.Scalar) -> int:
 
 def _joined(schemas: list[TableSchema], pieces: list[pa.Table]) -> pa.Table:
     """The pieces in the union of the schemas' columns (newest first, in the newest types), in stream order."""
-    fields = list(schemas[-1].arrow_schema())
-    for s in reversed(schemas[:-1]):
-        for f in s.arrow_schema():
-            if f.name not in {x.name for x in fields}:
-                fields.append(f)
+    fields = union_fields(schemas)
     if not pieces:
         return pa.schema(fields + [pa.field("_op", pa.string()), pa.field("_lsn", pa.int64()),
                                    pa.field("_seq", pa.int32()), pa.field("_commit_ts", pa.timestamp("us", tz="UTC")),
                                    pa.field("_unchanged", pa.list_(pa.string()))]).empty_table()
     out = []
     for p in pieces:
-        cols = []
-        for f in fields:
-            if f.name in p.column_names:
-                col = p.column(f.name)
-                cols.append(col if col.type == f.type else col.cast(f.type))
-            else:
-                cols.append(pa.nulls(p.num_rows, f.type))
-        cols += [p.column(m) for m in ROW_META]
+        cols = conformed(p, fields) + [p.column(m) for m in ROW_META]
         out.append(pa.Table.from_arrays(cols, names=[f.name for f in fields] + list(ROW_META)))
     rows = out[0] if len(out) == 1 else pa.concat_tables(out)
     order = pc.sort_indices(pa.table({"s": pc.is_null(rows.column("_lsn")), "l": rows.column("_lsn"),

@@ -222,15 +222,32 @@ def _versions(entries: list[tuple[Any, str]]) -> list[str]:
     return seen
 
 
-def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
-    """Decode each row with its schema, then bring them to the union of columns in the newest types."""
-    newest = schemas[-1]
-    fields = list(newest.arrow_schema())
+def union_fields(schemas: list[TableSchema]) -> list[pa.Field]:
+    """The columns of a table's rows under several schemas: the newest schema's, in its types, then the columns
+    only older ones had (a dropped column's values stay in the rows written before the drop)."""
+    fields = list(schemas[-1].arrow_schema())
     for s in reversed(schemas[:-1]):
         for f in s.arrow_schema():
             if f.name not in {x.name for x in fields}:
                 fields.append(f)
-    union = pa.schema(fields)
+    return fields
+
+
+def conformed(table: pa.Table, fields: Iterable[pa.Field]) -> list[Any]:
+    """``table``'s columns as ``fields`` say: cast where the type differs, nulls for a column it lacks."""
+    cols: list[Any] = []
+    for f in fields:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            cols.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, f.type))
+    return cols
+
+
+def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
+    """Decode each row with its schema, then bring them to the union of columns in the newest types."""
+    union = pa.schema(union_fields(schemas))
     meta = list(ROW_META)
     indices = pc.sort_indices(
         pa.table({"s": pc.is_null(rows.column("_lsn")), "l": rows.column("_lsn"), "q": rows.column("_seq")}),
@@ -248,13 +265,7 @@ def _typed(rows: pa.Table, schemas: list[TableSchema]) -> pa.Table:
         whole = len(positions) == rows.num_rows  # every row of this schema (nearly always): no copy by a take
         part = rows if whole else rows.take(positions)
         decoded = decode_rows(part.column("row"), schema)
-        cols = []
-        for f in union:
-            if f.name in decoded.column_names:
-                col = decoded.column(f.name)
-                cols.append(col if col.type == f.type else col.cast(f.type))
-            else:
-                cols.append(pa.nulls(part.num_rows, f.type))
+        cols = conformed(decoded, union)
         cols += [part.column(m) for m in meta if m != UNCHANGED] + [_unchanged(part.column("row"))]
         parts.append((positions, pa.Table.from_arrays(cols, names=union.names + meta)))
     if not parts:
