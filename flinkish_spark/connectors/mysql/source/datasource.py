@@ -25,7 +25,7 @@ from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, parse_url
 from flinkish_spark.connectors.mysql.server import read_settings, setting_problems
 from flinkish_spark.connectors.mysql.source.enumerator import MysqlEnumerator, mysql_dialect
-from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, Packer, packed_schema
+from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, packed_schema, packing
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.options import Options
 from flinkish_spark.source.reader import SplitReader
@@ -121,5 +121,4 @@ class MysqlSourceDataSource(CdcDataSource):
         return MysqlEnumerator(self)
 
     def create_reader(self, schema: StructType) -> SplitReader:
-        pack = (lambda rows: Packer().pack_all(rows)) if self.row_format == "arrow" else None
-        return TablesReaderCore(self, mysql_dialect(self), pack)
+        return TablesReaderCore(self, mysql_dialect(self), packing(self.row_format))

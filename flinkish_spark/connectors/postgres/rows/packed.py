@@ -39,7 +39,7 @@ import base64
 import json
 from datetime import date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -164,6 +164,12 @@ class Packer:
                 "_changes": int(pc.sum(changes).as_py() or 0),
                 "_commit_ts": pc.max(pc.filter(rows.column("_commit_ts"), changes)).as_py(),
                 "batch": sink.getvalue().to_pybytes()}
+
+
+def packing(row_format: str) -> "Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None":
+    """What a multi-table source's reader applies to its stream rows for ``rowFormat`` (None: ``json``, as they are);
+    a fresh :class:`Packer` per read, as a read's runs end with it."""
+    return (lambda rows: Packer().pack_all(rows)) if row_format == "arrow" else None
 
 
 def read_pack(blob: pa.Buffer | bytes) -> pa.Table:

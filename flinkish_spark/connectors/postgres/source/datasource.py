@@ -178,7 +178,6 @@ class PostgresSourceDataSource(CdcDataSource):
     def create_reader(self, schema: StructType) -> SplitReader:
         if self.patterns is None:
             return PostgresReader(self, schema)
-        from flinkish_spark.connectors.postgres.rows.packed import Packer
+        from flinkish_spark.connectors.postgres.rows.packed import packing
 
-        pack = (lambda rows: Packer().pack_all(rows)) if self.row_format == "arrow" else None
-        return TablesReaderCore(self, PostgresDialect(self), pack)
+        return TablesReaderCore(self, PostgresDialect(self), packing(self.row_format))
