@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import dataclass
 import random
 from contextlib import closing
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
@@ -51,7 +52,7 @@ from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: F401 (bound_*:
     bound_of_json, bound_to_json, read_chunk_arrow, read_chunk_rows,
 )
 from flinkish_spark.connectors.mysql.changes import (
-    BinlogPurgedError, check_start, current_end, position_key, position_of_key, read_range,
+    BinlogPurgedError, LogEnd, check_start, current_end, position_key, position_of_key, read_range,
 )
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition
@@ -70,6 +71,24 @@ SYSTEM_DATABASES = catalog.SYSTEM_DATABASES
 #: Stream types a column may change between without its stored values changing (PostgreSQL base type names).
 WIDENINGS = frozenset({("int2", "int4"), ("int2", "int8"), ("int4", "int8"), ("float4", "float8"), ("text", "text"),
                        ("bytea", "bytea")})
+
+
+@dataclass(frozen=True)
+class RangeRecord:
+    """A change range as planned, kept in the enumerator's state of the checkpoint that names it: its ``start`` and
+    ``end`` (position keys), the ``changes`` of followed tables in it (row events and truncates: an update is one;
+    counted where planning reads the range whole, i.e. with ``maxRowsPerTrigger``, as the mirror sets it)
+    and the server's GTID state at its end (MariaDB: ``domain-server-seq`` per domain; MySQL: the executed set,
+    known at the log's end only; None without GTIDs). What ``flinkish inspect`` shows; for a failover replica,
+    whose file positions differ, the GTID state names the same point (a start from it is not implemented)."""
+
+    start: int
+    end: int
+    changes: int | None  # None: not counted (a range to the log's end without maxRowsPerTrigger)
+    gtid: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "changes": self.changes, "gtid": self.gtid}
 
 
 def table_id(name: str) -> int:
@@ -95,6 +114,9 @@ class MysqlDialect:
         self._needed: int | None = None  # where the next change range starts (position_lost checks it)
         self._idle: tuple[int, int] | None = None  # (start, end): no change of ours in it (change_target)
         self._engine_problems: dict[str, str] = {}
+        self._log_end: LogEnd | None = None
+        #: the newest range change_target planned (the enumerator keeps it in its state: the checkpoint's record)
+        self.planned: RangeRecord | None = None
 
     @property
     def component(self) -> str:
@@ -194,9 +216,9 @@ class MysqlDialect:
         return self._mariadb
 
     def _end(self, conn: Any) -> FilePosition:
-        end = current_end(conn, self._is_mariadb(conn)).file
+        self._log_end = current_end(conn, self._is_mariadb(conn))
         self._files = binary_logs(conn)
-        return end
+        return self._log_end.file
 
     def _position(self, key: int, conn: Any | None = None) -> FilePosition:
         if not self._files:
@@ -283,20 +305,32 @@ class MysqlDialect:
         if self._idle is not None and self._idle[0] == position and self._idle[1] <= position_key(end):
             scan = self._position(self._idle[1])  # nothing of ours before it (read at an earlier planning)
         seen = 0
+        log_end = self._log_end
         txns = read_range(self.info, scan, end, decoder, self._reader_id(), mariadb=mariadb)
         try:
             for txn in txns:
                 seen += sum(1 for c in txn.changes if self._follows(f"{c.table.database}.{c.table.table}"))
                 seen += sum(1 for st in txn.statements for sc in st.changes
                             if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"))
-                if seen and (limit is None or seen >= limit):
-                    return position_key(end) if limit is None else position_key(txn.end)
+                if seen and limit is None:
+                    # to the log's end: not read on to count (the reader reads it; an early end keeps planning
+                    # cheap), so the range's changes are not known here
+                    return self._planned(position, end, None, None if log_end is None else log_end.gtid)
+                if seen and limit is not None and seen >= limit:
+                    # MariaDB: the GTID state once the transaction is read; MySQL's executed set is known at the
+                    # log's end only (its GTID events are not read here)
+                    at_end = log_end.gtid if log_end is not None and txn.end >= end else None
+                    return self._planned(position, txn.end, seen, at_end or txn.gtid_after)
         finally:
             txns.close()  # type: ignore[attr-defined]
         if seen or end.key[:2] != start.key[:2]:
-            return position_key(end)
+            return self._planned(position, end, seen, None if log_end is None else log_end.gtid)
         self._idle = (position, position_key(end))
         return position
+
+    def _planned(self, start: int, end: FilePosition, changes: int | None, gtid: object | None) -> int:
+        self.planned = RangeRecord(start, position_key(end), changes, None if gtid is None else str(gtid) or None)
+        return position_key(end)
 
     def plan_chunks(self, conn: Any, entry: TableEntry, split_size: int) -> TableChunks:
         info = table_info(conn, entry.schema, entry.table)

@@ -12,6 +12,10 @@ the change split starts there, recorded in its payload since there is no slot), 
 planning (the chunks). Every change after that position is in the change split, and each chunk reads
 a snapshot taken after it, so a key's last row in the stream is its row at the end (the sink applies
 rows by key; docs/mysql-source.md).
+
+**The range record**: the state written with each checkpoint carries the newest change range planned
+(:class:`..dialect.RangeRecord`: its start and end, its changes, the server's GTID state at its end), beside the
+change split's file+offset integer, for ``flinkish inspect`` and a failover (docs/mysql-source.md).
 """
 
 from __future__ import annotations
@@ -52,7 +56,11 @@ class MysqlEnumerator(TablesEnumeratorCore, ChangeSplitEnumerator):
         self._init_tables()
 
     def _state(self) -> dict[str, Any]:
-        return {**super()._state(), "start_position": self.start_position}
+        # "range": the newest change range planned (start, end, changes, the GTID state at its end), written with
+        # the checkpoint that names it; informational (flinkish inspect), never read back to plan
+        planned = self.dialect.planned
+        return {**super()._state(), "start_position": self.start_position,
+                **({"range": planned.to_json()} if planned is not None else {})}
 
     def restore(self, state: bytes) -> None:
         super().restore(state)
