@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
 import random
 from contextlib import closing
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
@@ -56,6 +55,7 @@ from flinkish_spark.connectors.mysql.changes import (
 )
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition
+from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
 from flinkish_spark.connectors.mysql.snapshot import plan_chunks, table_info
@@ -71,24 +71,6 @@ SYSTEM_DATABASES = catalog.SYSTEM_DATABASES
 #: Stream types a column may change between without its stored values changing (PostgreSQL base type names).
 WIDENINGS = frozenset({("int2", "int4"), ("int2", "int8"), ("int4", "int8"), ("float4", "float8"), ("text", "text"),
                        ("bytea", "bytea")})
-
-
-@dataclass(frozen=True)
-class RangeRecord:
-    """A change range as planned, kept in the enumerator's state of the checkpoint that names it: its ``start`` and
-    ``end`` (position keys), the ``changes`` of followed tables in it (row events and truncates: an update is one;
-    counted where planning reads the range whole, i.e. with ``maxRowsPerTrigger``, as the mirror sets it)
-    and the server's GTID state at its end (MariaDB: ``domain-server-seq`` per domain; MySQL: the executed set,
-    known at the log's end only; None without GTIDs). What ``flinkish inspect`` shows; for a failover replica,
-    whose file positions differ, the GTID state names the same point (a start from it is not implemented)."""
-
-    start: int
-    end: int
-    changes: int | None  # None: not counted (a range to the log's end without maxRowsPerTrigger)
-    gtid: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "changes": self.changes, "gtid": self.gtid}
 
 
 def table_id(name: str) -> int:
@@ -117,6 +99,8 @@ class MysqlDialect:
         self._log_end: LogEnd | None = None
         #: the newest range change_target planned (the enumerator keeps it in its state: the checkpoint's record)
         self.planned: RangeRecord | None = None
+        #: statements change_target found that the enumerator must act on (ACTED_ON); it takes them
+        self.ddl_seen: list[DdlSeen] = []
 
     @property
     def component(self) -> str:
@@ -288,7 +272,9 @@ class MysqlDialect:
         transaction at which the range holds ``limit`` changes of followed tables. Each end is a transaction
         boundary at or before the log's end when planned, so every read of the range reads the same transactions.
 
-        The range is read here to count (the binary log has no index by table). With no change of ours before
+        The range is read here, whole (the binary log has no index by table): to count its changes (kept in
+        :attr:`planned` with the GTID state at its end) and to find the statements of :data:`ACTED_ON` on followed
+        tables (:attr:`ddl_seen`: each counts as a change, so an epoch ends after it). With no change of ours before
         the end: no epoch (``position``), and the stretch read is remembered (the next planning from the same
         position reads on from its end) -- unless the log moved to a newer file since ``position``: then the range
         ends at the log's end all the same, an epoch without rows, so that a source whose tables are idle does not
@@ -310,12 +296,14 @@ class MysqlDialect:
         try:
             for txn in txns:
                 seen += sum(1 for c in txn.changes if self._follows(f"{c.table.database}.{c.table.table}"))
-                seen += sum(1 for st in txn.statements for sc in st.changes
-                            if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"))
-                if seen and limit is None:
-                    # to the log's end: not read on to count (the reader reads it; an early end keeps planning
-                    # cheap), so the range's changes are not known here
-                    return self._planned(position, end, None, None if log_end is None else log_end.gtid)
+                for st in txn.statements:
+                    for sc in st.changes:
+                        if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"):
+                            seen += 1
+                        elif sc.kind in ACTED_ON and (sc.table is None or self._follows(f"{sc.database}.{sc.table}")):
+                            seen += 1  # an epoch ends after it: the enumerator acts on it (ddl_seen)
+                            self.ddl_seen.append(DdlSeen(None if sc.table is None else f"{sc.database}.{sc.table}",
+                                                         sc.kind, st.sql, str(st.position)))
                 if seen and limit is not None and seen >= limit:
                     # MariaDB: the GTID state once the transaction is read; MySQL's executed set is known at the
                     # log's end only (its GTID events are not read here)
