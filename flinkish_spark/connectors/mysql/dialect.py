@@ -55,7 +55,7 @@ from flinkish_spark.connectors.mysql.changes import (
 )
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition
-from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord
+from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord, redacted
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
 from flinkish_spark.connectors.mysql.snapshot import plan_chunks, table_info
@@ -303,7 +303,7 @@ class MysqlDialect:
                         elif sc.kind in ACTED_ON and (sc.table is None or self._follows(f"{sc.database}.{sc.table}")):
                             seen += 1  # an epoch ends after it: the enumerator acts on it (ddl_seen)
                             self.ddl_seen.append(DdlSeen(None if sc.table is None else f"{sc.database}.{sc.table}",
-                                                         sc.kind, st.sql, str(st.position)))
+                                                         sc.kind, redacted(st.sql), str(st.position)))
                 if seen and limit is not None and seen >= limit:
                     # MariaDB: the GTID state once the transaction is read; MySQL's executed set is known at the
                     # log's end only (its GTID events are not read here)

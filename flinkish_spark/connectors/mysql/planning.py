@@ -12,8 +12,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+
+_LITERAL = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"")
+
+
+def redacted(sql: str) -> str:
+    """``sql`` with its quoted strings as ``'?'``: a statement kept for a message or a checkpoint never carries a
+    value (a password in a statement the parser cannot read)."""
+    return _LITERAL.sub("'?'", sql)
 
 
 #: Statement kinds (ddl.SchemaChange) on a followed table that change its rows without row events or its key:
@@ -25,7 +34,7 @@ ACTED_ON = frozenset({"unknown", "primary_key"})
 @dataclass(frozen=True)
 class DdlSeen:
     """A statement of :data:`ACTED_ON` in a planned range: its table (``database.table``; None when the statement
-    could not be read), its kind, its text and position (for the log)."""
+    could not be read), its kind, its text (:func:`redacted`) and position (for the log)."""
 
     table: str | None
     kind: str
