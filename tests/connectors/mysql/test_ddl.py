@@ -125,3 +125,12 @@ def test_a_statement_kept_for_a_re_snapshot_carries_no_value() -> None:
     assert DdlSeen.from_json(seen.to_json()) == seen
     part = DdlSeen("shop.t", "unknown", "ALTER TABLE t DROP PARTITION p0", "b.1:9")
     assert part.reason.startswith("a statement changed its rows without row events in the binary log")
+
+
+def test_exchange_partition_names_both_tables_whose_rows_change_without_row_events() -> None:
+    from flinkish_spark.connectors.mysql import ddl
+
+    got = [(c.kind, c.database, c.table) for c in ddl.parse("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE b.u", "a")]
+    assert got == [("unknown", "a", "t"), ("unknown", "b", "u")]
+    got = [(c.kind, c.table) for c in ddl.parse("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE u WITHOUT VALIDATION", "a")]
+    assert got == [("unknown", "t"), ("unknown", "u")]
