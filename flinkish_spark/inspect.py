@@ -18,7 +18,10 @@ class SourceEpoch:
     """One checkpoint of a source. ``rows_in_epoch`` / ``position_total`` are the splits' positions as the source
     counts them (rows for most sources). For ``flinkish.postgres`` positions are not rows: a snapshot chunk is a
     split of length 1 and the change split's position is a WAL position (LSN), so its figures are ``lsn`` (where
-    the change stream stands, as PostgreSQL prints it: ``X/Y``), ``wal_bytes_in_epoch`` and ``chunks_in_epoch``."""
+    the change stream stands, as PostgreSQL prints it: ``X/Y``), ``wal_bytes_in_epoch`` and ``chunks_in_epoch``.
+    For ``flinkish.mysql`` ``rows_in_epoch`` is the changes of the epoch's binary log range as planned
+    (``changes_in_epoch``; 0 when not counted) -- a position is a file+offset key, whose distance counts nothing --
+    beside ``chunks_in_epoch``, ``binlog`` and ``gtid`` (the range record the enumerator keeps in its state)."""
 
     uid: str
     kind: str
@@ -33,6 +36,8 @@ class SourceEpoch:
     wal_bytes_in_epoch: int | None = None
     chunks_in_epoch: int | None = None
     binlog: str | None = None  # flinkish.mysql: the change split's binary log position, "file #<n> at <offset>"
+    changes_in_epoch: int | None = None  # flinkish.mysql: the epoch's range's changes (None: not counted)
+    gtid: str | None = None  # flinkish.mysql: the server's GTID state at the change split's position
 
     @classmethod
     def of(cls, c: SourceCheckpoint) -> "SourceEpoch":
@@ -45,10 +50,7 @@ class SourceEpoch:
                         "wal_bytes_in_epoch": sum(s.rows_in_epoch for s in changes),
                         "chunks_in_epoch": sum(s.rows_in_epoch for s in c.splits if s.split_id.startswith("snapshot-"))}
         elif c.kind == "flinkish.mysql":
-            # Positions are binary log keys (file number << 32 | offset; 0: the change split's recorded start).
-            at = max((s.position for s in c.splits if s.split_id.startswith("changes-")), default=0)
-            postgres = {"binlog": f"file #{at >> 32} at {at & 0xFFFFFFFF}" if at else None,
-                        "chunks_in_epoch": sum(s.rows_in_epoch for s in c.splits if s.split_id.startswith("snapshot-"))}
+            postgres = _mysql_figures(c)
         return cls(
             uid=c.uid,
             kind=c.kind,
@@ -56,7 +58,8 @@ class SourceEpoch:
             status=c.status,
             splits_finished=sum(1 for s in c.splits if s.finished),
             splits_total=len(c.splits),
-            rows_in_epoch=sum(s.rows_in_epoch for s in c.splits),
+            rows_in_epoch=(int(postgres.get("changes_in_epoch") or 0) if c.kind == "flinkish.mysql"
+                           else sum(s.rows_in_epoch for s in c.splits)),
             position_total=sum(s.position for s in c.splits),
             created_ms=c.created_ms,
             **postgres,
@@ -66,7 +69,9 @@ class SourceEpoch:
     def read_in_epoch(self) -> str:
         """What the epoch read, in the source's units: rows, or snapshot chunks and WAL bytes."""
         if self.kind == "flinkish.mysql":
-            return f"{self.chunks_in_epoch} chunks"
+            if self.changes_in_epoch is None:
+                return f"{self.chunks_in_epoch} chunks"
+            return f"{self.chunks_in_epoch} chunks, {self.changes_in_epoch} changes"
         if self.kind != "flinkish.postgres":
             return f"{self.rows_in_epoch} rows"
         return f"{self.chunks_in_epoch} chunks, {self.wal_bytes_in_epoch} B of WAL"
@@ -75,13 +80,40 @@ class SourceEpoch:
     def position(self) -> str:
         """Where the source stands: the rows read in all, or the change stream's LSN."""
         if self.kind == "flinkish.mysql":
-            return f"binlog {self.binlog}" if self.binlog else "-"
+            return (f"binlog {self.binlog}" + (f", GTID {self.gtid}" if self.gtid else "")) if self.binlog else "-"
         if self.kind != "flinkish.postgres":
             return str(self.position_total)
         return f"LSN {self.lsn}" if self.lsn else "-"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _mysql_figures(c: SourceCheckpoint) -> dict[str, Any]:
+    """A ``flinkish.mysql`` checkpoint's figures. Positions are binary log keys (file number << 32 | offset; 0: the
+    change split's start, recorded in its payload); the range record in the enumerator's state
+    (``connectors/mysql/dialect.RangeRecord``) gives the changes and the GTID state where it names this range."""
+    from flinkish_spark.connectors.cdc.change_split import change_start
+    from flinkish_spark.source.split import Split
+
+    changes = [s for s in c.splits if s.split_id.startswith("changes-")]
+    at = max((s.position for s in changes), default=0)
+    out: dict[str, Any] = {"binlog": f"file #{at >> 32} at {at & 0xFFFFFFFF}" if at else None,
+                           "chunks_in_epoch": sum(s.rows_in_epoch for s in c.splits if s.split_id.startswith("snapshot-"))}
+    try:
+        planned = json.loads(c.enumerator_state or b"{}").get("range") or {}
+    except ValueError:
+        planned = {}
+    for s in changes:
+        if not planned or s.position != planned.get("end") or not s.position:
+            continue
+        out["gtid"] = planned.get("gtid")
+        start = change_start(Split(s.split_id, s.payload), s.start)
+        if start == s.position:
+            out["changes_in_epoch"] = 0  # the range ended here in an earlier epoch: this one read no change
+        elif start == planned.get("start"):
+            out["changes_in_epoch"] = planned.get("changes")
+    return out
 
 
 @dataclass(frozen=True)

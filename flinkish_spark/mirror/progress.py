@@ -13,7 +13,9 @@ snapshot may take a while):
   internal rows, a table's schema row ``s`` and re-snapshot markers, are not counted), the
   changes and the commit time of the newest change; the batch's duration gives rows/s;
 * the query's status: no data available while every table streams is **caught up** (the source
-  is idle: everything up to the database's current position is committed).
+  is idle: everything up to the database's current position is committed). Spark's event of an
+  idle trigger names the batch that has not run yet and carries no observed metrics: it is not a
+  batch here (the real one, when it runs, reports the same id).
 
 The lag is ``now - commit time of the newest change the targets hold`` (it grows while the
 database is idle: it is the age of the newest change, not a queue length). Rows and changes are
@@ -126,6 +128,12 @@ class MirrorState:
         for p in list(getattr(query, "recentProgress", None) or []):
             batch = int(p.batchId)
             if batch in self.seen_batches:
+                continue
+            if (getattr(p, "observedMetrics", None) or {}).get(OBSERVED) is None:
+                # An idle trigger's event (no new data: at most one per noDataProgressEventInterval) names the
+                # batch that has not run yet, without observed metrics; when that batch runs, its own event
+                # has the same id. Taking the idle one as the batch hid the real batch's rows and changes
+                # (``changes 0`` for an epoch of changes). The query's status says it is idle.
                 continue
             self.seen_batches.add(batch)
             new = True

@@ -173,3 +173,17 @@ def test_a_table_left_out_for_want_of_a_key_is_shown_with_its_warning_until_it_i
     found[0] = look((a, registry.TableEntry(1, 101, "public", "tmp", "snapshot")), {})  # it got a key
     plain.update(query(event(2, 1, 1, time.time())))
     assert plain.state.tables["public.tmp"].state == "snapshot" and "tables snapshotted 1/2" in capsys.readouterr().out
+
+
+def test_an_idle_triggers_event_does_not_hide_the_batch_that_runs_later_under_its_id() -> None:
+    """Spark reports an idle trigger (no new data) as a progress event with the id of the batch that has not run yet
+    and no observed metrics. That batch, when it runs, reports the same id: its rows and changes count (the mirror
+    showed ``changes 0`` for a MySQL epoch of changes whose idle trigger came first)."""
+    state = MirrorState()
+    now = time.time()
+    assert state.update(query(event(0, 2, 0, None)))
+    idle = SimpleNamespace(batchId=1, observedMetrics={}, sources=[], durationMs={"triggerExecution": 3})
+    assert not state.update(query(event(0, 2, 0, None), idle))  # nothing committed: no progress line
+    assert state.epoch == 0
+    assert state.update(query(event(0, 2, 0, None), idle, event(1, 3, 3, now - 1)))
+    assert (state.epoch, state.rows, state.changes) == (1, 5, 3)

@@ -262,9 +262,10 @@ class TablesEnumeratorCore(SplitEnumerator):
             self._save(self.registry.with_entries(
                 [e.with_state("streaming") if e.tid in ids else e for e in self.registry.entries], ended=ended))
         if self.registry.version != self._retained_at:
-            # A planning writes at most four versions (completion, a poll's re-snapshots, a request's, the
-            # poll itself), so a retained checkpoint (one of the newest `retain`) names none older than this
-            # (its previous registry at most one version before its own).
-            registry.retain(self.source.io, self.directory, self.registry.version - 4 * (self.source.retain + 1) - 1)
+            # A planning writes at most five versions (completion, a poll's re-snapshots, a request's, MySQL's
+            # statements' (after a request's: mysql/source/enumerator.py), the poll itself), so a retained
+            # checkpoint (one of the newest `retain`) names none older than this (its previous registry at most
+            # one version before its own).
+            registry.retain(self.source.io, self.directory, self.registry.version - 5 * (self.source.retain + 1) - 1)
             self._retained_at = self.registry.version
 

@@ -14,7 +14,9 @@ yet: the schema then comes from the catalog, the only place that has it). A stat
 without row events (``MODIFY`` to another type, ``ADD COLUMN ... DEFAULT x``) is the catalog signature's
 (:meth:`.dialect.MysqlDialect.signatures`): the enumerator re-snapshots the table, as the PostgreSQL source
 does for a table rewrite; ``DROP``/``RENAME TABLE`` are the catalog poll's (the table leaves; a new name that
-matches joins with a snapshot). Nothing here stops: the statements the stream does not carry are all seen there.
+matches joins with a snapshot); partition statements and key changes are the enumerator's (it re-snapshots the
+table, or leaves it out when its key is gone: its rows written without a key are not in the stream). Nothing here
+stops: the statements the stream does not carry are all seen there.
 """
 
 from __future__ import annotations
@@ -69,7 +71,10 @@ def change_batches(txns: Iterable[Transaction], follows: Callable[[str], bool],
             entry = maps.get(id(tm))
             if entry is None or entry[0] is not tm:
                 name = f"{tm.database}.{tm.table}"
-                key = map_key(tm) or planned_key(name) or ()
+                # A map with column names (binlog_row_metadata=FULL) names the key the row was written under: none
+                # after DROP PRIMARY KEY, whose rows are not applied by the old key (it may no longer be unique; the
+                # enumerator leaves the table out). The planned key only stands in for a map without names.
+                key = map_key(tm) or (() if tm.names else planned_key(name)) or ()
                 text = None if text_types is None else text_types(tm)
                 schema = schema_of_map(tm, key, text) if follows(name) and key else None
                 entry = (tm, schema, None if schema is None else row_encoder(schema))

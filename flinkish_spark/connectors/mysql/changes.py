@@ -32,7 +32,7 @@ from typing import Any, Callable, Generator, Iterator, NamedTuple
 from flinkish_spark.connectors.mysql import binlog as B
 from flinkish_spark.connectors.mysql import ddl
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
-from flinkish_spark.connectors.mysql.position import FilePosition, Gtid, MariaGtidPosition, purged
+from flinkish_spark.connectors.mysql.position import FilePosition, Gtid, MariaGtidPosition, MysqlGtidSet, purged
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, oldest_gtid_list
 from flinkish_spark.errors import ChangeDataError, TerminalError
@@ -59,7 +59,7 @@ class LogEnd:
     (``BINLOG_GTID_POS`` of that file position: the two name the same point)."""
 
     file: FilePosition
-    gtid: MariaGtidPosition | None
+    gtid: MariaGtidPosition | MysqlGtidSet | None  # MySQL: the executed GTID set, where the server has GTIDs on
 
     def __str__(self) -> str:
         return f"{self.file}" + (f" ({self.gtid})" if self.gtid is not None else "")
@@ -120,7 +120,8 @@ def position_of_key(key: int, log_files: list[str]) -> FilePosition:
 
 def current_end(conn: Any, mariadb: bool) -> LogEnd:
     """The end of the log now (``SHOW MASTER STATUS``; MySQL 8.4's ``SHOW BINARY LOG STATUS``), with MariaDB's GTID
-    state at that very point (``BINLOG_GTID_POS``), so that the two cannot disagree by a transaction in between."""
+    state at that very point (``BINLOG_GTID_POS``), so that the two cannot disagree by a transaction in between;
+    on MySQL the executed GTID set of the same status row (None where GTIDs are off)."""
     with conn.cursor() as cur:
         try:
             cur.execute("SHOW MASTER STATUS")
@@ -132,7 +133,10 @@ def current_end(conn: Any, mariadb: bool) -> LogEnd:
         if row is None:
             raise ChangeDataError("the server has no binary log (SHOW MASTER STATUS is empty): log_bin is OFF")
         end = FilePosition(str(row[0]), int(row[1]))
-        gtid = None
+        gtid: MariaGtidPosition | MysqlGtidSet | None = None
+        if not mariadb and len(row) > 4 and row[4]:
+            # MySQL: the executed set, read in the same statement as the file position (MariaDB has no such column)
+            gtid = MysqlGtidSet.parse(str(row[4]))
         if mariadb:
             cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (end.file, end.offset))
             gtid = MariaGtidPosition.parse(str(cur.fetchone()[0] or ""))

@@ -383,5 +383,13 @@ def _spec(s: _Cursor, db: str, table: str, b: int) -> Iterator[SchemaChange]:
         yield SchemaChange("options", db, table)  # the table's default for new columns: existing ones keep theirs
     elif w in _OPTION_WORDS:
         yield SchemaChange("options", db, table)
+    elif w == "EXCHANGE" and s.accept("PARTITION"):
+        # The partition's rows and the other table's change places, neither with row events: both are unknown.
+        s.name()
+        if not s.accept("WITH", "TABLE"):
+            raise _Unreadable
+        other_db, other = s.table()
+        yield SchemaChange("unknown", db, table, definition=s.text(0, b))
+        yield SchemaChange("unknown", other_db, other, definition=s.text(0, b))
     else:
         raise _Unreadable  # CONVERT TO CHARACTER SET, partitioning, DISCARD/IMPORT TABLESPACE...

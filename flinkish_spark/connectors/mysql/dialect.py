@@ -51,10 +51,11 @@ from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: F401 (bound_*:
     bound_of_json, bound_to_json, read_chunk_arrow, read_chunk_rows,
 )
 from flinkish_spark.connectors.mysql.changes import (
-    BinlogPurgedError, check_start, current_end, position_key, position_of_key, read_range,
+    BinlogPurgedError, LogEnd, check_start, current_end, position_key, position_of_key, read_range,
 )
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition
+from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord, redacted
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
 from flinkish_spark.connectors.mysql.snapshot import plan_chunks, table_info
@@ -95,6 +96,11 @@ class MysqlDialect:
         self._needed: int | None = None  # where the next change range starts (position_lost checks it)
         self._idle: tuple[int, int] | None = None  # (start, end): no change of ours in it (change_target)
         self._engine_problems: dict[str, str] = {}
+        self._log_end: LogEnd | None = None
+        #: the newest range change_target planned (the enumerator keeps it in its state: the checkpoint's record)
+        self.planned: RangeRecord | None = None
+        #: statements change_target found that the enumerator must act on (ACTED_ON); it takes them
+        self.ddl_seen: list[DdlSeen] = []
 
     @property
     def component(self) -> str:
@@ -194,9 +200,9 @@ class MysqlDialect:
         return self._mariadb
 
     def _end(self, conn: Any) -> FilePosition:
-        end = current_end(conn, self._is_mariadb(conn)).file
+        self._log_end = current_end(conn, self._is_mariadb(conn))
         self._files = binary_logs(conn)
-        return end
+        return self._log_end.file
 
     def _position(self, key: int, conn: Any | None = None) -> FilePosition:
         if not self._files:
@@ -266,7 +272,9 @@ class MysqlDialect:
         transaction at which the range holds ``limit`` changes of followed tables. Each end is a transaction
         boundary at or before the log's end when planned, so every read of the range reads the same transactions.
 
-        The range is read here to count (the binary log has no index by table). With no change of ours before
+        The range is read here, whole (the binary log has no index by table): to count its changes (kept in
+        :attr:`planned` with the GTID state at its end) and to find the statements of :data:`ACTED_ON` on followed
+        tables (:attr:`ddl_seen`: each counts as a change, so an epoch ends after it). With no change of ours before
         the end: no epoch (``position``), and the stretch read is remembered (the next planning from the same
         position reads on from its end) -- unless the log moved to a newer file since ``position``: then the range
         ends at the log's end all the same, an epoch without rows, so that a source whose tables are idle does not
@@ -283,20 +291,34 @@ class MysqlDialect:
         if self._idle is not None and self._idle[0] == position and self._idle[1] <= position_key(end):
             scan = self._position(self._idle[1])  # nothing of ours before it (read at an earlier planning)
         seen = 0
+        log_end = self._log_end
         txns = read_range(self.info, scan, end, decoder, self._reader_id(), mariadb=mariadb)
         try:
             for txn in txns:
                 seen += sum(1 for c in txn.changes if self._follows(f"{c.table.database}.{c.table.table}"))
-                seen += sum(1 for st in txn.statements for sc in st.changes
-                            if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"))
-                if seen and (limit is None or seen >= limit):
-                    return position_key(end) if limit is None else position_key(txn.end)
+                for st in txn.statements:
+                    for sc in st.changes:
+                        if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"):
+                            seen += 1
+                        elif sc.kind in ACTED_ON and (sc.table is None or self._follows(f"{sc.database}.{sc.table}")):
+                            seen += 1  # an epoch ends after it: the enumerator acts on it (ddl_seen)
+                            self.ddl_seen.append(DdlSeen(None if sc.table is None else f"{sc.database}.{sc.table}",
+                                                         sc.kind, redacted(st.sql), str(st.position)))
+                if seen and limit is not None and seen >= limit:
+                    # MariaDB: the GTID state once the transaction is read; MySQL's executed set is known at the
+                    # log's end only (its GTID events are not read here)
+                    at_end = log_end.gtid if log_end is not None and txn.end >= end else None
+                    return self._planned(position, txn.end, seen, at_end or txn.gtid_after)
         finally:
             txns.close()  # type: ignore[attr-defined]
         if seen or end.key[:2] != start.key[:2]:
-            return position_key(end)
+            return self._planned(position, end, seen, None if log_end is None else log_end.gtid)
         self._idle = (position, position_key(end))
         return position
+
+    def _planned(self, start: int, end: FilePosition, changes: int | None, gtid: object | None) -> int:
+        self.planned = RangeRecord(start, position_key(end), changes, None if gtid is None else str(gtid) or None)
+        return position_key(end)
 
     def plan_chunks(self, conn: Any, entry: TableEntry, split_size: int) -> TableChunks:
         info = table_info(conn, entry.schema, entry.table)

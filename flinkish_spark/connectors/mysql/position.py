@@ -138,6 +138,51 @@ class MariaGtidPosition:
         return cls(tuple(Gtid.parse(t) for t in items))
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@dataclass(frozen=True)
+class MysqlGtidSet:
+    """MySQL's GTID set (``@@gtid_executed``, ``SHOW MASTER STATUS``' Executed_Gtid_Set): per source server UUID,
+    the transaction numbers as closed intervals, merged and sorted, so that one set has one text
+    (``uuid:1-23,uuid2:1-3``). Unlike MariaDB's position it names every transaction, not the last per domain."""
+
+    intervals: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> MysqlGtidSet:
+        per: dict[str, list[tuple[int, int]]] = {}
+        for item in (t for t in re.split(r"[,\s]+", text.strip()) if t):
+            uuid, *ranges = item.lower().split(":")
+            if not _UUID.fullmatch(uuid) or not ranges:
+                raise ConfigError(f"{item!r} is not a MySQL GTID set entry (uuid:1-5:7); not a MySQL GTID set: {text!r}")
+            for r in ranges:
+                lo, _, hi = r.partition("-")
+                if not lo.isdigit() or not (hi or lo).isdigit():
+                    raise ConfigError(f"{item!r}: not a MySQL GTID set (transaction numbers as 1-5:7)")
+                per.setdefault(uuid, []).append((int(lo), int(hi or lo)))
+        merged = []
+        for uuid in sorted(per):
+            out: list[tuple[int, int]] = []
+            for lo, hi in sorted(per[uuid]):
+                if out and lo <= out[-1][1] + 1:
+                    out[-1] = (out[-1][0], max(out[-1][1], hi))
+                else:
+                    out.append((lo, hi))
+            merged.append((uuid, tuple(out)))
+        return cls(tuple(merged))
+
+    def __le__(self, other: MysqlGtidSet) -> bool:
+        """Every transaction of this set is in ``other``."""
+        theirs = dict(other.intervals)
+        return all(any(a <= lo and hi <= b for a, b in theirs.get(uuid, ())) for uuid, rs in self.intervals
+                   for lo, hi in rs)
+
+    def __str__(self) -> str:
+        return ",".join(uuid + "".join(f":{lo}" if lo == hi else f":{lo}-{hi}" for lo, hi in rs)
+                        for uuid, rs in self.intervals)
+
+
 def purged(position: FilePosition | MariaGtidPosition, log_files: Sequence[str],
            first_gtid_list: MariaGtidPosition | None = None) -> bool:
     """Whether reading from ``position`` needs a log the server has purged.

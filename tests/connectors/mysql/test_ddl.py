@@ -114,3 +114,23 @@ def test_names_quoting_comments_and_what_is_not_known() -> None:
         (change,) = parse(sql, "d")
         assert change.kind == "unknown" and change.table is None and change.definition == sql
     assert parse("ALTER TABLE t DISCARD TABLESPACE", "d")[0].kind == "unknown"
+
+
+def test_a_statement_kept_for_a_re_snapshot_carries_no_value() -> None:
+    """What the source keeps of a statement it acts on (its checkpoint, the warning's reason): strings as '?'."""
+    from flinkish_spark.connectors.mysql.planning import DdlSeen, redacted
+
+    seen = DdlSeen(None, "unknown", redacted("ALTER SERVER s OPTIONS (PASSWORD 'se''cr\\'et', HOST \"h\")"), "b.1:4")
+    assert "se" not in seen.reason and "'?'" in seen.reason and "b.1:4" in seen.reason
+    assert DdlSeen.from_json(seen.to_json()) == seen
+    part = DdlSeen("shop.t", "unknown", "ALTER TABLE t DROP PARTITION p0", "b.1:9")
+    assert part.reason.startswith("a statement changed its rows without row events in the binary log")
+
+
+def test_exchange_partition_names_both_tables_whose_rows_change_without_row_events() -> None:
+    from flinkish_spark.connectors.mysql import ddl
+
+    got = [(c.kind, c.database, c.table) for c in ddl.parse("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE b.u", "a")]
+    assert got == [("unknown", "a", "t"), ("unknown", "b", "u")]
+    got = [(c.kind, c.table) for c in ddl.parse("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE u WITHOUT VALIDATION", "a")]
+    assert got == [("unknown", "t"), ("unknown", "u")]

@@ -16,7 +16,8 @@ import pytest
 
 from flinkish_spark.connectors.cdc import catalog_poll as poll
 from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
-from flinkish_spark.connectors.mysql.changes import BinlogPurgedError
+from flinkish_spark.connectors.mysql.changes import BinlogPurgedError, gtid_at, position_of_key
+from flinkish_spark.connectors.mysql.server import binary_logs
 from flinkish_spark.connectors.mysql.connection import connect, parse_url
 from flinkish_spark.connectors.mysql.dialect import MysqlDialect
 from flinkish_spark.connectors.postgres.rows import TableSchema, decode_rows
@@ -131,6 +132,12 @@ def test_snapshot_then_changes_through_the_dialect_rebuild_the_table_and_replays
     assert [b.to_pylist() for b in dialect.read_changes(start, end, None)] == [b.to_pylist() for b in changes]
     middle = dialect.change_target(start, 50)
     assert start < middle < end
+    # The range as planned, kept for the checkpoint: its changes (at least the limit) and the server's GTID state
+    # at its end (MariaDB's own BINLOG_GTID_POS of that file position: where a failover replica would go on).
+    planned = dialect.planned
+    assert planned is not None and (planned.start, planned.end) == (start, middle) and (planned.changes or 0) >= 50
+    with dialect.connect() as conn:
+        assert planned.gtid == str(gtid_at(conn, position_of_key(middle, binary_logs(conn))))
     halves = [*dialect.read_changes(start, middle, None), *dialect.read_changes(middle, end, None)]
     strip = [{k: v for k, v in r.items() if k != "_seq"} for b in halves for r in b.to_pylist() if r["_op"] != "s"]
     assert strip == [{k: v for k, v in r.items() if k != "_seq"} for b in changes for r in b.to_pylist()

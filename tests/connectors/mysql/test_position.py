@@ -54,3 +54,37 @@ def test_purged_positions_are_noticed_on_the_server(mariadb, mysql_db: str) -> N
         assert purged(old_gtid, logs, oldest_gtid_list(conn, logs[0]))  # INSERT 1 is gone
         now = MariaGtidPosition.parse(mariadb.sql("SELECT @@gtid_binlog_pos"))
         assert not purged(now, logs, oldest_gtid_list(conn, logs[0]))
+
+
+def test_mysql_gtid_sets_parse_normalized_and_a_log_end_carries_the_executed_set() -> None:
+    """MySQL's executed GTID set (``SHOW MASTER STATUS``' Executed_Gtid_Set): one text per set, intervals merged,
+    UUIDs in lower case and order; the log's end on MySQL carries it beside the file position (no MySQL server
+    in the tests: the parsed values and a fake cursor)."""
+    from flinkish_spark.connectors.mysql.changes import current_end
+    from flinkish_spark.connectors.mysql.position import MysqlGtidSet
+
+    a = "3E11FA47-71CA-11E1-9E33-C80AA9429562:23,3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5:6-22"
+    b = "2174b383-5441-11e8-b90a-c80aa9429562:1-3"
+    s = MysqlGtidSet.parse(f"{a},\n{b}")
+    assert str(s) == ("2174b383-5441-11e8-b90a-c80aa9429562:1-3,3e11fa47-71ca-11e1-9e33-c80aa9429562:1-23")
+    assert MysqlGtidSet.parse(str(s)) == s and str(MysqlGtidSet.parse("")) == ""
+    assert MysqlGtidSet.parse(b) <= s and not s <= MysqlGtidSet.parse(b)
+    with pytest.raises(ConfigError, match="not a MySQL GTID set"):
+        MysqlGtidSet.parse("0-1-100")
+
+    class Cursor:
+        def __enter__(self) -> "Cursor":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def execute(self, sql: str, args: object = None) -> None:
+            assert sql == "SHOW MASTER STATUS"
+
+        def fetchone(self) -> tuple:
+            return ("binlog.000003", 1234, "", "", f"{a},\n{b}")
+
+    conn = type("Conn", (), {"cursor": lambda self: Cursor()})()
+    end = current_end(conn, mariadb=False)
+    assert end.file == FilePosition("binlog.000003", 1234) and end.gtid == s

@@ -21,17 +21,28 @@ deltalake = pytest.importorskip("deltalake")
 TABLES = ("orders", "customers")
 
 
-def run(spark: Any, mariadb: Any, db: str, tmp_path: Path, row_format: str) -> None:
+def run(spark: Any, mariadb: Any, db: str, tmp_path: Path, row_format: str) -> dict[str, int]:
+    """One availableNow run; the mirror's observed figures summed over its batches (what its progress lines show)."""
+    from flinkish_spark.mirror.pipeline import _observe
+    from flinkish_spark.mirror.progress import OBSERVED, observed_values
+
     meta = str(tmp_path / "meta")
     df = (spark.readStream.format("flinkish.mysql").option("uid", "src").option("checkpoint", meta)
           .option("url", mariadb.url_for(db)).option("tables", f"{db}.*").option("splitSize", "40")
-          .option("rowFormat", row_format).load())
-    q = (df.writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
+          .option("maxRowsPerTrigger", "1000").option("rowFormat", row_format).load())
+    q = (_observe(df).writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
          .option("path", str(tmp_path / "lake" / "{schema}" / "{table}"))
          .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
     q.awaitTermination(240)
     assert q.exception() is None, q.exception()
     assert not q.isActive
+    seen: dict[str, int] = {}
+    for p in q.recentProgress:
+        m = (getattr(p, "observedMetrics", None) or {}).get(OBSERVED)
+        for k, v in (observed_values(m) if m is not None else {}).items():
+            if k != "last_commit_us":
+                seen[k] = seen.get(k, 0) + int(v or 0)
+    return seen
 
 
 def rows_of(mariadb: Any, db: str, table: str) -> list[tuple]:
@@ -75,7 +86,9 @@ def test_two_tables_snapshot_then_changes_into_routed_delta(spark, mariadb: Any,
         thread.join()
     mariadb.sql("UPDATE `orders` SET name = NULL WHERE id = 1; DELETE FROM `customers` WHERE id = 2", mysql_db)
     # The changes packed (rowFormat=arrow, as the mirror reads for lakehouse targets): a restart may switch shapes.
-    run(spark, mariadb, mysql_db, tmp_path, "arrow")
+    seen = run(spark, mariadb, mysql_db, tmp_path, "arrow")
+    # The mirror's progress figures of the change epochs: changes counted (at least the last two), no snapshot rows.
+    assert seen["changes"] >= 2 and seen["snapshot_rows"] == 0 and seen["rows"] == seen["changes"], seen
 
     for table in TABLES:
         assert target_of(tmp_path, mysql_db, table) == rows_of(mariadb, mysql_db, table), table
@@ -86,7 +99,12 @@ def test_two_tables_snapshot_then_changes_into_routed_delta(spark, mariadb: Any,
 
     meta = str(tmp_path / "meta")
     assert postgres_tables(FileIO.for_url(meta), meta) == {"src": {"streaming": 2}}
-    assert recent_epochs(FileIO.for_url(meta), meta, last=1)[-1].position.startswith("binlog file #")
+    epochs = [e for e in recent_epochs(FileIO.for_url(meta), meta, last=50) if e.binlog]
+    # Each change epoch counts the changes of its range (the log's row changes: a key move is one), never the
+    # position's distance from 0; the last names the server's GTID state there beside the file position.
+    assert 2 <= sum(e.rows_in_epoch for e in epochs) <= seen["changes"], [e.read_in_epoch for e in epochs]
+    gtid = mariadb.sql("SELECT @@gtid_binlog_pos").split()[-1]
+    assert epochs[-1].position.startswith("binlog file #") and epochs[-1].position.endswith(f", GTID {gtid}")
 
 
 def test_wrong_options_and_a_pattern_matching_nothing_are_one_clear_error_each(mariadb: Any, mysql_db: str,
