@@ -183,6 +183,15 @@ def _object(c: _Cursor) -> str:
 def _statement(c: _Cursor) -> Iterator[SchemaChange]:
     verb = c.up()
     c.i += 1
+    if verb == "SET" and c.peek() is not None and c.up() == "STATEMENT":
+        # MariaDB's SET STATEMENT var=value [, ...] FOR <statement>: the statement after FOR changes the table
+        # (values are literals, so a FOR inside one is a string token, not the keyword)
+        while c.peek() is not None and c.up() != "FOR":
+            c.i += 1
+        if not c.accept("FOR") or c.peek() is None:
+            raise _Unreadable
+        yield from _statement(c)
+        return
     if verb in _NO_TABLE_VERBS:
         return
     if verb == "TRUNCATE":

@@ -134,3 +134,19 @@ def test_exchange_partition_names_both_tables_whose_rows_change_without_row_even
     assert got == [("unknown", "a", "t"), ("unknown", "b", "u")]
     got = [(c.kind, c.table) for c in ddl.parse("ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE u WITHOUT VALIDATION", "a")]
     assert got == [("unknown", "t"), ("unknown", "u")]
+
+
+def test_a_statement_under_set_statement_for_is_the_statement() -> None:
+    """MariaDB's ``SET STATEMENT var=value [, ...] FOR <statement>`` logs the whole text: the statement after ``FOR``
+    is what changes the table (a partition dropped this way deletes rows without row events)."""
+    from flinkish_spark.connectors.mysql import ddl
+
+    got = [(c.kind, c.database, c.table) for c in ddl.parse(
+        "SET STATEMENT max_statement_time=60, sql_mode='NO_ENGINE_SUBSTITUTION,FOR' FOR ALTER TABLE t DROP PARTITION p0",
+        "a")]
+    assert got == [("unknown", "a", "t")]
+    got = [(c.kind, c.table, c.column) for c in ddl.parse(
+        "SET STATEMENT lock_wait_timeout=5 FOR ALTER TABLE t ADD COLUMN c int", "a")]
+    assert got == [("add_column", "t", "c")]
+    assert ddl.parse("SET STATEMENT lock_wait_timeout=5 FOR", "a")[0].kind == "unknown"  # no statement after FOR
+    assert ddl.parse("SET @x = 1", "a") == ()  # a plain SET changes no table
