@@ -26,7 +26,7 @@ INSERT INTO orders SELECT seq, CONCAT('o', seq), seq / 100, seq * 0.1 FROM seq_1
 INSERT INTO customers SELECT CONCAT('c', seq), CONCAT('city', seq % 17), seq * 1000003 FROM seq_1_to_1500;
 INSERT INTO order_lines SELECT seq DIV 3 + 1, seq % 3, seq % 11, REPEAT('x', seq % 50) FROM seq_0_to_2999;
 """
-FRESH = """CREATE TABLE fresh (id int PRIMARY KEY, v varchar(20), n bigint, amount decimal(9,3)) ENGINE=InnoDB;
+FRESH = """CREATE TABLE fresh (id int PRIMARY KEY, v text, n bigint, amount decimal(9,3)) ENGINE=InnoDB;
 INSERT INTO fresh SELECT seq, CONCAT('f', seq), seq * 7, seq / 8 FROM seq_1_to_800"""
 
 Rows = dict[tuple[Any, ...], dict[str, Any]]
@@ -46,6 +46,7 @@ class Writer(threading.Thread):
         import pymysql
 
         from flinkish_spark.connectors.mysql.connection import connect, parse_url
+        from flinkish_spark.errors import DatabaseUnavailableError
 
         rnd, next_id, give_up = random.Random(29), 1_000_000, 0.0
         while not self.stop.is_set():
@@ -66,7 +67,7 @@ class Writer(threading.Thread):
                         next_id += 2
                         self.transactions += 1
                         time.sleep(0.01)
-            except pymysql.err.OperationalError as e:  # the server went away (a restart): connect again
+            except (pymysql.err.OperationalError, DatabaseUnavailableError) as e:  # a restart: connect again
                 give_up = give_up or time.monotonic() + 120
                 if time.monotonic() > give_up:
                     self.error = e
