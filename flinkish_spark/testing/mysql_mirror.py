@@ -150,23 +150,22 @@ def delta_rows(root: str, database: str) -> Callable[[str], Optional[list[dict[s
         path = os.path.join(root, database, table)
         if not os.path.isdir(os.path.join(path, "_delta_log")):
             return None
-        return pa.table(deltalake.DeltaTable(path).scan()).to_pylist()  # type: ignore[no-any-return]
+        return pa.table(deltalake.DeltaTable(path).scan()).to_pylist()
     return read
 
 
 def iceberg_rows(checkpoint: str, database: str) -> Callable[[str], Optional[list[dict[str, Any]]]]:
     """The routed Iceberg target ``mirror.<database>_<table>`` of ``flinkish mirror --format iceberg``'s default
     catalog (SQLite under ``<checkpoint>/iceberg``), as pyiceberg reads it (position deletes applied)."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    catalog = SqlCatalog("flinkish", uri=f"sqlite:///{checkpoint}/iceberg/catalog.db",
-                         warehouse=f"file://{checkpoint}/iceberg/warehouse")
-
     def read(table: str) -> Optional[list[dict[str, Any]]]:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        catalog = SqlCatalog("flinkish", uri=f"sqlite:///{checkpoint}/iceberg/catalog.db",
+                             warehouse=f"file://{checkpoint}/iceberg/warehouse")
         name = f"mirror.{database}_{table}"
         if not catalog.table_exists(name):
             return None
-        return catalog.load_table(name).scan().to_arrow().to_pylist()  # type: ignore[no-any-return]
+        return catalog.load_table(name).scan().to_arrow().to_pylist()
     return read
 
 
@@ -177,7 +176,8 @@ def postgres_rows(url: str, database: str) -> Callable[[str], Optional[list[dict
 
     def read(table: str) -> Optional[list[dict[str, Any]]]:
         with psycopg.connect(url, row_factory=dict_row) as conn:
-            if conn.execute("SELECT to_regclass(%s)", (f'"{database}"."{table}"',)).fetchone()["to_regclass"] is None:
+            found = conn.execute("SELECT to_regclass(%s) AS t", (f'"{database}"."{table}"',)).fetchone()
+            if found is None or found["t"] is None:
                 return None
             return conn.execute(f'SELECT * FROM "{database}"."{table}"').fetchall()
     return read

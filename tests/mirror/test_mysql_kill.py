@@ -2,20 +2,22 @@
 crash points of snapshot and change epochs, restarted with the same command each time, then drained: every target
 equals its MariaDB table, no key twice (the crash matrix of issue 29, chained to keep driver starts few).
 
-Three keyed tables (one with a composite key) of a few thousand rows, read in chunks of 300 rows, 600 a trigger: the
-snapshot takes several epochs. A writer (flinkish_spark.testing.mysql_mirror) changes all of them all the time in
-multi-statement transactions (inserts, updates, deletes, key moves). Each run of a target's chain is armed at the
-next point: a point with a hit number is hit in the snapshot (its log says the snapshot was not done); a point
-without is armed only once the run reports every table snapshotted, and then the writer adds a column
-(``ADD COLUMN``) and creates a new matching table, which joins with a snapshot of its own. The last run of every
-target waits for the new table's snapshot, then drains.
+Three keyed tables (one with a composite key) of a few thousand rows; a writer (flinkish_spark.testing.mysql_mirror)
+changes all of them all the time in multi-statement transactions (inserts, updates, deletes, key moves). Each run of
+a target's chain (:data:`CHAINS`) is armed at the next point: a point with a hit number is hit in the snapshot (the
+run's log says the snapshot was not done); one without is armed only once the run reports every table snapshotted,
+and then the writer adds a column (``ADD COLUMN``) and creates a new matching table, which joins with a snapshot of
+its own. Across the targets: ``source.after_metadata_write`` (Delta, snapshot), ``sink.before_decision``
+(PostgreSQL, snapshot), ``sink.between_tables`` (Delta, changes), ``sink.after_commit`` (Iceberg, changes). The last
+run of every target waits for the new table's snapshot and two more epochs, then drains.
 
 Delta's last run also (1) kills ``mariadbd`` with SIGKILL and starts it again on the same data folder and port
-while the mirror and the writer run: the mirror rides through (or, if it fails, says why and the same command
-continues), (2) is stopped without drain (``flinkish stop``), the writer goes on, the server's binary logs are
-purged past the checkpoint's position: the same command refuses to start, naming ``onSlotLost=resnapshot``, and
-with ``--source-option onSlotLost=resnapshot`` snapshots every table again and drains: the changes the purged log
-held are in the targets all the same.
+while the mirror and the writer run: the mirror rides through, or (when one of its queries met the gap; both happen)
+ends with "a transient failure ... DatabaseUnavailableError" and the same command continues; (2) it is stopped
+without drain (``flinkish stop``), the writer goes on, the server's binary logs are purged past the checkpoint's
+position: the same command refuses to start (exit 2, Spark not started), naming ``onSlotLost=resnapshot``, and with
+``--source-option onSlotLost=resnapshot`` continues, snapshots every table again and
+drains: the changes only the purged log held are in the targets all the same.
 """
 
 from __future__ import annotations
@@ -34,11 +36,14 @@ from flinkish_spark.testing.mysql_mirror import SETUP, Writer, delta_rows, diffe
 pytestmark = pytest.mark.slow
 
 CHANGES = None  # armed in the change epochs, after the new column and the new table
+#: Per target: the runs' kill points (each run one, the next run armed at the next), and how the snapshot is cut
+#: (rows per chunk, rows per epoch): several epochs where a run is killed in the snapshot, few elsewhere.
 CHAINS: dict[str, list[tuple[str, int | None]]] = {
     "delta": [("source.after_metadata_write", 3), ("sink.between_tables", CHANGES)],
-    "iceberg": [("sink.after_commit", 4), ("iceberg.routed.after_schema", CHANGES)],
-    "postgres": [("sink.before_decision", 3)],
+    "iceberg": [("sink.after_commit", CHANGES)],
+    "postgres": [("sink.before_decision", 2)],
 }
+SNAPSHOT = {"delta": (300, 600), "iceberg": (1000, 3000), "postgres": (300, 1200)}
 
 
 def snapshotted(log: Path) -> tuple[int, int]:
@@ -71,8 +76,8 @@ def test_killed_at_each_point_of_snapshot_and_changes_then_drained_every_target_
         pg_url = request.getfixturevalue("pg_url")
         to, read = [pg_url], postgres_rows(pg_url, db)
     cmd = [*flinkish(), "mirror", "--from", mariadb.url, "--tables", f"{db}.*", "--to", *to,
-           "--checkpoint", str(meta), "--trigger", "1s", "--source-option", "splitSize=300",
-           "--source-option", "maxRowsPerTrigger=600", "--source-option", "snapshotRowsPerTrigger=600",
+           "--checkpoint", str(meta), "--trigger", "1s", "--source-option", f"splitSize={SNAPSHOT[target][0]}",
+           "--source-option", "maxRowsPerTrigger=600", "--source-option", f"snapshotRowsPerTrigger={SNAPSHOT[target][1]}",
            "--source-option", "discoveryInterval=1"]
     writer = Writer(url)
     writer.start()
@@ -117,8 +122,9 @@ def test_killed_at_each_point_of_snapshot_and_changes_then_drained_every_target_
 
 def server_restart_stop_purge(mariadb: Any, cmd: list[str], proc: Any, log: Path, meta: Path,
                               writer: Writer) -> tuple[Any, Path]:
-    """Delta's last run: ``mariadbd`` killed and started again while the mirror runs; a stop without drain; the
-    log purged past the checkpoint's position; the refused restart; the restart with ``onSlotLost=resnapshot``
+    """Delta's last run: ``mariadbd`` killed and started again while the mirror runs (it rides through, or fails
+    with a transient error and the same command continues); a stop without drain; the log purged past the
+    checkpoint's position; the refused restart; the restart with ``onSlotLost=resnapshot``
     (returned, running, once it has re-snapshotted every table)."""
     seen, reconnects = epochs(log), writer.reconnects
     mariadb.crash()  # kill -9: no shutdown, InnoDB and the binary log recover at the start
@@ -126,26 +132,34 @@ def server_restart_stop_purge(mariadb: Any, cmd: list[str], proc: Any, log: Path
     deadline = time.time() + 300
     while proc.poll() is None and epochs(log) < seen + 3 and time.time() < deadline:
         time.sleep(0.2)
-    if proc.poll() is not None:  # it did not ride through (it tried the server while it was down): it says why,
-        rc, out = ended(proc, log)  # and the same command continues
+    if proc.poll() is not None:  # it did not ride through (it asked the server while it was down): it says why, and
+        rc, out = ended(proc, log)  # the same command continues
         assert rc == 1 and "a transient failure" in out and "DatabaseUnavailableError" in out, out[-4000:]
         log = meta.parent / "after-restart.log"
         proc, seen = start(cmd, log), 0
         wait_for("3 epochs after the server's restart", lambda: epochs(log) >= 3, proc, log)
     assert epochs(log) >= seen + 3, log.read_text()[-4000:]
-    wait_for("the writer back", lambda: writer.reconnects > reconnects and writer.transactions > 0, proc, log)
-
-    # A stop without drain (the same command continues), more changes, then the log they are in purged.
+    # A stop without drain, at an epoch boundary: nothing planned is left to replay. (A failed run may leave an epoch
+    # planned in Spark's offset log; its replay after the purge fails even with onSlotLost=resnapshot -- a defect
+    # left open, docs/mysql-source.md "What remains".)
     stopped = subprocess.run([*flinkish(), "stop", str(meta)], capture_output=True, text=True, timeout=300)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     rc, out = ended(proc, log)
-    assert rc == 0 and "drained" not in out, out[-4000:]
+    assert rc == 0 and "stopped (flinkish stop, no drain)" in out, out[-4000:]
+
+    # More changes (the writer connected again), then the log they are in purged.
+    deadline = time.time() + 120
+    while writer.reconnects == reconnects:
+        assert writer.is_alive() and time.time() < deadline, repr(writer.error)
+        time.sleep(0.1)
     done = writer.transactions
     while writer.transactions < done + 30:
         assert writer.is_alive(), repr(writer.error)
         time.sleep(0.1)
     newest = mariadb.sql("FLUSH BINARY LOGS; SHOW MASTER STATUS").split()[0]
+    deadline = time.time() + 60
     while len(mariadb.sql(f"PURGE BINARY LOGS TO '{newest}'; SHOW BINARY LOGS").splitlines()) > 1:
+        assert time.time() < deadline, mariadb.sql("SHOW BINARY LOGS")
         time.sleep(0.2)  # MariaDB keeps a file InnoDB still needs for its crash recovery a moment longer
 
     log = meta.parent / "refused.log"
