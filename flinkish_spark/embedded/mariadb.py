@@ -188,6 +188,14 @@ class EmbeddedMariaDB:
         self.stop()
         self.start()
 
+    def crash(self) -> None:
+        """``kill -9`` of ``mariadbd`` (no shutdown: InnoDB and the binary log recover at the next :meth:`start`,
+        on the same folder and port). The data folder is kept."""
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
 
 def start_mariadb(home: str | os.PathLike[str], port: int | None = None,
                   extra_args: Sequence[str] = ()) -> EmbeddedMariaDB:

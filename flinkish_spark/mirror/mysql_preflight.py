@@ -14,7 +14,8 @@ and the fix, all of them at once; a password is never in a line (:meth:`Connecti
 * a restart: the position the mirror's checkpoint continues from (the change split's start in the newest
   ``flinkish.mysql`` checkpoint, ``file sequence << 32 | offset`` as the CDC core holds MySQL positions) is
   still in the server's binary logs -- a purged one is the connector's :class:`BinlogPurgedError`, naming the
-  expiry setting and the fix; a checkpoint written by another kind of source under this uid is refused too.
+  expiry setting and the fix -- unless ``onSlotLost=resnapshot`` asks for a new snapshot of every table then:
+  a warning saying so; a checkpoint written by another kind of source under this uid is refused too.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _server_problems(config: MirrorConfig, info: Any, conn: Any, warnings: list[
     out = [str(e) for e in setting_problems(info, version, settings, changes)]
     out += _table_problems(config, info, conn, warnings)
     if changes and not any("log_bin is OFF" in line for line in out):
-        out += _restart_problems(config, info, conn)
+        out += _restart_problems(config, info, conn, warnings)
     return out
 
 
@@ -81,8 +82,9 @@ def _table_problems(config: MirrorConfig, info: Any, conn: Any, warnings: list[s
     return [p for p in (t.engine_problem("--tables") for t in found) if p is not None]
 
 
-def _restart_problems(config: MirrorConfig, info: Any, conn: Any) -> list[str]:
-    """The checkpoint's start position still in the server's logs (nothing to check on a first start)."""
+def _restart_problems(config: MirrorConfig, info: Any, conn: Any, warnings: list[str]) -> list[str]:
+    """The checkpoint's start position still in the server's logs (nothing to check on a first start); a purged one
+    only a warning with ``onSlotLost=resnapshot``, which the source answers with a new generation."""
     from flinkish_spark.checkpoint.store import SourceCheckpointStore
     from flinkish_spark.connectors.mysql.changes import BinlogPurgedError, check_start, position_of_key
     from flinkish_spark.connectors.mysql.server import binary_logs
@@ -111,5 +113,10 @@ def _restart_problems(config: MirrorConfig, info: Any, conn: Any) -> list[str]:
     try:
         check_start(conn, info, start)
     except BinlogPurgedError as e:
+        if config.source_options().get("onSlotLost") == "resnapshot":
+            warnings.append(f"--checkpoint: the binary log position {start} the mirror stopped at was purged: "
+                            "onSlotLost=resnapshot: every table is snapshotted again; the targets keep their rows "
+                            "until each table's new snapshot replaces them")
+            return []
         return [f"--checkpoint: the mirror continues from the binary log position {start}, but {e}"]
     return []

@@ -140,6 +140,11 @@ def test_a_restart_from_a_purged_position_is_refused(mariadb: Any, shop: str, tm
                                f"binary log that position {start} needs")
     assert "SET GLOBAL binlog_expire_logs_seconds" in found[0]
     assert sorted(str(p) for p in (tmp_path / "meta").rglob("*")) == files  # the checkpoint only read
+    # With onSlotLost=resnapshot the source starts a new snapshot: no problem, a warning that says so.
+    found, warnings = check(config(mariadb, tmp_path, f"{shop}.*", source_option=["onSlotLost=resnapshot"]), tmp_path)
+    assert found == [] and any(w.startswith(f"--checkpoint: the binary log position {start} the mirror stopped at "
+                                            "was purged: onSlotLost=resnapshot: every table is snapshotted again")
+                               for w in warnings), warnings
 
 
 @pytest.mark.slow

@@ -239,6 +239,11 @@ class MysqlDialect:
 
     # the change log (driver) --------------------------------------------------------------------------------
 
+    def continues_from(self, position: int) -> None:
+        """The change split continues at ``position`` (a checkpoint's; 0: no change split of this generation yet,
+        nothing to check): :meth:`position_lost` checks it until a planning names the next range's start."""
+        self._needed = position or None
+
     def position_lost(self) -> TerminalError | None:
         """The purged-log error when the server no longer has the log from where the next range starts."""
         if self._needed is None:

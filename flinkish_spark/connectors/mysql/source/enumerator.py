@@ -24,10 +24,12 @@ import json
 from dataclasses import replace
 from typing import Any, Collection, Protocol
 
+from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.cdc import catalog_poll as poll
 from flinkish_spark.connectors.cdc.change_split import ChangeSplitEnumerator, change_split, change_start
 from flinkish_spark.connectors.cdc.host import ChangeSourceHost
 from flinkish_spark.connectors.cdc.patterns import split_followable
+from flinkish_spark.connectors.cdc.splits import changes_id
 from flinkish_spark.connectors.cdc.tables_enumerator import TablesEnumeratorCore
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo
 from flinkish_spark.connectors.mysql.dialect import MysqlDialect
@@ -78,10 +80,20 @@ class MysqlEnumerator(TablesEnumeratorCore, ChangeSplitEnumerator):
             pending = [DdlSeen.from_json(x) for x in d.get("ddl_pending", ())]
             self.ddl_pending = {x.table or "": x for x in pending}
 
+    def on_checkpoint_complete(self, checkpoint: SourceCheckpoint) -> None:
+        super().on_checkpoint_complete(checkpoint)
+        # A restart plans its first range after this (the restored checkpoint): the dialect learns where the change
+        # split continues, so that the planning's position_lost check sees a purged log (onSlotLost) before the
+        # range is read -- without it, the range's read met the purged start first and failed whatever onSlotLost.
+        change = next((s for s in checkpoint.splits if s.split_id == changes_id(self.generation)), None)
+        if change is not None and not change.finished:
+            self.dialect.continues_from(change_start(Split(change.split_id, change.payload), change.position))
+
     def _change_split(self) -> Split:
         return change_split(self.generation, self.start_position)
 
     def _start(self, known: Collection[str]) -> list[Split]:
+        self.dialect.continues_from(0)  # a new generation: the old split's (perhaps purged) position is not needed
         with self.dialect.connect() as conn:
             found, left_out = split_followable(self.dialect.find_tables(conn, self.patterns))
             self._leave_out(left_out)
