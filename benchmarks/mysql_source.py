@@ -11,7 +11,9 @@ session (``local[2]``, ``flinkish_spark.session`` with Debian's MariaDB Connecto
    nothing written), vs ``spark.read.jdbc`` (``jdbc:mysql://...?permitMysqlScheme``: Spark's MySQL dialect)
    partitioned by ``id`` into as many partitions as the source has chunks, into ``noop`` as well; with
    ``--delta``, also ``flinkish.mysql`` (arrow) into ``flinkish.delta`` routed by ``{schema}/{table}`` (end to end)
-   vs JDBC into Delta (``format("delta")`` is not in the session: JDBC into Parquet as the reference).
+   vs JDBC into Delta (``format("delta")`` is not in the session: JDBC into Parquet as the reference); with
+   ``--direct-pack``, also the prototype of ``benchmarks/direct_pack/`` (the chunk's typed Arrow packed as it is,
+   no JSON text per row) into both sinks.
    Rows/s = rows / (``start()`` or the action's call -> the query's end): what the user waits for.
 2. **Change stream**: before the backlog, one query per (round, rowFormat) is started with ``startup=changes``
    (``availableNow``: it records the log's end in its checkpoint and ends); ``FLUSH BINARY LOGS``; then
@@ -33,7 +35,7 @@ and all its descendants but the server: the JVM, its Python workers, ``mariadb-b
 the server's own. The machine may be shared: compare ratios within a run, and the CPU columns.
 
     PYTHONPATH=. python benchmarks/mysql_source.py [--rows 1000000] [--changes 500000] [--repeats 3] [--delta]
-        [--parts snapshot,changes,lag] [--rate 1000 --seconds 60] [--profile-changes]
+        [--parts snapshot,changes,lag] [--rate 1000 --seconds 60] [--profile-changes] [--direct-pack]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import glob
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -69,8 +72,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 # ---- CPU and load -------------------------------------------------------------------------------------------------
 
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (ppid, CPU seconds of the process and its waited-for children)."""
+def _proc_table() -> dict[int, tuple[int, str, float]]:
+    """pid -> (ppid, name, CPU seconds of the process itself: utime + stime)."""
     out = {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
@@ -79,30 +82,60 @@ def _proc_table() -> dict[int, tuple[int, float]]:
         except OSError:
             continue
         fields = rest.split()
-        pid = int(head.split("(", 1)[0])
-        out[pid] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / TICKS)
+        pid, name = head.split("(", 1)
+        out[int(pid)] = (int(fields[1]), name, (int(fields[11]) + int(fields[12])) / TICKS)
     return out
 
 
-def cpu_split(server_pid: int) -> tuple[float, float]:
-    """(client CPU s, server CPU s): this process's tree without the server's subtree, and the server's. A finished
-    process's time is in its parent's ``cutime`` once waited for, and no longer in /proc: nothing counted twice."""
+def tree_cpu(server_pid: int) -> tuple[dict[int, float], float]:
+    """(per live process of this process's tree but the server's subtree: its own CPU s; the server's CPU s)."""
     table = _proc_table()
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
+    for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
+    mine: dict[int, float] = {}
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        if pid == server_pid or pid not in table:
+            continue
+        # Direct children this process waits for (mariadb-binlog): counted by RUSAGE_CHILDREN, not sampled.
+        if not (table[pid][0] == os.getpid() and table[pid][1].startswith("mariadb-binlog")):
+            mine[pid] = table[pid][2]
+        todo.extend(children.get(pid, []))
+    server = sum(table[p][2] for p in (server_pid,) if p in table)
+    return mine, server
 
-    def tree(root: int, skip: int) -> float:
-        total, todo = 0.0, [root]
-        while todo:
-            pid = todo.pop()
-            if pid == skip or pid not in table:
-                continue
-            total += table[pid][1]
-            todo.extend(children.get(pid, []))
-        return total
 
-    return tree(os.getpid(), server_pid), tree(server_pid, -1)
+class CpuSampler(threading.Thread):
+    """Client CPU over a window: every live process of this process's tree (the JVM, Spark's Python workers, the
+    mirror process and its own) sampled every 0.2 s, each counted up to its last sample (a Python worker that
+    exits between samples loses at most 0.2 s), plus the waited-for children (``RUSAGE_CHILDREN``)."""
+
+    def __init__(self, server_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.server_pid, self.stop_event = server_pid, threading.Event()
+        self.first, self.server0 = tree_cpu(server_pid)
+        self.last = dict(self.first)
+        self.server = self.server0
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.children0 = ru.ru_utime + ru.ru_stime
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.2):
+            self.sample()
+
+    def sample(self) -> None:
+        now, self.server = tree_cpu(self.server_pid)
+        self.last.update(now)
+
+    def finish(self) -> tuple[float, float]:
+        self.stop_event.set()
+        self.join()
+        self.sample()
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client = sum(v - self.first.get(pid, 0.0) for pid, v in self.last.items())
+        return client + ru.ru_utime + ru.ru_stime - self.children0, self.server - self.server0
 
 
 class Meter:
@@ -114,13 +147,14 @@ class Meter:
 
     def __call__(self, label: str, fn: Callable[[], Any]) -> dict[str, Any]:
         load0 = os.getloadavg()[0]
-        c0, s0 = cpu_split(self.server_pid)
+        sampler = CpuSampler(self.server_pid)
+        sampler.start()
         t0 = time.perf_counter()
         extra = fn() or {}
         seconds = time.perf_counter() - t0
-        c1, s1 = cpu_split(self.server_pid)
-        return {"reader": label, "seconds": round(seconds, 3), "client_cpu_s": round(c1 - c0, 2),
-                "server_cpu_s": round(s1 - s0, 2), "load_start": round(load0, 2),
+        client, server = sampler.finish()
+        return {"reader": label, "seconds": round(seconds, 3), "client_cpu_s": round(client, 2),
+                "server_cpu_s": round(server, 2), "load_start": round(load0, 2),
                 "load_end": round(os.getloadavg()[0], 2), **extra}
 
 
@@ -188,14 +222,21 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
             return {"rows": args.rows}
         return go
 
-    def flinkish(fmt: str, tag: str, sink: str = "noop") -> Callable[[], dict[str, Any]]:
+    def flinkish(fmt: str, tag: str, sink: str = "noop", direct: bool = False) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             base = os.path.join(work, "snap", tag)
             meta = os.path.join(base, "meta")
             df = source_df(spark, url, meta, "src", fmt, "snapshot", args)
             opts = ({"uid": "lake", "checkpoint": meta, "path": os.path.join(base, "lake", "{schema}", "{table}")}
                     if sink == "flinkish.delta" else {})
-            return run_query(df, os.path.join(base, "cp"), sink, opts)
+            flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK", "")
+            if direct:
+                open(flag, "w").close()  # benchmarks/direct_pack/sitecustomize.py: the prototype read while it exists
+            try:
+                return run_query(df, os.path.join(base, "cp"), sink, opts)
+            finally:
+                if direct:
+                    os.remove(flag)
         return go
 
     jdbc("noop")()  # warm-up: the JVM's classes and JIT are not the reader's cost
@@ -205,9 +246,15 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
         cases = [(f"flinkish.mysql arrow -> noop", flinkish("arrow", f"a{r}")),
                  (f"flinkish.mysql json -> noop", flinkish("json", f"j{r}")),
                  ("Spark JDBC -> noop", jdbc("noop"))]
+        if args.direct_pack:
+            cases.insert(1, ("flinkish.mysql arrow, direct pack (prototype) -> noop",
+                             flinkish("arrow", f"p{r}", direct=True)))
         if args.delta:
             cases += [("flinkish.mysql arrow -> routed flinkish.delta", flinkish("arrow", f"d{r}", "flinkish.delta")),
                       ("Spark JDBC -> Parquet", jdbc("parquet", os.path.join(work, "snap", f"pq{r}")))]
+            if args.direct_pack:
+                cases.insert(-1, ("flinkish.mysql arrow, direct pack (prototype) -> routed flinkish.delta",
+                                  flinkish("arrow", f"q{r}", "flinkish.delta", direct=True)))
         if r % 2:
             cases.reverse()  # alternate the order: neither side always runs first on a machine whose load drifts
         for label, fn in cases:
@@ -218,7 +265,23 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
             print(f"  snapshot r{r} {label}: {res['seconds']:.2f} s, {res['rows_per_s']:,} rows/s, "
                   f"cpu {res['client_cpu_s']} s, load {res['load_start']}-{res['load_end']}", flush=True)
             results.append(res)
+        if args.delta and args.direct_pack and r == 0:  # the prototype's target: the same table as today's path's
+            today, proto = (delta_rows(os.path.join(work, "snap", t, "lake", "bench", "t")) for t in ("d0", "q0"))
+            assert today.num_rows == args.rows and today.equals(proto), "the direct pack wrote another table"
+            print("  direct pack (prototype): its Delta target equals today's path's", flush=True)
     return results
+
+
+def delta_rows(path: str) -> Any:
+    """A Delta target's rows, sorted by ``id`` (deltalake's scan: it applies deletion vectors)."""
+    import deltalake
+    import pyarrow as pa
+
+    t = pa.table(deltalake.DeltaTable(path).scan())
+    # delta-rs reads strings as string_view, which has no sort kernel: as plain strings
+    t = t.cast(pa.schema([pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else f.type)
+                          for f in t.schema]))
+    return t.sort_by("id")
 
 
 # ---- part 2: change stream -----------------------------------------------------------------------------------------
@@ -456,6 +519,8 @@ def main() -> None:
     ap.add_argument("--row-formats", default="arrow,json")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--delta", action="store_true", help="part 1 also into routed flinkish.delta (vs JDBC -> Parquet)")
+    ap.add_argument("--direct-pack", action="store_true",
+                    help="part 1 also with the prototype of benchmarks/direct_pack/ (typed Arrow packed, no JSON)")
     ap.add_argument("--profile-changes", action="store_true", help="py-spy of round 0's flinkish change reads")
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=60)
@@ -466,6 +531,10 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = tempfile.mkdtemp(prefix="flinkish-bench-mysql-source-")
+    if args.direct_pack:  # before the JVM starts: Spark's Python workers inherit the environment
+        os.environ["FLINKISH_BENCH_DIRECT_PACK"] = os.path.join(work, "direct-pack.flag")
+        os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                 "direct_pack"), os.environ.get("PYTHONPATH", "")])
     payload: dict[str, Any] = {"args": vars(args), "load_at_start": os.getloadavg()}
     try:
         with temporary_mariadb("flinkish-bench-mariadb-") as server:
