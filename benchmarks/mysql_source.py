@@ -308,11 +308,12 @@ def write_backlog(server: EmbeddedMariaDB, first: int, changes: int, txn: int) -
 
 def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     url = server.url_for("bench")
-    formats = [f for f in args.row_formats.split(",") if f]
+    # "arrow+direct": rowFormat=arrow read with benchmarks/direct_pack's change prototype (its flag file present)
+    formats = [f for f in args.row_formats.split(",") if f] + (["arrow+direct"] if args.direct_pack else [])
     queries = [(r, fmt) for r in range(args.repeats) for fmt in formats]
     for r, fmt in queries:  # each records the log's end now, before the backlog
         base = os.path.join(work, "chg", f"{fmt}{r}")
-        run_query(source_df(spark, url, os.path.join(base, "meta"), "src", fmt, "changes", args),
+        run_query(source_df(spark, url, os.path.join(base, "meta"), "src", fmt.split("+")[0], "changes", args),
                   os.path.join(base, "cp"), available_now=True)
     server.sql("FLUSH BINARY LOGS")
     log_file = server.sql("SHOW MASTER STATUS").split("\t")[0]
@@ -334,14 +335,22 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
     def flinkish(r: int, fmt: str) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             base = os.path.join(work, "chg", f"{fmt}{r}")
-            return run_query(source_df(spark, url, os.path.join(base, "meta"), "src", fmt, "changes", args),
-                             os.path.join(base, "cp"), available_now=True)
+            flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK", "")
+            if fmt.endswith("+direct"):
+                open(flag, "w").close()
+            try:
+                return run_query(source_df(spark, url, os.path.join(base, "meta"), "src", fmt.split("+")[0], "changes",
+                                           args), os.path.join(base, "cp"), available_now=True)
+            finally:
+                if fmt.endswith("+direct"):
+                    os.remove(flag)
         return go
 
     results = []
     for r in range(args.repeats):
         cases = [("mariadb-binlog --read-from-remote-server > /dev/null", mariadb_binlog)]
-        cases += [(f"flinkish.mysql {fmt} -> noop", flinkish(r, fmt)) for fmt in formats]
+        cases += [(f"flinkish.mysql {fmt.replace('+direct', ', typed changes (prototype)')} -> noop", flinkish(r, fmt))
+                  for fmt in formats]
         if r % 2:
             cases.reverse()
         for label, fn in cases:
