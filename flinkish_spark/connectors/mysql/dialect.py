@@ -87,6 +87,8 @@ class MysqlDialect:
     def __init__(self, info: ConnectionInfo, component: str = "flinkish.mysql source",
                  patterns: TablePatterns | None = None, server_id: int = 0x5F000000) -> None:
         self.info = info
+        #: ``rowFormat=arrow``: a chunk's rows come as packs made from its typed Arrow (:mod:`.packed_chunks`)
+        self.packed_chunks = False
         self._component = component
         self.patterns = patterns
         self.server_id = server_id
@@ -347,8 +349,9 @@ class MysqlDialect:
         return read_chunk_arrow(chunk, conn)
 
     def read_chunk(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
-        """The chunk as an ``s`` row and its ``r`` rows, ``B``/``E`` for a re-snapshot (:func:`.chunk_rows.read_chunk_rows`)."""
-        return read_chunk_rows(chunk, conn)
+        """The chunk as an ``s`` row and its ``r`` rows, ``B``/``E`` for a re-snapshot (:func:`.chunk_rows.read_chunk_rows`);
+        the ``r`` rows already packed when :attr:`packed_chunks`."""
+        return read_chunk_rows(chunk, conn, self.packed_chunks)
 
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:
