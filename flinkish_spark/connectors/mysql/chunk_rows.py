@@ -5,7 +5,8 @@ around a re-snapshot's chunks), the ``s`` row describing exactly the rows after 
 ``information_schema``, which is not part of the snapshot, so a DDL statement that overtakes the snapshot
 makes InnoDB refuse the chunk's query ("Table definition has changed", 1412) and the chunk is taken again in
 a new snapshot. A table that is gone gives nothing. Chunk bounds travel as JSON in the split's payload
-(:func:`bound_to_json`, :func:`bound_of_json`).
+(:func:`bound_to_json`, :func:`bound_of_json`). With ``rowFormat=arrow`` the ``r`` rows come as packs made from
+the chunk's typed Arrow (:mod:`.packed_chunks`: the values the JSON rows would be packed to).
 """
 
 from __future__ import annotations

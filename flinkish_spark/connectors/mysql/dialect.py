@@ -22,7 +22,8 @@ What it answers, from :mod:`.catalog`, :mod:`.snapshot`, :mod:`.changes` and ``i
   given: a restarted source waits for its first completed epoch).
 * **Chunks** (:meth:`MysqlDialect.plan_chunks`): :func:`.snapshot.plan_chunks`' primary key ranges, their bounds as
   JSON (:func:`bound_to_json`); :meth:`MysqlDialect.read_chunk` reads one in a consistent snapshot of its own
-  (``START TRANSACTION WITH CONSISTENT SNAPSHOT``) as an ``s`` row and ``r`` rows (:mod:`.stream_rows`).
+  (``START TRANSACTION WITH CONSISTENT SNAPSHOT``) as an ``s`` row and ``r`` rows (:mod:`.stream_rows`), the ``r``
+  rows packed from the typed Arrow when the source's ``rowFormat`` is ``arrow`` (:mod:`.packed_chunks`).
 * **Change ranges** (:meth:`MysqlDialect.change_target`, :meth:`MysqlDialect.read_changes`): ``[start, end)`` with
   ``end`` a transaction boundary at or before the log's end when planned, so every read of it (a replay) is the
   same transactions (:func:`.changes.read_range`); a purged start is :class:`.changes.BinlogPurgedError`, at
