@@ -13,7 +13,9 @@ session (``local[2]``, ``flinkish_spark.session`` with Debian's MariaDB Connecto
    ``--delta``, also ``flinkish.mysql`` (arrow) into ``flinkish.delta`` routed by ``{schema}/{table}`` (end to end)
    vs JDBC into Delta (``format("delta")`` is not in the session: JDBC into Parquet as the reference); with
    ``--direct-pack``, also the prototype of ``benchmarks/direct_pack/`` (the chunk's typed Arrow packed as it is,
-   no JSON text per row) into both sinks.
+   no JSON text per row) into both sinks; with ``--json-pack``, also ``rowFormat=arrow`` the way before
+   ``connectors/mysql/packed_chunks.py`` (a JSON text per row parsed back by the reader's ``Packer``, through
+   ``benchmarks/direct_pack/``'s switch) into both sinks, its Delta target checked equal to the source's.
    Rows/s = rows / (``start()`` or the action's call -> the query's end): what the user waits for.
 2. **Change stream**: before the backlog, one query per (round, rowFormat) is started with ``startup=changes``
    (``availableNow``: it records the log's end in its checkpoint and ends); ``FLUSH BINARY LOGS``; then
@@ -222,14 +224,15 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
             return {"rows": args.rows}
         return go
 
-    def flinkish(fmt: str, tag: str, sink: str = "noop", direct: bool = False) -> Callable[[], dict[str, Any]]:
+    def flinkish(fmt: str, tag: str, sink: str = "noop", direct: bool = False,
+                 flag_env: str = "FLINKISH_BENCH_DIRECT_PACK") -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             base = os.path.join(work, "snap", tag)
             meta = os.path.join(base, "meta")
             df = source_df(spark, url, meta, "src", fmt, "snapshot", args)
             opts = ({"uid": "lake", "checkpoint": meta, "path": os.path.join(base, "lake", "{schema}", "{table}")}
                     if sink == "flinkish.delta" else {})
-            flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK", "")
+            flag = os.environ.get(flag_env, "")
             if direct:
                 open(flag, "w").close()  # benchmarks/direct_pack/sitecustomize.py: the prototype read while it exists
             try:
@@ -249,9 +252,16 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
         if args.direct_pack:
             cases.insert(1, ("flinkish.mysql arrow, direct pack (prototype) -> noop",
                              flinkish("arrow", f"p{r}", direct=True)))
+        if args.json_pack:
+            cases.insert(1, ("flinkish.mysql arrow, JSON way (before packed_chunks) -> noop",
+                             flinkish("arrow", f"o{r}", direct=True, flag_env="FLINKISH_BENCH_JSON_PACK")))
         if args.delta:
             cases += [("flinkish.mysql arrow -> routed flinkish.delta", flinkish("arrow", f"d{r}", "flinkish.delta")),
                       ("Spark JDBC -> Parquet", jdbc("parquet", os.path.join(work, "snap", f"pq{r}")))]
+            if args.json_pack:
+                cases.insert(-1, ("flinkish.mysql arrow, JSON way (before packed_chunks) -> routed flinkish.delta",
+                                  flinkish("arrow", f"e{r}", "flinkish.delta", direct=True,
+                                           flag_env="FLINKISH_BENCH_JSON_PACK")))
             if args.direct_pack:
                 cases.insert(-1, ("flinkish.mysql arrow, direct pack (prototype) -> routed flinkish.delta",
                                   flinkish("arrow", f"q{r}", "flinkish.delta", direct=True)))
@@ -269,6 +279,10 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
             today, proto = (delta_rows(os.path.join(work, "snap", t, "lake", "bench", "t")) for t in ("d0", "q0"))
             assert today.num_rows == args.rows and today.equals(proto), "the direct pack wrote another table"
             print("  direct pack (prototype): its Delta target equals today's path's", flush=True)
+        if args.delta and args.json_pack and r == 0:  # packed_chunks against the JSON way: the same table
+            now, before = (delta_rows(os.path.join(work, "snap", t, "lake", "bench", "t")) for t in ("d0", "e0"))
+            assert now.num_rows == args.rows and now.equals(before), "packed_chunks wrote another table"
+            print("  packed_chunks: its Delta target equals the JSON way's", flush=True)
     return results
 
 
@@ -530,6 +544,8 @@ def main() -> None:
     ap.add_argument("--delta", action="store_true", help="part 1 also into routed flinkish.delta (vs JDBC -> Parquet)")
     ap.add_argument("--direct-pack", action="store_true",
                     help="part 1 also with the prototype of benchmarks/direct_pack/ (typed Arrow packed, no JSON)")
+    ap.add_argument("--json-pack", action="store_true",
+                    help="part 1 also with rowFormat=arrow the way before packed_chunks (JSON per row, Packer)")
     ap.add_argument("--profile-changes", action="store_true", help="py-spy of round 0's flinkish change reads")
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=60)
@@ -540,8 +556,11 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = tempfile.mkdtemp(prefix="flinkish-bench-mysql-source-")
-    if args.direct_pack:  # before the JVM starts: Spark's Python workers inherit the environment
-        os.environ["FLINKISH_BENCH_DIRECT_PACK"] = os.path.join(work, "direct-pack.flag")
+    if args.json_pack:
+        os.environ["FLINKISH_BENCH_JSON_PACK"] = os.path.join(work, "json-pack.flag")
+    if args.direct_pack or args.json_pack:  # before the JVM starts: Spark's Python workers inherit the environment
+        if args.direct_pack:
+            os.environ["FLINKISH_BENCH_DIRECT_PACK"] = os.path.join(work, "direct-pack.flag")
         os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                  "direct_pack"), os.environ.get("PYTHONPATH", "")])
     payload: dict[str, Any] = {"args": vars(args), "load_at_start": os.getloadavg()}

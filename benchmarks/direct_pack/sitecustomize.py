@@ -8,6 +8,10 @@
   Inserts, updates (a key move: ``d`` then ``u``) and deletes; a TRUNCATE is refused (other statements carry no rows,
   as in ``change_batches``).
 
+Also, while the file that ``FLINKISH_BENCH_JSON_PACK`` names exists, the way before
+:mod:`flinkish_spark.connectors.mysql.packed_chunks` (``mysql_source.py --json-pack``): a chunk's rows as JSON text
+per row, packed by the reader's ``Packer`` -- so that one run measures the source's direct pack beside it.
+
 Loaded by every Python process whose ``PYTHONPATH`` holds this folder; active only while the file that
 ``FLINKISH_BENCH_DIRECT_PACK`` names exists (so that one Spark session runs today's path and the prototype side
 by side). Production code is not changed: ``TablesReaderCore.read`` is wrapped here, at interpreter start. What it
@@ -176,5 +180,21 @@ def _install(flag: str) -> None:
     mysql_dialect.change_batches = packed_change_batches
 
 
+def _install_json_pack(flag: str) -> None:
+    from flinkish_spark.connectors.mysql import dialect as mysql_dialect
+    from flinkish_spark.connectors.mysql.chunk_rows import read_chunk_rows
+
+    original = mysql_dialect.MysqlDialect.read_chunk
+
+    def read_chunk(self, chunk, conn):
+        if os.path.exists(flag):
+            return read_chunk_rows(chunk, conn)  # JSON rows: the reader's Packer parses them back
+        return original(self, chunk, conn)
+
+    mysql_dialect.MysqlDialect.read_chunk = read_chunk
+
+
 if _FLAG:
     _install(_FLAG)
+if os.environ.get("FLINKISH_BENCH_JSON_PACK"):
+    _install_json_pack(os.environ["FLINKISH_BENCH_JSON_PACK"])

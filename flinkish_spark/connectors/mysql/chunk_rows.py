@@ -5,7 +5,8 @@ around a re-snapshot's chunks), the ``s`` row describing exactly the rows after 
 ``information_schema``, which is not part of the snapshot, so a DDL statement that overtakes the snapshot
 makes InnoDB refuse the chunk's query ("Table definition has changed", 1412) and the chunk is taken again in
 a new snapshot. A table that is gone gives nothing. Chunk bounds travel as JSON in the split's payload
-(:func:`bound_to_json`, :func:`bound_of_json`).
+(:func:`bound_to_json`, :func:`bound_of_json`). With ``rowFormat=arrow`` the ``r`` rows come as packs made from
+the chunk's typed Arrow (:mod:`.packed_chunks`: the values the JSON rows would be packed to).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow as pa
 from flinkish_spark.connectors.cdc.stream import (
     RESNAPSHOT_BEGIN, RESNAPSHOT_END, STREAM_ARROW, marker, schema_row, snapshot_rows,
 )
+from flinkish_spark.connectors.mysql.packed_chunks import chunk_packs
 from flinkish_spark.connectors.mysql.snapshot import Chunk, TableInfo, begin_snapshot, read_chunk, table_info
 from flinkish_spark.connectors.mysql.stream_rows import row_encoder, schema_of_info
 
@@ -80,9 +82,11 @@ def read_chunk_arrow(chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatc
         conn.rollback()
 
 
-def read_chunk_rows(chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
+def read_chunk_rows(chunk: dict[str, Any], conn: Any, packed: bool = False) -> Iterator[pa.RecordBatch]:
     """A chunk as stream rows: its ``s`` row (the columns in the chunk's own snapshot), then its ``r`` rows, with
-    ``B`` before a re-snapshot's first chunk and ``E`` after its last (as the PostgreSQL source).
+    ``B`` before a re-snapshot's first chunk and ``E`` after its last (as the PostgreSQL source). ``packed``
+    (``rowFormat=arrow``): the ``r`` rows as packs made from the typed Arrow (:mod:`.packed_chunks`), the ``s``
+    and ``B``/``E`` rows as they are (the reader's Packer packs them and passes the packs through).
 
     The columns come from ``information_schema``, which is not part of the snapshot: a DDL statement between
     the snapshot's start and the chunk's query makes InnoDB refuse the query ("Table definition has changed",
@@ -109,9 +113,13 @@ def read_chunk_rows(chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch
             encode = row_encoder(schema)
             for batch in ([] if first is None else [first]), batches:
                 for b in batch:
-                    if b.num_rows:
-                        columns = [c.to_pylist() for c in b.columns]
-                        yield snapshot_rows(schema, pa.array([encode(v) for v in zip(*columns)], pa.string()))
+                    if not b.num_rows:
+                        continue
+                    if packed:
+                        yield chunk_packs(schema, b)
+                        continue
+                    columns = [c.to_pylist() for c in b.columns]
+                    yield snapshot_rows(schema, pa.array([encode(v) for v in zip(*columns)], pa.string()))
         finally:
             conn.rollback()
         if bracketed and part.hi is None:

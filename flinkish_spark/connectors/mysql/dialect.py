@@ -22,7 +22,8 @@ What it answers, from :mod:`.catalog`, :mod:`.snapshot`, :mod:`.changes` and ``i
   given: a restarted source waits for its first completed epoch).
 * **Chunks** (:meth:`MysqlDialect.plan_chunks`): :func:`.snapshot.plan_chunks`' primary key ranges, their bounds as
   JSON (:func:`bound_to_json`); :meth:`MysqlDialect.read_chunk` reads one in a consistent snapshot of its own
-  (``START TRANSACTION WITH CONSISTENT SNAPSHOT``) as an ``s`` row and ``r`` rows (:mod:`.stream_rows`).
+  (``START TRANSACTION WITH CONSISTENT SNAPSHOT``) as an ``s`` row and ``r`` rows (:mod:`.stream_rows`), the ``r``
+  rows packed from the typed Arrow when the source's ``rowFormat`` is ``arrow`` (:mod:`.packed_chunks`).
 * **Change ranges** (:meth:`MysqlDialect.change_target`, :meth:`MysqlDialect.read_changes`): ``[start, end)`` with
   ``end`` a transaction boundary at or before the log's end when planned, so every read of it (a replay) is the
   same transactions (:func:`.changes.read_range`); a purged start is :class:`.changes.BinlogPurgedError`, at
@@ -87,6 +88,8 @@ class MysqlDialect:
     def __init__(self, info: ConnectionInfo, component: str = "flinkish.mysql source",
                  patterns: TablePatterns | None = None, server_id: int = 0x5F000000) -> None:
         self.info = info
+        #: ``rowFormat=arrow``: a chunk's rows come as packs made from its typed Arrow (:mod:`.packed_chunks`)
+        self.packed_chunks = False
         self._component = component
         self.patterns = patterns
         self.server_id = server_id
@@ -347,8 +350,9 @@ class MysqlDialect:
         return read_chunk_arrow(chunk, conn)
 
     def read_chunk(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
-        """The chunk as an ``s`` row and its ``r`` rows, ``B``/``E`` for a re-snapshot (:func:`.chunk_rows.read_chunk_rows`)."""
-        return read_chunk_rows(chunk, conn)
+        """The chunk as an ``s`` row and its ``r`` rows, ``B``/``E`` for a re-snapshot (:func:`.chunk_rows.read_chunk_rows`);
+        the ``r`` rows already packed when :attr:`packed_chunks`."""
+        return read_chunk_rows(chunk, conn, self.packed_chunks)
 
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:

@@ -121,4 +121,6 @@ class MysqlSourceDataSource(CdcDataSource):
         return MysqlEnumerator(self)
 
     def create_reader(self, schema: StructType) -> SplitReader:
-        return TablesReaderCore(self, mysql_dialect(self), packing(self.row_format))
+        dialect = mysql_dialect(self)
+        dialect.packed_chunks = self.row_format == "arrow"  # the chunks' packs made from typed Arrow (packed_chunks)
+        return TablesReaderCore(self, dialect, packing(self.row_format))
