@@ -154,8 +154,9 @@ def test_upsert_killed_at_random_until_done_holds_last_value_per_key(run_pipelin
     points = [*CHAIN, "source.read", "source.partitions"]
     seed = random.randrange(1 << 30)
     rnd = random.Random(seed)
-    for attempt in range(5):
-        crash = f"{rnd.choice(points)}:{rnd.randint(1, 5)}" if attempt < 4 else None
+    # Up to two kills at random points (the chains above are killed at every point), then a run to the end.
+    for attempt in range(3):
+        crash = f"{rnd.choice(points)}:{rnd.randint(1, 5)}" if attempt < 2 else None
         run = run_pipeline(spec, crash_at=crash)
         if not run.killed:
             assert run.returncode == 0, f"seed {seed}, crash {crash}: {run.output[-3000:]}"
