@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 ROWS = 20_000
 SPLIT = 5_000
-KILLS = 2  # random kills after a commit, then one in the change stream (the Delta mirror test: 2 and more)
+KILLS = 3
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "5"))
 
 WRITER = r'''
