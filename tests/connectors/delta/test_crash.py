@@ -90,35 +90,25 @@ def check_killed_at(point: str, epoch: int, table: Table, log: DecisionLog, cp: 
         assert epoch in done and table.txn() == epoch and not (cp / "commits" / str(epoch)).exists()
 
 
-# The append matrix's points. Not sink.before_decision: the keyed matrix (test_keyed_crash.py) is killed
-# there, and what a restart does with an undecided epoch's files -- DeltaSink.cleanup of the epoch's folder
-# -- is one code for both modes.
-APPEND_CHAIN = ["sink.after_decision", "sink.before_done", "sink.after_commit"]
-MATRIX_LENGTHS = [675, 675]  # 9 epochs of 150 rows: 4 through the crash points, at least 1 before the random kill
-
-
 @pytest.mark.s3
 @pytest.mark.timeout(1800)  # five driver runs; on two cores shared with other Spark jobs one run took 2 minutes
-def test_crash_matrix_then_a_random_kill_on_s3_with_failed_first_attempts(run_pipeline, run_with_random_kills, s3_proc: str,
-                                                                          tmp_path: Path) -> None:
-    """kill -9 at each point of APPEND_CHAIN in turn, then (the same pipeline, now under a processing-time
-    trigger) at a random moment, restarted until the bounded query ends by itself; every task's first
-    attempt fails: each row once, one table version per epoch, and no data file outside the log.
-    (The random kill was a test of its own with a fresh table, 3 driver starts; here it is one.)"""
-    s = {**spec(tmp_path / "cp", "s3://test/table", "s3://test/meta", lengths=MATRIX_LENGTHS, endpointUrl=s3_proc),
-         "master": "local[2,4]"}
+def test_crash_matrix_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
+    """kill -9 at each protocol point in turn, every task's first attempt failing: each row once,
+    one table version per epoch, and no data file outside the log."""
+    s = {**spec(tmp_path / "cp", "s3://test/table", "s3://test/meta", endpointUrl=s3_proc), "master": "local[2,4]"}
     env = {"FLINKISH_FAIL_AT": "sink.write:first"}
     table = Table("s3://test/table", s3_proc)
     io = FileIO.for_url("s3://test", {"endpoint_url": s3_proc})
     log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
-    for epoch, point in enumerate(APPEND_CHAIN, start=1):  # run k is killed in epoch k (the point's 2nd pass)
+    for epoch, point in enumerate(CHAIN, start=1):  # run k is killed in epoch k (the point's 2nd pass)
         run = run_pipeline(s, crash_at=f"{point}:2", env=env)
         assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
         check_killed_at(point, epoch, table, log, tmp_path / "cp")
-    last = run_with_random_kills(s, table.txn, kills=1, seed=12, env=env)
-    assert "injected failure at sink.write (attempt 0)" in last
-    assert table.rows() == expected(MATRIX_LENGTHS)
-    assert table.epochs() == list(range(9))  # 1,350 rows at 150 per epoch: each epoch exactly once
+    last = run_pipeline(s, env=env)
+    assert last.returncode == 0, last.output[-3000:]
+    assert "injected failure at sink.write (attempt 0)" in last.output
+    assert table.rows() == expected()
+    assert table.epochs() == list(range(6))  # 900 rows at 150 per epoch: each epoch exactly once
     assert table.stray_files() == set()
     assert any(p.endswith(".checkpoint.parquet") for p in io.find("s3://test/table/_delta_log"))
 
@@ -151,3 +141,21 @@ def test_two_queries_with_different_uids_append_concurrently(tmp_path: Path) -> 
     order = [h.get("flinkish.uid") for h in reversed(t.load().history()) if h.get("flinkish.uid")]
     assert order != sorted(order)
     assert t.stray_files() == set()
+
+
+@pytest.mark.s3
+def test_random_kill_until_done_on_s3_under_processing_time_trigger(run_with_random_kills, s3_proc: str, tmp_path: Path) -> None:
+    """kill -9 of the whole driver at random moments, restarted until the bounded query ends by itself."""
+    s = spec(tmp_path / "cp", "s3://test/table", "s3://test/meta", lengths=[600, 600], per_trigger=200, endpointUrl=s3_proc)
+    table = Table("s3://test/table", s3_proc)
+
+    def committed() -> int:
+        try:
+            return table.txn()
+        except deltalake.exceptions.TableNotFoundError:  # the first run has not created it yet
+            return -1
+
+    run_with_random_kills(s, committed, kills=2, seed=12)
+    assert table.rows() == expected([600, 600])
+    assert table.epochs() == list(range(6))
+    assert table.stray_files() == set()
