@@ -255,7 +255,9 @@ def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: st
         rng = random.Random(seed)
         for kill in range(kills):
             before = len(committed_batches(checkpoint_location))
-            delay = rng.uniform(2.0, 8.0)
+            # 0.5-4 s after the run's second commit: one to a few 1-second epochs on, anywhere in their cycle
+            # (2-8 s made each kill run wait 5 s more on average, for no point of the cycle it did not reach).
+            delay = rng.uniform(0.5, 4.0)
             run = run_pipeline(spec(), kill_after=delay, kill_when=lambda: len(committed_batches(checkpoint_location)) > before + 1)
             assert run.killed, f"expected a kill {delay:.1f}s after a commit, got rc={run.returncode}:\n{run.output[-3000:]}"
             assert slots_and_publications(url) == (1, ["flinkish_mirror"]), kill  # one slot, one publication

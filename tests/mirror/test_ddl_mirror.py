@@ -1,24 +1,30 @@
-"""Statements that change rows without WAL row changes, in a running ``tables`` mirror, for every target kind.
+"""Statements that change rows without WAL row changes, in a running ``tables`` mirror, into Delta and PostgreSQL.
 
 The workload of flinkish_spark.testing.ddl_mirror: a writer changing every table ``d_*``; once every
 table's snapshot is committed, ``ADD COLUMN ... DEFAULT``, ``ALTER COLUMN ... TYPE bigint USING v * 1000``,
 ``RENAME COLUMN``, ``DROP TABLE`` + ``CREATE TABLE`` under the same name, ``DETACH PARTITION`` and
 ``DROP TABLE <partition>`` of a partitioned table, and a nullable ``ADD COLUMN``; then a drain. Each
-target kind (routed Delta, routed Iceberg, routed PostgreSQL) ends equal to every source table -- before
+target kind run here (routed Delta, routed PostgreSQL) ends equal to every source table -- before
 issue 25, the rows the statements changed kept null, their old values, or stayed in the target. One
 Spark query per target kind.
+
+Not routed Iceberg (it was a third parameter, ~36 s on CI): what these statements ask of a target is
+the source's re-snapshot of the table (its rows with the new column, the new type, the new name, the
+rows left after a partition went) and the target's schema evolution; for Iceberg both are its sink's
+code, run in-process by tests/connectors/iceberg/test_routed.py (a re-snapshot deletes the keys it did
+not deliver; added, dropped and widened columns), as for Delta. PostgreSQL's routed sink has no such
+in-process re-snapshot test: it stays, with Delta, the command's default target.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
 
 import psycopg
 import pytest
 
 from flinkish_spark.testing.ddl_mirror import TABLES, run_ddl_workload
-from flinkish_spark.testing.mirror import delta_differences, differences, table_states, target_differences
+from flinkish_spark.testing.mirror import delta_differences, differences, table_states
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +36,6 @@ def spec(tmp_path: Path, url: str, target: str, **extra: object) -> dict:
     sink: dict[str, object] = {"uid": "lake", "checkpoint": meta}
     if target == "delta":
         sink.update(path=str(tmp_path / "lake") + "/{schema}/{table}")
-    elif target == "iceberg":
-        sink.update(table="mirror.{schema}_{table}", catalogUri=f"sqlite:///{tmp_path}/catalog.db",
-                    warehouse=f"file://{tmp_path}/wh")
     else:
         sink.update(url=url, table="mirror.{table}")
     return {
@@ -46,22 +49,10 @@ def spec(tmp_path: Path, url: str, target: str, **extra: object) -> dict:
     }
 
 
-def iceberg_reader(tmp_path: Path) -> Callable[[str], Any]:
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    catalog = SqlCatalog("flinkish", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
-
-    def read(table: str) -> Any:
-        name = "mirror." + table.replace(".", "_")
-        return catalog.load_table(name).scan().to_arrow() if catalog.table_exists(name) else None
-
-    return read
-
-
-@pytest.mark.parametrize("target", ["delta", "iceberg", "postgres"])
+@pytest.mark.parametrize("target", ["delta", "postgres"])
 def test_statements_without_row_changes_end_with_every_target_equal_to_its_table(target: str, pg_url: str, run_pipeline,
                                                                                  tmp_path: Path) -> None:
-    pytest.importorskip({"delta": "deltalake", "iceberg": "pyiceberg", "postgres": "psycopg"}[target])
+    pytest.importorskip({"delta": "deltalake", "postgres": "psycopg"}[target])
     run_ddl_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, target, **extra), pg_url,
                      str(tmp_path / "meta"), UID, str(tmp_path))
 
@@ -73,8 +64,6 @@ def test_statements_without_row_changes_end_with_every_target_equal_to_its_table
     assert min(r["id"] for r in source["public.d_parts"].values()) >= 1400  # two partitions left
     if target == "delta":
         found = delta_differences(str(tmp_path / "lake"), source, schemas)
-    elif target == "iceberg":
-        found = target_differences(iceberg_reader(tmp_path), source, schemas)
     else:
         found = differences({t: replica[t.replace("public.", "mirror.")] for t in TABLES}, source, schemas)
     assert found == {}
