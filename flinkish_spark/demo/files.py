@@ -89,7 +89,7 @@ def run(workdir: str, remote: bool = False) -> int:
             run_spec: dict[str, Any] = dict(spec)
             if crash_at is None:
                 # The restart: a processing-time trigger, ended by flinkish's finish controller.
-                run_spec.update(trigger="10 seconds", end="finish", runSeconds=300)
+                run_spec.update(trigger="3 seconds", end="finish", runSeconds=300)
             crash_env = {ENV_POINT: crash_at, ENV_DIR: workdir} if crash_at else {}
             env = dict(os.environ)
             if server is not None:
@@ -145,7 +145,7 @@ def run(workdir: str, remote: bool = False) -> int:
                 return 1
             console.print(f"    the Connect client gave up on its dead server {gave_up[0]}")
 
-        console.print("[bold]3.[/] restarting the same pipeline from its checkpoints (trigger: every 10 s)")
+        console.print("[bold]3.[/] restarting the same pipeline from its checkpoints (trigger: every 3 s)")
         rc, took = pipeline(None)
         how = ended[-1] if ended else "?"
         console.print(f"    the query ended by itself ({how}) after its final commit; exit code {rc} in {took:.1f}s")
