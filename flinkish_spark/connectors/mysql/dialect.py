@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import random
 from contextlib import closing
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
@@ -67,6 +68,8 @@ from flinkish_spark.errors import TerminalError
 if TYPE_CHECKING:
     from flinkish_spark.connectors.cdc.dialect import SourceDialect
 
+log = logging.getLogger(__name__)
+
 #: Databases never followed.
 SYSTEM_DATABASES = catalog.SYSTEM_DATABASES
 #: Stream types a column may change between without its stored values changing (PostgreSQL base type names).
@@ -90,6 +93,8 @@ class MysqlDialect:
         self.info = info
         #: ``rowFormat=arrow``: a chunk's rows come as packs made from its typed Arrow (:mod:`.packed_chunks`)
         self.packed_chunks = False
+        #: ``onSlotLost=resnapshot``: a change range whose log was purged reads no rows (:meth:`read_changes`)
+        self.skip_purged = False
         self._component = component
         self.patterns = patterns
         self.server_id = server_id
@@ -356,7 +361,14 @@ class MysqlDialect:
 
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:
-        """The changes of the followed tables in ``[start, end)`` as stream rows (:mod:`.change_stream`)."""
+        """The changes of the followed tables in ``[start, end)`` as stream rows (:mod:`.change_stream`).
+
+        A purged log is :class:`.changes.BinlogPurgedError` -- unless :attr:`skip_purged` (``onSlotLost=resnapshot``):
+        then the read ends there, with the rows it gave (none when the start was purged, the usual case: a range
+        replayed after the server purged its log). The enumerator does not go on from the range's end: the planning
+        after the epoch checks the range's *start* (:meth:`MysqlEnumerator.on_checkpoint_complete
+        <flinkish_spark.connectors.mysql.source.enumerator.MysqlEnumerator.on_checkpoint_complete>`), which a purge
+        that stopped this read has taken too (a purge removes the oldest files first), and starts a new generation."""
         if start >= end:
             return
         with closing(connect(self.info)) as conn:
@@ -376,7 +388,14 @@ class MysqlDialect:
                     return None
 
         txns = read_range(self.info, first, last, decoder, self._reader_id(), mariadb=mariadb)
-        yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types)
+        try:
+            yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types)
+        except BinlogPurgedError as e:
+            if not self.skip_purged:
+                raise
+            log.warning("%s: the changes %s..%s are no longer in the server's binary log (%s); under "
+                        "onSlotLost=resnapshot the next planning snapshots every table again", self._component,
+                        first, last, e)
 
 
 if TYPE_CHECKING:

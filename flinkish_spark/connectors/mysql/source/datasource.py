@@ -123,4 +123,7 @@ class MysqlSourceDataSource(CdcDataSource):
     def create_reader(self, schema: StructType) -> SplitReader:
         dialect = mysql_dialect(self)
         dialect.packed_chunks = self.row_format == "arrow"  # the chunks' packs made from typed Arrow (packed_chunks)
+        # A replayed range whose log was purged reads nothing; the planning after it starts a new generation
+        # (MysqlEnumerator.on_checkpoint_complete). Under onSlotLost=fail it stays the clear error.
+        dialect.skip_purged = self.on_slot_lost == "resnapshot"
         return TablesReaderCore(self, dialect, packing(self.row_format))

@@ -13,6 +13,23 @@ planning (the chunks). Every change after that position is in the change split, 
 a snapshot taken after it, so a key's last row in the stream is its row at the end (the sink applies
 rows by key; docs/mysql-source.md).
 
+**A purged replay** (``onSlotLost=resnapshot``): a run that ends (a failure, a kill -9) with an epoch planned in
+Spark's offset log and not committed replays that epoch's change range ``[a, b)`` at the restart. When the server
+purged the log ``a`` is in meanwhile, nothing can read that range again: the reader gives no rows for it
+(:attr:`..dialect.MysqlDialect.skip_purged`; under ``fail`` it is the clear error, never a silent skip), the epoch
+commits whatever else it held, and the planning after it checks ``a`` -- not ``b``, which may have survived -- so
+that ``position_lost`` sees the purge and starts a new generation (:meth:`on_checkpoint_complete`; a drain waits
+for it). Exactly once cannot mean here that the replay yields what the first attempt yielded (that log is gone);
+what holds instead is that every target ends equal to its table: the new generation snapshots every table again
+after a log position later than anything the lost range held, between ``B`` and ``E``, and at ``E`` a keyed
+target deletes every key the new snapshot did not deliver. Each key's last row in the stream is then its row in
+the table, whether the first attempt's commit of the lost epoch reached that target or not (a sink that committed
+its part of the epoch before the kill skips the replay by its transaction id; one that did not gets the replay
+without those changes) -- the rows the target held before ``B`` do not matter after ``E``. A check of ``a`` that
+finds it purged after a read that succeeded (the purge fell just after the read) only costs a needless new
+generation, which is correct by the same argument; purges are monotonic (the oldest files first), so a read that
+found the log purged is always followed by a check that does.
+
 **The range record**: the state written with each checkpoint carries the newest change range planned
 (:class:`..dialect.RangeRecord`: its start and end, its changes, the server's GTID state at its end), beside the
 change split's file+offset integer, for ``flinkish inspect`` and a failover (docs/mysql-source.md).
@@ -87,7 +104,11 @@ class MysqlEnumerator(TablesEnumeratorCore, ChangeSplitEnumerator):
         # range is read -- without it, the range's read met the purged start first and failed whatever onSlotLost.
         change = next((s for s in checkpoint.splits if s.split_id == changes_id(self.generation)), None)
         if change is not None and not change.finished:
-            self.dialect.continues_from(change_start(Split(change.split_id, change.payload), change.position))
+            # onSlotLost=resnapshot: the check is of where the epoch's range *started*. Its read (a replay, most
+            # likely) found that log purged and gave no rows (MysqlDialect.skip_purged): going on from the range's
+            # end -- which may well survive -- would skip its changes. See the module docstring, "A purged replay".
+            at = change.start if self.source.on_slot_lost == "resnapshot" else change.position
+            self.dialect.continues_from(change_start(Split(change.split_id, change.payload), at))
 
     def _change_split(self) -> Split:
         return change_split(self.generation, self.start_position)
@@ -137,6 +158,8 @@ class MysqlEnumerator(TablesEnumeratorCore, ChangeSplitEnumerator):
         drain's own range must hold none (a drain ends the source; no later planning could re-snapshot)."""
         if self.ddl_pending:
             return False
+        if self.source.on_slot_lost == "resnapshot" and self.dialect.position_lost() is not None:
+            return False  # the next planning starts a new generation first ("A purged replay")
         ready = super().drain_ready()
         if ready and self._next_start is not None:
             self.dialect.change_target(self._next_start, None)
