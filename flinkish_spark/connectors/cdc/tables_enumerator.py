@@ -129,14 +129,17 @@ class TablesEnumeratorCore(SplitEnumerator):
         """The first planning, once the log carries the tables ``found`` (PostgreSQL: after the slot's consistent
         point): their entries, their chunks (unless startup=changes), the first registry."""
         src = self.source
-        entries, tid = poll.first_entries(self.dialect, conn, found, self.registry.next_tid, src.startup == "changes")
+        # A new generation (onSlotLost=resnapshot) reads the tables whatever the startup: the changes in the gap are
+        # gone, and only the table can say what they did (as the single-table PostgreSQL source does).
+        changes_only = src.startup == "changes" and self.generation == 0
+        entries, tid = poll.first_entries(self.dialect, conn, found, self.registry.next_tid, changes_only)
         out: list[Split] = []
-        if src.startup != "changes":
+        if not changes_only:
             out, planned = poll.plan_chunks(self.dialect, conn, entries, self.generation, src.split_size)
             entries = [e for e in entries if e.tid in planned]  # gone since they were found
         self._save(self.registry.with_entries(entries, tid))
         self._discovered_at = time.monotonic()
-        if src.startup == "changes":
+        if changes_only:
             self.snapshot_done = self.changes_discovered = True
             out.append(self._change_split())
         self.started = True

@@ -72,3 +72,36 @@ def test_a_replayed_range_whose_start_was_purged_fails_or_starts_a_new_generatio
     assert restarted.generation == 1
     assert new and all(s.split_id.startswith("snapshot-1-") for s in new), [s.split_id for s in new]
     assert all('"resnapshot": true' in (s.payload or "") for s in new), [s.payload for s in new]
+
+
+def test_a_changes_only_source_snapshots_every_table_in_its_new_generation(mariadb: Any, mysql_db: str,
+                                                                           tmp_path: Path) -> None:
+    """``startup=changes`` reads no snapshot at the start; but under ``onSlotLost=resnapshot`` the new generation after a
+    purged position must read the tables -- the changes in the gap are gone, and only the table can say what they did
+    (as the single-table PostgreSQL source does). Before: the new generation planned no chunk and went on from the
+    log's end, the targets silently missing the purged changes."""
+    from flinkish_spark.connectors.mysql.source import MysqlSourceDataSource
+
+    db = mysql_db
+    mariadb.sql("CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 1), (2, 2)", db)
+    opts = {"uid": "src", "checkpoint": str(tmp_path / "meta"), "url": mariadb.url_for(db), "tables": f"{db}.*",
+            "startup": "changes", "onSlotLost": "resnapshot"}
+    en = MysqlSourceDataSource(opts).create_enumerator()
+    (change,) = en.discover(set())  # changes only: no chunk
+    assert not change.split_id.startswith("snapshot-")
+    state = en.snapshot_state()
+    committed = SourceCheckpoint("src", "flinkish.mysql", 1, 0, 0, "{}", state, False,
+                                 (SplitRecord(change.split_id, 0, 0, None, False, None, change.payload),))
+    start_file = en.dialect.format_position(change_start(change, 0)).rpartition(":")[0]
+    mariadb.sql("INSERT INTO t VALUES (3, 3)", db)  # a change the purge takes away
+    mariadb.sql("FLUSH BINARY LOGS", db)
+    logs = [line.split()[0] for line in mariadb.sql("SHOW BINARY LOGS").strip().splitlines()[1:]]
+    _purge_to(mariadb, logs[-1], start_file)
+
+    restarted = MysqlSourceDataSource(opts).create_enumerator()
+    restarted.restore(state)
+    restarted.on_checkpoint_complete(committed)
+    new = restarted.discover({change.split_id})
+    assert restarted.generation == 1
+    chunks = [s for s in new if s.split_id.startswith("snapshot-1-")]
+    assert chunks and all('"resnapshot": true' in (s.payload or "") for s in chunks), [s.split_id for s in new]
