@@ -259,3 +259,35 @@ def test_a_resnapshot_request_renews_the_table_once_is_recorded_in_the_state_and
         assert rr.STATE_KEY not in json.loads(enum.snapshot_state())
         drop_slot(conn)
     assert ops(rows, "public.m_b") == ["s", "B", "E"] and len([r for r in rows if r["_op"] == "r"]) == 7
+
+
+def test_a_replayed_range_of_a_lost_slot_fails_or_is_read_as_nothing_and_a_new_generation_follows(
+        pg_url: str, tmp_path: Path) -> None:
+    """A run ends with an epoch of changes planned and not committed; the slot is lost meanwhile (dropped here;
+    invalidated by max_slot_wal_keep_size alike). The replay of that epoch cannot read its changes again: under
+    ``onSlotLost=fail`` it is the clear error; under ``resnapshot`` it reads nothing (the new generation, B/E of
+    every table, makes each target equal its table whatever the lost range held -- docs/postgres-source.md) and
+    the planning after it starts generation 1. Before: the replay failed under both, so a ``resnapshot`` source
+    could never get past it."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_a (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO m_a SELECT g, 'a' FROM generate_series(1, 5) g")
+        src = source(pg_url, tmp_path, onSlotLost="resnapshot")
+        enum, changes = start_streaming(src)
+        conn.execute("UPDATE m_a SET v = 'lost' WHERE id = 1")
+        end = enum.extent(changes, 0).available
+        assert end > 0
+        drop_slot(conn)  # the epoch [0, end) is planned (Spark's offset log), not committed
+
+        failing = source(pg_url, tmp_path)  # onSlotLost=fail
+        with pytest.raises(Exception, match="onSlotLost=resnapshot"):
+            list(failing.create_reader(None).read(changes, 0, end))  # type: ignore[arg-type]
+
+        assert list(src.create_reader(None).read(changes, 0, end)) == []  # type: ignore[arg-type]
+        complete(src, enum, 2, [], (SplitRecord(changes.split_id, 0, end),))
+        new = enum.discover({changes.split_id})
+        assert enum.generation == 1
+        chunks = [s for s in new if s.split_id.startswith("snapshot-1-")]
+        assert chunks and all(json.loads(c.payload or "{}").get("resnapshot") for c in chunks), [s.split_id for s in new]
+        rows = without_markers(read_all(src, chunks)).to_pylist()
+        assert {r["row"] for r in rows if r["_op"] == "r"} and any('"lost"' in r["row"] for r in rows), rows

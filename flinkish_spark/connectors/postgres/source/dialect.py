@@ -10,6 +10,7 @@ Positions are LSNs (already integers). The join mark's ``after_xid`` is the next
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -32,6 +33,8 @@ from flinkish_spark.connectors.postgres.source.snapshot import chunk_boundaries
 from flinkish_spark.connectors.postgres.source.tables import load_table_info
 from flinkish_spark.connectors.postgres.source.tables_reader import chunk_connection, read_changes, read_chunk
 from flinkish_spark.errors import PostgresSourceError
+
+_log = logging.getLogger(__name__)
 
 #: A heartbeat epoch is made only while the slot holds at least this much WAL: the default WAL
 #: segment size -- a slot that holds less keeps no WAL file the server could otherwise remove.
@@ -243,6 +246,19 @@ class PostgresDialect:
 
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:
+        """The range's stream rows. A lost slot -- a replay of an epoch planned before the slot was dropped or
+        invalidated -- cannot give them again: under ``onSlotLost=fail`` that is :meth:`position_lost`'s clear
+        error; under ``resnapshot`` the range reads nothing and the planning after its commit starts a new
+        generation (every table read again between ``B``/``E``), which makes each target equal its table whatever
+        the lost range held or an earlier attempt of the epoch committed (docs/postgres-source.md, 'A lost slot')."""
+        lost = self.position_lost()
+        if lost is not None:
+            if self.source.on_slot_lost != "resnapshot":
+                raise lost
+            _log.warning("%s: the WAL range %s..%s cannot be read again (the slot %r is lost); with "
+                         "onSlotLost=resnapshot the next planning reads every table again", self.source.component,
+                         format_lsn(start), format_lsn(end), self.source.slot_name)
+            return iter(())
         return read_changes(self.source, start, end, planned_keys)
 
 
