@@ -88,7 +88,8 @@ class MysqlDialect:
     def __init__(self, info: ConnectionInfo, component: str = "flinkish.mysql source",
                  patterns: TablePatterns | None = None, server_id: int = 0x5F000000) -> None:
         self.info = info
-        #: ``rowFormat=arrow``: a chunk's rows come as packs made from its typed Arrow (:mod:`.packed_chunks`)
+        #: ``rowFormat=arrow``: chunks and change ranges come as packs of typed values (:mod:`.packed_chunks`,
+        #: :mod:`.packed_changes`)
         self.packed_chunks = False
         self._component = component
         self.patterns = patterns
@@ -376,7 +377,8 @@ class MysqlDialect:
                     return None
 
         txns = read_range(self.info, first, last, decoder, self._reader_id(), mariadb=mariadb)
-        yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types)
+        yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types,
+                                  packed=self.packed_chunks)
 
 
 if TYPE_CHECKING:
