@@ -13,7 +13,10 @@ same ``s`` rows and the same rows in the same order (a ``t`` inside a pack, its 
 it); ``_unchanged`` null (a MySQL change is a whole row image; a delete carries its whole before image in the pack,
 as the Packer decodes it from the JSON). Across tables the order within a read is not kept, as the Packer does not
 keep it either (:mod:`..postgres.rows.packed`). A schema change inside a run (an ``ADD COLUMN`` mid-range: a new
-``s`` row) ends the run: the rows before it are packed first, then the ``s`` row, then a new run.
+``s`` row) ends the run: the rows before it are packed first, then the ``s`` row, then a new run. The statements the
+enumerator acts on are not stream rows in either shape (it finds them when it plans the range,
+:meth:`.dialect.MysqlDialect.change_target`); a re-snapshot's ``B``/``E`` markers come with its chunks
+(:mod:`.chunk_rows`), never inside a change range.
 
 A column goes into its pack directly (``pa.array`` of the values) when every value is of the Python type the decoder
 gives for the pack's Arrow type -- int for integers, int or Decimal for decimals, float, str, bytes or str for
