@@ -44,8 +44,10 @@ from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema
 
 _TS = pa.timestamp("us", tz="UTC")
 _NONE = type(None)
-#: Rows kept before a flush into packs (all tables): a pack's most, as the Packer's packs.
+#: Rows kept before a flush into packs (all tables): a pack's most, as the Packer's packs -- and at most about
+#: :data:`FLUSH_VALUES` values, which bounds the Python objects held for a wide table's rows (~50 MB).
 FLUSH_ROWS = PACK_ROWS
+FLUSH_VALUES = 1 << 19
 
 
 def accepted(target: pa.DataType) -> frozenset[type]:
@@ -97,6 +99,7 @@ class _Run:
     """One table's rows since its last ``s`` row (or flush), all in ``schema``."""
 
     schema: TableSchema
+    width: int
     values: list[Any] = dataclasses.field(default_factory=list)
     ops: list[str] = dataclasses.field(default_factory=list)
     lsns: list[int] = dataclasses.field(default_factory=list)
@@ -112,6 +115,7 @@ class PackedRows:
         self.runs: dict[str, _Run] = {}
         self.out: list[dict[str, Any]] = []
         self.pending = 0
+        self.cells = 0
 
     def encoder(self, schema: TableSchema) -> Any:
         return _same  # the decoded values as they are: typed per column when packed
@@ -121,7 +125,7 @@ class PackedRows:
         self.out.append({"_table": schema.table, "_op": "s", "_schema_id": schema.schema_id, "_lsn": lsn,
                          "_seq": seq, "_last_lsn": lsn, "_count": 0, "_changes": 0, "_commit_ts": ts,
                          "batch": schema.to_json().encode()})
-        self.runs[schema.table] = _Run(schema)
+        self.runs[schema.table] = _Run(schema, len(schema.columns))
 
     def add_truncate(self, schema: TableSchema, lsn: int, seq: int, ts: int) -> None:
         self.add(schema.table, "t", lsn, seq, ts, schema.schema_id, None)
@@ -134,9 +138,10 @@ class PackedRows:
         run.seqs.append(seq)
         run.ts.append(ts)
         self.pending += 1
+        self.cells += run.width
 
     def full(self) -> bool:
-        return self.pending >= FLUSH_ROWS
+        return self.pending >= FLUSH_ROWS or self.cells >= FLUSH_VALUES
 
     def __len__(self) -> int:
         return self.pending + len(self.out)
@@ -152,8 +157,9 @@ class PackedRows:
         if run is None or not run.ops:
             return
         self.pending -= len(run.ops)
+        self.cells -= len(run.ops) * run.width
         self.out.extend(packs(run))
-        self.runs[table] = _Run(run.schema)
+        self.runs[table] = _Run(run.schema, run.width)
 
 
 def packs(run: _Run) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from flinkish_spark.connectors.mysql.dialect import MysqlDialect
 from flinkish_spark.connectors.mysql import packed_changes
 from flinkish_spark.connectors.mysql.packed_changes import typed_values
 from flinkish_spark.connectors.mysql.stream_rows import column
+from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.connectors.postgres.rows.packed import PACKED_ARROW, Packer, read_pack, unpack_json
 from tests.connectors.mysql.test_packed_chunks import _table
 
@@ -101,3 +102,17 @@ def test_a_column_whose_values_arrow_would_take_otherwise_goes_the_json_way() ->
     assert typed_values([Decimal("1.50"), None], wide, pa.string()).to_pylist() == ["1.50", None]
     assert typed_values([b"ok\xff", "x"], text, pa.string()).to_pylist() == ["ok\ufffd", "x"]
     assert typed_values([True, None], column("n", "int"), pa.int32()).to_pylist() == [1, None]
+
+
+def test_a_wide_tables_rows_are_flushed_before_they_hold_too_many_values() -> None:
+    schema = TableSchema("d.w", tuple(column(f"c{i}", "int") for i in range(512)), ("c0",))
+    rows = packed_changes.PackedRows()
+    rows.add_schema(schema, 1, 0, 0)
+    n = 0
+    while not rows.full():
+        rows.add(schema.table, "c", 1, n + 1, 0, schema.schema_id, [n] * 512)
+        n += 1
+    assert n == packed_changes.FLUSH_VALUES // 512  # not PACK_ROWS (65,536) rows of 512 values each
+    batch = rows.flush().to_pylist()
+    assert [r["_op"] for r in batch] == ["s", "p"] and batch[1]["_count"] == n and not rows.full()
+    assert read_pack(batch[1]["batch"]).column("c511").to_pylist() == list(range(n))
