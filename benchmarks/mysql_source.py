@@ -17,6 +17,8 @@ session (``local[2]``, ``flinkish_spark.session`` with Debian's MariaDB Connecto
    ``connectors/mysql/packed_chunks.py`` (a JSON text per row parsed back by the reader's ``Packer``, through
    ``benchmarks/direct_pack/``'s switch) into both sinks, its Delta target checked equal to the source's.
    Rows/s = rows / (``start()`` or the action's call -> the query's end): what the user waits for.
+   With ``--json-pack`` part 2 also reads ``rowFormat=arrow`` the way before ``connectors/mysql/packed_changes.py``
+   (a JSON text per change, parsed back by the reader's ``Packer``) beside the source's typed packs.
 2. **Change stream**: before the backlog, one query per (round, rowFormat) is started with ``startup=changes``
    (``availableNow``: it records the log's end in its checkpoint and ends); ``FLUSH BINARY LOGS``; then
    ``--changes`` inserts (``--txn``-row transactions of single-row INSERTs: one row event a change, as an OLTP
@@ -322,8 +324,10 @@ def write_backlog(server: EmbeddedMariaDB, first: int, changes: int, txn: int) -
 
 def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     url = server.url_for("bench")
-    # "arrow+direct": rowFormat=arrow read with benchmarks/direct_pack's change prototype (its flag file present)
-    formats = [f for f in args.row_formats.split(",") if f] + (["arrow+direct"] if args.direct_pack else [])
+    # "arrow+direct": rowFormat=arrow read with benchmarks/direct_pack's change prototype (its flag file present);
+    # "arrow+json": rowFormat=arrow the way before packed_changes (a JSON text per change, the Packer parses it back)
+    formats = ([f for f in args.row_formats.split(",") if f] + (["arrow+direct"] if args.direct_pack else [])
+               + (["arrow+json"] if args.json_pack else []))
     queries = [(r, fmt) for r in range(args.repeats) for fmt in formats]
     for r, fmt in queries:  # each records the log's end now, before the backlog
         base = os.path.join(work, "chg", f"{fmt}{r}")
@@ -349,22 +353,25 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
     def flinkish(r: int, fmt: str) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             base = os.path.join(work, "chg", f"{fmt}{r}")
-            flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK", "")
-            if fmt.endswith("+direct"):
+            switched = "+" in fmt
+            flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK" if fmt.endswith("+direct")
+                                  else "FLINKISH_BENCH_JSON_PACK", "")
+            if switched:
                 open(flag, "w").close()
             try:
                 return run_query(source_df(spark, url, os.path.join(base, "meta"), "src", fmt.split("+")[0], "changes",
                                            args), os.path.join(base, "cp"), available_now=True)
             finally:
-                if fmt.endswith("+direct"):
+                if switched:
                     os.remove(flag)
         return go
 
     results = []
     for r in range(args.repeats):
         cases = [("mariadb-binlog --read-from-remote-server > /dev/null", mariadb_binlog)]
-        cases += [(f"flinkish.mysql {fmt.replace('+direct', ', typed changes (prototype)')} -> noop", flinkish(r, fmt))
-                  for fmt in formats]
+        named = {"+direct": ", typed changes (prototype)", "+json": ", JSON way (before packed_changes)"}
+        cases += [(f"flinkish.mysql {fmt.split('+')[0]}{named.get(fmt[len(fmt.split('+')[0]):], '')} -> noop",
+                   flinkish(r, fmt)) for fmt in formats]
         if r % 2:
             cases.reverse()
         for label, fn in cases:
@@ -545,7 +552,8 @@ def main() -> None:
     ap.add_argument("--direct-pack", action="store_true",
                     help="part 1 also with the prototype of benchmarks/direct_pack/ (typed Arrow packed, no JSON)")
     ap.add_argument("--json-pack", action="store_true",
-                    help="part 1 also with rowFormat=arrow the way before packed_chunks (JSON per row, Packer)")
+                    help="parts 1 and 2 also with rowFormat=arrow the way before packed_chunks/packed_changes "
+                         "(JSON per row, Packer)")
     ap.add_argument("--profile-changes", action="store_true", help="py-spy of round 0's flinkish change reads")
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=60)

@@ -9,8 +9,9 @@
   as in ``change_batches``).
 
 Also, while the file that ``FLINKISH_BENCH_JSON_PACK`` names exists, the way before
-:mod:`flinkish_spark.connectors.mysql.packed_chunks` (``mysql_source.py --json-pack``): a chunk's rows as JSON text
-per row, packed by the reader's ``Packer`` -- so that one run measures the source's direct pack beside it.
+:mod:`flinkish_spark.connectors.mysql.packed_chunks` and :mod:`flinkish_spark.connectors.mysql.packed_changes`
+(``mysql_source.py --json-pack``): a chunk's rows and a change range's rows as JSON text per row, packed by the
+reader's ``Packer`` -- so that one run measures the source's direct packs beside it.
 
 Loaded by every Python process whose ``PYTHONPATH`` holds this folder; active only while the file that
 ``FLINKISH_BENCH_DIRECT_PACK`` names exists (so that one Spark session runs today's path and the prototype side
@@ -91,9 +92,9 @@ def _install(flag: str) -> None:
 
     today = mysql_dialect.change_batches
 
-    def packed_change_batches(txns, follows, planned_key, catalog_schema, text_types=None):
+    def packed_change_batches(txns, follows, planned_key, catalog_schema, text_types=None, packed=False):
         if not os.path.exists(flag):
-            yield from today(txns, follows, planned_key, catalog_schema, text_types)
+            yield from today(txns, follows, planned_key, catalog_schema, text_types, packed=packed)
             return
         maps = {}
         emitted = {}
@@ -192,6 +193,14 @@ def _install_json_pack(flag: str) -> None:
         return original(self, chunk, conn)
 
     mysql_dialect.MysqlDialect.read_chunk = read_chunk
+
+    changes = mysql_dialect.change_batches
+
+    def change_batches(*args, packed=False, **kwargs):
+        # the way before packed_changes: JSON text per change, packed by the reader's Packer
+        return changes(*args, packed=packed and not os.path.exists(flag), **kwargs)
+
+    mysql_dialect.change_batches = change_batches
 
 
 if _FLAG:

@@ -22,7 +22,10 @@ of ``connectors/postgres/source/``):
   what touches a table in a way it cannot classify;
 * :mod:`.snapshot` -- the lock-free consistent snapshot and the log position it is consistent with
   (MariaDB's ``binlog_snapshot_file``/``_position``, as a GTID position too), primary key chunks, a
-  chunk read into Arrow.
+  chunk read into Arrow;
+* :mod:`.stream_rows`, :mod:`.chunk_rows`, :mod:`.change_stream` -- chunks and change ranges as the CDC core's
+  stream rows; with ``rowFormat=arrow`` packed straight from typed values (:mod:`.packed_chunks`,
+  :mod:`.packed_changes`).
 
 The binary log's row events are to be decoded by the project's own pure-Python code over PyMySQL (the
 extra ``flinkish_spark[mysql]``), as ``connectors/postgres/pgoutput.py`` decodes PostgreSQL's: chosen by

@@ -91,7 +91,8 @@ class MysqlDialect:
     def __init__(self, info: ConnectionInfo, component: str = "flinkish.mysql source",
                  patterns: TablePatterns | None = None, server_id: int = 0x5F000000) -> None:
         self.info = info
-        #: ``rowFormat=arrow``: a chunk's rows come as packs made from its typed Arrow (:mod:`.packed_chunks`)
+        #: ``rowFormat=arrow``: chunks and change ranges come as packs of typed values (:mod:`.packed_chunks`,
+        #: :mod:`.packed_changes`)
         self.packed_chunks = False
         #: ``onSlotLost=resnapshot``: a change range whose log was purged reads no rows (:meth:`read_changes`)
         self.skip_purged = False
@@ -389,7 +390,8 @@ class MysqlDialect:
 
         txns = read_range(self.info, first, last, decoder, self._reader_id(), mariadb=mariadb)
         try:
-            yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types)
+            yield from change_batches(txns, self._follows, planned_key, catalog_schema, decoder.text_types,
+                                      packed=self.packed_chunks)
         except BinlogPurgedError as e:
             if not self.skip_purged:
                 raise

@@ -17,9 +17,9 @@ chunk's Arrow, as the JSON shape writes them), YEAR. A column of any other pair 
 values written by the JSON shape's encoder and decoded as the Packer decodes them.
 ``tests/connectors/mysql/test_packed_chunks.py`` compares the two shapes for a table of every type.
 
-Only the snapshot chunks: change ranges go the JSON way and are packed by the reader's Packer (which passes these
-packs through, :meth:`..postgres.rows.packed.Packer.pack_all`). The chunk's ``s`` row and a re-snapshot's ``B``/``E``
-markers stay stream rows for that Packer too (:func:`.chunk_rows.read_chunk_rows` with ``packed=True``).
+The snapshot chunks (change ranges: :mod:`.packed_changes`). The reader's Packer passes these packs through
+(:meth:`..postgres.rows.packed.Packer.pack_all`); the chunk's ``s`` row and a re-snapshot's ``B``/``E`` markers stay
+stream rows for that Packer (:func:`.chunk_rows.read_chunk_rows` with ``packed=True``).
 """
 
 from __future__ import annotations
