@@ -291,3 +291,36 @@ def test_a_replayed_range_of_a_lost_slot_fails_or_is_read_as_nothing_and_a_new_g
         assert chunks and all(json.loads(c.payload or "{}").get("resnapshot") for c in chunks), [s.split_id for s in new]
         rows = without_markers(read_all(src, chunks)).to_pylist()
         assert {r["row"] for r in rows if r["_op"] == "r"} and any('"lost"' in r["row"] for r in rows), rows
+
+
+def test_the_single_table_source_reads_a_lost_slots_replayed_range_as_nothing_under_resnapshot(
+        pg_url: str, tmp_path: Path) -> None:
+    """The same replay for ``table`` (one table, its own reader): the clear error under ``fail``, nothing under
+    ``resnapshot`` and then generation 1."""
+    from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
+
+    def single(**extra: str) -> PostgresSourceDataSource:
+        src = PostgresSourceDataSource({"uid": "single", "checkpoint": str(tmp_path / "meta"), "url": pg_url,
+                                        "table": "public.m_s", "splitSize": "10", **extra})
+        src.setup_source()
+        return src
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_s (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO m_s SELECT g, 'a' FROM generate_series(1, 5) g")
+        src = single(onSlotLost="resnapshot")
+        enum = src.create_enumerator()
+        chunks = enum.discover(set())
+        complete(src, enum, 1, chunks)
+        (changes,) = [s for s in enum.discover({s.split_id for s in chunks}) if s.split_id.startswith("changes-")]
+        conn.execute("UPDATE m_s SET v = 'lost' WHERE id = 1")
+        end = enum.extent(changes, 0).available
+        assert end > 0
+        conn.execute("SELECT pg_drop_replication_slot('flinkish_single')")
+
+        with pytest.raises(Exception, match="onSlotLost=resnapshot"):
+            list(single().create_reader(src.schema()).read(changes, 0, end))
+        assert list(src.create_reader(src.schema()).read(changes, 0, end)) == []
+        complete(src, enum, 2, [], (SplitRecord(changes.split_id, 0, end),))
+        new = enum.discover({changes.split_id})
+        assert [s for s in new if s.split_id.startswith("snapshot-1-")], [s.split_id for s in new]
