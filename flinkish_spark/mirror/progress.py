@@ -140,7 +140,10 @@ class MirrorState:
             self._take(p)
         status = getattr(query, "status", None)
         if isinstance(status, dict):
-            self.idle = status.get("isDataAvailable") is False and not status.get("isTriggerActive")
+            # Before the first trigger the status also says no data ("Initializing sources"): a restart with a
+            # backlog is not caught up until a trigger has looked at the source and found nothing.
+            self.idle = (status.get("isDataAvailable") is False and not status.get("isTriggerActive")
+                         and not str(status.get("message") or "").startswith("Initializing"))
             self.quiet = self.quiet or self.idle
         return new
 

@@ -187,3 +187,18 @@ def test_an_idle_triggers_event_does_not_hide_the_batch_that_runs_later_under_it
     assert state.epoch == 0
     assert state.update(query(event(0, 2, 0, None), idle, event(1, 3, 3, now - 1)))
     assert (state.epoch, state.rows, state.changes) == (1, 5, 3)
+
+
+def test_a_restart_is_not_caught_up_before_its_first_trigger_looked_at_the_source() -> None:
+    """Before the first trigger Spark's status says no data is available (``Initializing sources``): a restarted
+    mirror whose tables all stream would have said 'caught up' with a backlog still unread. Idle is the status after
+    a trigger found nothing."""
+    state = MirrorState()
+    starting = SimpleNamespace(recentProgress=[], status={"message": "Initializing sources", "isDataAvailable": False,
+                                                          "isTriggerActive": False})
+    state.update(starting)
+    assert not state.idle and not state.quiet
+    waiting = SimpleNamespace(recentProgress=[], status={"message": "Waiting for data to arrive",
+                                                         "isDataAvailable": False, "isTriggerActive": False})
+    state.update(waiting)
+    assert state.idle and state.quiet
