@@ -44,7 +44,10 @@ def one_table_epoch(tmp: Path, tables: int) -> tuple[int, set[str]]:
     s.transaction((schemas[1], "u", {"id": 3, "v": "y"}), (schemas[1], "c", {"id": 7, "v": "z"}))
     commit_epoch(sink, log, 1, [sink.prepare(iter(s.batch().to_batches()), PrepareContext("m", 1, 0, 0))], "run")
     after = files(tmp)
-    return os.path.getsize(log.path(1)), {p for p, stat in after.items() if before.get(p) != stat}
+    # A table's Delta checkpoint comes at a version its path's hash picks (routed checkpoints are spread over
+    # the interval), so the temporary path decides whether this epoch writes one: not part of the comparison.
+    return os.path.getsize(log.path(1)), {p for p, stat in after.items() if before.get(p) != stat
+                                          and ".checkpoint." not in p and not p.endswith("_last_checkpoint")}
 
 
 def test_an_epoch_changing_one_table_writes_the_same_metadata_for_2_and_40_mirrored_tables(tmp_path: Path) -> None:
