@@ -159,6 +159,23 @@ class PostgresDialect:
             "(docs/postgres-source.md, 'A lost slot')"
         )
 
+    def readable(self, start: int, end: int) -> bool:
+        """Whether the slot can still give the WAL range ``[start, end)``. A lost slot -- a replay of an epoch planned
+        before the slot was dropped or invalidated -- cannot give it again: under ``onSlotLost=fail`` that is
+        :meth:`position_lost`'s clear error; under ``resnapshot`` False (with a warning), the range reads nothing and
+        the planning after its commit starts a new generation (every table read again between ``B``/``E``), which
+        makes each target equal its table whatever the lost range held or an earlier attempt of the epoch committed
+        (docs/postgres-source.md, 'A lost slot'). The one check of both readers (``tables`` and ``table``)."""
+        lost = self.position_lost()
+        if lost is None:
+            return True
+        if self.source.on_slot_lost != "resnapshot":
+            raise lost
+        _log.warning("%s: the WAL range %s..%s cannot be read again (the slot %r is lost); with onSlotLost=resnapshot "
+                     "the next planning reads the tables again", self.source.component, format_lsn(start),
+                     format_lsn(end), self.source.slot_name)
+        return False
+
     def release(self, position: int) -> None:
         """Advance the slot to ``position`` (an epoch up to it is committed)."""
         src = self.source
@@ -246,18 +263,8 @@ class PostgresDialect:
 
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:
-        """The range's stream rows. A lost slot -- a replay of an epoch planned before the slot was dropped or
-        invalidated -- cannot give them again: under ``onSlotLost=fail`` that is :meth:`position_lost`'s clear
-        error; under ``resnapshot`` the range reads nothing and the planning after its commit starts a new
-        generation (every table read again between ``B``/``E``), which makes each target equal its table whatever
-        the lost range held or an earlier attempt of the epoch committed (docs/postgres-source.md, 'A lost slot')."""
-        lost = self.position_lost()
-        if lost is not None:
-            if self.source.on_slot_lost != "resnapshot":
-                raise lost
-            _log.warning("%s: the WAL range %s..%s cannot be read again (the slot %r is lost); with "
-                         "onSlotLost=resnapshot the next planning reads every table again", self.source.component,
-                         format_lsn(start), format_lsn(end), self.source.slot_name)
+        """The range's stream rows; none for a lost slot's range under ``onSlotLost=resnapshot`` (:meth:`readable`)."""
+        if not self.readable(start, end):
             return iter(())
         return read_changes(self.source, start, end, planned_keys)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Iterator
 
 import pyarrow as pa
@@ -21,8 +20,6 @@ from flinkish_spark.connectors.postgres.source.tables import METADATA_COLUMNS, q
 from flinkish_spark.errors import PostgresSourceError
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split
-
-_log = logging.getLogger(__name__)
 
 BATCH_ROWS = 65_536
 
@@ -134,15 +131,7 @@ class PostgresReader(SplitReader):
         src, info = self.source, self.info
         from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect  # it imports the readers
 
-        # A replay of an epoch planned before the slot was lost: the clear error, or under onSlotLost=resnapshot
-        # nothing -- the next planning reads the table again between B/E (PostgresDialect.read_changes says why).
-        lost = PostgresDialect(src).position_lost()
-        if lost is not None:
-            if src.on_slot_lost != "resnapshot":
-                raise lost
-            _log.warning("%s: the WAL range %s..%s cannot be read again (the slot %r is lost); with "
-                         "onSlotLost=resnapshot the next planning reads the table again", src.component,
-                         format_lsn(start), format_lsn(end), src.slot_name)
+        if not PostgresDialect(src).readable(start, end):  # a lost slot's replayed range under onSlotLost=resnapshot
             return
         converters = {c.name: text_converter(c) for c in info.columns}
         rows: list[tuple[str, Change]] = []
