@@ -72,7 +72,8 @@ DEFAULT_PARALLELISM = 2
 _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of every routing sink a mirror may set: the storage ones and keepSparkCheckpoint (a copy of Spark's
 #: checkpoint with the metadata also for a local --checkpoint, e.g. a shared folder a new machine sees).
-_COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint")
+#: Also each table's shape (mode/deletes/tableModes: :mod:`flinkish_spark.mirror.shapes`).
+_COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint", "mode", "deletes", "tableModes")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
                   "rowFormat", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
@@ -87,7 +88,7 @@ SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
               *_COMMON_SINK),
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
                 "retainSnapshots", "compactEvery", "mergeMode", *_COMMON_SINK),
-    "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint"),
+    "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint", "mode", "deletes", "tableModes"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.
 TARGET_OPTION: dict[Format, str] = {"delta": "path", "iceberg": "table", "postgres": "table"}
@@ -423,6 +424,10 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
     else:
         target = to
     allowed = (*SINK_OPTIONS[form], *(("url", target_key) if form == "postgres" else ()))
+    from flinkish_spark.mirror.shapes import check_modes
+
+    sink_extra = _extra(sink_given, allowed, f"--sink-option (format {form})")
+    check_modes(dict(sink_extra), "--sink-option")
     from flinkish_spark.mirror.cluster import placement
 
     timeout = parse_trigger(server_timeout, "--server-timeout", "a duration") if server_timeout else None
@@ -440,6 +445,5 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         trigger_s=parse_trigger(trigger, "--trigger") if trigger else DEFAULT_TRIGGER_S,
         stop_after_snapshot=stop_after_snapshot, parallelism=tasks, **place,
         source_extra=_extra(src_given, source_options_of(kind), "--source-option"),
-        sink_extra=_extra(sink_given, allowed, f"--sink-option (format {form})"),
-        source_kind=kind, source_password=source_password, sink_password=sink_password,
+        sink_extra=sink_extra, source_kind=kind, source_password=source_password, sink_password=sink_password,
     )

@@ -4,7 +4,8 @@ Sections ``source`` (``type: postgres``, ``hostname`` / ``port`` / ``username`` 
 ``database-name`` or ``url``, ``tables``, ``tables.exclude``, Flink CDC's ``slot.name``,
 ``scan.startup.mode``, ``scan.incremental.snapshot.chunk.size`` and the source's own options; or
 ``type: mysql`` with the keys of Flink CDC's MySQL pipeline connector: :mod:`flinkish_spark.mirror.mysql_options`),
-``sink`` (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (one rule:
+``sink`` (``type: delta|iceberg|postgres``, the sink's options, each table's shape: ``mode``, ``deletes`` and the rule list
+``table-modes``, :mod:`flinkish_spark.mirror.shapes`), ``route`` (one rule:
 ``source-table``, ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``uid``,
 ``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``, and where
 it runs: ``master`` or ``remote`` with ``server-timeout``, as the flags --master, --remote, --server-timeout;
@@ -20,7 +21,7 @@ import urllib.parse
 from typing import Any, Mapping, cast
 
 from flinkish_spark.errors import ConfigError
-from flinkish_spark.mirror import mysql_options
+from flinkish_spark.mirror import mysql_options, shapes
 from flinkish_spark.mirror.cluster import placement
 from flinkish_spark.mirror.config import (
     absolute,
@@ -228,13 +229,16 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
         raise ConfigError(f"pipeline file: sink.type {fmt_raw!r} is not one of {', '.join(FORMATS)}")
     fmt = cast(Format, fmt_raw)
     target_key = TARGET_OPTION[fmt]
-    sink_keys = ("type", "name", target_key, *SINK_OPTIONS[fmt], *(_CONNECTION if fmt == "postgres" else ()))
+    sink_keys = ("type", "name", target_key, *SINK_OPTIONS[fmt], shapes.YAML_RULES,
+                 *(_CONNECTION if fmt == "postgres" else ()))
     for key in sink:
         if key not in sink_keys:
             raise unknown_key(str(key), sink_keys, f"pipeline file: sink (type {fmt})",
                            " The target is named by the sink's "
                            f"{target_key!r} or by route[0].sink-table; uid and checkpoint are the pipeline's.")
-    sink_extra = {k: _text(sink, k, "sink") or "" for k in SINK_OPTIONS[fmt] if k in sink}
+    sink_extra = {k: _text(sink, k, "sink") or "" for k in SINK_OPTIONS[fmt] if k in sink and k not in shapes.MODE_OPTIONS}
+    sink_extra.update(shapes.yaml_modes(sink))
+    shapes.check_modes(sink_extra, "pipeline file: sink")
     sink_password = None
     if fmt == "postgres":
         sink_extra["url"], sink_password = _connection_url(sink, "sink")

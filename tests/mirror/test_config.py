@@ -116,7 +116,7 @@ def test_the_json_for_the_pipeline_process_round_trips_without_passwords() -> No
     ({"uid": "My Mirror"}, "--uid: 'My Mirror' must be 1-40 lower-case letters"),
     ({"spark_checkpoint": "s3://b/cp"}, "must be a local folder"),
     ({"source_option": ["splitsize=5"]}, "unknown key 'splitsize'. Did you mean 'splitSize'"),
-    ({"sink_option": ["mode=append"]}, r"unknown key 'mode'"),
+    ({"sink_option": ["mode=append"]}, r"--sink-option: options mode='append': mode 'append' is not one of upsert, history"),
     ({"sink_option": ["rowsPerFile"]}, "is not KEY=VALUE"),
     ({"parallelism": 0}, "--parallelism must be a whole number >= 1"),
 ])
@@ -160,3 +160,13 @@ def test_the_allowed_options_are_the_connectors_own() -> None:
     for fmt, (module, cls) in sinks.items():
         known = set(getattr(importlib.import_module(module), cls).EXTRA_OPTIONS) | set(COMMON_SINK_OPTIONS)
         assert set(SINK_OPTIONS[fmt]) <= known, fmt  # type: ignore[index]
+
+
+def test_sink_options_set_each_tables_shape_and_a_bad_rule_is_refused_before_anything_starts() -> None:
+    rules = '[{"tables": "public.orders", "mode": "history"}]'
+    config = flags(sink_option=["deletes=soft", f"tableModes={rules}"])
+    assert config.sink_options()["deletes"] == "soft" and config.sink_options()["tableModes"] == rules
+    with pytest.raises(ConfigError, match="--sink-option: tableModes rule 1 has no 'tables'"):
+        flags(sink_option=['tableModes=[{"mode": "history"}]'])
+    with pytest.raises(ConfigError, match="--sink-option: options mode='history', deletes='soft': deletes 'soft' is for mode 'upsert'"):
+        flags(sink_option=["mode=history", "deletes=soft"])

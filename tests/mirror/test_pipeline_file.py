@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.mirror.config import SOURCE_PASSWORD_ENV
 from flinkish_spark.mirror.pipeline_file import from_document, from_yaml
+from flinkish_spark.mirror.shapes import check_modes
 
 SECRET = "s3cr:et/pw"
 URL = "postgresql://cdc:s3cr%3Aet%2Fpw@db.internal:5432/shop"
@@ -120,7 +122,11 @@ def test_pipeline_file_defaults_and_other_sinks() -> None:
     ({"source": {"slot.name": "a", "slotName": "b"}}, "sets 'slotName' twice"),
     ({"source": {"password": {"from": "vault"}}}, "source.password must be a single value"),
     ({"sink": {"type": "doris"}}, "sink.type 'doris' is not one of delta, iceberg, postgres"),
-    ({"sink": {"mode": "append"}}, r"sink \(type delta\): unknown key 'mode'"),
+    ({"sink": {"mode": "append"}}, r"pipeline file: sink: options mode='append': mode 'append' is not one of upsert, history"),
+    ({"sink": {"table-modes": {"tables": "public.x"}}}, "sink.table-modes must be a list of rules"),
+    ({"sink": {"table-modes": [{"tables": "public.x", "deletes": "hard"}]}},
+     r"tableModes rule 1 \('public.x'\): deletes 'hard' is not one of true, soft, false"),
+    ({"sink": {"tablemodes": []}}, r"sink \(type delta\): unknown key 'tablemodes'. Did you mean 'table-modes'"),
     ({"sink": {"uid": "x"}}, "uid and checkpoint are the pipeline's"),
     ({"sink": {"path": None}}, "sink.path missing"),
     ({"sink": {"path": "s3://lake/{schema}/{tbl}"}}, "placeholder"),
@@ -157,3 +163,17 @@ def test_metrics_port_in_a_pipeline_file() -> None:
     assert from_document(doc()).metrics_port is None
     with pytest.raises(ConfigError, match="pipeline.metrics-port must be a port number"):
         from_document(doc(pipeline={"metrics-port": "http"}))
+
+
+def test_table_shapes_for_all_tables_and_per_pattern_first_match_wins() -> None:
+    config = from_document(doc(sink={"deletes": True, "table-modes": [
+        {"tables": "public.m_orders", "mode": "history", "deletes": False},
+        {"tables": "public.m_*", "deletes": "soft"}]}))
+    options = config.sink_options()
+    assert options["deletes"] == "true"
+    assert json.loads(options["tableModes"]) == [{"tables": "public.m_orders", "mode": "history", "deletes": "false"},
+                                                 {"tables": "public.m_*", "deletes": "soft"}]
+    modes = check_modes(options, "sink")
+    assert (modes.of("public.m_orders").mode, modes.of("public.m_orders").deletes) == ("history", "false")
+    assert modes.of("public.m_items").deletes == "soft" and modes.of("sales.x").deletes == "true"
+    assert "tableModes" not in from_document(doc()).sink_options()

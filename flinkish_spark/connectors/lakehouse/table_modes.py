@@ -93,7 +93,8 @@ def _mode(value: object, default: TableMode, where: str, component: str) -> Tabl
     """``default`` with ``mode`` / ``deletes`` of ``value`` (a rule's dict or the sink's options) applied."""
     assert isinstance(value, dict)
     mode = value.get("mode", default.mode)
-    deletes = value.get("deletes", default.deletes)
+    # a rule asking for history over the sink's soft deletes: history's own (a delete closes the version)
+    deletes = value.get("deletes", "true" if mode == "history" and default.deletes == "soft" else default.deletes)
     if isinstance(deletes, bool):  # YAML's true/false
         deletes = "true" if deletes else "false"
     if mode not in MODES:

@@ -28,6 +28,8 @@ def test_the_first_matching_rule_wins_and_a_rule_takes_the_sinks_defaults_for_wh
     assert m.of("public.keep") == TableMode("upsert", "soft")  # excluded by the second rule: the default
     assert m.of("public.keep").extra_columns == ("_deleted",)
     assert not m.all_upsert
+    assert modes(deletes="soft", tableModes='[{"tables": "public.h", "mode": "history"}]').of("public.h") == \
+        TableMode("history", "true")  # history's own deletes, not the sink's soft ones
 
 
 @pytest.mark.parametrize("options, message", [

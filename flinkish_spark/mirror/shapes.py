@@ -1,0 +1,50 @@
+"""The shape each mirrored table takes in its target: ``mode`` / ``deletes`` for all tables or per table pattern.
+
+The routing sinks apply them (:mod:`flinkish_spark.connectors.lakehouse.table_modes`); this module is what
+``flinkish mirror`` adds: the same options from ``--sink-option mode=history`` / ``deletes=soft`` /
+``tableModes=[...]`` and from the pipeline file's ``sink`` section (``mode``, ``deletes`` and the rule list
+``table-modes``), checked before anything starts -- a bad rule is the preflight's one error, nothing written -- and
+the table list the mirror prints at its start, each table with its shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes, table_modes_option
+from flinkish_spark.errors import ConfigError
+
+#: The pipeline file's key for the rule list (Flink CDC style, a YAML list); the sink option is ``tableModes``.
+YAML_RULES = "table-modes"
+MODE_OPTIONS = TABLE_MODE_OPTIONS
+
+
+def check_modes(extra: Mapping[str, str], what: str) -> TableModes:
+    """The sink options' table modes, or the one error naming ``what`` (``--sink-option`` / ``pipeline file: sink``)."""
+    return parse_table_modes(extra.get, what)
+
+
+def yaml_modes(sink: Mapping[str, Any]) -> dict[str, str]:
+    """The sink options of the pipeline file's ``mode``, ``deletes`` and ``table-modes`` (YAML's ``true``/``false``
+    as the option's words)."""
+    out: dict[str, str] = {}
+    for key in ("mode", "deletes"):
+        if key in sink:
+            value = sink[key]
+            if isinstance(value, (dict, list)):
+                raise ConfigError(f"pipeline file: sink.{key} must be a single value, not a {type(value).__name__}")
+            out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    if YAML_RULES in sink:
+        rules = sink[YAML_RULES]
+        if not isinstance(rules, list):
+            raise ConfigError(f"pipeline file: sink.{YAML_RULES} must be a list of rules "
+                              "(- tables: public.orders\\n  mode: history), not a " + type(rules).__name__)
+        out["tableModes"] = table_modes_option(
+            [{k: (str(v).lower() if isinstance(v, bool) else v) for k, v in r.items()} if isinstance(r, dict) else r
+             for r in rules])
+    return out
+
+
+def describe(modes: TableModes, tables: list[str]) -> list[str]:
+    """``table: shape`` for each table whose shape is not the default upsert (what the mirror prints at its start)."""
+    return [f"{t}: {modes.of(t).describe()}" for t in tables if modes.of(t).describe() != "upsert"]
