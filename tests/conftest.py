@@ -80,7 +80,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (setup.cfg): one worker per CPU, at least 2 -- a Spark test spends much of its
     time waiting (for a trigger, a child driver, a server), so even one CPU keeps two busy.
-    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides it (xdist reads it first)."""
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` overrides it (read here: xdist reads it only in its own hook, which
+    this one replaces)."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
     return max(2, os.cpu_count() or 1)
 
 
