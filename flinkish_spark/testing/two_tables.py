@@ -4,10 +4,13 @@ Split 0 becomes ``public.a``, split 1 ``public.b``; each data row follows its ta
 row, as the multi-table source writes them. Hot keys are changed several times per epoch,
 one change in seven is a delete, and from ``seq`` :data:`EVOLVE_AT` on ``public.a`` has a
 column more (its schema evolves under the kills). :func:`expected` is what each target must
-hold at the end.
+hold at the end; :func:`expected_history` and :func:`expected_soft` what ``public.a`` holds in mode ``history``
+and ``public.b`` with ``deletes=soft`` (each change's ``_commit_ts`` is :func:`commit_ts` of its LSN).
 """
 
 from __future__ import annotations
+
+import datetime as dt
 
 from flinkish_spark.testing.stream_rows import table_schema
 
@@ -16,6 +19,12 @@ EVOLVE_AT = 200  # public.a gains the column 'extra' here
 A1 = table_schema("public.a", [("id", "int"), ("v", "text")], ("id",))
 A2 = table_schema("public.a", [("id", "int"), ("v", "text"), ("extra", "bigint")], ("id",))
 B = table_schema("public.b", [("k", "text"), ("n", "bigint")], ("k",))
+#: The commit time of LSN 0; a change's is this plus its LSN in seconds (``seq * 2 + split + 1``).
+EPOCH_S = 1_767_225_600
+
+
+def commit_ts(split: int, seq: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(EPOCH_S + seq * 2 + split + 1, dt.timezone.utc)
 
 
 def _lit(text: str) -> str:
@@ -30,7 +39,7 @@ def _row(schema_id: str, schema_json: str, op: str, data: str) -> str:
 
     def row(op: str, seq: int, text: str) -> str:
         return (f"named_struct('_table', {table}, '_op', {op}, '_lsn', {lsn}, '_seq', {seq}, '_commit_ts', "
-                f"CAST(NULL AS TIMESTAMP), '_schema_id', {_lit(schema_id)}, 'row', {text})")
+                f"timestamp_seconds({EPOCH_S} + {lsn}), '_schema_id', {_lit(schema_id)}, 'row', {text})")
 
     return f"array({row(_lit('s'), 0, _lit(schema_json))}, {row(op, 1, data)})"
 
@@ -59,3 +68,27 @@ def expected() -> tuple[list[tuple], list[tuple]]:
         k = f"k{seq % 25}"
         b[k] = None if seq % 7 == 3 else (k, seq)
     return sorted(v for v in a.values() if v is not None), sorted(v for v in b.values() if v is not None)
+
+
+def expected_history() -> list[tuple]:
+    """``public.a`` in mode ``history`` (deletes applied): ``(id, v, extra, _valid_from, _valid_to, _current)`` sorted."""
+    versions: list[list] = []
+    current: dict[int, list] = {}
+    for seq in range(LENGTHS[0]):
+        key, ts = seq % 30, commit_ts(0, seq)
+        if key in current:
+            current.pop(key)[4:6] = [ts, False]
+        if seq % 7 != 3:
+            current[key] = [key, f"v{seq}", seq if seq >= EVOLVE_AT else None, ts, None, True]
+            versions.append(current[key])
+    return sorted(tuple(v) for v in versions)
+
+
+def expected_soft() -> list[tuple]:
+    """``public.b`` with ``deletes=soft``: ``(k, n, _deleted)`` sorted; a delete keeps the key's last values (its
+    own, the key only, when the key had none)."""
+    rows: dict[str, tuple] = {}
+    for seq in range(LENGTHS[1]):
+        k = f"k{seq % 25}"
+        rows[k] = (k, rows.get(k, (k, None))[1], True) if seq % 7 == 3 else (k, seq, False)
+    return sorted(rows.values())
