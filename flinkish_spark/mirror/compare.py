@@ -17,7 +17,10 @@ route (and catalog, connection):
 and compares them value for value (:func:`compare_rows`, format-independent: any reader that gives
 an Arrow table will do).
 
-What counts: the source table's current columns. A column the target has and the table no longer
+What counts: the source table's current columns, and of a target with a shape of its own (``mode`` / ``deletes`` /
+``tableModes``, :mod:`flinkish_spark.mirror.shapes`) what it holds of the table *now* (:func:`current_rows`): a
+history target's current versions, a soft-delete target's rows not deleted; a target that ignores deletes
+(``deletes=false``) may hold keys the table no longer has, which are not counted as extra. A column the target has and the table no longer
 has is not compared (a mirror keeps a dropped column, null from then on); a column the target does
 not have counts as null in every target row. Values compare as Python values (``Decimal('1.50') ==
 Decimal('1.5')``, timestamps by instant, NaN equal to NaN).
@@ -30,12 +33,16 @@ not yet mirrored.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED
+from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableMode, TableModes, parse_table_modes
 from flinkish_spark.connectors.postgres.rows import TableSchema, decode_rows, row_sql
 
 #: A row's primary key values, in key order.
@@ -52,10 +59,12 @@ class TableComparison:
     missing: tuple[Key, ...]  # keys the table has and the target does not
     extra: tuple[Key, ...]  # keys the target has and the table does not
     different: tuple[Key, ...]  # keys both have, with other values in some column
+    #: keys the target holds more than once (a row written twice: never right for a mirror, whatever its values)
+    duplicated: tuple[Key, ...] = ()
 
     @property
     def equal(self) -> bool:
-        return self.target_rows is not None and not (self.missing or self.extra or self.different)
+        return self.target_rows is not None and not (self.missing or self.extra or self.different or self.duplicated)
 
     def summary(self, examples: int = 3) -> str:
         """``equal``, ``no target``, or what differs with a few keys of each kind."""
@@ -64,7 +73,8 @@ class TableComparison:
         if self.equal:
             return "equal"
         parts = [f"{len(keys)} {what} (e.g. {', '.join(map(repr, keys[:examples]))})"
-                 for what, keys in (("missing", self.missing), ("extra", self.extra), ("different", self.different))
+                 for what, keys in (("missing", self.missing), ("extra", self.extra), ("different", self.different),
+                                    ("duplicated", self.duplicated))
                  if keys]
         return "; ".join(parts)
 
@@ -94,18 +104,36 @@ def rows_by_key(rows: pa.Table, schema: TableSchema) -> dict[Key, dict[str, Any]
     return out
 
 
-def compare_rows(table: str, schema: TableSchema, source: pa.Table, target: pa.Table | None) -> TableComparison:
+def current_rows(target: pa.Table | None, mode: TableMode) -> pa.Table | None:
+    """What a target of ``mode`` holds of its table now, without the mode's own columns: history's current
+    versions (``_current``), soft deletes' rows not deleted (``_deleted``)."""
+    if target is None:
+        return None
+    if mode.mode == "history" and CURRENT in target.column_names:
+        target = target.filter(pc.fill_null(target[CURRENT], False))
+    if mode.deletes == "soft" and DELETED in target.column_names:
+        target = target.filter(pc.invert(pc.fill_null(target[DELETED], False)))
+    return target.drop_columns([c for c in mode.extra_columns if c in target.column_names])
+
+
+def compare_rows(table: str, schema: TableSchema, source: pa.Table, target: pa.Table | None,
+                 mode: TableMode = UPSERT) -> TableComparison:
     """``source`` (the table's rows in the stream's Arrow types) against ``target`` (as its format's reader sees
-    it; None: no target), by ``schema``'s primary key over its current columns."""
+    it; None: no target), by ``schema``'s primary key over its current columns; ``mode``: the target's shape
+    (:func:`current_rows`; with ``deletes=false`` keys the table no longer has are not extra)."""
     theirs = rows_by_key(source, schema)
+    target = current_rows(target, mode)
     if target is None:
         return TableComparison(table, len(theirs), None, tuple(theirs), (), ())
     mine = rows_by_key(target, schema)
+    counts = collections.Counter(tuple(_plain(v) for v in row) for row in
+                                 zip(*(target.column(k).to_pylist() for k in schema.key if k in target.column_names)))
     return TableComparison(
         table, len(theirs), target.num_rows,
         missing=tuple(k for k in theirs if k not in mine),
-        extra=tuple(k for k in mine if k not in theirs),
+        extra=() if mode.deletes == "false" else tuple(k for k in mine if k not in theirs),
         different=tuple(k for k, row in theirs.items() if k in mine and mine[k] != row),
+        duplicated=tuple(k for k, n in counts.items() if n > 1),
     )
 
 
@@ -210,9 +238,10 @@ def _matching_tables(conn: Any, tables: str) -> list[str]:
 
 
 def compare_tables(source_url: str, tables: str, read: Callable[[str], pa.Table | None],
-                   password_env: str | None = None) -> list[TableComparison]:
+                   password_env: str | None = None, modes: TableModes = TableModes()) -> list[TableComparison]:
     """Each table of ``source_url`` that matches ``tables`` (the mirror's ``--tables``) against ``read(table)`` (its
-    target's rows as a reader of the format sees them, None: no target), in name order, one table at a time.
+    target's rows as a reader of the format sees them, None: no target), in name order, one table at a time;
+    ``modes``: each target's shape (the sink's ``mode`` / ``deletes`` / ``tableModes``).
 
     The password: in the URL, from the variable ``password_env`` names, ``PGPASSWORD`` or ``~/.pgpass`` (as
     libpq)."""
@@ -222,7 +251,7 @@ def compare_tables(source_url: str, tables: str, read: Callable[[str], pa.Table 
     with connect(parse_url(source_url, password_env, "compare: source"), autocommit=True) as conn:
         for name in _matching_tables(conn, tables):
             schema, rows = source_rows(conn, name)
-            out.append(compare_rows(name, schema, decode_rows(rows, schema), read(name)))
+            out.append(compare_rows(name, schema, decode_rows(rows, schema), read(name), modes.of(name)))
     return out
 
 
@@ -230,23 +259,30 @@ def compare_delta(source_url: str, tables: str, target: str, options: Mapping[st
                   password_env: str | None = None) -> list[TableComparison]:
     """:func:`compare_tables` against the Delta targets of ``target`` (the mirror's ``--to``, a path with
     ``{schema}``/``{table}`` or a folder); ``options``: the sink's storage options for ``s3://`` targets."""
-    return compare_tables(source_url, tables, delta_reader(target, options), password_env)
+    return compare_tables(source_url, tables, delta_reader(target, options), password_env, _modes(options))
 
 
 def compare_iceberg(source_url: str, tables: str, target: str, options: Mapping[str, str], checkpoint: str,
                     password_env: str | None = None) -> list[TableComparison]:
     """:func:`compare_tables` against the Iceberg targets of the ``table`` template ``target`` (see
     :func:`iceberg_reader`)."""
-    return compare_tables(source_url, tables, iceberg_reader(target, options, checkpoint), password_env)
+    return compare_tables(source_url, tables, iceberg_reader(target, options, checkpoint), password_env,
+                          _modes(options))
 
 
 def compare_postgres(source_url: str, tables: str, target_url: str, template: str = "{schema}.{table}",
-                     password_env: str | None = None, target_password_env: str | None = None) -> list[TableComparison]:
-    """:func:`compare_tables` against the tables ``template`` names in the database ``target_url``."""
+                     password_env: str | None = None, target_password_env: str | None = None,
+                     options: Mapping[str, str] | None = None) -> list[TableComparison]:
+    """:func:`compare_tables` against the tables ``template`` names in the database ``target_url``; ``options``: the
+    sink's (its table modes)."""
     from flinkish_spark.connectors.postgres.connection import connect, parse_url
 
     with connect(parse_url(target_url, target_password_env, "compare: target"), autocommit=True) as conn:
-        return compare_tables(source_url, tables, postgres_reader(conn, template), password_env)
+        return compare_tables(source_url, tables, postgres_reader(conn, template), password_env, _modes(options))
+
+
+def _modes(options: Mapping[str, str] | None) -> TableModes:
+    return parse_table_modes((options or {}).get, "compare")
 
 
 def compare_mirror(config: Any) -> list[TableComparison]:
@@ -259,4 +295,4 @@ def compare_mirror(config: Any) -> list[TableComparison]:
         return compare_delta(url, tables, sink["path"], sink, password_env)
     if config.format == "iceberg":
         return compare_iceberg(url, tables, sink["table"], sink, sink["checkpoint"], password_env)
-    return compare_postgres(url, tables, sink["url"], sink["table"], password_env, sink.get("passwordEnv"))
+    return compare_postgres(url, tables, sink["url"], sink["table"], password_env, sink.get("passwordEnv"), sink)

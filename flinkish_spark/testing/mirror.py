@@ -22,8 +22,9 @@ from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
 from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD, TableSchema
-from flinkish_spark.mirror.compare import compare_rows, delta_reader, rows_by_key, source_rows
+from flinkish_spark.mirror.compare import compare_rows, current_rows, delta_reader, rows_by_key, source_rows
 from flinkish_spark.testing.spark_log import committed_batches
 
 State = dict[str, dict[tuple[Any, ...], dict[str, Any]]]
@@ -179,18 +180,22 @@ def differences(replayed: State, source: State, schemas: dict[str, TableSchema])
     return out
 
 
-def target_differences(read: Callable[[str], Any], source: State, schemas: dict[str, TableSchema]) -> dict[str, Any]:
+def target_differences(read: Callable[[str], Any], source: State, schemas: dict[str, TableSchema],
+                       modes: TableModes = TableModes()) -> dict[str, Any]:
     """Per source table, what differs between its routed target (``read(table)``: its rows as an Arrow table
     as a reader of the format sees them, None when there is no target) and the server's rows decoded to the
-    stream's Arrow types (:func:`flinkish_spark.mirror.compare.compare_rows`); empty when every target is equal."""
+    stream's Arrow types (:func:`flinkish_spark.mirror.compare.compare_rows`; ``modes``: each target's shape, whose
+    current rows are compared); empty when every target is equal."""
     from flinkish_spark.connectors.postgres.rows import decode_rows
 
     out: dict[str, Any] = {}
     for table, rows in source.items():
         schema = schemas[table]
         theirs = decode_rows([json.dumps(r) for r in rows.values()], schema)
+        mode = modes.of(table)
         target = read(table)
-        result = compare_rows(table, schema, theirs, target)
+        result = compare_rows(table, schema, theirs, target, mode)
+        target = current_rows(target, mode)
         if target is None:
             out[table] = "no target"
         elif not result.equal:
@@ -204,8 +209,10 @@ def target_differences(read: Callable[[str], Any], source: State, schemas: dict[
 def delta_differences(root: str, source: State, schemas: dict[str, TableSchema],
                       options: dict[str, str] | None = None) -> dict[str, Any]:
     """:func:`target_differences` of the routed Delta targets ``root/<schema>/<table>`` (delta-rs's scan,
-    deletion vectors applied); ``options``: the sink's storage options for an ``s3://`` root (``endpointUrl``)."""
-    return target_differences(delta_reader(root, options), source, schemas)
+    deletion vectors applied); ``options``: the sink's storage options for an ``s3://`` root (``endpointUrl``)
+    and its table modes."""
+    return target_differences(delta_reader(root, options), source, schemas,
+                              parse_table_modes((options or {}).get, "test"))
 
 
 def slots_and_publications(url: str) -> tuple[int, list[str]]:

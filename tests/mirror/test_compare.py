@@ -14,6 +14,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from flinkish_spark.connectors.lakehouse.table_modes import TableMode
 from flinkish_spark.connectors.postgres.rows import TableSchema, decode_rows, make_column
 from flinkish_spark.mirror.compare import TableComparison, compare_delta, compare_rows, delta_storage, read_delta
 
@@ -52,6 +53,30 @@ def test_missing_extra_and_different_keys() -> None:
     assert (result.missing, result.extra, result.different) == (((3,),), ((4,),), ((2,),))
     assert not result.equal
     assert result.summary() == "1 missing (e.g. (3,)); 1 extra (e.g. (4,)); 1 different (e.g. (2,))"
+
+
+def test_a_history_or_soft_delete_target_is_compared_by_what_it_holds_now() -> None:
+    ts = pa.array([1, 2, 3, 4], pa.timestamp("us", tz="UTC"))
+    old_2 = {**ROWS[1], "v": "old"}
+    history = source([ROWS[0], old_2, ROWS[1], ROWS[2]]).append_column("_valid_from", ts).append_column(
+        "_valid_to", pa.array([None, 3, None, None], pa.timestamp("us", tz="UTC"))).append_column(
+        "_current", pa.array([True, False, True, True]))
+    assert compare_rows("public.t", SCHEMA, source(), history, TableMode("history", "true")).equal
+    assert not compare_rows("public.t", SCHEMA, source(), history).equal  # read as upsert: two versions of key 2
+    gone = {"id": 9, "v": "deleted at the source"}
+    soft = source([*ROWS, gone]).append_column("_deleted", pa.array([False, False, None, True]))
+    assert compare_rows("public.t", SCHEMA, source(), soft, TableMode("upsert", "soft")).equal
+    kept = source([*ROWS, gone])  # deletes=false: a key the table no longer has is not extra; a missing one is missing
+    assert compare_rows("public.t", SCHEMA, source(), kept, TableMode("upsert", "false")).equal
+    assert compare_rows("public.t", SCHEMA, source(), kept.slice(1), TableMode("upsert", "false")).missing == ((1,),)
+
+
+def test_a_key_the_target_holds_twice_is_a_difference_even_with_equal_values() -> None:
+    """A row written twice (an epoch applied twice) is what a mirror must never do: the last of the two equal to
+    the source's row is no excuse."""
+    result = compare_rows("public.t", SCHEMA, source(), source([*ROWS, ROWS[1]]))
+    assert (result.duplicated, result.equal) == (((2,),), False)
+    assert result.summary() == "1 duplicated (e.g. (2,))"
 
 
 def test_no_target_and_a_column_the_target_lacks() -> None:
