@@ -122,12 +122,16 @@ def compare_rows(table: str, schema: TableSchema, source: pa.Table, target: pa.T
     it; None: no target), by ``schema``'s primary key over its current columns; ``mode``: the target's shape
     (:func:`current_rows`; with ``deletes=false`` keys the table no longer has are not extra)."""
     theirs = rows_by_key(source, schema)
-    target = current_rows(target, mode)
     if target is None:
         return TableComparison(table, len(theirs), None, tuple(theirs), (), ())
-    mine = rows_by_key(target, schema)
+    # one row per key: of the whole target (a soft delete's row included), of history's current versions
+    once = current_rows(target, TableMode(mode.mode, "true")) if mode.mode == "history" else target
+    assert once is not None
     counts = collections.Counter(tuple(_plain(v) for v in row) for row in
-                                 zip(*(target.column(k).to_pylist() for k in schema.key if k in target.column_names)))
+                                 zip(*(once.column(k).to_pylist() for k in schema.key if k in once.column_names)))
+    target = current_rows(target, mode)
+    assert target is not None
+    mine = rows_by_key(target, schema)
     return TableComparison(
         table, len(theirs), target.num_rows,
         missing=tuple(k for k in theirs if k not in mine),

@@ -66,6 +66,8 @@ def test_a_history_or_soft_delete_target_is_compared_by_what_it_holds_now() -> N
     gone = {"id": 9, "v": "deleted at the source"}
     soft = source([*ROWS, gone]).append_column("_deleted", pa.array([False, False, None, True]))
     assert compare_rows("public.t", SCHEMA, source(), soft, TableMode("upsert", "soft")).equal
+    twice = source([*ROWS, ROWS[0]]).append_column("_deleted", pa.array([False, False, False, True]))
+    assert compare_rows("public.t", SCHEMA, source(), twice, TableMode("upsert", "soft")).duplicated == ((1,),)
     kept = source([*ROWS, gone])  # deletes=false: a key the table no longer has is not extra; a missing one is missing
     assert compare_rows("public.t", SCHEMA, source(), kept, TableMode("upsert", "false")).equal
     assert compare_rows("public.t", SCHEMA, source(), kept.slice(1), TableMode("upsert", "false")).missing == ((1,),)
