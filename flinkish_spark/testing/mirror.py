@@ -303,3 +303,32 @@ def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: st
     last = runs.get("last")
     assert last is not None, "the last run did not end within 400 s of the drain request"
     assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]
+
+
+def history_problems(target: Any, key: Iterable[str]) -> list[str]:
+    """What is wrong with a history target (an Arrow table with ``_valid_from``, ``_valid_to``, ``_current``): per
+    key its versions, ordered by ``_valid_from``, must not overlap -- each closed at or before the next one's start
+    (before: the key was deleted in between), only the last one current (or closed: deleted) -- and no version may
+    be there twice (an epoch applied twice)."""
+    names = list(key)
+    rows = target.to_pylist()
+    problems: list[str] = []
+    seen: collections.Counter[tuple[Any, ...]] = collections.Counter(
+        tuple(sorted((k, repr(v)) for k, v in r.items())) for r in rows)
+    twice = [dict(r) for r, n in seen.items() if n > 1]
+    if twice:
+        problems.append(f"{len(twice)} versions written twice, e.g. {twice[0]}")
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in rows:
+        by_key[tuple(r[k] for k in names)].append(r)
+    for k, versions in by_key.items():
+        versions.sort(key=lambda r: (r["_valid_from"], r["_valid_to"] is None, r["_valid_to"] or r["_valid_from"]))
+        for a, b in zip(versions, versions[1:]):
+            if a["_current"] or a["_valid_to"] is None or a["_valid_to"] > b["_valid_from"]:
+                problems.append(f"key {k}: version from {a['_valid_from']} (to {a['_valid_to']}, current "
+                                f"{a['_current']}) overlaps the next one, from {b['_valid_from']}")
+                break
+        last = versions[-1]
+        if last["_current"] != (last["_valid_to"] is None):
+            problems.append(f"key {k}: last version current={last['_current']} with valid_to {last['_valid_to']}")
+    return problems
