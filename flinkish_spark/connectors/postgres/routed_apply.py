@@ -44,7 +44,7 @@ from flinkish_spark.connectors.postgres.staging import S_ATTEMPT, S_EPOCH, S_PAR
 JSON = "_flinkish_json"
 OP = "_flinkish_op"
 FIRST = "_flinkish_first"
-VERSIONS = "flinkish_versions"  # the temporary table of a history epoch's versions (dropped after each table)
+VERSIONS = "pg_temp.flinkish_versions"  # a history epoch's versions (the session's own; dropped after each table)
 _ORDER = f"_lsn NULLS FIRST, _seq NULLS FIRST, {S_PART}, {S_ROW}"
 _ORDER_DESC = f"_lsn DESC NULLS LAST, _seq DESC NULLS LAST, {S_PART} DESC, {S_ROW} DESC"
 
