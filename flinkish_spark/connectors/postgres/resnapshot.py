@@ -33,8 +33,12 @@ def seen_table_name(staging_table: str) -> str:
 
 
 def apply_markers(c: Any, schema: str, target: str, staging: str, staging_table: str, key: Sequence[str],
-                  where: str, params: Sequence[Any]) -> None:
-    """Apply the markers among the staged rows ``where`` selects (after the epoch's rows moved to ``target``)."""
+                  where: str, params: Sequence[Any], retire: str | None = None) -> None:
+    """Apply the markers among the staged rows ``where`` selects (after the epoch's rows moved to ``target``).
+
+    ``retire``: how the end retires the target rows ``t`` of the keys the snapshot did not hold -- a statement a
+    condition is appended to (default ``DELETE FROM <target> t WHERE``; the routed sink's soft deletes and
+    history mark or close them instead, :func:`~flinkish_spark.connectors.postgres.routed_apply.retire_sql`)."""
     markers = {r[0] for r in c.execute(
         f"SELECT DISTINCT _op FROM {staging} WHERE {where} AND _op IN ('{BEGIN}', '{END}')", params).fetchall()}
     seen_name = seen_table_name(staging_table)
@@ -55,7 +59,8 @@ def apply_markers(c: Any, schema: str, target: str, staging: str, staging_table:
               "AND _op IS DISTINCT FROM 'd'", params)
     if END in markers:
         match = " AND ".join(f"s.{quote_ident(k)} = t.{quote_ident(k)}" for k in key)
-        gone = c.execute(f"DELETE FROM {target} t WHERE NOT EXISTS (SELECT 1 FROM {seen} s WHERE {match})").rowcount
+        gone = c.execute(f"{retire or f'DELETE FROM {target} t WHERE'} NOT EXISTS (SELECT 1 FROM {seen} s WHERE {match})").rowcount
         c.execute(f"DROP TABLE {seen}")
         log.warning("flinkish.postgres sink into %s: a re-snapshot after a lost replication slot is complete; "
-                    "%d rows whose keys the table no longer holds were deleted", target, gone)
+                    "%d rows whose keys the table no longer holds were %s", target, gone,
+                    "deleted" if retire is None or retire.startswith("DELETE") else "marked deleted or closed")

@@ -4,18 +4,20 @@
   table (``flinkish_staging_<uid>_<hash>`` in the bookkeeping schema, :func:`bookkeeping_schema`)
   and commits: per row the source table, ``_op``, ``_lsn``, ``_seq`` and the row as JSON whose
   values are PostgreSQL's input text for the column's type (:func:`pg_text_row`: numbers with
-  every digit, bytea as ``\\x`` hex, arrays as array literals). The committable names the task
+  every digit, bytea as ``\\x`` hex, arrays as array literals) and ``_commit_ts``. The committable names the task
   attempt and, per source table, the schemas its rows used (:class:`RoutedStaged`).
 * **Commit** (driver, after the decision): **one transaction** for the whole epoch. It first
   checks ``flinkish_commits`` for the epoch (a replay or a crash after the commit: done). Then
   per source table (sorted by name): the target is created or evolved
   (:mod:`.routed_schema`: ``CREATE TABLE`` with the source's types and primary key, ``ADD
   COLUMN``, ``ALTER COLUMN ... TYPE`` to widen; :class:`~flinkish_spark.errors.SchemaChangeError`
-  for what it cannot follow), a truncate empties it, the epoch's last change per key is applied
-  (delete, or ``INSERT ... ON CONFLICT (key) DO UPDATE`` of every column), a re-snapshot's end
-  deletes the keys it did not deliver (:mod:`.resnapshot`), and a row ``(uid, epoch, target)``
-  goes into ``flinkish_commits``. Then the epoch's staged rows are deleted, and the transaction
-  commits.
+  for what it cannot follow), its rows are applied in the table's mode (:class:`RoutedPlan.modes
+  <flinkish_spark.connectors.lakehouse.table_modes.TableModes>`, :mod:`.routed_apply`: by default a
+  truncate empties it and the epoch's last change per key is applied -- delete, or ``INSERT ... ON
+  CONFLICT (key) DO UPDATE`` of every column; soft deletes and history versions otherwise), a
+  re-snapshot's end retires the keys it did not deliver (:mod:`.resnapshot`), and a row ``(uid,
+  epoch, target)`` goes into ``flinkish_commits``. Then the epoch's staged rows are deleted, and
+  the transaction commits.
 * **Exactly once across tables**: PostgreSQL's DDL is transactional, so the schema changes, every
   table's rows and every commit row become visible together or not at all. A kill anywhere in
   the commit (crash point ``sink.between_tables``: the first table done inside the open
@@ -39,11 +41,15 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures, figures_by_table
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, require_key, tables_of
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes
 from flinkish_spark.connectors.postgres.connection import (
     ConnectionInfo, adbc_connect, check_server_version, connect, qualified, quote_ident, require_psycopg, split_table,
 )
 from flinkish_spark.connectors.postgres.resnapshot import apply_markers
-from flinkish_spark.connectors.postgres.routed_schema import evolve, read_target
+from flinkish_spark.connectors.postgres.routed_apply import (
+    JSON, Position, history_statements, literal, retire_sql, segments, truncate_sql, upsert_sql,
+)
+from flinkish_spark.connectors.postgres.routed_schema import check_shape, evolve, read_target
 from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD, Column, TableSchema
 from flinkish_spark.connectors.postgres.rows.packed import is_packed, unpack_json
 from flinkish_spark.connectors.postgres.staging import (
@@ -104,10 +110,12 @@ class RoutedPlan(Bookkeeping):
     schema: str  # bookkeeping schema
     staging_table: str
     create_table: bool
+    modes: TableModes = TableModes()  # each source table's mode and deletes (upsert, deletes applied: all)
 
 
 
-def resolve_routed_plan(conn: ConnectionInfo, route: Route, uid: str, create_table: bool, component: str) -> RoutedPlan:
+def resolve_routed_plan(conn: ConnectionInfo, route: Route, uid: str, create_table: bool, component: str,
+                        modes: TableModes = TableModes()) -> RoutedPlan:
     """Create the bookkeeping tables (the targets are created by the commits that first have their rows)."""
     schema = bookkeeping_schema(route.template)
     staging = staging_table_name(uid, route.template)
@@ -119,11 +127,13 @@ def resolve_routed_plan(conn: ConnectionInfo, route: Route, uid: str, create_tab
         c.execute(
             f"CREATE TABLE IF NOT EXISTS {qualified(schema, staging)} ({S_EPOCH} bigint NOT NULL, {S_ATTEMPT} text NOT NULL, "
             f"{S_PART} integer NOT NULL, {S_ROW} bigint NOT NULL, _table text NOT NULL, _op text NOT NULL, "
-            "_lsn bigint, _seq integer, _row text)"
+            "_lsn bigint, _seq integer, _row text, _commit_ts timestamptz)"
         )
+        # A staging table of an earlier version lacks _commit_ts (history's times): its rows get none.
+        c.execute(f"ALTER TABLE {qualified(schema, staging)} ADD COLUMN IF NOT EXISTS _commit_ts timestamptz")
         c.execute(f"COMMENT ON TABLE {qualified(schema, staging)} IS "
                   f"'flinkish.postgres staging for sink uid {uid} routing to {route.template}'")
-    return RoutedPlan(conn, route, schema, staging, create_table)
+    return RoutedPlan(conn, route, schema, staging, create_table, modes)
 
 
 # -- rows as PostgreSQL input text ---------------------------------------------------------------
@@ -174,7 +184,7 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
     for r in table.filter(pc.equal(table.column("_op"), "s")).to_pylist():
         s = TableSchema.from_json(r["row"])
         schemas[s.schema_id] = s
-    cols: dict[str, list[Any]] = {k: [] for k in ("_table", "_op", "_lsn", "_seq", "_row")}
+    cols: dict[str, list[Any]] = {k: [] for k in ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_row")}
     newest: dict[str, tuple[tuple[int, int, int], str]] = {}  # table -> (position, schema id) of its newest schema
     by_change: dict[str, list[tuple[tuple[int, int, int], str]]] = {}  # table -> its schemas the changes announced
     info: dict[str, dict[str, Any]] = {}
@@ -208,7 +218,8 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
             t["ops"].add(op)
         if lsn is not None:
             t["lsn"] = max(t["lsn"], int(lsn))
-        for k, v in (("_table", name), ("_op", op), ("_lsn", lsn), ("_seq", seq), ("_row", row)):
+        for k, v in (("_table", name), ("_op", op), ("_lsn", lsn), ("_seq", seq), ("_commit_ts", r["_commit_ts"]),
+                     ("_row", row)):
             cols[k].append(v)
     n = len(cols["_op"])
     staged = pa.table({
@@ -217,6 +228,8 @@ def stage_rows(table: pa.Table, ctx: PrepareContext, attempt_id: str) -> tuple[p
         "_table": pa.array(cols["_table"], pa.string()), "_op": pa.array(cols["_op"], pa.string()),
         "_lsn": pa.array(cols["_lsn"], pa.int64()), "_seq": pa.array(cols["_seq"], pa.int32()),
         "_row": pa.array(cols["_row"], pa.string()),
+        # last, as an earlier version's staging table has it (added by ALTER TABLE)
+        "_commit_ts": pa.array(cols["_commit_ts"], pa.timestamp("us", tz="UTC")),
     })
 
     def earlier(name: str) -> tuple[str, ...]:
@@ -325,6 +338,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
 
     def _commit_table(self, c: Any, t: TableEpoch[RoutedPart], epoch: int, ids: list[str]) -> None:
         plan = self.plan
+        mode = plan.modes.of(t.table)
         target = plan.route.target(t.table)
         schema, name = split_table(target, f"the target of {t.table}")
         steps = TableEpoch(t.table, [p for p in t.parts if p.schema]).steps()
@@ -332,36 +346,47 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         if announced:
             if plan.create_table and c.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
                 c.execute(f"CREATE SCHEMA {quote_ident(schema)}")
-            columns = evolve(c, schema, name, t.table, steps, plan.create_table)
+            columns = evolve(c, schema, name, t.table, steps, plan.create_table, mode)
         else:
             found = read_target(c, schema, name)
             if found is None:
                 return  # a truncate or markers for a target never created: nothing to do
+            check_shape(found, None, mode, t.table, f"{schema}.{name}")
             columns = found
         key = require_key(t.table, announced[-1][0]).key if announced else (columns.key or ())
+        data = {n: ty for n, ty in columns.columns.items() if n not in mode.extra_columns}  # the source's columns
         qualified_target = qualified(schema, name)
-        truncated_at = None
-        if t.truncate:
-            truncated_at = c.execute(
-                f"SELECT _lsn, _seq FROM {plan.staging} WHERE {S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s) AND _table = %s "
-                "AND _op = 't' ORDER BY _lsn DESC, _seq DESC LIMIT 1", (epoch, ids, t.table)).fetchone()
-            c.execute(f"DELETE FROM {qualified_target}")
+        truncates = [Position(*r) for r in c.execute(
+            f"SELECT _lsn, _seq, _commit_ts FROM {plan.staging} WHERE {S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s) "
+            "AND _table = %s AND _op = 't' ORDER BY _lsn, _seq", (epoch, ids, t.table)).fetchall()] if t.truncate else []
         psycopg = require_psycopg()
-        params: tuple[Any, ...] = (epoch, ids, t.table) + (tuple(truncated_at) if truncated_at else ())
+        params: tuple[Any, ...] = (epoch, ids, t.table)
+        unchanged = sorted({n for p in t.parts for n in p.unchanged if n in data and n not in key})
         try:
-            unchanged = sorted({n for p in t.parts for n in p.unchanged if n in columns.columns and n not in key})
-            c.execute(_apply_sql(plan.staging, qualified_target, columns.columns, key, truncated_at is not None,
-                                 unchanged), params)
+            for after, upto in segments(truncates, mode):
+                if after is not None and (mode.mode, mode.deletes) == ("upsert", "true"):
+                    c.execute(f"DELETE FROM {qualified_target}")  # the last truncate empties it, then the rows after it
+                if mode.mode == "history":
+                    for sql, takes in history_statements(plan.staging, qualified_target, data, key, mode, unchanged,
+                                                         after, upto):
+                        c.execute(sql, params if takes else None)
+                else:
+                    c.execute(upsert_sql(plan.staging, qualified_target, data, key, mode, unchanged, after, upto), params)
+                gone = truncate_sql(qualified_target, mode) if upto is not None else None
+                if gone is not None and upto is not None:
+                    c.execute(gone, (upto.ts,) if mode.mode == "history" else None)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
             raise TargetWriteError(
                 f"flinkish.postgres sink uid {self.uid!r}: epoch {epoch}'s rows of source table {t.table} do not fit its "
                 f"target {schema}.{name}: {plan.conn.mask(str(e).strip())}. Nothing of the epoch is visible; the rows stay "
                 f"staged and a restart retries the commit once the target accepts them") from None
-        keys = ", ".join(f"({_JSON}->>{_literal(k)})::{columns.columns[k]} AS {quote_ident(k)}" for k in key)
-        staged = (f"(SELECT {keys}, _op FROM (SELECT _row::jsonb AS {_JSON}, _op FROM {plan.staging} WHERE {S_EPOCH} = %s "
-                  f"AND {S_ATTEMPT} = ANY(%s) AND _table = %s) j) AS staged")
-        apply_markers(c, schema, qualified_target, staged, staging_table_name(self.uid, target), key, "TRUE",
-                      (epoch, ids, t.table))
+        retire = retire_sql(qualified_target, mode)
+        if retire is not None:  # deletes=false: a re-snapshot removes nothing, so it need not remember keys
+            keys = ", ".join(f"({JSON}->>{literal(k)})::{columns.columns[k]} AS {quote_ident(k)}" for k in key)
+            staged = (f"(SELECT {keys}, _op FROM (SELECT _row::jsonb AS {JSON}, _op FROM {plan.staging} WHERE {S_EPOCH} = %s "
+                      f"AND {S_ATTEMPT} = ANY(%s) AND _table = %s) j) AS staged")
+            apply_markers(c, schema, qualified_target, staged, staging_table_name(self.uid, target), key, "TRUE",
+                          (epoch, ids, t.table), retire)
         c.execute(f"INSERT INTO {plan.commits} (sink_uid, epoch, part, target, commit_mode, rows) VALUES (%s, %s, %s, %s, %s, %s)",
                   (self.uid, epoch, target, target, COMMIT_MODE, sum(p.rows for p in t.parts)))
 
@@ -397,53 +422,3 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
 
     def decode(self, data: bytes) -> RoutedStaged:
         return decode_staged(data)
-
-
-_JSON = "_flinkish_json"
-_OP = "_flinkish_op"
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _apply_sql(staging: str, target: str, columns: dict[str, str], key: tuple[str, ...], after_truncate: bool,
-               unchanged: list[str] | None = None) -> str:
-    """The epoch's last change per key of one table (params: epoch, attempt ids, source table[, truncate's lsn, seq]):
-    deletes, then upserts of every target column (a column the row does not carry is null).
-
-    ``unchanged``: columns some rows do not carry (an update that left a TOASTed value unchanged). Such a row
-    takes the value of the key's latest earlier staged row that carries it (a window over the key's rows in
-    stream order), else -- the key's last row still lacking it -- the target keeps its stored value (the
-    upsert sets the column to the target row's own value; null for a key the target does not hold)."""
-    keys = ", ".join(quote_ident(k) for k in key)
-    key_exprs = ", ".join(f"({_JSON}->>{_literal(k)})::{columns[k]} AS {quote_ident(k)}" for k in key)
-    where = (f"{S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s) AND _table = %s AND _op IN ('r', 'c', 'u', 'd')"
-             + (" AND (_lsn, _seq) > (%s, %s)" if after_truncate else ""))
-    src = (f"SELECT {key_exprs}, {_JSON}, _op AS {_OP}, _lsn, _seq, {S_PART}, {S_ROW} FROM "
-           f"(SELECT _row::jsonb AS {_JSON}, _op, _lsn, _seq, {S_PART}, {S_ROW} FROM {staging} WHERE {where}) s")
-    unchanged = unchanged or []
-    if unchanged:
-        carried = ", ".join(f"array_agg({_JSON}->{_literal(n)}) FILTER (WHERE {_JSON} ? {_literal(n)}) OVER w AS _f{i}"
-                            for i, n in enumerate(unchanged))
-        merged = _JSON
-        for i, n in enumerate(unchanged):
-            merged = (f"CASE WHEN {_JSON} ? {_literal(n)} OR _f{i} IS NULL THEN {merged} "
-                      f"ELSE {merged} || jsonb_build_object({_literal(n)}, _f{i}[array_upper(_f{i}, 1)]) END")
-        src = (f"SELECT {keys}, {merged} AS {_JSON}, {_OP}, _lsn, _seq, {S_PART}, {S_ROW} FROM "
-               f"(SELECT x.*, {carried} FROM ({src}) x WINDOW w AS (PARTITION BY {keys} ORDER BY _lsn NULLS FIRST, "
-               f"_seq NULLS FIRST, {S_PART}, {S_ROW} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)) y")
-    # Snapshot rows (no _lsn) come before every change of the key; then (_lsn, _seq); ties cannot happen.
-    last = (f"SELECT DISTINCT ON ({keys}) {keys}, {_JSON}, {_OP} FROM ({src}) x "
-            f"ORDER BY {keys}, _lsn DESC NULLS LAST, _seq DESC NULLS LAST, {S_PART} DESC, {S_ROW} DESC")
-    names = list(columns)
-    cols = ", ".join(quote_ident(n) for n in names)
-    kept = " AND ".join(f"kept.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
-    values = ", ".join(f"(l.{_JSON}->>{_literal(n)})::{columns[n]}" if n not in unchanged else
-                       f"CASE WHEN l.{_JSON} ? {_literal(n)} THEN (l.{_JSON}->>{_literal(n)})::{columns[n]} "
-                       f"ELSE (SELECT kept.{quote_ident(n)} FROM {target} kept WHERE {kept}) END" for n in names)
-    others = [n for n in names if n not in key]
-    update = ("DO UPDATE SET " + ", ".join(f"{quote_ident(n)} = EXCLUDED.{quote_ident(n)}" for n in others)) if others else "DO NOTHING"
-    match = " AND ".join(f"t.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
-    return (f"WITH l AS ({last}), gone AS (DELETE FROM {target} t USING l WHERE l.{_OP} = 'd' AND {match}) "
-            f"INSERT INTO {target} ({cols}) SELECT {values} FROM l WHERE l.{_OP} <> 'd' ON CONFLICT ({keys}) {update}")

@@ -21,6 +21,12 @@ a PostgreSQL target gets exactly the source's types, and the rules of
   :data:`AHEAD_NEW` when they announced none yet); it goes once the changes announce the
   column's type.
 
+The table's mode (:class:`~flinkish_spark.connectors.lakehouse.table_modes.TableMode`) adds its columns when
+the target is created (``_deleted``; ``_valid_from``, ``_valid_to``, ``_current`` -- a history target keyed by a
+unique index on the key ``WHERE _current`` instead of a primary key); evolution keeps them, and an existing
+target whose mode columns are another mode's is refused (:func:`check_shape`), as is a source column of such a
+name.
+
 Every statement runs in the epoch's commit transaction (PostgreSQL's DDL is transactional), so
 a refused change leaves nothing of the epoch in any table, and an evolution is committed
 exactly when the epoch's rows are.
@@ -32,11 +38,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, VALID_FROM, VALID_TO
 from flinkish_spark.connectors.lakehouse.evolution import check_key, follow
 from flinkish_spark.connectors.lakehouse.routing import SchemaStep
+from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableMode
 from flinkish_spark.connectors.postgres.connection import qualified, quote_ident
 from flinkish_spark.connectors.postgres.rows import TableSchema
-from flinkish_spark.errors import SchemaChangeError
+from flinkish_spark.errors import SchemaChangeError, TargetSchemaError
 
 _INTS = {"smallint": 1, "integer": 2, "bigint": 3}
 _FLOATS = {"real": 1, "double precision": 2}
@@ -111,28 +119,85 @@ def read_target(c: Any, schema: str, table: str) -> TargetColumns | None:
         "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (name,)).fetchall()
     columns = {r[0]: r[1] for r in described}
     ahead = {r[0]: _ahead_of(r[2])[1] for r in described if _ahead_of(r[2])[0]}
+    # The key: the primary key; of a history target (no primary key), its unique index WHERE _current.
     row = c.execute(
         "SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum)) FROM pg_index i "
         "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-        "WHERE i.indrelid = to_regclass(%s) AND i.indisprimary", (name,)).fetchone()
+        "WHERE i.indrelid = to_regclass(%s) AND (i.indisprimary OR (i.indisunique AND i.indexprs IS NULL "
+        "AND pg_get_expr(i.indpred, i.indrelid) = %s)) GROUP BY i.indexrelid, i.indisprimary "
+        "ORDER BY i.indisprimary DESC LIMIT 1", (name, CURRENT)).fetchone()
     return TargetColumns(columns, tuple(row[0]) if row and row[0] else None, ahead)
 
 
-def evolve(c: Any, schema: str, table: str, source_table: str, steps: list[SchemaStep], create: bool) -> TargetColumns:
+#: The target columns each table mode adds (their PostgreSQL types, as ``format_type`` spells them).
+EXTRA_TYPES = {DELETED: "boolean", VALID_FROM: "timestamp with time zone", VALID_TO: "timestamp with time zone",
+               CURRENT: "boolean"}
+_EXTRA_DDL = {DELETED: "boolean NOT NULL DEFAULT false", VALID_FROM: "timestamp with time zone",
+              VALID_TO: "timestamp with time zone", CURRENT: "boolean NOT NULL DEFAULT true"}
+
+
+def check_shape(current: TargetColumns, source_columns: set[str] | None, mode: TableMode, source_table: str, shown: str,
+                key: tuple[str, ...] = ()) -> None:
+    """Refuse an existing target whose mode columns (``_deleted``; ``_valid_from``, ``_valid_to``, ``_current``)
+    are not those of its table's mode -- created under another mode, or changed by hand -- and a history target
+    without its unique index on the key ``WHERE _current``: one error naming the table and the fix, raised in the
+    epoch's transaction before any of its rows is written."""
+    want = set(mode.extra_columns)
+    # a target column of another mode's name may be the source's own (None: the source's columns are not known,
+    # an epoch of markers only -- then only a missing column of the mode is refused)
+    have = {n for n in EXTRA_TYPES if n in current.columns
+            and (n in want or (source_columns is not None and n not in source_columns))}
+    wrong = sorted(n for n in have & want if current.columns[n] != EXTRA_TYPES[n])
+    if have != want or wrong:
+        shape = lambda names: ", ".join(sorted(names)) or "none of them"  # noqa: E731
+        raise TargetSchemaError(
+            f"source table {source_table} is mirrored as {mode.describe()}, whose target holds the columns "
+            f"{shape(want)} besides the source's; its target {shown} has {shape(have)}"
+            + (f" ({', '.join(f'{n} is {current.columns[n]}, not {EXTRA_TYPES[n]}' for n in wrong)})" if wrong else "")
+            + f". Nothing of this epoch was written. Mirror it in the mode its target was written in (a tableModes "
+            f"rule for {source_table}), or mirror it anew: drop {shown} and restart with a new sink uid (a new "
+            "snapshot creates it in its mode).")
+    if mode.mode == "history" and current.key is None:
+        raise TargetSchemaError(
+            f"source table {source_table} is mirrored as history; its target {shown} has no unique index on the key "
+            f"WHERE {CURRENT}, which finds each key's current version. Nothing of this epoch was written. Add it: "
+            f"CREATE UNIQUE INDEX ON {shown} ({', '.join(map(_plain, key)) or '<the key columns>'}) WHERE {CURRENT}, "
+            "and restart.")
+
+
+def evolve(c: Any, schema: str, table: str, source_table: str, steps: list[SchemaStep], create: bool,
+           mode: TableMode = UPSERT) -> TargetColumns:
     """Bring the target to the epoch's source schemas (:meth:`TableEpoch.steps
     <flinkish_spark.connectors.lakehouse.routing.TableEpoch.steps>`): create it or alter it, in the caller's
-    transaction. Returns its columns afterwards. Raises SchemaChangeError (a change it cannot follow) or
-    TargetSchemaError (missing and ``create`` false)."""
-    from flinkish_spark.errors import TargetSchemaError
+    transaction. Returns its columns afterwards (the mode's columns among them). Raises SchemaChangeError (a change
+    it cannot follow) or TargetSchemaError (missing and ``create`` false; not the shape of ``mode``:
+    :func:`check_shape`).
 
+    ``mode``'s columns come last when it is created (:data:`EXTRA_TYPES`); a history target has no primary key --
+    a key has many versions, and two of one source transaction (or two snapshot rows) share their ``_valid_from``
+    -- but a unique index on the key ``WHERE _current``: at most one current version per key, and what closing
+    it and filling unchanged values from it find by key."""
     name = qualified(schema, table)
     shown = f"{_plain(schema)}.{_plain(table)}"  # in messages: as the user types it
     current = read_target(c, schema, table)
     newest = [s.schema for s in steps if not s.passing][-1]
+    extra = mode.extra_columns
+    clash = sorted({col.name for s in steps for col in s.schema.columns} & set(extra))
+    if clash:
+        raise SchemaChangeError(
+            f"source table {source_table} has the column(s) {', '.join(clash)}, which its mode ({mode.describe()}) "
+            f"writes itself. Nothing of this epoch was written. Mirror it with mode upsert, deletes true (a tableModes "
+            f"rule for {source_table}), or rename the column in the source.")
     if current is None and not create:
+        shape = (f", {', '.join(f'{n} {_EXTRA_DDL[n]}' for n in extra)}" if extra else "")
         raise TargetSchemaError(
             f"flinkish.postgres routing: there is no table {shown} for source table {source_table} and "
-            "createTable is false; create it (with the source's columns and primary key), or set createTable to true")
+            f"createTable is false; create it (with the source's columns{shape} and "
+            + (f"a unique index on the key WHERE {CURRENT}" if mode.mode == "history" else "primary key")
+            + "), or set createTable to true")
+    if current is not None:
+        check_shape(current, {col.name for s in steps for col in s.schema.columns}, mode, source_table, shown,
+                    tuple(newest.key))
     if current is not None and current.key is None:
         raise SchemaChangeError(
             f"source table {source_table}: its target {shown} has no primary key, and a mirror writes it keyed by "
@@ -173,10 +238,17 @@ def evolve(c: Any, schema: str, table: str, source_table: str, steps: list[Schem
                     "with a new sink uid).")
     key = current.key if current is not None else (tuple(newest.key) or None)
     if current is None:
-        cols = ", ".join(f"{quote_ident(n)} {t}" for n, t in columns.items())
-        pk = f", PRIMARY KEY ({', '.join(map(quote_ident, newest.key))})" if newest.key else ""
+        cols = ", ".join([f"{quote_ident(n)} {t}" for n, t in columns.items()]
+                         + [f"{quote_ident(n)} {_EXTRA_DDL[n]}" for n in extra])
+        history = mode.mode == "history"
+        pk = f", PRIMARY KEY ({', '.join(map(quote_ident, newest.key))})" if newest.key and not history else ""
         c.execute(f"CREATE TABLE {name} ({cols}{pk})")
-        c.execute(f"COMMENT ON TABLE {name} IS 'flinkish.postgres mirror of {_literal_safe(source_table)}'")
+        if history and newest.key:
+            c.execute(f"CREATE UNIQUE INDEX ON {name} ({', '.join(map(quote_ident, newest.key))}) "
+                      f"WHERE {quote_ident(CURRENT)}")
+        columns.update({n: EXTRA_TYPES[n] for n in extra})
+        what = f" ({mode.describe()})" if mode != UPSERT else ""
+        c.execute(f"COMMENT ON TABLE {name} IS 'flinkish.postgres mirror of {_literal_safe(source_table)}{what}'")
     before = {} if current is None else current.ahead
     for col_name in sorted(set(before) | set(ahead)):
         if col_name in ahead and (col_name not in before or before[col_name] != ahead[col_name]):

@@ -52,6 +52,7 @@ from flinkish_spark.connectors.postgres.prepared import (
     GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
 )
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, refuse_keyed_options
+from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.connectors.postgres.routed import RoutedPlan, RoutedPostgresSink, check_template, resolve_routed_plan
 from flinkish_spark.connectors.postgres.staging import (
@@ -493,25 +494,31 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("url", "table", "mode", "key", "createTable", "commitMode", "deletes", "passwordEnv",
-                                                "lockTimeout")
+                                                "lockTimeout", "tableModes")
 
     def configure(self, opts: Options) -> None:
         self.conn = parse_url(opts.required("url", "a libpq URI such as postgresql://user@host:5432/db"), opts.get("passwordEnv"))
         self.table = opts.required("table", "the target table, 'schema.table'")
         self.route = check_template(self.table, opts.component) if is_routed(self.table) else None
         self._routed: RoutedPlan | None = None
+        self.modes = TableModes()
         if self.route is not None:
-            refuse_keyed_options(opts.has, opts.component, "table")
+            # mode / deletes / tableModes: each table's shape (upsert or history, deletes applied, soft or not);
+            # key and partitionBy stay refused (every table is keyed by its primary key)
+            refuse_keyed_options(lambda o: o not in TABLE_MODE_OPTIONS and opts.has(o), opts.component, "table")
+            self.modes = parse_table_modes(opts.get, opts.component)
             if opts.get("commitMode") == "prepared":
                 raise ConfigError(f"{opts.component}: commitMode 'prepared' cannot be used with routing ('{{table}}' in "
                                   "'table'): every epoch commits in one driver transaction (staged). Drop the option")
         else:
             split_table(self.table)
-        self.mode: Mode = opts.choice("mode", ("append", "upsert"), "append")
+        routed = self.route is not None
+        # routed: mode / deletes are each table's (self.modes); these are the single-target sink's
+        self.mode: Mode = "append" if routed else opts.choice("mode", ("append", "upsert"), "append")
         raw_key = opts.get("key") or ""
         self.key = tuple(k.strip() for k in raw_key.split(",") if k.strip())
-        self.create_table = _flag(opts, "createTable", "true" if self.route is not None else "false")
-        self.deletes = _flag(opts, "deletes")
+        self.create_table = _flag(opts, "createTable", "true" if routed else "false")
+        self.deletes = False if routed else _flag(opts, "deletes")
         self.commit_mode_option: CommitModeOption = opts.choice("commitMode", ("auto", "prepared", "staged"), "auto")
         self.lock_timeout_s = opts.integer("lockTimeout", DEFAULT_LOCK_TIMEOUT_S, minimum=0)
         if self.mode == "upsert" and self.commit_mode_option == "prepared":
@@ -533,7 +540,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
         if self._routed is None:
             component = f"{self.name()} sink uid {self.uid!r}"
             check_stream(schema.fieldNames(), component, "table")
-            self._routed = resolve_routed_plan(self.conn, self.route, self.uid, self.create_table, component)
+            self._routed = resolve_routed_plan(self.conn, self.route, self.uid, self.create_table, component, self.modes)
         return self._routed
 
     def sink(self, schema: StructType) -> Any:

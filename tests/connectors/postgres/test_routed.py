@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from flinkish_spark.connectors.lakehouse.routing import Route
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes
 from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.committer import commit_epoch
@@ -28,8 +29,8 @@ class Mirror:
     """A routed sink into ``mirror.{schema}_{table}`` and its decision log; :meth:`epoch` prepares batches
     (one per task) and commits them."""
 
-    def __init__(self, tmp_path: Path, url: str, uid: str = "m") -> None:
-        self.tmp, self.url, self.uid = tmp_path, url, uid
+    def __init__(self, tmp_path: Path, url: str, uid: str = "m", modes: TableModes = TableModes()) -> None:
+        self.tmp, self.url, self.uid, self.modes = tmp_path, url, uid, modes
         self.meta = str(tmp_path / "meta")
         self.epochs = 0
 
@@ -37,7 +38,8 @@ class Mirror:
         from flinkish_spark.connectors.postgres.connection import parse_url
         from flinkish_spark.connectors.postgres.routed import RoutedPostgresSink, resolve_routed_plan
 
-        plan = resolve_routed_plan(parse_url(self.url), Route("mirror.{schema}_{table}", "postgres"), self.uid, True, "test")
+        plan = resolve_routed_plan(parse_url(self.url), Route("mirror.{schema}_{table}", "postgres"), self.uid, True, "test",
+                                   self.modes)
         return RoutedPostgresSink(plan, self.uid, 60)
 
     def log(self) -> DecisionLog:

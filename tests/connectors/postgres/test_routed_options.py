@@ -28,8 +28,10 @@ def schemas(url: str) -> list[str]:
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"mode": "upsert"}, r"option 'mode' cannot be combined with routing"),
-    ({"key": "id", "deletes": "true"}, r"option 'key', 'deletes' cannot be combined with routing"),
+    ({"key": "id", "deletes": "true"}, r"option 'key' cannot be combined with routing"),
+    ({"mode": "append"}, r"mode 'append' is not one of upsert, history"),
+    ({"mode": "history", "deletes": "soft"}, r"deletes 'soft' is for mode 'upsert'"),
+    ({"tableModes": '[{"tables": "public.*", "mode": "scd2"}]'}, r"tableModes rule 1 \('public.\*'\): mode 'scd2'"),
     ({"commitMode": "prepared"}, r"commitMode 'prepared' cannot be used with routing"),
     ({"table": "mirror.{db}_{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
     ({"table": "a.b.{table}"}, r"must be 'schema.table'"),
@@ -40,6 +42,13 @@ def test_options_routing_refuses(pg_url, tmp_path: Path, options: dict, message:
     assert schemas(pg_url) == []
 
 
+def test_mode_deletes_and_table_modes_give_each_table_its_shape(pg_url, tmp_path: Path) -> None:
+    ds = source(tmp_path, pg_url, mode="history", deletes="false",
+                tableModes='[{"tables": "sales.*", "mode": "upsert", "deletes": "soft"}]')
+    assert ds.modes.of("public.orders").describe() == "history, deletes false"
+    assert ds.modes.of("sales.orders").describe() == "upsert, deletes soft"
+
+
 def test_routing_takes_only_the_multi_table_stream_and_creates_its_tables_in_the_templates_schema(pg_url, tmp_path: Path) -> None:
     ds = source(tmp_path, pg_url)
     plain = StructType([StructField("id", LongType()), StructField("v", StringType())])
@@ -47,5 +56,6 @@ def test_routing_takes_only_the_multi_table_stream_and_creates_its_tables_in_the
         ds.sink(plain)
     assert schemas(pg_url) == []
     assert isinstance(ds.sink(STREAM), RoutedPostgresSink) and ds.create_table  # createTable defaults to true here
+    assert ds.modes.of("public.x").describe() == "upsert"  # every table upsert, deletes applied, unless asked
     assert schemas(pg_url) == ["mirror"]
     assert bookkeeping_schema("{schema}.{table}") == "public" and bookkeeping_schema("{table}") == "public"

@@ -1,0 +1,196 @@
+"""The SQL that applies one source table's staged rows of an epoch to its routed PostgreSQL target, per table mode.
+
+Every statement runs in the epoch's one commit transaction (:mod:`.routed`); these builders only say what
+each mode does with the staged rows (``_op`` r/c/u/d, ``_lsn``/``_seq`` and the staging order, ``_commit_ts``,
+the row as JSON of PostgreSQL input texts), a truncate and a re-snapshot's end:
+
+* ``upsert`` (:func:`upsert_sql`): the target holds each key's last change. ``deletes=true``: a delete removes
+  the key; ``false``: deletes are not applied (the rows of ``d`` are left out, so the key's earlier change in the
+  epoch or its target row stays); ``soft``: a key whose last change is a delete keeps its last values -- the
+  epoch's last data row of the key, else its target row, else the delete's own values -- with ``_deleted = true``,
+  and a later insert sets ``_deleted = false`` again. One statement (``INSERT ... ON CONFLICT (key)``).
+* ``history`` (:func:`history_statements`, SCD type 2): every change of a key is a version: ``_valid_from`` = its
+  ``_commit_ts``, ``_valid_to`` = the key's next change's ``_commit_ts`` (null while current), ``_current``. The key's
+  current target row is closed by its first change in the epoch (``_valid_to`` = that change's ``_commit_ts``); a
+  delete closes without a new version (``deletes=false``: deletes are left out). The epoch's versions are first
+  computed into a temporary table -- their unchanged columns filled from the key's current row while it is still
+  current -- then the current rows are closed, then the versions inserted: the target's unique index on the key
+  ``WHERE _current`` (:mod:`.routed_schema`) never sees two current versions of a key.
+* **Unchanged columns** (an update that left a TOASTed value unchanged does not carry it): the row takes the value
+  of the key's latest earlier staged row that carries it (any task), else the key's (current) target row; null when
+  neither holds the key. In every mode: a new history version never holds a null where the source has a value.
+* A **truncate** (:func:`truncate_sql`): upsert deletes=true empties the target (the epoch's rows before it do not
+  matter); soft marks every row ``_deleted``; history closes every current version at the truncate's
+  ``_commit_ts``; deletes=false ignores it. Soft and history apply the epoch's rows before the truncate first
+  (:func:`segments`), so their versions and last values are kept as the source had them.
+* A re-snapshot's **end** (:func:`retire_sql`): the keys it did not deliver are deleted, marked ``_deleted`` or
+  their current versions closed (``_valid_to`` null: the source cannot tell when, in the gap, they went);
+  deletes=false: nothing.
+
+Ordering within the epoch: snapshot rows (no ``_lsn``) first, then ``(_lsn, _seq)``, then the task's partition and
+row; deterministic in the staged rows and the target before the epoch, so the commit's retry after a crash (its
+transaction rolled back) computes the same rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, VALID_FROM, VALID_TO
+from flinkish_spark.connectors.lakehouse.table_modes import TableMode
+from flinkish_spark.connectors.postgres.connection import quote_ident
+from flinkish_spark.connectors.postgres.staging import S_ATTEMPT, S_EPOCH, S_PART, S_ROW
+
+JSON = "_flinkish_json"
+OP = "_flinkish_op"
+FIRST = "_flinkish_first"
+VERSIONS = "pg_temp.flinkish_versions"  # a history epoch's versions (the session's own; dropped after each table)
+_ORDER = f"_lsn NULLS FIRST, _seq NULLS FIRST, {S_PART}, {S_ROW}"
+_ORDER_DESC = f"_lsn DESC NULLS LAST, _seq DESC NULLS LAST, {S_PART} DESC, {S_ROW} DESC"
+
+
+def literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class Position(NamedTuple):
+    """A truncate's place in the stream (``_lsn``, ``_seq``) and its commit time."""
+
+    lsn: int
+    seq: int
+    ts: object  # datetime | None, as psycopg read it
+
+
+def segments(truncates: list[Position], mode: TableMode) -> list[tuple[Position | None, Position | None]]:
+    """The ranges of the epoch's rows to apply, each ``(after, up to)`` a truncate; after each but the last
+    range its ``up to`` truncate is applied. Upsert deletes=true applies only the rows after the last truncate
+    (it empties the target anyway); deletes=false ignores truncates (one range, everything)."""
+    if not truncates or mode.deletes == "false":
+        return [(None, None)]
+    if mode.mode == "upsert" and mode.deletes == "true":
+        return [(truncates[-1], None)]
+    bounds: list[Position | None] = [None, *truncates, None]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def _range(after: Position | None, upto: Position | None) -> str:
+    out = ""
+    if after is not None:
+        out += f" AND (_lsn, _seq) > ({int(after.lsn)}, {int(after.seq)})"
+    if upto is not None:  # snapshot rows (no _lsn) come before every change
+        out += f" AND (_lsn IS NULL OR (_lsn, _seq) < ({int(upto.lsn)}, {int(upto.seq)}))"
+    return out
+
+
+def _source(staging: str, columns: dict[str, str], key: tuple[str, ...], mode: TableMode, unchanged: list[str],
+            after: Position | None, upto: Position | None) -> str:
+    """The table's staged data rows in range (params: epoch, attempt ids, source table): key columns typed, the
+    row's JSON (unchanged columns filled from the key's latest earlier staged row carrying them), op, order."""
+    keys = ", ".join(quote_ident(k) for k in key)
+    key_exprs = ", ".join(f"({JSON}->>{literal(k)})::{columns[k]} AS {quote_ident(k)}" for k in key)
+    ops = "('r', 'c', 'u')" if mode.deletes == "false" else "('r', 'c', 'u', 'd')"
+    where = f"{S_EPOCH} = %s AND {S_ATTEMPT} = ANY(%s) AND _table = %s AND _op IN {ops}" + _range(after, upto)
+    meta = f"_lsn, _seq, _commit_ts, {S_PART}, {S_ROW}"
+    src = (f"SELECT {key_exprs}, {JSON}, _op AS {OP}, {meta} FROM "
+           f"(SELECT _row::jsonb AS {JSON}, _op, {meta} FROM {staging} WHERE {where}) s")
+    if not unchanged:
+        return src
+    carried = ", ".join(f"array_agg({JSON}->{literal(n)}) FILTER (WHERE {JSON} ? {literal(n)}) OVER w AS _f{i}"
+                        for i, n in enumerate(unchanged))
+    merged = JSON
+    for i, n in enumerate(unchanged):
+        merged = (f"CASE WHEN {JSON} ? {literal(n)} OR _f{i} IS NULL THEN {merged} "
+                  f"ELSE {merged} || jsonb_build_object({literal(n)}, _f{i}[array_upper(_f{i}, 1)]) END")
+    return (f"SELECT {keys}, {merged} AS {JSON}, {OP}, {meta} FROM "
+            f"(SELECT x.*, {carried} FROM ({src}) x WINDOW w AS (PARTITION BY {keys} ORDER BY {_ORDER} "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)) y")
+
+
+def _values(target: str, columns: dict[str, str], key: tuple[str, ...], unchanged: list[str], live: str) -> list[str]:
+    """Each target data column's value from the row alias ``l``; an unchanged column the row lacks: the key's
+    target row's (``live``: the condition that picks its current one)."""
+    kept = " AND ".join(f"kept.{quote_ident(k)} = l.{quote_ident(k)}" for k in key) + live
+    return [f"(l.{JSON}->>{literal(n)})::{t}" if n not in unchanged else
+            f"CASE WHEN l.{JSON} ? {literal(n)} THEN (l.{JSON}->>{literal(n)})::{t} "
+            f"ELSE (SELECT kept.{quote_ident(n)} FROM {target} kept WHERE {kept}) END" for n, t in columns.items()]
+
+
+def upsert_sql(staging: str, target: str, columns: dict[str, str], key: tuple[str, ...], mode: TableMode,
+               unchanged: list[str], after: Position | None = None, upto: Position | None = None) -> str:
+    """One statement (params: epoch, attempt ids, source table) applying the range's last change per key."""
+    keys = ", ".join(quote_ident(k) for k in key)
+    src = _source(staging, columns, key, mode, unchanged, after, upto)
+    last = f"SELECT DISTINCT ON ({keys}) {keys}, {JSON}, {OP} FROM x ORDER BY {keys}, {_ORDER_DESC}"
+    cols = ", ".join(quote_ident(n) for n in columns)
+    values = ", ".join(_values(target, columns, key, unchanged, ""))
+    others = [n for n in columns if n not in key]
+    sets = [f"{quote_ident(n)} = EXCLUDED.{quote_ident(n)}" for n in others]
+    match = " AND ".join(f"t.{quote_ident(k)} = l.{quote_ident(k)}" for k in key)
+    if mode.deletes != "soft":
+        update = ("DO UPDATE SET " + ", ".join(sets)) if sets else "DO NOTHING"
+        gone = f", gone AS (DELETE FROM {target} t USING l WHERE l.{OP} = 'd' AND {match})" if mode.deletes == "true" else ""
+        return (f"WITH x AS ({src}), l AS ({last}){gone} "
+                f"INSERT INTO {target} ({cols}) SELECT {values} FROM l WHERE l.{OP} <> 'd' ON CONFLICT ({keys}) {update}")
+    # soft: a key whose last change is a delete takes its last data row's values in the range (v); without one,
+    # the target row keeps its own (only _deleted set), and a key the target lacks gets the delete's own values.
+    data = f"SELECT DISTINCT ON ({keys}) {keys}, {JSON} AS _v FROM x WHERE {OP} <> 'd' ORDER BY {keys}, {_ORDER_DESC}"
+    w = f"SELECT {keys}, coalesce(v._v, l.{JSON}) AS {JSON}, {OP}, v._v IS NULL AS _bare FROM l LEFT JOIN v USING ({keys})"
+    deleted = quote_ident(DELETED)
+    return (f"WITH x AS ({src}), l AS ({last}), v AS ({data}), w AS ({w}), "
+            f"marked AS (INSERT INTO {target} ({cols}, {deleted}) SELECT {values}, true FROM w l "
+            f"WHERE l.{OP} = 'd' AND l._bare ON CONFLICT ({keys}) DO UPDATE SET {deleted} = true) "
+            f"INSERT INTO {target} ({cols}, {deleted}) SELECT {values}, l.{OP} = 'd' FROM w l "
+            f"WHERE NOT (l.{OP} = 'd' AND l._bare) ON CONFLICT ({keys}) DO UPDATE SET "
+            + ", ".join(sets + [f"{deleted} = EXCLUDED.{deleted}"]))
+
+
+def history_statements(staging: str, target: str, columns: dict[str, str], key: tuple[str, ...], mode: TableMode,
+                       unchanged: list[str], after: Position | None = None,
+                       upto: Position | None = None) -> list[tuple[str, bool]]:
+    """The statements (each with whether it takes the params epoch, attempt ids, source table) adding the range's
+    versions and closing the current rows they replace."""
+    keys = ", ".join(quote_ident(k) for k in key)
+    cols = ", ".join(quote_ident(n) for n in columns)
+    hist = ", ".join(quote_ident(c) for c in (VALID_FROM, VALID_TO, CURRENT))
+    src = _source(staging, columns, key, mode, unchanged, after, upto)
+    values = ", ".join(f"{v} AS {quote_ident(n)}" for v, n in zip(
+        _values(target, columns, key, unchanged, f" AND kept.{quote_ident(CURRENT)}"), columns))
+    temp = ", ".join(f"{quote_ident(n)} {t}" for n, t in columns.items())
+    match = " AND ".join(f"t.{quote_ident(k)} = v.{quote_ident(k)}" for k in key)
+    return [
+        (f"CREATE TEMPORARY TABLE {VERSIONS} ({temp}, {OP} text, {quote_ident(VALID_FROM)} timestamptz, "
+         f"{quote_ident(VALID_TO)} timestamptz, {quote_ident(CURRENT)} boolean, {FIRST} boolean) ON COMMIT DROP", False),
+        (f"INSERT INTO {VERSIONS} SELECT {values}, l.{OP}, l._commit_ts, lead(l._commit_ts) OVER w, "
+         f"lead(true) OVER w IS NULL, row_number() OVER w = 1 FROM ({src}) l "
+         f"WINDOW w AS (PARTITION BY {', '.join('l.' + quote_ident(k) for k in key)} ORDER BY {_ORDER})", True),
+        (f"ANALYZE {VERSIONS}", False),  # a temporary table has no statistics: the close below finds rows by index
+        (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = v.{quote_ident(VALID_FROM)}, {quote_ident(CURRENT)} = false "
+         f"FROM {VERSIONS} v WHERE v.{FIRST} AND {match} AND t.{quote_ident(CURRENT)}", False),
+        (f"INSERT INTO {target} ({cols}, {hist}) SELECT {cols}, {hist} FROM {VERSIONS} WHERE {OP} <> 'd' "
+         f"ORDER BY {keys}", False),
+        (f"DROP TABLE {VERSIONS}", False),
+    ]
+
+
+def truncate_sql(target: str, mode: TableMode) -> str | None:
+    """What a truncate does to the target (param for history: its commit time); None: nothing."""
+    if mode.deletes == "false":
+        return None
+    if mode.mode == "history":
+        return (f"UPDATE {target} SET {quote_ident(VALID_TO)} = %s, {quote_ident(CURRENT)} = false "
+                f"WHERE {quote_ident(CURRENT)}")
+    if mode.deletes == "soft":
+        return f"UPDATE {target} SET {quote_ident(DELETED)} = true WHERE NOT {quote_ident(DELETED)}"
+    return f"DELETE FROM {target}"
+
+
+def retire_sql(target: str, mode: TableMode) -> str | None:
+    """How a re-snapshot's end retires the target's rows ``t`` a condition appended to it selects; None: it does not."""
+    if mode.deletes == "false":
+        return None
+    if mode.mode == "history":
+        return (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = NULL, {quote_ident(CURRENT)} = false "
+                f"WHERE t.{quote_ident(CURRENT)} AND")
+    if mode.deletes == "soft":
+        return f"UPDATE {target} t SET {quote_ident(DELETED)} = true WHERE NOT t.{quote_ident(DELETED)} AND"
+    return f"DELETE FROM {target} t WHERE"
