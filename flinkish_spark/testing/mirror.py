@@ -322,9 +322,11 @@ def history_problems(target: Any, key: Iterable[str]) -> list[str]:
     for r in rows:
         by_key[tuple(r[k] for k in names)].append(r)
     for k, versions in by_key.items():
-        versions.sort(key=lambda r: (r["_valid_from"], r["_valid_to"] is None, r["_valid_to"] or r["_valid_from"]))
+        # a snapshot row's version begins "before the history began" (null) and comes first
+        versions.sort(key=lambda r: (r["_valid_from"] is not None, r["_valid_from"] or 0, r["_valid_to"] is None,
+                                     r["_valid_to"] or 0))
         for a, b in zip(versions, versions[1:]):
-            if a["_current"] or a["_valid_to"] is None or a["_valid_to"] > b["_valid_from"]:
+            if a["_current"] or a["_valid_to"] is None or b["_valid_from"] is None or a["_valid_to"] > b["_valid_from"]:
                 problems.append(f"key {k}: version from {a['_valid_from']} (to {a['_valid_to']}, current "
                                 f"{a['_current']}) overlaps the next one, from {b['_valid_from']}")
                 break

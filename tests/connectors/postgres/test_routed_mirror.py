@@ -10,7 +10,10 @@ back as the server's own text of each value (the same JSON rows the source write
 source table -- exact types (numeric(40,10), a 50-digit numeric, timestamptz, bytea, text[],
 jsonb, uuid, interval), the new column and the new table included --; the targets have the
 source's column types (m_c.amount widened in place); no table outside the pattern has a target;
-there was one slot while running and none after the drain.
+there was one slot while running and none after the drain. Two tables have a shape of their own
+(``tableModes``): m_a keeps soft deletes (its deletes and key changes), m_b its history (SCD2): what
+they hold now equals their table (``flinkish mirror compare``'s view) and m_b's versions never overlap or
+repeat through the kills.
 """
 
 from __future__ import annotations
@@ -21,22 +24,30 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from flinkish_spark.testing.mirror import differences, run_workload, slots_and_publications, table_states
+import pyarrow as pa
+
+from flinkish_spark.mirror.compare import compare_postgres
+from flinkish_spark.testing.mirror import differences, history_problems, run_workload, slots_and_publications, table_states
 
 pytestmark = pytest.mark.slow
 
 KILLS = 1
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 TABLES = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
+#: m_a with soft deletes, m_b's history; the others mirrored.
+MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
+EXTRA = {"mirror.m_a": ["_deleted"], "mirror.m_b": ["_valid_from", "_valid_to", "_current"]}
 
 
-def spec(tmp_path: Path, url: str, **extra: object) -> dict:
+def spec(tmp_path: Path, url: str, sink_options: dict[str, str] | None = None, **extra: object) -> dict:
+    sink_options = sink_options or {}
     return {
         "source": {"format": "flinkish.postgres", "options": {
             "uid": "mirror", "checkpoint": str(tmp_path / "meta"), "url": url, "tables": "public.m_*",
             "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1}},
         "sink": {"format": "flinkish.postgres", "checkpointLocation": str(tmp_path / "cp"), "options": {
-            "uid": "replica", "checkpoint": str(tmp_path / "meta"), "url": url, "table": "mirror.{table}"}},
+            "uid": "replica", "checkpoint": str(tmp_path / "meta"), "url": url, "table": "mirror.{table}",
+            **sink_options}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -46,21 +57,32 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
 
 def test_pattern_mirror_into_routed_postgres_through_kills_schema_changes_and_new_tables(pg_url, run_pipeline,
                                                                                          tmp_path: Path) -> None:
-    run_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, **extra), pg_url, str(tmp_path / "cp"),
-                 str(tmp_path), KILLS, SEED, crash_at="sink.between_tables:3")
+    run_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, {"tableModes": MODES}, **extra), pg_url,
+                 str(tmp_path / "cp"), str(tmp_path), KILLS, SEED, crash_at="sink.between_tables:3")
 
+    compared = {c.table: c for c in compare_postgres(pg_url, "public.m_*", pg_url, "mirror.{table}",
+                                                     options={"tableModes": MODES})}
+    assert compared["public.m_a"].equal and compared["public.m_b"].equal, \
+        (compared["public.m_a"].summary(), compared["public.m_b"].summary())
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
-        target, target_schemas = table_states(conn, [t.replace("public.", "mirror.") for t in TABLES])
+        target, target_schemas = table_states(conn, ["mirror.m_a", "mirror.m_c", "mirror.m_new"])
+        cur = conn.execute("SELECT k, _valid_from, _valid_to, _current FROM mirror.m_b")
+        history = pa.Table.from_pylist([dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()])
+        soft_deleted = conn.execute("SELECT count(*) FROM mirror.m_a WHERE _deleted").fetchone()[0]
         mirrored = {r[0] for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'mirror' AND tablename NOT LIKE 'flinkish%'").fetchall()}
         epochs = conn.execute("SELECT count(*), count(DISTINCT (epoch, target)) FROM mirror.flinkish_commits").fetchone()
     assert "extra" in schemas["public.m_a"].names
-    replica = {t: target[t.replace("public.", "mirror.")] for t in TABLES}
-    assert differences(replica, source, schemas) == {}
-    for t in TABLES:  # the source's own column types
-        assert [(c.name, c.type) for c in target_schemas[t.replace("public.", "mirror.")].columns] == \
+    mirrored_as_is = ["public.m_c", "public.m_new"]
+    replica = {t: target[t.replace("public.", "mirror.")] for t in mirrored_as_is}
+    assert differences(replica, {t: source[t] for t in mirrored_as_is}, schemas) == {}
+    for t in ["public.m_a", *mirrored_as_is]:  # the source's own column types (and the shape's own columns)
+        got = [(c.name, c.type) for c in target_schemas[t.replace("public.", "mirror.")].columns]
+        assert [g for g in got if g[0] not in EXTRA.get(t.replace("public.", "mirror."), [])] == \
                [(c.name, c.type) for c in schemas[t].columns], t
+    assert history_problems(history, ["k"]) == []
+    assert history.num_rows > len(source["public.m_b"]) and soft_deleted > 0  # versions kept, deletes kept
     assert dict((c.name, c.type) for c in target_schemas["mirror.m_c"].columns)["amount"] == "numeric(14,2)"
     assert mirrored == {"m_a", "m_b", "m_c", "m_drop", "m_new"}  # never 'other'
     assert epochs[0] == epochs[1]  # each (epoch, target) committed once
