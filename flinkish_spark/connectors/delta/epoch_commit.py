@@ -32,15 +32,21 @@ from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, fill_rows
+from flinkish_spark.connectors.lakehouse.routed_modes import GoneAs, mark_gone
 from flinkish_spark.faults import crash_point
 
 @dataclass(frozen=True)
 class EpochExtra:
-    """What a routed epoch adds to a keyed commit: actions first (a new schema), a truncate, and rows gone."""
+    """What a routed epoch adds to a keyed commit: actions first (a new schema), a truncate, and rows gone
+    (what becomes of them: the table's mode, :func:`~flinkish_spark.connectors.lakehouse.routed_modes.gone_rows_as`)."""
 
     before: tuple[dict[str, Any], ...] = ()  # e.g. the metaData action of an evolved schema
-    drop_all: bool = False  # a truncate: remove every live file before the epoch's rows
-    gone: dict[str, np.ndarray] | None = None  # table file -> positions to delete besides the lookup's (re-snapshot end)
+    drop_all: bool = False  # a truncate (upsert, deletes applied): remove every live file before the epoch's rows
+    gone: dict[str, np.ndarray] | None = None  # table file -> positions gone besides the lookup's (re-snapshot end)
+    gone_as: GoneAs = "delete"
+    rest_gone: bool = False  # every live row the epoch does not replace is gone (a truncate, soft or history)
+    lookup: bool = True  # False: the epoch's keys replace no table row (history after a truncate closed them all)
+    close_us: int = -1  # history: the time gone rows' versions end (epoch µs)
 
 
 @dataclass
@@ -112,14 +118,24 @@ class EpochCommit:
         if self.extra.drop_all:  # a truncate: every live row goes, the epoch's rows come after it
             matches = Matches({})
             deleted = sum(self._drop_file(f) for f in list(self.state.files.values()))
+        elif not self.extra.lookup:
+            matches = Matches({})
         else:
             lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
             matches = lookup.find(self.changes.keys(), self.candidates())
         apply = self.changes.apply(matches)
-        if self.extra.gone is not None:
-            for path, positions in self.extra.gone.items():
+        gone = dict(self.extra.gone or {})
+        if self.extra.rest_gone:
+            for f in self.state.files.values():
+                rows = f.num_records if f.num_records is not None else _footer_rows(self.sink, self._file_url(f))
+                live = np.setdiff1d(np.arange(rows, dtype=np.int64), deleted_positions(self.sink, f))
+                gone[f.path] = live if f.path not in gone else np.union1d(gone[f.path], live)
+        if self.extra.gone_as == "delete":
+            for path, positions in gone.items():
                 have = apply.table_deletes.get(path)
                 apply.table_deletes[path] = positions if have is None else np.union1d(have, positions)
+        elif gone:
+            mark_gone(apply, gone, self.extra.gone_as, self.extra.close_us, self._read_column)
         added = self._copies(apply)
         deleted = 0 if not self.extra.drop_all else deleted
         deleted += self._table_deletes(apply)
@@ -134,6 +150,10 @@ class EpochCommit:
                                  output_mode="Update")
         lines = [json.loads(line) for line in payload.decode().splitlines() if line.strip()]
         return Built(payload, lines, self.vectors)
+
+    def _read_column(self, path: str, column: str, positions: np.ndarray) -> pa.Array:
+        f = self.state.files[path]
+        return read_positions(self.sink.io, self._file_url(f), positions, [column]).column(column).combine_chunks()
 
     def _add_new(self, file: DeltaFile, positions: np.ndarray | None) -> None:
         stats = file.stats
@@ -196,10 +216,10 @@ class EpochCommit:
             rows = read(copy.file, copy.task, copy.positions)
             for name, values in copy.overrides.items():
                 rows = rows.set_column(rows.schema.get_field_index(name), name, values)
-            pieces.append(fill_rows(rows, copy.fill, read).cast(plan.table_schema))
+            pieces.append(conform(fill_rows(rows, copy.fill, read), plan.table_schema))
         if not pieces:
             return 0
-        table = pa.concat_tables(pieces)
+        table = pa.concat_tables(pieces, promote_options="permissive")
         table = table.sort_by([(k, "ascending") for k in plan.key])
         written = write_table(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
                               self.sink.rows_per_file, self.sink.target_file_size)
@@ -245,6 +265,17 @@ class EpochCommit:
         """copyOnWrite: the file again without the dropped rows (a new file; the old one is removed)."""
         keep = np.setdiff1d(np.arange(rows, dtype=np.int64), drop)
         self._write_driver_file(read_positions(self.sink.io, self._file_url(f), keep), f"driver-rewrite-{n:04d}")
+
+
+def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` with ``schema``'s columns first, of its types (null where the rows lack one), then the other
+    columns they have: a table file's rows copied (a soft delete, a closed version) keep a column the source
+    dropped (the target keeps it) and get the columns added since the file was written."""
+    cols = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+            for f in schema]
+    rest = [n for n in rows.column_names if n not in schema.names]
+    return pa.Table.from_arrays(cols + [rows.column(n) for n in rest],
+                                schema=pa.schema(list(schema) + [rows.schema.field(n) for n in rest]))
 
 
 def _footer_rows(sink: DeltaTarget, url: str) -> int:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,10 +60,12 @@ from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import COMMIT_TS, LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
+from flinkish_spark.connectors.lakehouse.routed_modes import gone_rows_as
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO
@@ -91,7 +94,8 @@ class RoutedCommittable:
 def encode_routed(c: RoutedCommittable) -> bytes:
     parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
               "end": p.end, "keyed": None if p.keyed is None else base64.b64encode(encode_keyed(p.keyed)).decode(),
-              "n": p.figures.to_json(), **({"earlier": list(p.earlier)} if p.earlier else {})}
+              "n": p.figures.to_json(), **({"earlier": list(p.earlier)} if p.earlier else {}),
+              **({"tt": p.truncate_us} if p.truncate_us >= 0 else {})}
              for p in c.parts]
     return ROUTED_MAGIC + json.dumps({"partition": c.partition, "parts": parts}, separators=(",", ":")).encode()
 
@@ -101,7 +105,8 @@ def decode_routed(data: bytes) -> RoutedCommittable:
     return RoutedCommittable(int(d["partition"]), tuple(
         RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
                    None if p["keyed"] is None else decode_keyed(base64.b64decode(p["keyed"])),
-                   earlier=tuple(p.get("earlier", ())), figures=Figures.from_json(p.get("n")))
+                   earlier=tuple(p.get("earlier", ())), figures=Figures.from_json(p.get("n")),
+                   truncate_us=int(p.get("tt", -1)))
         for p in d["parts"]))
 
 
@@ -118,8 +123,10 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
-                 metadata_io: FileIO | None = None, metadata_dir: str | None = None, compact_every: int = 0) -> None:
+                 metadata_io: FileIO | None = None, metadata_dir: str | None = None, compact_every: int = 0,
+                 modes: TableModes = TableModes()) -> None:
         self.io, self.route, self.uid, self.merge_mode = io, route, uid, merge_mode
+        self.modes = modes
         self.compact_every = compact_every
         self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
         self.create_table = create_table
@@ -129,10 +136,11 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def target(self, table: str, schema: TableSchema, columns: pa.Schema | None = None) -> RoutedDeltaTarget:
         """``columns``: the data columns of the rows to write when they are not the newest schema's
         (a column dropped within the epoch: the rows written before the drop keep its values)."""
-        plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode)
+        mode = self.modes.of(table)
+        plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode, mode, table)
         target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
                                    self.checkpoint_interval, self.compact_every, self.rows_per_file,
-                                   self.target_file_size, source_table=table)
+                                   self.target_file_size, source_table=table, mode=mode)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
         if self.compact_every:  # counted in the table's versions, at its own offset (module docstring)
             target.compact_offset = checkpoint_offset(target.path, self.compact_every)
@@ -145,11 +153,11 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         for name, schema, data in task_tables(batches):
             keyed = None
             if data.changes.num_rows:
-                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN, UNCHANGED)])
+                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
                 target = self.target(name, schema, columns)
                 keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
             parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed,
-                                    earlier=data.earlier, figures=data.figures))
+                                    earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us))
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
 
     # -- commit (driver) -------------------------------------------------------------------------
@@ -194,12 +202,26 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         return "COMMITTED"
 
     def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
+        how = gone_rows_as(target.mode)
+        truncate = t.truncate and not created
+        # Where history closes the versions a truncate or a re-snapshot's end takes: the truncate's commit time;
+        # a re-snapshot's end has none (the rows went while no slot kept the WAL): the epoch's newest change of the
+        # table, else the commit's own time (one attempt's version lands: a retry may pick a later time).
+        close_us = max((p.truncate_us for p in t.parts if p.truncate), default=-1) if truncate else -1
+        if close_us < 0:
+            close_us = max((p.figures.commit_us for p in t.parts), default=-1)
+
         def extra(state: DeltaState) -> EpochExtra:
             before = () if created else schema_actions(target, state, evolution)
             gone = None
-            if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
+            if how != "keep" and self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
                 gone = self.resnapshots.step_delta(target, state, t.begin, t.end, t.keyed(), epoch)
-            return EpochExtra(tuple(before), t.truncate, gone)
+            at = close_us if close_us >= 0 else int(time.time() * 1_000_000)
+            if truncate and how in ("soft", "close"):
+                # Soft: every row the epoch does not write again gets _deleted = true. History: the epoch's changes
+                # all come after the truncate, so every current version closes at it and none is replaced.
+                return EpochExtra(tuple(before), False, None, how, rest_gone=True, lookup=how != "close", close_us=at)
+            return EpochExtra(tuple(before), t.truncate and how == "delete", gone, how, close_us=at)
 
         return extra
 

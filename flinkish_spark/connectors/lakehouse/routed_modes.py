@@ -1,0 +1,94 @@
+"""A routed target in its table's mode: its extra columns checked, and the rows a truncate or a re-snapshot's end takes away.
+
+Format-independent (the routed Delta and Iceberg sinks), for one table's
+:class:`~flinkish_spark.connectors.lakehouse.table_modes.TableMode`:
+
+* :func:`check_mode_columns` -- an existing target holds exactly its mode's extra columns (``_deleted``, or
+  ``_valid_from``/``_valid_to``/``_current``) besides the source table's: a target written in another mode
+  (the sink's ``mode``/``deletes``/``tableModes`` changed between runs) is one clear error naming the table
+  and the fix, raised before anything of the epoch is written;
+* :func:`gone_rows_as` -- what a row that is *gone* (a truncate took it, a re-snapshot did not deliver its key)
+  becomes: deleted (``deletes=true``), kept with ``_deleted = true`` (``soft``), closed at a time
+  (``history``: ``_valid_to`` set, ``_current = false``; its earlier versions stay), or nothing
+  (``deletes=false``: the target keeps every key it ever held);
+* :func:`mark_gone` -- adds such rows to an epoch's :class:`~flinkish_spark.connectors.lakehouse.resolve.Apply`:
+  each is deleted from its file and copied with the columns changed, in the epoch's one commit (so exactly
+  once, as every other row of it). Rows marked already (``_deleted`` true, a closed version) are left as
+  they are.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, HISTORY_COLUMNS, TIMESTAMP, VALID_TO
+from flinkish_spark.connectors.lakehouse.resolve import Apply, RowCopy
+from flinkish_spark.connectors.lakehouse.table_modes import TableMode
+from flinkish_spark.errors import SchemaChangeError
+
+GoneAs = Literal["delete", "soft", "close", "keep"]
+#: Every column a routed mode can add to a target.
+MODE_COLUMNS = (DELETED,) + HISTORY_COLUMNS
+
+
+def gone_rows_as(mode: TableMode) -> GoneAs:
+    if mode.mode == "history":
+        return "keep" if mode.deletes == "false" else "close"
+    if mode.deletes == "soft":
+        return "soft"
+    return "delete" if mode.deletes == "true" else "keep"
+
+
+def check_mode_columns(source_table: str, target_name: str, target_columns: list[str], source_columns: set[str],
+                       mode: TableMode, option_hint: str) -> None:
+    """Raise when the target's extra columns are not its mode's (``source_columns``: every column the source
+    table's schemas of the epoch have -- a source column of an extra column's name is the source's)."""
+    have = {c for c in target_columns if c in MODE_COLUMNS and c not in source_columns}
+    want = set(mode.extra_columns)
+    if have == want:
+        return
+    shape = "upsert" if not have else ("history" if CURRENT in have else "upsert with deletes soft")
+    missing = sorted(want - have)
+    raise SchemaChangeError(
+        f"source table {source_table}: {target_name} was written in another mode ({shape}: its extra columns are "
+        f"{', '.join(sorted(have)) or 'none'}) than the one the sink gives the table now ({mode.describe()}"
+        f"{', which writes ' + ', '.join(missing) if missing else ''}); nothing was written. Give the table its "
+        f"former mode again ({option_hint}), or mirror it to a new target with a new sink uid (or drop the target "
+        "and restart: it is created again from a new snapshot only with a new uid)."
+    )
+
+
+def mark_gone(apply: Apply, gone: dict[str, np.ndarray], how: GoneAs, close_us: int,
+              read_flag: Callable[[str, str, np.ndarray], pa.Array]) -> int:
+    """Add the ``gone`` rows (table file -> sorted positions, rows the epoch does not replace) to ``apply`` as
+    ``how`` says; ``read_flag(file, column, positions)`` reads a column of a file's rows. The rows marked."""
+    if how == "keep":
+        return 0
+    marked = 0
+    for path, positions in sorted(gone.items()):
+        positions = np.asarray(positions, dtype=np.int64)
+        replaced = apply.table_deletes.get(path)
+        if replaced is not None:
+            positions = np.setdiff1d(positions, replaced)
+        if not len(positions):
+            continue
+        if how != "delete":
+            flag = read_flag(path, DELETED if how == "soft" else CURRENT, positions)
+            live = pc.fill_null(flag, False) if how == "close" else pc.invert(pc.fill_null(flag, False))
+            positions = positions[np.asarray(live.to_numpy(zero_copy_only=False), dtype=np.bool_)]
+            if not len(positions):
+                continue
+        apply.table_deletes[path] = positions if replaced is None else np.union1d(replaced, positions)
+        n = len(positions)
+        marked += n
+        if how == "soft":
+            apply.copies.append(RowCopy(path, -1, positions, {DELETED: pa.array(np.ones(n, dtype=np.bool_))}))
+        elif how == "close":
+            ts = pa.array(np.full(n, close_us, dtype=np.int64)).cast(TIMESTAMP)
+            apply.copies.append(RowCopy(path, -1, positions, {VALID_TO: ts,
+                                                              CURRENT: pa.array(np.zeros(n, dtype=np.bool_))}))
+    return marked
