@@ -79,7 +79,7 @@ from flinkish_spark.connectors.iceberg.table import (
     info_of,
     keyed_properties,
 )
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import COMMIT_TS, LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import epoch_figures
@@ -181,7 +181,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
         identifier = self.route.target(part.table)
         table = self.load_target(identifier)
-        columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, UNCHANGED)])
+        columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
         schema = write_schema(table, columns)
         types = schema_to_pyarrow(schema, include_field_ids=False)
         plan = table_plan(types, key, self.merge_mode)

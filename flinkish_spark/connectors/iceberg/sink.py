@@ -84,6 +84,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 )
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
+from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
@@ -355,7 +356,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
                                                 "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
-                                                *KEYED_SINK_OPTIONS, "compactEvery")
+                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes")
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
@@ -363,6 +364,14 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
         if self.route is not None:
             refuse_keyed_options(opts.has, component, "table")
+            if not parse_table_modes(opts.get, component).all_upsert:
+                raise ConfigError(f"{component}: a routed Iceberg target ('{{table}}' in 'table') is written as upsert with "
+                                  "deletes applied for now: mode 'history' and deletes 'soft'/'false' per table are for "
+                                  "routed Delta targets (flinkish.delta with '{table}' in 'path'). Drop the option(s) "
+                                  "'mode', 'deletes', 'tableModes'.")
+        elif opts.has("tableModes"):
+            raise ConfigError(f"{component}: option 'tableModes' gives the tables of a routing sink their modes "
+                              "('{table}' in 'table'); one table's sink has 'mode' and 'deletes'. Drop it.")
         # A template is checked as a name it makes (each placeholder one part of a name).
         identifier(table.replace("{schema}", "s").replace("{table}", "t"), component)
         self.identifier = table

@@ -23,8 +23,9 @@ def source(tmp_path: Path, **options: str):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"mode": "upsert"}, r"option 'mode' cannot be combined with routing"),
-    ({"key": "id", "deletes": "true"}, r"option 'key', 'deletes' cannot be combined with routing"),
+    ({"mode": "history"}, r"a routed Iceberg target .* is written as upsert with deletes applied for now"),
+    ({"tableModes": '[{"tables": "public.x", "deletes": "soft"}]'}, r"is written as upsert with deletes applied for now"),
+    ({"key": "id", "deletes": "true"}, r"option 'key' cannot be combined with routing"),
     ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
     ({"table": "mirror.{db}_{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
     ({"table": "{table}"}, r"'table' must be namespace\.name"),

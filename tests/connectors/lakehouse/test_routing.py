@@ -48,9 +48,9 @@ def test_a_template_without_table_or_with_another_placeholder_is_refused() -> No
 
 
 def test_keyed_options_and_other_inputs_are_refused_with_routing() -> None:
-    with pytest.raises(ConfigError, match=r"option 'mode', 'key' cannot be combined with routing"):
-        refuse_keyed_options(lambda o: o in ("mode", "key"), "flinkish.delta sink", "path")
-    refuse_keyed_options(lambda o: o == "mergeMode", "flinkish.delta sink", "path")
+    with pytest.raises(ConfigError, match=r"option 'key', 'partitionBy' cannot be combined with routing"):
+        refuse_keyed_options(lambda o: o in ("mode", "key", "partitionBy"), "flinkish.delta sink", "path")
+    refuse_keyed_options(lambda o: o in ("mergeMode", "mode", "deletes", "tableModes"), "flinkish.delta sink", "path")
     check_stream(list(STREAM_COLUMNS), "c", "path")
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v.*option\('tables'"):
         check_stream(["id", "v"], "flinkish.delta sink", "path")
@@ -65,7 +65,8 @@ def test_one_tables_rows_keep_only_what_follows_the_last_truncate_and_report_the
     s.transaction((a, "c", {"id": 3, "v": "y"}), (a, "d", {"id": 3}))
     got = table_input(split_tables(s.batch())["public.a"].rows)
     assert got.truncate and got.begin and not got.end
-    assert got.changes.column_names == ["id", "v", "_op", "_lsn", "_unchanged"]
+    assert got.changes.column_names == ["id", "v", "_op", "_lsn", "_commit_ts", "_unchanged"]
+    assert got.truncate_us == 1200 * 1_000_000  # the truncate's commit time (history closes the versions there)
     assert got.changes.select(["id", "_op"]).to_pylist() == [{"id": 3, "_op": "c"}, {"id": 3, "_op": "d"}]
     assert got.lsn == got.changes.column("_lsn")[-1].as_py()
     only_snapshot = table_input(split_tables(StreamBuilder().snapshot(a, [{"id": 1, "v": "s"}]).marker(a, "E").batch())["public.a"].rows)
