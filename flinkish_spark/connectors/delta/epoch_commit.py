@@ -47,6 +47,7 @@ class EpochExtra:
     rest_gone: bool = False  # every live row the epoch does not replace is gone (a truncate, soft or history)
     lookup: bool = True  # False: the epoch's keys replace no table row (history after a truncate closed them all)
     close_us: int = -1  # history: the time gone rows' versions end (epoch µs)
+    close_by_us: int = -1  # history: a truncate's time, by which the epoch's keys' table versions end (-1: none)
 
 
 @dataclass
@@ -123,7 +124,8 @@ class EpochCommit:
         else:
             lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
             matches = lookup.find(self.changes.keys(), self.candidates())
-        apply = self.changes.apply(matches)
+        close_by = None if self.extra.close_by_us < 0 else pa.scalar(self.extra.close_by_us, pa.int64())
+        apply = self.changes.apply(matches, close_by)
         gone = dict(self.extra.gone or {})
         if self.extra.rest_gone:
             for f in self.state.files.values():

@@ -64,8 +64,10 @@ from flinkish_spark.connectors.lakehouse.changes import COMMIT_TS, LSN, OP, UNCH
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
 from flinkish_spark.connectors.lakehouse.routed_modes import gone_rows_as
-from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
-from flinkish_spark.connectors.lakehouse.table_modes import TableModes
+from flinkish_spark.connectors.lakehouse.routing import (
+    Route, TableEpoch, TablePart, table_plan, tables_of, task_tables, truncates_as_deletes,
+)
+from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableModes
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO
@@ -152,10 +154,13 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         parts = []
         for name, schema, data in task_tables(batches):
             keyed = None
-            if data.changes.num_rows:
-                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
+            # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
+            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
+                       else data.changes)
+            if changes.num_rows:
+                columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
                 target = self.target(name, schema, columns)
-                keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
+                keyed = prepare_keyed(target, iter(changes.to_batches()), ctx)
             parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed,
                                     earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us))
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
@@ -218,9 +223,11 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                 gone = self.resnapshots.step_delta(target, state, t.begin, t.end, t.keyed(), epoch)
             at = close_us if close_us >= 0 else int(time.time() * 1_000_000)
             if truncate and how in ("soft", "close"):
-                # Soft: every row the epoch does not write again gets _deleted = true. History: the epoch's changes
-                # all come after the truncate, so every current version closes at it and none is replaced.
-                return EpochExtra(tuple(before), False, None, how, rest_gone=True, lookup=how != "close", close_us=at)
+                # Every row the epoch does not write again gets _deleted = true (soft) / its current version closed at
+                # the truncate (history); the epoch's keys' rows are replaced as in any epoch (a history version by
+                # the key's first change or the truncate, whichever came first).
+                return EpochExtra(tuple(before), False, None, how, rest_gone=True, close_us=at,
+                                  close_by_us=at if how == "close" else -1)
             return EpochExtra(tuple(before), t.truncate and how == "delete", gone, how, close_us=at)
 
         return extra

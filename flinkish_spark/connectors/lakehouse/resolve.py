@@ -293,12 +293,14 @@ class EpochChanges:
             return pa.table({k: pa.array([], self.plan.input_schema.field(k).type) for k in self.plan.key})
         return self.entries.select(list(self.plan.key)).take(pa.array(self.starts))
 
-    def apply(self, matches: Matches) -> Apply:
+    def apply(self, matches: Matches, close_by: pa.Scalar | None = None) -> Apply:
+        """``close_by`` (history): a table version closes at the key's first change of the epoch or at this time,
+        whichever is earlier (a truncate's: the changes after it replace rows it took already)."""
         out = Apply()
         if self.entries is None:
             return out
         if self.plan.mode == "history":
-            self._history(matches, out)
+            self._history(matches, out, close_by)
         else:
             self._upsert(matches, out)
         return out
@@ -434,7 +436,7 @@ class EpochChanges:
             soft_copy[self.group[soft[use_other]]] = True
         needs_table_row[self.group[soft[~use_other & from_delete[soft]]]] = True
 
-    def _history(self, matches: Matches, out: Apply) -> None:
+    def _history(self, matches: Matches, out: Apply, close_by: pa.Scalar | None = None) -> None:
         assert self.entries is not None
         ts = self.entries.column(E_TS).combine_chunks()
         n = len(self.group)
@@ -456,6 +458,9 @@ class EpochChanges:
             self._drop(out, copy)
             self._copy_filled(out, copy, fills, {VALID_TO: want_to, CURRENT: pa.array(want_current)})
         first_ts = ts.take(pa.array(self.starts))
+        if close_by is not None:
+            us = pc.min_element_wise(first_ts.cast(pa.int64()), close_by.cast(pa.int64()), skip_nulls=True)
+            first_ts = us.cast(TIMESTAMP)
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
             out.copies.append(RowCopy(path, -1, positions, {

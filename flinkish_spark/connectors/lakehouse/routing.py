@@ -182,6 +182,9 @@ class TableInput:
     earlier: tuple[str, ...] = ()  # TableSchema JSON: the older schemas changes of these rows announced, oldest first
     figures: Figures = Figures()  # what the rows were, all of them (before the truncate): set by task_tables
     truncate_us: int = -1  # the last truncate's source commit time (epoch µs; -1: none, or not known)
+    #: With a truncate: every row change of the task and the truncates (``_op`` 't'), as ``changes`` (for the modes
+    #: that keep what a truncate takes: :func:`truncates_as_deletes`).
+    whole: pa.Table | None = None
 
 
 def table_input(rows: pa.Table) -> TableInput:
@@ -191,21 +194,56 @@ def table_input(rows: pa.Table) -> TableInput:
     truncates = pc.indices_nonzero(pc.equal(ops, "t"))
     truncate = len(truncates) > 0
     truncate_us = -1
+    whole = None
+    data = [n for n in rows.column_names if n not in ROW_META]
+
+    def as_changes(rows: pa.Table) -> pa.Table:
+        return (rows.select(data).append_column(OP, rows.column("_op"))
+                .append_column(LSN, rows.column("_lsn").cast(pa.int64()))
+                .append_column(COMMIT_TS, rows.column("_commit_ts").cast(TIMESTAMP))
+                .append_column(UNCHANGED, rows.column(UNCHANGED)))
+
     if truncate:
         at = truncates[-1].as_py()
         ts = rows.column("_commit_ts")[at]
         if ts.is_valid:
             truncate_us = int(ts.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).as_py())
+        whole = as_changes(rows.filter(pc.is_in(rows.column("_op"), pa.array(["r", "c", "u", "d", "t"]))))
         rows = rows.slice(at + 1)
     rows = rows.filter(pc.is_in(rows.column("_op"), pa.array(["r", "c", "u", "d"])))
     lsn = pc.max(rows.column("_lsn")).as_py() if rows.num_rows else None
-    data = [n for n in rows.column_names if n not in ROW_META]
-    changes = (rows.select(data).append_column(OP, rows.column("_op"))
-               .append_column(LSN, rows.column("_lsn").cast(pa.int64()))
-               .append_column(COMMIT_TS, rows.column("_commit_ts").cast(TIMESTAMP))
-               .append_column(UNCHANGED, rows.column(UNCHANGED)))
-    return TableInput(changes, truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn),
-                      truncate_us=truncate_us)
+    return TableInput(as_changes(rows), truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn),
+                      truncate_us=truncate_us, whole=whole)
+
+
+def truncates_as_deletes(data: TableInput, key: tuple[str, ...]) -> pa.Table:
+    """The task's row changes with each truncate as a delete of every key a row since the one before carried
+    (at the truncate's LSN and commit time): what a target that keeps what a truncate takes (soft deletes,
+    history, deletes ignored) applies -- a change before the truncate in the same epoch is a version too. The
+    target's own rows from before the epoch are the commit's to mark (:mod:`.routed_modes`)."""
+    if data.whole is None:
+        return data.changes
+    whole = data.whole
+    ops = whole.column(OP).to_pylist()
+    pieces: list[pa.Table] = []
+    start = 0
+    for i, op in enumerate(ops):
+        if op != "t":
+            continue
+        since = whole.slice(start, i - start)
+        pieces.append(since)
+        keys = since.select(list(key)).group_by(list(key), use_threads=False).aggregate([])
+        n = keys.num_rows
+        if n:
+            t = whole.slice(i, 1)
+            cols = {f.name: (keys.column(f.name).cast(f.type) if f.name in key else
+                             pa.repeat(t.column(f.name)[0], n) if f.name in (LSN, COMMIT_TS) else
+                             pa.repeat(pa.scalar("d"), n) if f.name == OP else pa.nulls(n, f.type))
+                    for f in whole.schema}
+            pieces.append(pa.table(cols, schema=whole.schema))
+        start = i + 1
+    pieces.append(whole.slice(start))
+    return pa.concat_tables(pieces)
 
 
 #: Stream rows a sink task decodes at once (:func:`task_tables`): their JSON texts are dropped once typed, so a task

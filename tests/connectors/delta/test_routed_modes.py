@@ -108,6 +108,8 @@ def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row_in_histor
 
 
 def test_a_truncate_marks_closes_or_keeps_the_rows_by_the_tables_mode(tmp_path: Path) -> None:
+    """Soft: every row the truncate took is marked _deleted (a change before it in the same epoch too); history:
+    every current version closes at the truncate's commit time; deletes=false: nothing is removed."""
     schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in SHAPES}
     m = Mirror(tmp_path, modes=modes())
     s = StreamBuilder()
@@ -117,6 +119,9 @@ def test_a_truncate_marks_closes_or_keeps_the_rows_by_the_tables_mode(tmp_path: 
     s.transaction(*[(schema, "u", {"id": 1, "v": "one", "n": 3}) for schema in schemas.values()])
     s.transaction(*[(schema, "d", {"id": 3}) for schema in schemas.values()])
     m.epoch(s.batch())
+    s.transaction(*[c for schema in schemas.values() for c in ((schema, "c", {"id": 4, "v": "gone", "n": 1}),
+                                                                (schema, "u", {"id": 1, "v": "pre", "n": 1}))])
+    pre = ts(s.lsn)
     s.transaction(*[(schema, "t", None) for schema in schemas.values()])
     truncated = ts(s.lsn)
     s.transaction(*[(schema, "c", {"id": 2, "v": "after", "n": 5}) for schema in schemas.values()])
@@ -127,15 +132,15 @@ def test_a_truncate_marks_closes_or_keeps_the_rows_by_the_tables_mode(tmp_path: 
         return sorted(tuple(r[c] for c in ("id", "v", *extra)) for r in rows(m, t))
 
     assert short("public.u") == [(2, "after")]
-    assert short("public.f") == [(1, "one"), (2, "after"), (3, "s3")]  # nothing removed
-    assert short("public.s", "_deleted") == [(1, "one", True), (2, "after", False), (3, "s3", True)]
+    assert short("public.f") == [(1, "pre"), (2, "after"), (3, "s3"), (4, "gone")]  # nothing removed
+    assert short("public.s", "_deleted") == [(1, "pre", True), (2, "after", False), (3, "s3", True), (4, "gone", True)]
     updated = ts(1100)
     assert short("public.h", "_valid_from", "_valid_to", "_current") == [
-        (1, "one", updated, truncated, False), (1, "s1", None, updated, False),
+        (1, "one", updated, pre, False), (1, "pre", pre, truncated, False), (1, "s1", None, updated, False),
         (2, "after", after, None, True), (2, "s2", None, truncated, False),
-        (3, "s3", None, ts(1200), False)]
-    assert short("public.hf", "_current") == [(1, "one", True), (1, "s1", False), (2, "after", True),
-                                              (2, "s2", False), (3, "s3", True)]
+        (3, "s3", None, ts(1200), False), (4, "gone", pre, truncated, False)]
+    assert short("public.hf", "_current") == [(1, "one", False), (1, "pre", True), (1, "s1", False),
+                                              (2, "after", True), (2, "s2", False), (3, "s3", True), (4, "gone", True)]
 
 
 def test_a_resnapshot_end_marks_or_closes_the_keys_it_did_not_deliver(tmp_path: Path) -> None:
