@@ -32,12 +32,12 @@ import numpy as np
 import pyarrow as pa
 
 from flinkish_spark.connectors.delta.committables import delta_files
-from flinkish_spark.connectors.delta.epoch_commit import conform
 from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.log import VersionTaken, add_action, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
+from flinkish_spark.connectors.lakehouse.routed_modes import conform
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.faults import crash_point
 

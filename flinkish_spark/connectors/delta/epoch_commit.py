@@ -32,7 +32,7 @@ from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, fill_rows
-from flinkish_spark.connectors.lakehouse.routed_modes import GoneAs, mark_gone
+from flinkish_spark.connectors.lakehouse.routed_modes import GoneAs, conform, mark_gone, unchanged_snapshot_versions
 from flinkish_spark.faults import crash_point
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class EpochExtra:
     lookup: bool = True  # False: the epoch's keys replace no table row (history after a truncate closed them all)
     close_us: int = -1  # history: the time gone rows' versions end (epoch µs)
     close_by_us: int = -1  # history: a truncate's time, by which the epoch's keys' table versions end (-1: none)
+    routed: bool = False  # a routed target (history: a snapshot row equal to the current version adds none)
 
 
 @dataclass
@@ -125,7 +126,13 @@ class EpochCommit:
             lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
             matches = lookup.find(self.changes.keys(), self.candidates())
         close_by = None if self.extra.close_by_us < 0 else pa.scalar(self.extra.close_by_us, pa.int64())
+        same = np.zeros(0, dtype=np.int64)
+        if plan.mode == "history" and self.extra.routed:
+            columns = [c for c in plan.data_columns]
+            matches, same = unchanged_snapshot_versions(self.changes, matches, columns, plan.table_schema, self._read)
         apply = self.changes.apply(matches, close_by)
+        if len(same):
+            self.changes.drop_written(apply, same)  # a re-snapshot row equal to the current version: no new version
         gone = dict(self.extra.gone or {})
         if self.extra.rest_gone:
             for f in self.state.files.values():
@@ -152,6 +159,18 @@ class EpochCommit:
                                  output_mode="Update")
         lines = [json.loads(line) for line in payload.decode().splitlines() if line.strip()]
         return Built(payload, lines, self.vectors)
+
+    def _read(self, file: str | None, task: int, positions: np.ndarray) -> pa.Table:
+        """Rows of a table file (``task`` -1), or of a committable's files (``file`` None), in ``positions``' order."""
+        if file is not None:
+            return read_positions(self.sink.io, self._file_url(self.state.files[file]), positions)
+        c = self.committables[task]
+        parts = []
+        order = []
+        for j, local, sel in c.locate(positions):
+            parts.append(read_positions(self.sink.io, self.sink.url(c.files[j].path), local))
+            order.append(sel)
+        return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
     def _read_column(self, path: str, column: str, positions: np.ndarray) -> pa.Array:
         f = self.state.files[path]
@@ -202,17 +221,7 @@ class EpochCommit:
         """Rows written again with some columns changed (soft deletes, closed history versions)."""
         plan = self.sink.plan
         assert plan is not None
-        def read(file: str | None, task: int, positions: np.ndarray) -> pa.Table:
-            if file is not None:
-                return read_positions(self.sink.io, self._file_url(self.state.files[file]), positions)
-            c = self.committables[task]
-            parts = []
-            order = []
-            for j, local, sel in c.locate(positions):
-                parts.append(read_positions(self.sink.io, self.sink.url(c.files[j].path), local))
-                order.append(sel)
-            return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
-
+        read = self._read
         pieces = []
         for copy in apply.copies:
             rows = read(copy.file, copy.task, copy.positions)
@@ -267,17 +276,6 @@ class EpochCommit:
         """copyOnWrite: the file again without the dropped rows (a new file; the old one is removed)."""
         keep = np.setdiff1d(np.arange(rows, dtype=np.int64), drop)
         self._write_driver_file(read_positions(self.sink.io, self._file_url(f), keep), f"driver-rewrite-{n:04d}")
-
-
-def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``rows`` with ``schema``'s columns first, of its types (null where the rows lack one), then the other
-    columns they have: a table file's rows copied (a soft delete, a closed version) keep a column the source
-    dropped (the target keeps it) and get the columns added since the file was written."""
-    cols = [rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-            for f in schema]
-    rest = [n for n in rows.column_names if n not in schema.names]
-    return pa.Table.from_arrays(cols + [rows.column(n) for n in rest],
-                                schema=pa.schema(list(schema) + [rows.schema.field(n) for n in rest]))
 
 
 def _footer_rows(sink: DeltaTarget, url: str) -> int:

@@ -227,8 +227,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                 # the truncate (history); the epoch's keys' rows are replaced as in any epoch (a history version by
                 # the key's first change or the truncate, whichever came first).
                 return EpochExtra(tuple(before), False, None, how, rest_gone=True, close_us=at,
-                                  close_by_us=at if how == "close" else -1)
-            return EpochExtra(tuple(before), t.truncate and how == "delete", gone, how, close_us=at)
+                                  close_by_us=at if how == "close" else -1, routed=True)
+            return EpochExtra(tuple(before), t.truncate and how == "delete", gone, how, close_us=at, routed=True)
 
         return extra
 

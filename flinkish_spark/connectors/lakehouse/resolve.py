@@ -305,6 +305,10 @@ class EpochChanges:
             self._upsert(matches, out)
         return out
 
+    def drop_written(self, out: Apply, entries: np.ndarray) -> None:
+        """Delete the rows these entries (of kind VERSION) wrote: a version the commit found to be no change."""
+        self._drop(out, entries)
+
     def _drop(self, out: Apply, entries: np.ndarray) -> None:
         """Delete the rows these entries wrote (entries of kind VERSION)."""
         for task in np.unique(self.task[entries]):
