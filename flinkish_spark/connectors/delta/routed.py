@@ -28,6 +28,12 @@
   no read, no commit and no marker. Each table checkpoints every ``checkpointInterval`` versions
   at its own offset (:func:`checkpoint_offset`), so tables changing together spread their
   checkpoints over the interval's epochs instead of all writing one in the same epoch.
+* **Modes** (``mode`` / ``deletes`` / ``tableModes``, per table:
+  :mod:`~flinkish_spark.connectors.lakehouse.table_modes`): each table's plan is its mode's
+  (:func:`~flinkish_spark.connectors.lakehouse.routing.table_plan`); the target is created with the
+  mode's columns and checked against them (:mod:`.evolve`); a truncate or a re-snapshot's end deletes,
+  marks (``_deleted``), closes (history) or keeps the rows it takes
+  (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.gone_rows_as`), in the epoch's one version.
 * **Compaction** (``compactEvery`` = N, default 0: off): a table is compacted right after the
   commit that brings it to a version v with (v + offset) % N == 0 -- about every N of its own
   commits (the compaction's version counts as one), at an offset of its own (:func:`checkpoint_offset`

@@ -84,7 +84,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 )
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
-from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
@@ -364,14 +364,10 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
         if self.route is not None:
             refuse_keyed_options(opts.has, component, "table")
-            if not parse_table_modes(opts.get, component).all_upsert:
-                raise ConfigError(f"{component}: a routed Iceberg target ('{{table}}' in 'table') is written as upsert with "
-                                  "deletes applied for now: mode 'history' and deletes 'soft'/'false' per table are for "
-                                  "routed Delta targets (flinkish.delta with '{table}' in 'path'). Drop the option(s) "
-                                  "'mode', 'deletes', 'tableModes'.")
         elif opts.has("tableModes"):
             raise ConfigError(f"{component}: option 'tableModes' gives the tables of a routing sink their modes "
                               "('{table}' in 'table'); one table's sink has 'mode' and 'deletes'. Drop it.")
+        self.modes = parse_table_modes(opts.get, component) if self.route is not None else TableModes()
         # A template is checked as a name it makes (each placeholder one part of a name).
         identifier(table.replace("{schema}", "s").replace("{table}", "t"), component)
         self.identifier = table
@@ -398,7 +394,8 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
             check_stream(schema.fieldNames(), f"{self.name()} sink uid {self.uid!r}", "table")
             return RoutedIcebergSink(self.catalog_props, self.route, self.uid, self.raw_options, self.keyed.merge_mode,
                                      self.rows_per_file, self.target_file_size, self.retain_snapshots,
-                                     self.create_table, self.io, self.decision_log().directory, self.compact_every)
+                                     self.create_table, self.io, self.decision_log().directory, self.compact_every,
+                                     self.modes)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")

@@ -21,6 +21,7 @@ Format-independent (the routed Delta and Iceberg sinks), for one table's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Literal
 
 import numpy as np
@@ -37,6 +38,17 @@ from flinkish_spark.errors import SchemaChangeError
 GoneAs = Literal["delete", "soft", "close", "keep"]
 #: Every column a routed mode can add to a target.
 MODE_COLUMNS = (DELETED,) + HISTORY_COLUMNS
+
+
+@dataclass(frozen=True)
+class GoneMarks:
+    """What a routed epoch does with the rows it takes away (a format's commit carries it out)."""
+
+    how: GoneAs = "delete"
+    rest_gone: bool = False  # every live row the epoch does not replace is gone (a truncate, soft or history)
+    close_us: int = -1  # history: when gone rows' versions end (epoch µs)
+    close_by_us: int = -1  # history: a truncate's time, by which the epoch's keys' table versions end (-1: none)
+    routed: bool = False  # history: a snapshot row equal to the key's current version adds none
 
 
 def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:

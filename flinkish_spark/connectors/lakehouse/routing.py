@@ -164,10 +164,9 @@ def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode, mod
     return ChangePlan(mode.mode, tuple(key), mode.deletes, merge_mode, input_schema, pa.schema(fields))
 
 
-def source_columns(names: list[str]) -> list[str]:
-    """The columns of a target's rows that are the source table's (not a mode's extra columns)."""
-    extra = (DELETED,) + HISTORY_COLUMNS
-    return [n for n in names if n not in extra]
+def source_columns(schema: pa.Schema, mode: TableMode) -> pa.Schema:
+    """A target's columns without its mode's extra columns: what the source table's are."""
+    return pa.schema([f for f in schema if f.name not in mode.extra_columns])
 
 
 @dataclass(frozen=True)
