@@ -197,3 +197,40 @@ def test_a_history_target_keeps_its_columns_through_schema_evolution(tmp_path: P
     names = deltalake.DeltaTable(m.path("public.h")).schema().to_arrow().names
     assert names == ["id", "v", "_valid_from", "_valid_to", "_current", "w"]
     assert sorted((r["v"], r["w"], r["_current"]) for r in rows(m, "public.h")) == [("x", None, False), ("y", 5, True)]
+
+
+@pytest.mark.parametrize("point", ["delta.keyed.before_version", "sink.between_tables"])
+def test_a_crash_in_a_truncating_epoch_and_its_replay_write_each_mark_once(tmp_path: Path, monkeypatch, point: str) -> None:
+    """The marked / closed copies of a truncate are part of the table's one version: a crash before it (or between
+    two tables) and the restart's commit of the same epoch leave each row once, and a replay of a committed epoch
+    changes nothing."""
+    from flinkish_spark.connectors.delta import epoch_commit, routed
+
+    class Killed(BaseException):
+        pass
+
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in ("public.h", "public.s")}
+    m = Mirror(tmp_path, modes=modes())
+    s = StreamBuilder()
+    for schema in schemas.values():
+        s.snapshot(schema, [{"id": i, "v": f"s{i}", "n": 1} for i in (1, 2)])
+    m.epoch(s.batch())
+    s.transaction(*[(schema, "u", {"id": 1, "v": "one", "n": 2}) for schema in schemas.values()])
+    s.transaction(*[(schema, "t", None) for schema in schemas.values()])
+    batch = s.batch()
+
+    def crash(name: str) -> None:
+        if name == point:
+            raise Killed
+
+    monkeypatch.setattr(epoch_commit if point.startswith("delta.") else routed, "crash_point", crash)
+    with pytest.raises(Killed):
+        m.epoch(batch)
+    monkeypatch.undo()
+    m.epoch(batch)  # the restart commits the decided epoch
+    m.epochs -= 1
+    m.epoch(batch)  # once more: every table holds it
+    truncated = ts(s.lsn)
+    assert sorted((r["id"], r["v"], r["_deleted"]) for r in rows(m, "public.s")) == [(1, "one", True), (2, "s2", True)]
+    assert sorted((r["id"], r["v"], r["_valid_to"], r["_current"]) for r in rows(m, "public.h")) == [
+        (1, "one", truncated, False), (1, "s1", ts(s.lsn - 100), False), (2, "s2", truncated, False)]
