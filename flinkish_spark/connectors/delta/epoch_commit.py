@@ -130,7 +130,8 @@ class EpochCommit:
         if plan.mode == "history" and self.extra.routed:
             columns = [c for c in plan.data_columns]
             matches, same = unchanged_snapshot_versions(self.changes, matches, columns, plan.table_schema, self._read)
-        apply = self.changes.apply(matches, close_by)
+        snapshot_from = pa.scalar(self.extra.close_us, pa.int64()) if self.extra.routed and self.extra.close_us >= 0 else None
+        apply = self.changes.apply(matches, close_by, snapshot_from)
         if len(same):
             self.changes.drop_written(apply, same)  # a re-snapshot row equal to the current version: no new version
         gone = dict(self.extra.gone or {})

@@ -164,7 +164,8 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
         matches, same = unchanged_snapshot_versions(epoch_changes, matches, list(plan.data_columns),
                                                     plan.table_schema, read)
     close_by = None if marks.close_by_us < 0 else pa.scalar(marks.close_by_us, pa.int64())
-    applied = epoch_changes.apply(matches, close_by)
+    snapshot_from = pa.scalar(marks.close_us, pa.int64()) if marks.routed and marks.close_us >= 0 else None
+    applied = epoch_changes.apply(matches, close_by, snapshot_from)
     if len(same):
         epoch_changes.drop_written(applied, same)  # a re-snapshot row equal to the current version: no new version
     gone = dict(gone or {})

@@ -293,14 +293,16 @@ class EpochChanges:
             return pa.table({k: pa.array([], self.plan.input_schema.field(k).type) for k in self.plan.key})
         return self.entries.select(list(self.plan.key)).take(pa.array(self.starts))
 
-    def apply(self, matches: Matches, close_by: pa.Scalar | None = None) -> Apply:
+    def apply(self, matches: Matches, close_by: pa.Scalar | None = None, snapshot_from: pa.Scalar | None = None) -> Apply:
         """``close_by`` (history): a table version closes at the key's first change of the epoch or at this time,
-        whichever is earlier (a truncate's: the changes after it replace rows it took already)."""
+        whichever is earlier (a truncate's: the changes after it replace rows it took already). ``snapshot_from``
+        (history, epoch µs): the time a snapshot row replacing a version the table holds (a re-snapshot's, the key's
+        only change of the epoch) starts at, and the replaced version ends at (None: both stay null)."""
         out = Apply()
         if self.entries is None:
             return out
         if self.plan.mode == "history":
-            self._history(matches, out, close_by)
+            self._history(matches, out, close_by, snapshot_from)
         else:
             self._upsert(matches, out)
         return out
@@ -440,7 +442,8 @@ class EpochChanges:
             soft_copy[self.group[soft[use_other]]] = True
         needs_table_row[self.group[soft[~use_other & from_delete[soft]]]] = True
 
-    def _history(self, matches: Matches, out: Apply, close_by: pa.Scalar | None = None) -> None:
+    def _history(self, matches: Matches, out: Apply, close_by: pa.Scalar | None = None,
+                 snapshot_from: pa.Scalar | None = None) -> None:
         assert self.entries is not None
         ts = self.entries.column(E_TS).combine_chunks()
         n = len(self.group)
@@ -458,10 +461,27 @@ class EpochChanges:
         fix = np.flatnonzero(wrong)  # versions whose chain continues in another task's rows
         fills = self._fill_sources(matches, np.flatnonzero(self.kind == KIND_VERSION))
         copy = np.union1d(fix, np.asarray(sorted(fills), dtype=np.int64)) if fills else fix
+        overrides = {VALID_TO: want_to, CURRENT: pa.array(want_current)}
+        first_ts = ts.take(pa.array(self.starts))
+        if snapshot_from is not None and matches.by_file:
+            # A key's only change a snapshot row (no commit time) replacing a version the table holds: a re-snapshot's
+            # row that differs -- the change happened while nothing was read, at an unknown time: ``snapshot_from``.
+            matched = np.zeros(len(self.starts), dtype=np.bool_)
+            for _, key_index in matches.by_file.values():
+                matched[key_index] = True
+            lsn = np.asarray(self.entries.column(E_LSN).to_numpy(), dtype=np.int64)
+            alone = (self.ends - self.starts == 1) & matched
+            snap = self.starts[alone & (lsn[self.starts] == NO_LSN) & (self.kind[self.starts] == KIND_VERSION)]
+            if len(snap):
+                is_snap = np.zeros(n, dtype=np.bool_)
+                is_snap[snap] = True
+                at = snapshot_from.cast(pa.int64()).cast(TIMESTAMP)
+                overrides[VALID_FROM] = pc.if_else(pa.array(is_snap), pa.repeat(at, n), ts)
+                copy = np.union1d(copy, snap)
+                first_ts = pc.if_else(pa.array(is_snap[self.starts]), pa.repeat(at, len(self.starts)), first_ts)
         if len(copy):  # a fixed or filled version is copied with its chain as the epoch leaves it
             self._drop(out, copy)
-            self._copy_filled(out, copy, fills, {VALID_TO: want_to, CURRENT: pa.array(want_current)})
-        first_ts = ts.take(pa.array(self.starts))
+            self._copy_filled(out, copy, fills, overrides)
         if close_by is not None:
             us = pc.min_element_wise(first_ts.cast(pa.int64()), close_by.cast(pa.int64()), skip_nulls=True)
             first_ts = us.cast(TIMESTAMP)

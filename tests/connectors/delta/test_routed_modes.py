@@ -146,7 +146,7 @@ def test_a_truncate_marks_closes_or_keeps_the_rows_by_the_tables_mode(tmp_path: 
 def test_a_resnapshot_end_marks_or_closes_the_keys_it_did_not_deliver(tmp_path: Path) -> None:
     """Rows deleted while no slot kept the WAL: soft marks them, history closes their current version (at the
     epoch's newest change of the table), deletes=false keeps them. In history a re-snapshot row equal to the key's
-    current version adds none; a changed one adds a version without times (the change has none)."""
+    current version adds none; a changed one closes it and starts a version at that same time."""
     shapes = ("public.h", "public.s", "public.f")
     schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in shapes}
     m = Mirror(tmp_path, modes=modes())
@@ -164,7 +164,7 @@ def test_a_resnapshot_end_marks_or_closes_the_keys_it_did_not_deliver(tmp_path: 
     assert sorted((r["id"], r["v"]) for r in rows(m, "public.f")) == [(1, "s1"), (2, "r2"), (3, "s3"), (4, "new")]
     assert sorted((r["id"], r["v"], r["_valid_from"], r["_valid_to"], r["_current"]) for r in rows(m, "public.h")) == [
         (1, "s1", None, None, True),  # delivered as it was: no new version
-        (2, "r2", None, None, True), (2, "s2", None, None, False),  # changed while no slot kept the WAL: no times
+        (2, "r2", ts(s.lsn), None, True), (2, "s2", None, ts(s.lsn), False),  # changed while no slot kept the WAL
         (3, "s3", None, ts(s.lsn), False),  # not delivered: closed at the epoch's newest change of the table
         (4, "new", ts(s.lsn), None, True)]
 
