@@ -48,6 +48,8 @@ STREAM_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id", "
 #: The options a routing sink refuses: it is always keyed by each table's primary key, unpartitioned (its
 #: ``mode`` / ``deletes`` are per table: :mod:`~flinkish_spark.connectors.lakehouse.table_modes`).
 NOT_WITH_ROUTING = ("key", "partitionBy")
+#: What a routing sink without per-table modes refuses (the flinkish.postgres sink's, for now).
+NOT_WITH_MODES = ("mode", "key", "deletes", "partitionBy")
 #: A name part a path holds as it is: letters and digits (any script), '_', '.', '$', '-'; not only dots.
 _PATH_AS_IS = re.compile(r"^[\w.$-]+$")
 #: What :func:`path_part` makes of any name.
@@ -121,13 +123,17 @@ def parse_route(template: str, kind: str, option: str, component: str) -> Route:
     return Route(template, kind)
 
 
-def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str) -> None:
-    given = [o for o in NOT_WITH_ROUTING if has(o)]
+def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str,
+                         refused: tuple[str, ...] = NOT_WITH_MODES) -> None:
+    """Refuse the ``refused`` options with routing: the lakehouse sinks pass :data:`NOT_WITH_ROUTING` (they take
+    ``mode``/``deletes`` per table); the default is a routing sink without modes (upsert, deletes applied)."""
+    given = [o for o in refused if has(o)]
     if given:
+        what = ("keyed by its primary key, unpartitioned" if "mode" not in refused else
+                "keyed by its primary key with deletes applied")
         raise ConfigError(
             f"{component}: option {', '.join(repr(g) for g in given)} cannot be combined with routing "
-            f"('{{table}}' in {option!r}): each table is written keyed by its primary key, unpartitioned "
-            "(docs/mirror.md). Drop the option."
+            f"('{{table}}' in {option!r}): each table is written {what} (docs/mirror.md). Drop the option."
         )
 
 
