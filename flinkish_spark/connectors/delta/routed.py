@@ -51,7 +51,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, D
 from flinkish_spark.connectors.lakehouse.changes import COMMIT_TS, LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
-from flinkish_spark.connectors.lakehouse.routed_modes import gone_rows_as
+from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us, gone_rows_as
 from flinkish_spark.connectors.lakehouse.routing import (
     Route, TableEpoch, TablePart, table_plan, tables_of, task_tables, truncates_as_deletes,
 )
@@ -215,19 +214,13 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
         how = gone_rows_as(target.mode)
         truncate = t.truncate and not created
-        # Where history closes the versions a truncate or a re-snapshot's end takes: the truncate's commit time;
-        # a re-snapshot's end has none (the rows went while no slot kept the WAL): the epoch's newest change of the
-        # table, else the commit's own time (one attempt's version lands: a retry may pick a later time).
-        close_us = max((p.truncate_us for p in t.parts if p.truncate), default=-1) if truncate else -1
-        if close_us < 0:
-            close_us = max((p.figures.commit_us for p in t.parts), default=-1)
 
         def extra(state: DeltaState) -> EpochExtra:
             before = () if created else schema_actions(target, state, evolution)
             gone = None
             if how != "keep" and self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
                 gone = self.resnapshots.step_delta(target, state, t.begin, t.end, t.keyed(), epoch)
-            at = close_us if close_us >= 0 else int(time.time() * 1_000_000)
+            at = close_time_us(t.parts, truncate)  # when history closes what the epoch takes
             if truncate and how in ("soft", "close"):
                 # Every row the epoch does not write again gets _deleted = true (soft) / its current version closed at
                 # the truncate (history); the epoch's keys' rows are replaced as in any epoch (a history version by

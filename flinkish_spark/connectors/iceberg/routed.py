@@ -91,7 +91,7 @@ from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_prope
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import epoch_figures
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
-from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, check_mode_columns, gone_rows_as
+from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, check_mode_columns, close_time_us, gone_rows_as
 from flinkish_spark.connectors.lakehouse.routing import (
     Route,
     TableEpoch,
@@ -331,12 +331,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         io = self.io_for(table.location())
         mode = self.modes.of(t.table)
         how = gone_rows_as(mode)
-        # Where history closes the versions a truncate or a re-snapshot's end takes (see the Delta sink, .routed).
-        close_us = max((p.truncate_us for p in t.parts if p.truncate), default=-1) if t.truncate else -1
-        if close_us < 0:
-            close_us = max((p.figures.commit_us for p in t.parts), default=-1)
-        if close_us < 0:
-            close_us = int(time.time() * 1_000_000)
+        close_us = close_time_us(t.parts, t.truncate)  # when history closes what the epoch takes
         for attempt in range(10):
             if committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"

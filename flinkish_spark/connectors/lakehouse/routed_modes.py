@@ -21,8 +21,9 @@ Format-independent (the routed Delta and Iceberg sinks), for one table's
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Iterable, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,7 @@ from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, HISTOR
 from flinkish_spark.connectors.lakehouse.resolve import (
     E_LSN, KIND_VERSION, NO_LSN, Apply, EpochChanges, Matches, RowCopy,
 )
+from flinkish_spark.connectors.lakehouse.routing import TablePart
 from flinkish_spark.connectors.lakehouse.table_modes import TableMode
 from flinkish_spark.errors import SchemaChangeError
 
@@ -60,6 +62,18 @@ def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     rest = [n for n in rows.column_names if n not in schema.names]
     return pa.Table.from_arrays(cols + [rows.column(n) for n in rest],
                                 schema=pa.schema(list(schema) + [rows.schema.field(n) for n in rest]))
+
+
+def close_time_us(parts: Iterable[TablePart], truncate: bool) -> int:
+    """When history closes the versions an epoch's truncate or re-snapshot end takes (epoch µs): the truncate's
+    commit time; a re-snapshot's end has none (the rows went while no slot kept the WAL): the epoch's newest change
+    of the table, else the commit's own time (one attempt's version or snapshot lands: a retry may pick a later
+    time)."""
+    parts = list(parts)
+    at = max((p.truncate_us for p in parts if p.truncate), default=-1) if truncate else -1
+    if at < 0:
+        at = max((p.figures.commit_us for p in parts), default=-1)
+    return at if at >= 0 else int(time.time() * 1_000_000)
 
 
 def gone_rows_as(mode: TableMode) -> GoneAs:
