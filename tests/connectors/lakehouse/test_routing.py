@@ -3,6 +3,7 @@ one table's rows as a keyed input (truncate, re-snapshot markers)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -162,3 +163,19 @@ def test_a_task_decoded_batch_by_batch_until_a_second_table_or_schema_gives_the_
             assert repr(got) == repr([(n, sch, rows, f) for n, sch, rows, f in want]), (then, size)
         if then == "schema":
             assert [d.earlier for _, _, d in task_tables(iter(stream.to_batches(max_chunksize=3)))] == [(a1.to_json(),)]
+
+
+def test_truncates_as_deletes_keeps_the_changes_before_a_truncate_and_deletes_their_keys_at_it() -> None:
+    from flinkish_spark.connectors.lakehouse.routing import truncates_as_deletes
+
+    a = table_schema("public.a", [("id", "int"), ("v", "text")], ("id",))
+    s = StreamBuilder()
+    s.transaction((a, "c", {"id": 1, "v": "x"}), (a, "u", {"id": 1, "v": "y"}), (a, "c", {"id": 2, "v": "z"}))
+    s.transaction((a, "t", None))
+    s.transaction((a, "c", {"id": 3, "v": "w"}))
+    (name, schema, got), = task_tables(s.batch().to_batches())
+    whole = truncates_as_deletes(got, schema.key)
+    assert [(r["id"], r["v"], r["_op"], r["_lsn"]) for r in whole.select(["id", "v", "_op", "_lsn"]).to_pylist()] == [
+        (1, "x", "c", 1100), (1, "y", "u", 1100), (2, "z", "c", 1100), (1, None, "d", 1200), (2, None, "d", 1200),
+        (3, "w", "c", 1300)]
+    assert truncates_as_deletes(replace(got, whole=None), schema.key) == got.changes
