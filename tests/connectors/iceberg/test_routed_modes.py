@@ -54,9 +54,10 @@ def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row(tmp_path:
     assert got == ([(1, 0, "one"), (1, 1, "one")] if mode == "history" else [(1, 1, "one")])
 
 
-def test_a_truncate_and_a_resnapshot_end_mark_close_or_keep_rows_by_mode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("merge_mode", ["mergeOnRead", "copyOnWrite"])
+def test_a_truncate_and_a_resnapshot_end_mark_close_or_keep_rows_by_mode(tmp_path: Path, merge_mode: str) -> None:
     schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in ("public.h", "public.s", "public.f")}
-    m = Mirror(tmp_path, modes=modes())
+    m = Mirror(tmp_path, merge_mode=merge_mode, modes=modes())
     s = StreamBuilder()
     for schema in schemas.values():
         s.snapshot(schema, [{"id": i, "v": f"s{i}", "n": 1} for i in (1, 2, 3)])
@@ -65,8 +66,7 @@ def test_a_truncate_and_a_resnapshot_end_mark_close_or_keep_rows_by_mode(tmp_pat
         s.marker(schema, "B").snapshot(schema, [{"id": 1, "v": "s1", "n": 1}, {"id": 2, "v": "r2", "n": 1}])
         s.marker(schema, "E")
     m.epoch(s.batch())
-    ended = None  # no change in the epoch: closed at the commit's time
-    h = rows(m, "public.h")
+    h = rows(m, "public.h")  # key 3 closed at the commit's time: no change in the epoch
     assert sorted((r["id"], r["v"], r["_current"]) for r in h) == [
         (1, "s1", True), (2, "r2", True), (2, "s2", False), (3, "s3", False)]
     ended = [r["_valid_to"] for r in h if r["id"] == 3][0]
