@@ -234,3 +234,15 @@ def test_a_crash_in_a_truncating_epoch_and_its_replay_write_each_mark_once(tmp_p
     assert sorted((r["id"], r["v"], r["_deleted"]) for r in rows(m, "public.s")) == [(1, "one", True), (2, "s2", True)]
     assert sorted((r["id"], r["v"], r["_valid_to"], r["_current"]) for r in rows(m, "public.h")) == [
         (1, "one", truncated, False), (1, "s1", ts(s.lsn - 100), False), (2, "s2", truncated, False)]
+
+
+def test_a_source_column_named_like_a_mode_column_is_refused_naming_the_table(tmp_path: Path) -> None:
+    s = StreamBuilder()
+    s.snapshot(table_schema("public.s", [("id", "int"), ("_deleted", "bool")], ("id",)), [{"id": 1, "_deleted": False}])
+    with pytest.raises(SchemaChangeError, match=r"source table public.s: its column\(s\) _deleted have the name of a "
+                                                r"column its target's mode \(upsert, deletes soft\) writes itself"):
+        Mirror(tmp_path, modes=modes()).epoch(s.batch())
+    s.snapshot(table_schema("public.u", [("id", "int"), ("_deleted", "bool")], ("id",)), [{"id": 1, "_deleted": True}])
+    m = Mirror(tmp_path, modes=modes())
+    m.epoch(s.batch())  # upsert: the source's own column
+    assert rows(m, "public.u") == [{"id": 1, "_deleted": True}]
