@@ -37,6 +37,7 @@ from flinkish_spark.connectors.delta.log import VersionTaken, add_action, commit
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
+from flinkish_spark.connectors.lakehouse.routed_modes import conform
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.faults import crash_point
 
@@ -77,8 +78,9 @@ def compact(sink: DeltaTarget, state: DeltaState, epoch: int) -> int | None:
         rows = f.num_records or 0
         keep = np.setdiff1d(np.arange(rows, dtype=np.int64), deleted_positions(sink, f))
         url = f.relative_path if "://" in f.relative_path else sink.url(f.relative_path)
-        pieces.append(read_positions(sink.io, url, keep).cast(plan.table_schema))
-    table = pa.concat_tables(pieces).sort_by([(k, "ascending") for k in plan.key])
+        # conform, not cast: a routed table's older files lack columns added since, or keep one the source dropped
+        pieces.append(conform(read_positions(sink.io, url, keep), plan.table_schema))
+    table = pa.concat_tables(pieces, promote_options="permissive").sort_by([(k, "ascending") for k in plan.key])
     token = uuid.uuid4().hex[:8]
     folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, epoch)
     written = write_table(sink.io, folder, table, lambda i: f"compact-{token}-{i:04d}.parquet",

@@ -32,15 +32,23 @@ from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, fill_rows
+from flinkish_spark.connectors.lakehouse.routed_modes import GoneAs, conform, mark_gone, unchanged_snapshot_versions
 from flinkish_spark.faults import crash_point
 
 @dataclass(frozen=True)
 class EpochExtra:
-    """What a routed epoch adds to a keyed commit: actions first (a new schema), a truncate, and rows gone."""
+    """What a routed epoch adds to a keyed commit: actions first (a new schema), a truncate, and rows gone
+    (what becomes of them: the table's mode, :func:`~flinkish_spark.connectors.lakehouse.routed_modes.gone_rows_as`)."""
 
     before: tuple[dict[str, Any], ...] = ()  # e.g. the metaData action of an evolved schema
-    drop_all: bool = False  # a truncate: remove every live file before the epoch's rows
-    gone: dict[str, np.ndarray] | None = None  # table file -> positions to delete besides the lookup's (re-snapshot end)
+    drop_all: bool = False  # a truncate (upsert, deletes applied): remove every live file before the epoch's rows
+    gone: dict[str, np.ndarray] | None = None  # table file -> positions gone besides the lookup's (re-snapshot end)
+    gone_as: GoneAs = "delete"
+    rest_gone: bool = False  # every live row the epoch does not replace is gone (a truncate, soft or history)
+    lookup: bool = True  # False: the epoch's keys replace no table row (history after a truncate closed them all)
+    close_us: int = -1  # history: the time gone rows' versions end (epoch µs)
+    close_by_us: int = -1  # history: a truncate's time, by which the epoch's keys' table versions end (-1: none)
+    routed: bool = False  # a routed target (history: a snapshot row equal to the current version adds none)
 
 
 @dataclass
@@ -112,14 +120,32 @@ class EpochCommit:
         if self.extra.drop_all:  # a truncate: every live row goes, the epoch's rows come after it
             matches = Matches({})
             deleted = sum(self._drop_file(f) for f in list(self.state.files.values()))
+        elif not self.extra.lookup:
+            matches = Matches({})
         else:
             lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
             matches = lookup.find(self.changes.keys(), self.candidates())
-        apply = self.changes.apply(matches)
-        if self.extra.gone is not None:
-            for path, positions in self.extra.gone.items():
+        close_by = None if self.extra.close_by_us < 0 else pa.scalar(self.extra.close_by_us, pa.int64())
+        same = np.zeros(0, dtype=np.int64)
+        if plan.mode == "history" and self.extra.routed:
+            columns = [c for c in plan.data_columns]
+            matches, same = unchanged_snapshot_versions(self.changes, matches, columns, plan.table_schema, self._read)
+        snapshot_from = pa.scalar(self.extra.close_us, pa.int64()) if self.extra.routed and self.extra.close_us >= 0 else None
+        apply = self.changes.apply(matches, close_by, snapshot_from)
+        if len(same):
+            self.changes.drop_written(apply, same)  # a re-snapshot row equal to the current version: no new version
+        gone = dict(self.extra.gone or {})
+        if self.extra.rest_gone:
+            for f in self.state.files.values():
+                rows = f.num_records if f.num_records is not None else _footer_rows(self.sink, self._file_url(f))
+                live = np.setdiff1d(np.arange(rows, dtype=np.int64), deleted_positions(self.sink, f))
+                gone[f.path] = live if f.path not in gone else np.union1d(gone[f.path], live)
+        if self.extra.gone_as == "delete":
+            for path, positions in gone.items():
                 have = apply.table_deletes.get(path)
                 apply.table_deletes[path] = positions if have is None else np.union1d(have, positions)
+        elif gone:
+            mark_gone(apply, gone, self.extra.gone_as, self.extra.close_us, self._read_column)
         added = self._copies(apply)
         deleted = 0 if not self.extra.drop_all else deleted
         deleted += self._table_deletes(apply)
@@ -134,6 +160,22 @@ class EpochCommit:
                                  output_mode="Update")
         lines = [json.loads(line) for line in payload.decode().splitlines() if line.strip()]
         return Built(payload, lines, self.vectors)
+
+    def _read(self, file: str | None, task: int, positions: np.ndarray) -> pa.Table:
+        """Rows of a table file (``task`` -1), or of a committable's files (``file`` None), in ``positions``' order."""
+        if file is not None:
+            return read_positions(self.sink.io, self._file_url(self.state.files[file]), positions)
+        c = self.committables[task]
+        parts = []
+        order = []
+        for j, local, sel in c.locate(positions):
+            parts.append(read_positions(self.sink.io, self.sink.url(c.files[j].path), local))
+            order.append(sel)
+        return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+
+    def _read_column(self, path: str, column: str, positions: np.ndarray) -> pa.Array:
+        f = self.state.files[path]
+        return read_positions(self.sink.io, self._file_url(f), positions, [column]).column(column).combine_chunks()
 
     def _add_new(self, file: DeltaFile, positions: np.ndarray | None) -> None:
         stats = file.stats
@@ -180,26 +222,16 @@ class EpochCommit:
         """Rows written again with some columns changed (soft deletes, closed history versions)."""
         plan = self.sink.plan
         assert plan is not None
-        def read(file: str | None, task: int, positions: np.ndarray) -> pa.Table:
-            if file is not None:
-                return read_positions(self.sink.io, self._file_url(self.state.files[file]), positions)
-            c = self.committables[task]
-            parts = []
-            order = []
-            for j, local, sel in c.locate(positions):
-                parts.append(read_positions(self.sink.io, self.sink.url(c.files[j].path), local))
-                order.append(sel)
-            return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
-
+        read = self._read
         pieces = []
         for copy in apply.copies:
             rows = read(copy.file, copy.task, copy.positions)
             for name, values in copy.overrides.items():
                 rows = rows.set_column(rows.schema.get_field_index(name), name, values)
-            pieces.append(fill_rows(rows, copy.fill, read).cast(plan.table_schema))
+            pieces.append(conform(fill_rows(rows, copy.fill, read), plan.table_schema))
         if not pieces:
             return 0
-        table = pa.concat_tables(pieces)
+        table = pa.concat_tables(pieces, promote_options="permissive")
         table = table.sort_by([(k, "ascending") for k in plan.key])
         written = write_table(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
                               self.sink.rows_per_file, self.sink.target_file_size)

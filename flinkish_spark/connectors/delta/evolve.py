@@ -2,7 +2,11 @@
 
 * **Created** when the first epoch with rows of its table commits (``createTable``, default
   true): version 0 written by the sink (put-if-absent), with deletion vectors (``mergeOnRead``)
-  and the table property ``flinkish.primaryKey`` (the key the sink writes it by).
+  and the table property ``flinkish.primaryKey`` (the key the sink writes it by); its columns are
+  the source table's and its mode's extra columns (``_deleted``, or ``_valid_from``/``_valid_to``/
+  ``_current``: :mod:`~flinkish_spark.connectors.lakehouse.table_modes`), which the evolution keeps
+  (they are the sink's, not the source's) and checks: a target written in another mode is one
+  clear error before anything is written (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.check_mode_columns`).
 * **Evolved** in the epoch's own version: a ``metaData`` action with the new schema
   (columns added at the end, types widened), built from the table's current ``metaData``
   so that its id, configuration and partitioning stay. The rules are
@@ -19,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -31,7 +36,9 @@ from flinkish_spark.connectors.delta.log import VersionTaken, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DV_PROPERTY, deltalake
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
+from flinkish_spark.connectors.lakehouse.routed_modes import check_mode_columns
 from flinkish_spark.connectors.lakehouse.routing import SchemaStep, routed_twice
+from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableMode
 from flinkish_spark.errors import StorageUnavailableError, TableMismatchError
 
 KEY_PROPERTY = "flinkish.primaryKey"
@@ -56,9 +63,10 @@ class RoutedDeltaTarget(LiveTarget):
     A table deleted and created again at its path drops every cache of it (:meth:`LiveTarget.forget_table`,
     checked by :func:`~flinkish_spark.connectors.delta.live.table_state` on each call), as for one table."""
 
-    def __init__(self, *args: Any, source_table: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, source_table: str, mode: TableMode = UPSERT, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.source_table = source_table
+        self.mode = mode
 
     def validate(self, create: bool, component: str) -> Any:
         dl = deltalake()
@@ -103,10 +111,20 @@ class RoutedDeltaTarget(LiveTarget):
         key_fix = (f"Mirror the table to a new path with a new sink uid; or, if its rows are unique by the new key, "
                    f"set the table property: DeltaTable({self.table_uri!r}).alter.set_table_properties("
                    f"{{'{KEY_PROPERTY}': '<new key, comma-separated>'}}) and restart.")
-        return evolve_epoch(self.source_table, name, current, key,
-                            [(delta_arrow(s.schema.arrow_schema()), s.schema.key, s.announced, s.passing) for s in schemas],
-                            fix, key_fix,
-                            ahead)
+        if state is not None:
+            check_mode_columns(self.source_table, name, current.names,
+                               {c.name for s in schemas for c in s.schema.columns}, self.mode,
+                               "the sink's options 'mode', 'deletes', 'tableModes'")
+        evolution = evolve_epoch(self.source_table, name, current, key,
+                                 [(delta_arrow(s.schema.arrow_schema()), s.schema.key, s.announced, s.passing)
+                                  for s in schemas],
+                                 fix, key_fix,
+                                 ahead)
+        if state is None and self.mode.extra_columns:  # created with the mode's columns, after the source's
+            assert self.plan is not None
+            extra = [self.plan.table_schema.field(c) for c in self.mode.extra_columns]
+            evolution = dataclasses.replace(evolution, schema=delta_arrow(pa.schema(list(evolution.schema) + extra)))
+        return evolution
 
     def ensure_created(self, evolution: Evolution, create: bool) -> bool:
         """Create the table with the evolved schema if it does not exist; whether it was created now."""

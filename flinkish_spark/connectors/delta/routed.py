@@ -28,6 +28,12 @@
   no read, no commit and no marker. Each table checkpoints every ``checkpointInterval`` versions
   at its own offset (:func:`checkpoint_offset`), so tables changing together spread their
   checkpoints over the interval's epochs instead of all writing one in the same epoch.
+* **Modes** (``mode`` / ``deletes`` / ``tableModes``, per table:
+  :mod:`~flinkish_spark.connectors.lakehouse.table_modes`): each table's plan is its mode's
+  (:func:`~flinkish_spark.connectors.lakehouse.routing.table_plan`); the target is created with the
+  mode's columns and checked against them (:mod:`.evolve`); a truncate or a re-snapshot's end deletes,
+  marks (``_deleted``), closes (history) or keeps the rows it takes
+  (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.gone_rows_as`), in the epoch's one version.
 * **Compaction** (``compactEvery`` = N, default 0: off): a table is compacted right after the
   commit that brings it to a version v with (v + offset) % N == 0 -- about every N of its own
   commits (the compaction's version counts as one), at an offset of its own (:func:`checkpoint_offset`
@@ -59,10 +65,14 @@ from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import COMMIT_TS, LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
-from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, table_plan, tables_of, task_tables
+from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us, gone_rows_as
+from flinkish_spark.connectors.lakehouse.routing import (
+    Route, TableEpoch, TablePart, table_plan, tables_of, task_tables, truncates_as_deletes,
+)
+from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableModes
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO
@@ -91,7 +101,8 @@ class RoutedCommittable:
 def encode_routed(c: RoutedCommittable) -> bytes:
     parts = [{"table": p.table, "schema": p.schema, "lsn": p.lsn, "truncate": p.truncate, "begin": p.begin,
               "end": p.end, "keyed": None if p.keyed is None else base64.b64encode(encode_keyed(p.keyed)).decode(),
-              "n": p.figures.to_json(), **({"earlier": list(p.earlier)} if p.earlier else {})}
+              "n": p.figures.to_json(), **({"earlier": list(p.earlier)} if p.earlier else {}),
+              **({"tt": p.truncate_us} if p.truncate_us >= 0 else {})}
              for p in c.parts]
     return ROUTED_MAGIC + json.dumps({"partition": c.partition, "parts": parts}, separators=(",", ":")).encode()
 
@@ -101,7 +112,8 @@ def decode_routed(data: bytes) -> RoutedCommittable:
     return RoutedCommittable(int(d["partition"]), tuple(
         RoutedPart(p["table"], p["schema"], int(p["lsn"]), bool(p["truncate"]), bool(p["begin"]), bool(p["end"]),
                    None if p["keyed"] is None else decode_keyed(base64.b64decode(p["keyed"])),
-                   earlier=tuple(p.get("earlier", ())), figures=Figures.from_json(p.get("n")))
+                   earlier=tuple(p.get("earlier", ())), figures=Figures.from_json(p.get("n")),
+                   truncate_us=int(p.get("tt", -1)))
         for p in d["parts"]))
 
 
@@ -118,8 +130,10 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
-                 metadata_io: FileIO | None = None, metadata_dir: str | None = None, compact_every: int = 0) -> None:
+                 metadata_io: FileIO | None = None, metadata_dir: str | None = None, compact_every: int = 0,
+                 modes: TableModes = TableModes()) -> None:
         self.io, self.route, self.uid, self.merge_mode = io, route, uid, merge_mode
+        self.modes = modes
         self.compact_every = compact_every
         self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
         self.create_table = create_table
@@ -129,10 +143,11 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def target(self, table: str, schema: TableSchema, columns: pa.Schema | None = None) -> RoutedDeltaTarget:
         """``columns``: the data columns of the rows to write when they are not the newest schema's
         (a column dropped within the epoch: the rows written before the drop keep its values)."""
-        plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode)
+        mode = self.modes.of(table)
+        plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode, mode, table)
         target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
                                    self.checkpoint_interval, self.compact_every, self.rows_per_file,
-                                   self.target_file_size, source_table=table)
+                                   self.target_file_size, source_table=table, mode=mode)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
         if self.compact_every:  # counted in the table's versions, at its own offset (module docstring)
             target.compact_offset = checkpoint_offset(target.path, self.compact_every)
@@ -144,12 +159,15 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         parts = []
         for name, schema, data in task_tables(batches):
             keyed = None
-            if data.changes.num_rows:
-                columns = pa.schema([f for f in data.changes.schema if f.name not in (OP, LSN, UNCHANGED)])
+            # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
+            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
+                       else data.changes)
+            if changes.num_rows:
+                columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
                 target = self.target(name, schema, columns)
-                keyed = prepare_keyed(target, iter(data.changes.to_batches()), ctx)
+                keyed = prepare_keyed(target, iter(changes.to_batches()), ctx)
             parts.append(RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, keyed,
-                                    earlier=data.earlier, figures=data.figures))
+                                    earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us))
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
 
     # -- commit (driver) -------------------------------------------------------------------------
@@ -194,12 +212,22 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         return "COMMITTED"
 
     def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
+        how = gone_rows_as(target.mode)
+        truncate = t.truncate and not created
+
         def extra(state: DeltaState) -> EpochExtra:
             before = () if created else schema_actions(target, state, evolution)
             gone = None
-            if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
+            if how != "keep" and self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(target.path)):
                 gone = self.resnapshots.step_delta(target, state, t.begin, t.end, t.keyed(), epoch)
-            return EpochExtra(tuple(before), t.truncate, gone)
+            at = close_time_us(t.parts, truncate)  # when history closes what the epoch takes
+            if truncate and how in ("soft", "close"):
+                # Every row the epoch does not write again gets _deleted = true (soft) / its current version closed at
+                # the truncate (history); the epoch's keys' rows are replaced as in any epoch (a history version by
+                # the key's first change or the truncate, whichever came first).
+                return EpochExtra(tuple(before), False, None, how, rest_gone=True, close_us=at,
+                                  close_by_us=at if how == "close" else -1, routed=True)
+            return EpochExtra(tuple(before), t.truncate and how == "delete", gone, how, close_us=at, routed=True)
 
         return extra
 

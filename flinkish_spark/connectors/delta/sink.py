@@ -30,7 +30,8 @@ every N epochs the sink rewrites files that carry deletes (and small ones); rout
 in ``path``) every N versions of each table, at the table's own offset (:mod:`.routed`).
 
 Options: ``uid``, ``path`` (local or ``s3://``), ``mode``, ``key``, ``deletes``,
-``mergeMode``, ``partitionBy`` (append only), ``createTable`` (default true),
+``mergeMode``, ``partitionBy`` (append only), ``tableModes`` (routed: each table's ``mode`` /
+``deletes`` by table pattern, :mod:`~flinkish_spark.connectors.lakehouse.table_modes`), ``createTable`` (default true),
 ``checkpoint``, ``checkpointInterval``, ``compactEvery``, ``rowsPerFile``,
 ``targetFileSize``, and the storage options ``endpointUrl``, ``region``, ``storageOptions``.
 """
@@ -54,7 +55,10 @@ from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, H
 from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, ChangePlan, KeyedOptions, parse_keyed_options, plan_changes,
 )
-from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
+from flinkish_spark.connectors.lakehouse.routing import (
+    NOT_WITH_ROUTING, check_stream, is_routed, parse_route, refuse_keyed_options,
+)
+from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError
@@ -154,13 +158,17 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.delta"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("partitionBy", "createTable", "checkpointInterval", "compactEvery",
-                                                "rowsPerFile", "targetFileSize", *KEYED_SINK_OPTIONS)
+                                                "rowsPerFile", "targetFileSize", *KEYED_SINK_OPTIONS, *TABLE_MODE_OPTIONS)
 
     def configure(self, opts: Options) -> None:
         self.path = opts.required("path", "the Delta table's folder, e.g. .option('path', 's3://b/tables/orders')").rstrip("/")
         self.route = parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None
         if self.route is not None:
-            refuse_keyed_options(opts.has, opts.component, "path")
+            refuse_keyed_options(opts.has, opts.component, "path", NOT_WITH_ROUTING)
+        elif opts.has("tableModes"):
+            raise ConfigError(f"{opts.component}: option 'tableModes' gives the tables of a routing sink their modes "
+                              "('{table}' in 'path'); one table's sink has 'mode' and 'deletes'. Drop it.")
+        self.modes = parse_table_modes(opts.get, opts.component) if self.route is not None else TableModes()
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)
@@ -185,7 +193,7 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
             return RoutedDeltaSink(self.data_io, self.route, self.uid, self.keyed.merge_mode,
                                    DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval,
                                    self.rows_per_file, self.target_file_size, self.create_table,
-                                   self.io, self.decision_log().directory, self.compact_every)
+                                   self.io, self.decision_log().directory, self.compact_every, self.modes)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")

@@ -28,6 +28,8 @@ import pyarrow.parquet as pq
 from flinkish_spark.connectors.iceberg.commit import Changes, commit_snapshot
 from flinkish_spark.connectors.iceberg.datafiles import to_data_file, write_data_files
 from flinkish_spark.connectors.iceberg.deletes import read_positions
+from flinkish_spark.connectors.iceberg.routed_target import table_arrow
+from flinkish_spark.connectors.lakehouse.routed_modes import conform
 from flinkish_spark.connectors.iceberg.keyed import Target
 from flinkish_spark.connectors.iceberg.lookup import LiveFiles
 from flinkish_spark.faults import crash_point
@@ -56,7 +58,8 @@ def plan(target: Target, table: Any, epoch: int) -> tuple[Changes, list[str]] | 
                 data = pq.read_table(handle)
             keep = np.ones(data.num_rows, dtype=bool)
             keep[gone.astype(np.int64)] = False
-            rest = data.filter(pa.array(keep))
+            # in the table's columns: a file written before a column was added lacks it
+            rest = conform(data.filter(pa.array(keep)), table_arrow(table.schema()))
             if rest.num_rows:
                 ctx = PrepareContext(target.uid, epoch, 99997, 0)
                 files = write_data_files(target.io, target.info, target.uid, iter(rest.to_batches()), ctx,

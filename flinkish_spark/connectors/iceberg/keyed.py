@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +54,8 @@ from flinkish_spark.connectors.lakehouse.changes import ChangePlan, check_rows
 from flinkish_spark.connectors.lakehouse.entries_file import SUFFIX, EntriesFile, read_entries, store_entries, table_of
 from flinkish_spark.connectors.lakehouse.key_lookup import KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import E_POS, Apply, RowCopy, fill_rows, resolve_epoch, resolve_task
+from flinkish_spark.connectors.iceberg.routed_target import table_arrow
+from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, conform, mark_gone, unchanged_snapshot_versions
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.protocol import PrepareContext
 
@@ -142,24 +144,45 @@ class EpochPlan:
 
 
 def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable], epoch: int,
-               truncate: bool = False, gone: dict[str, np.ndarray] | None = None) -> EpochPlan:
+               truncate: bool = False, gone: dict[str, np.ndarray] | None = None, marks: GoneMarks | None = None) -> EpochPlan:
     """Driver side: the snapshot that applies the epoch's changes to ``table``'s current snapshot.
 
     ``truncate``: the epoch empties the table first (every live file removed, the keys looked up in
-    no file). ``gone``: rows of table files to delete besides the lookup's (data file -> positions).
+    no file). ``gone``: rows of table files gone besides the lookup's (data file -> positions): deleted, or
+    as ``marks`` says (a routed target's mode: :mod:`~flinkish_spark.connectors.lakehouse.routed_modes`).
     """
     plan = target.plan
+    marks = marks or GoneMarks()
     epoch_changes = resolve_epoch(plan, [(c.partition, entries_of(c, target.io, epoch)) for c in committables])
     live = LiveFiles(table, empty=truncate)
     key_field = table.schema().find_field(plan.key[0])
     matches = KeyLookup(target.io, plan.key, plan.live_column).find(epoch_changes.keys(),
                                                                   live.candidates(target.io, key_field))
-    applied = epoch_changes.apply(matches)
+    read = _reader(target, committables)
+    same = np.zeros(0, dtype=np.int64)
+    if marks.routed and plan.mode == "history":
+        matches, same = unchanged_snapshot_versions(epoch_changes, matches, list(plan.data_columns),
+                                                    plan.table_schema, read)
+    close_by = None if marks.close_by_us < 0 else pa.scalar(marks.close_by_us, pa.int64())
+    snapshot_from = pa.scalar(marks.close_us, pa.int64()) if marks.routed and marks.close_us >= 0 else None
+    applied = epoch_changes.apply(matches, close_by, snapshot_from)
+    if len(same):
+        epoch_changes.drop_written(applied, same)  # a re-snapshot row equal to the current version: no new version
+    gone = dict(gone or {})
+    if marks.rest_gone:  # every live row the epoch does not replace
+        for f in live.data:
+            rows = np.arange(int(f.entry.data_file.record_count), dtype=np.int64)
+            gone[f.path] = np.union1d(gone.get(f.path, np.zeros(0, dtype=np.int64)),
+                                      np.setdiff1d(rows, live.deleted(target.io, f)))
+    if marks.how != "delete":
+        mark_gone(applied, gone, marks.how, marks.close_us,
+                  lambda path, column, positions: _read_at(target.io, path, positions).column(column).combine_chunks())
+        gone = {}
     new = [(f, start, i) for i, c in enumerate(committables) for f, start in zip(c.files, c.first_rows)]
     data_files = [to_data_file(f, target.spec_id) for f, _, _ in new]
     written: list[str] = []
     try:
-        copies = _copies(target, committables, applied.copies)
+        copies = _copies(target, committables, applied.copies, table_arrow(table.schema()))
         if copies.num_rows:
             extra = write_data_files(target.io, target.info, target.uid, iter(copies.to_batches()),
                                      PrepareContext(target.uid, epoch, DRIVER_PARTITION, 0), target.partition_by,
@@ -203,8 +226,26 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
         raise
 
 
-def _copies(target: Target, committables: list[KeyedCommittable], copies: list[RowCopy]) -> pa.Table:
-    """The rows the resolution copies (from table files or this epoch's files), with their overrides."""
+def _copies(target: Target, committables: list[KeyedCommittable], copies: list[RowCopy], schema: pa.Schema) -> pa.Table:
+    """The rows the resolution copies (from table files or this epoch's files), with their overrides, in the table's
+    ``schema`` (a file written before a column was added lacks it)."""
+    read = _reader(target, committables)
+    parts = []
+    for copy in copies:
+        if not len(copy.positions):
+            continue
+        rows = read(copy.file, copy.task, copy.positions)
+        for column, values in copy.overrides.items():
+            i = rows.schema.get_field_index(column)
+            rows = rows.set_column(i, rows.schema.field(i), values.cast(rows.schema.field(i).type))
+        parts.append(conform(fill_rows(rows, copy.fill, read), schema))
+    if not parts:
+        return pa.table({})
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _reader(target: Target, committables: list[KeyedCommittable]) -> Callable[[str | None, int, np.ndarray], pa.Table]:
+    """Rows of a table file (``task`` -1) or of a committable's files (``file`` None), in ``positions``' order."""
     def read(file: str | None, task: int, positions: np.ndarray) -> pa.Table:
         if file is not None:
             return _read_at(target.io, file, positions)
@@ -218,18 +259,7 @@ def _copies(target: Target, committables: list[KeyedCommittable], copies: list[R
         order = np.concatenate([sel for sel, _ in pieces])
         return rows.take(pa.array(np.argsort(order, kind="stable")))
 
-    parts = []
-    for copy in copies:
-        if not len(copy.positions):
-            continue
-        rows = read(copy.file, copy.task, copy.positions)
-        for column, values in copy.overrides.items():
-            i = rows.schema.get_field_index(column)
-            rows = rows.set_column(i, rows.schema.field(i), values.cast(rows.schema.field(i).type))
-        parts.append(fill_rows(rows, copy.fill, read))
-    if not parts:
-        return pa.table({})
-    return pa.concat_tables(parts, promote_options="permissive")
+    return read
 
 
 def _read_at(io: FileIO, path: str, positions: np.ndarray) -> pa.Table:

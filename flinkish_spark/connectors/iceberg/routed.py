@@ -29,6 +29,13 @@
   Targets are loaded from the catalog on every commit: no cache to outlive a dropped table.
 * **Cost**: only the tables in the epoch's rows are touched; a table that did not change gets
   no read, no commit and no snapshot.
+* **Modes** (``mode`` / ``deletes`` / ``tableModes``, per table:
+  :mod:`~flinkish_spark.connectors.lakehouse.table_modes`): a task writes its files with the mode's
+  columns too (``_deleted``, or the history columns: field ids after the source's at creation); the
+  evolution checks an existing target's mode columns
+  (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.check_mode_columns`); a truncate or a
+  re-snapshot's end marks, closes or keeps the rows it takes by the table's mode
+  (:class:`~flinkish_spark.connectors.lakehouse.routed_modes.GoneMarks`, in the epoch's one snapshot).
 * **Compaction** (``compactEvery`` = N, mergeOnRead; default 0: off): right after the epoch's
   snapshot that brings a table's sequence number s to (s + offset) % N == 0 -- about every N of its
   own snapshots, at an offset of its own (crc32 of the identifier mod N), so tables changing together
@@ -79,20 +86,24 @@ from flinkish_spark.connectors.iceberg.table import (
     info_of,
     keyed_properties,
 )
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import COMMIT_TS, LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import epoch_figures
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
+from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, check_mode_columns, close_time_us, gone_rows_as
 from flinkish_spark.connectors.lakehouse.routing import (
     Route,
     TableEpoch,
     TablePart,
     routed_twice,
+    source_columns,
     table_plan,
     tables_of,
     task_tables,
+    truncates_as_deletes,
 )
+from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableModes
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO, storage_options_from
@@ -130,8 +141,9 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                  merge_mode: MergeMode = "mergeOnRead", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = 100,
                  create_table: bool = True, metadata_io: FileIO | None = None, metadata_dir: str | None = None,
-                 compact_every: int = 0) -> None:
+                 compact_every: int = 0, modes: TableModes = TableModes()) -> None:
         self.catalog_properties, self.route, self.uid = catalog_properties, route, uid
+        self.modes = modes
         self.compact_every = compact_every
         self.options = dict(options or {})
         self.merge_mode, self.rows_per_file, self.target_file_size = merge_mode, rows_per_file, target_file_size
@@ -170,9 +182,12 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         parts = []
         for name, schema, data in task_tables(batches):
             part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None,
-                              earlier=data.earlier, figures=data.figures)
-            if data.changes.num_rows:
-                part = self._prepare_table(part, schema.key, data.changes, ctx)
+                              earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us)
+            # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
+            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
+                       else data.changes)
+            if changes.num_rows:
+                part = self._prepare_table(part, schema.key, changes, ctx)
             parts.append(part)
         return RoutedCommittable(ctx.partition_id, tuple(parts)) if parts else None
 
@@ -181,10 +196,14 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
         identifier = self.route.target(part.table)
         table = self.load_target(identifier)
-        columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, UNCHANGED)])
-        schema = write_schema(table, columns)
+        mode = self.modes.of(part.table)
+        columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
+        extra = [f for f in table_plan(columns, key, self.merge_mode, mode, part.table).table_schema
+                 if f.name in mode.extra_columns]
+        schema = write_schema(table, pa.schema(list(columns) + extra))  # the files hold the mode's columns too
         types = schema_to_pyarrow(schema, include_field_ids=False)
-        plan = table_plan(types, key, self.merge_mode)
+        plan = table_plan(pa.schema([f for f in types if f.name not in mode.extra_columns]), key, self.merge_mode,
+                          mode, part.table)
         changes = changes.cast(plan.input_schema)
         if table is None:
             info = TableInfo(self.default_location(identifier), schema.model_dump_json(), _unpartitioned(),
@@ -245,11 +264,20 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         key_fix = (f"Mirror the table to a new target with a new sink uid; or, if its rows are unique by the new key, "
                    f"set the table property {KEY_PROPERTY!r} to the new key (comma-separated; pyiceberg: "
                    f"`with table.transaction() as tx: tx.set_properties({{'{KEY_PROPERTY}': '...'}})`) and restart.")
+        mode = self.modes.of(t.table)
+        steps = t.steps()
+        if table is not None:
+            check_mode_columns(t.table, name, current.names, {c.name for s in steps for c in s.schema.columns}, mode,
+                               "the sink's options 'mode', 'deletes', 'tableModes'")
         evolution = evolve_epoch(t.table, name, current, key,
                                  [(iceberg_arrow(s.schema.arrow_schema()), s.schema.key, s.announced, s.passing)
-                                  for s in t.steps()],
+                                  for s in steps],
                                  fix, key_fix, ahead)
         check_promotions(t.table, name, evolution)
+        if table is None and mode.extra_columns:  # created with the mode's columns, after the source's
+            plan = table_plan(pa.schema([]), key or (), self.merge_mode, mode, t.table)
+            evolution = dataclasses.replace(evolution, schema=iceberg_arrow(pa.schema(list(evolution.schema) + [
+                plan.table_schema.field(c) for c in mode.extra_columns])))
         return evolution
 
     def ensure(self, t: TableEpoch[RoutedPart], identifier: str, table: Any | None, evolution: Evolution) -> Any:
@@ -301,19 +329,28 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         keyed = [self._fitted(p, table, epoch) for p in t.counted() if p.keyed is not None]
         marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         io = self.io_for(table.location())
+        mode = self.modes.of(t.table)
+        how = gone_rows_as(mode)
+        close_us = close_time_us(t.parts, t.truncate)  # when history closes what the epoch takes
         for attempt in range(10):
             if committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
-            plan = table_plan(table_arrow(table.schema()), key, self.merge_mode)
+            plan = table_plan(source_columns(table_arrow(table.schema()), mode), key, self.merge_mode, mode, t.table)
             target = Target(io, info_of(table), self.uid, plan, (), self.rows_per_file, self.target_file_size)
             written: list[str] = []
             try:
                 gone = None
-                if self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(identifier)):
+                if how != "keep" and self.resnapshots is not None and (t.begin or t.end or self.resnapshots.active(identifier)):
                     entries = [entries_of(k, io, epoch) for k in keyed]
                     seen = self.resnapshots.step(identifier, key, entries, t.begin, t.end, epoch)
                     gone = None if seen is None or t.truncate else gone_rows(target, table, seen)
-                planned = plan_epoch(target, table, keyed, epoch, truncate=t.truncate, gone=gone)
+                if t.truncate and how in ("soft", "close"):
+                    marks = GoneMarks(how, rest_gone=True, close_us=close_us,
+                                      close_by_us=close_us if how == "close" else -1, routed=True)
+                else:
+                    marks = GoneMarks(how, close_us=close_us, routed=True)
+                planned = plan_epoch(target, table, keyed, epoch, truncate=t.truncate and how == "delete", gone=gone,
+                                     marks=marks)
                 written = planned.written
                 table = commit_snapshot(self.catalog(), table, planned.changes, target.spec_id, marker,
                                         retain=self.retain_snapshots, protect_property=UID_PROPERTY,

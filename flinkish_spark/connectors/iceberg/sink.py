@@ -83,7 +83,10 @@ from flinkish_spark.connectors.lakehouse.changes import (
     plan_changes,
 )
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
-from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, parse_route, refuse_keyed_options
+from flinkish_spark.connectors.lakehouse.routing import (
+    NOT_WITH_ROUTING, check_stream, is_routed, parse_route, refuse_keyed_options,
+)
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
@@ -355,14 +358,18 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
                                                 "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
-                                                *KEYED_SINK_OPTIONS, "compactEvery")
+                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes")
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
         table = opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'")
         self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
         if self.route is not None:
-            refuse_keyed_options(opts.has, component, "table")
+            refuse_keyed_options(opts.has, component, "table", NOT_WITH_ROUTING)
+        elif opts.has("tableModes"):
+            raise ConfigError(f"{component}: option 'tableModes' gives the tables of a routing sink their modes "
+                              "('{table}' in 'table'); one table's sink has 'mode' and 'deletes'. Drop it.")
+        self.modes = parse_table_modes(opts.get, component) if self.route is not None else TableModes()
         # A template is checked as a name it makes (each placeholder one part of a name).
         identifier(table.replace("{schema}", "s").replace("{table}", "t"), component)
         self.identifier = table
@@ -389,7 +396,8 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
             check_stream(schema.fieldNames(), f"{self.name()} sink uid {self.uid!r}", "table")
             return RoutedIcebergSink(self.catalog_props, self.route, self.uid, self.raw_options, self.keyed.merge_mode,
                                      self.rows_per_file, self.target_file_size, self.retain_snapshots,
-                                     self.create_table, self.io, self.decision_log().directory, self.compact_every)
+                                     self.create_table, self.io, self.decision_log().directory, self.compact_every,
+                                     self.modes)
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")

@@ -14,9 +14,10 @@ read precedes the changes), then Spark partition, then row -- on top of what the
   key lookup found (the driver copies the task's row with those columns from there:
   :class:`Fill`); when none exists (a joining table's change before its snapshot row, which then
   replaces it) the column stays null. Deterministic in the epoch's rows and the table's state
-  before it, so a replay after a crash gives the same row. (``upsert`` with deletes ``true`` or
-  ``false`` -- what the routing sinks do; ``history`` and soft deletes fill from the task's own
-  earlier versions only: no flinkish source gives them such rows.)
+  before it, so a replay after a crash gives the same row. Every mode: in ``history`` each version
+  (not only the key's last) is filled so -- the table's row is the key's current version, which the
+  lookup finds -- and a soft-deleted key's row holds the filled values of its last version (a routed
+  mirror gets such rows in every mode: a new version never holds a null where the source has a value).
 * ``history`` (SCD type 2): one row per version: ``_valid_from`` = its ``_commit_ts``,
   ``_valid_to`` = the next change's ``_commit_ts`` (null while current), ``_current``.
   The table's current row of a changed key is closed (``_valid_to`` = the epoch's first
@@ -112,7 +113,8 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
         data, unfilled = _fill_unchanged(data, table.column(UNCHANGED), diff)
     keys = {k: work.column(k) for k in plan.key}
     if plan.mode == "history":
-        return _history_task(plan, table, data, keys, work, last, dele)
+        history = _history_task(plan, table, data, keys, work, last, dele)
+        return TaskChanges(history.rows, _with_unfilled(history.entries, unfilled, np.arange(n)))
     win = np.flatnonzero(last)
     win_delete = dele[win]
     if plan.deletes == "soft":
@@ -291,15 +293,23 @@ class EpochChanges:
             return pa.table({k: pa.array([], self.plan.input_schema.field(k).type) for k in self.plan.key})
         return self.entries.select(list(self.plan.key)).take(pa.array(self.starts))
 
-    def apply(self, matches: Matches) -> Apply:
+    def apply(self, matches: Matches, close_by: pa.Scalar | None = None, snapshot_from: pa.Scalar | None = None) -> Apply:
+        """``close_by`` (history): a table version closes at the key's first change of the epoch or at this time,
+        whichever is earlier (a truncate's: the changes after it replace rows it took already). ``snapshot_from``
+        (history, epoch µs): the time a snapshot row replacing a version the table holds (a re-snapshot's, the key's
+        only change of the epoch) starts at, and the replaced version ends at (None: both stay null)."""
         out = Apply()
         if self.entries is None:
             return out
         if self.plan.mode == "history":
-            self._history(matches, out)
+            self._history(matches, out, close_by, snapshot_from)
         else:
             self._upsert(matches, out)
         return out
+
+    def drop_written(self, out: Apply, entries: np.ndarray) -> None:
+        """Delete the rows these entries (of kind VERSION) wrote: a version the commit found to be no change."""
+        self._drop(out, entries)
 
     def _drop(self, out: Apply, entries: np.ndarray) -> None:
         """Delete the rows these entries wrote (entries of kind VERSION)."""
@@ -328,8 +338,9 @@ class EpochChanges:
         if self.plan.deletes == "soft":
             self._soft_sources(out, winners, soft_copy, needs_table_row)
         self._drop(out, losers)
-        if E_UNFILLED in self.entries.column_names and self.plan.deletes != "soft":
-            self._fill(matches, out, winners)
+        # A soft-deleted key whose row is copied from another task's version is left out (that row is complete:
+        # a snapshot row in a routed mirror, whose changes of a table are one task).
+        self._fill(matches, out, winners[~soft_copy[self.group[winners]]])
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
             if self.plan.deletes == "soft":
@@ -343,35 +354,58 @@ class EpochChanges:
     def _fill(self, matches: Matches, out: Apply, winners: np.ndarray) -> None:
         """Winners whose row lacks unchanged columns (no earlier version in their task): copied with those columns
         from the key's latest earlier version in another task (a snapshot row), else from the table's row."""
+        fills = self._fill_sources(matches, winners)
+        if fills:
+            at = np.asarray(sorted(fills), dtype=np.int64)
+            self._drop(out, at)
+            self._copy_filled(out, at, fills, {})
+
+    def _fill_sources(self, matches: Matches, candidates: np.ndarray) -> dict[int, tuple[str | None, int, int, tuple[str, ...]]]:
+        """Of the ``candidates`` (entries of kind VERSION) whose row lacks unchanged columns: entry -> where those
+        columns' values are (a table file or None, the committable, the position, the columns). Not found (a
+        joining table's change before its snapshot row, the key deleted before): left out, the columns stay null."""
         assert self.entries is not None
+        if E_UNFILLED not in self.entries.column_names:
+            return {}
         unfilled = self.entries.column(E_UNFILLED).to_pylist()
-        need = [int(w) for w in winners if self.kind[w] == KIND_VERSION and unfilled[w]]
+        need = [int(w) for w in candidates if self.kind[w] == KIND_VERSION and unfilled[w]]
         if not need:
-            return
+            return {}
         in_table = {int(k): (path, int(p)) for path, (positions, key_index) in matches.by_file.items()
                     for p, k in zip(positions, key_index)}
-        groups: dict[tuple[int, str | None, int, tuple[str, ...]], tuple[list[int], list[int]]] = {}
+        out: dict[int, tuple[str | None, int, int, tuple[str, ...]]] = {}
         for w in need:
             key = int(self.group[w])
             source: tuple[str | None, int, int] | None = None
+            deleted = False
             for j in range(w - 1, int(self.starts[key]) - 1, -1):
                 if self.kind[j] == KIND_DELETE:
-                    break  # the key was deleted before: no earlier value is its
+                    deleted = True  # the key was deleted before: no earlier value is its
+                    break
                 if self.task[j] != self.task[w]:
                     source = (None, int(self.task[j]), int(self.pos[j]))
                     break
-            if source is None and key in in_table:
+            if source is None and not deleted and key in in_table:
                 source = (in_table[key][0], -1, in_table[key][1])
-            if source is None:
-                continue  # nothing holds the value (see the module docstring)
-            entries, positions = groups.setdefault((int(self.task[w]), source[0], source[1], tuple(unfilled[w])), ([], []))
-            entries.append(w)
-            positions.append(source[2])
-        for (task, file, from_task, columns), (entries, positions) in groups.items():
-            at = np.asarray(entries, dtype=np.int64)
-            self._drop(out, at)
-            out.copies.append(RowCopy(None, task, self.pos[at], {},
-                                      Fill(file, from_task, np.asarray(positions, dtype=np.int64), columns)))
+            if source is not None:
+                out[w] = (source[0], source[1], source[2], tuple(unfilled[w]))
+        return out
+
+    def _copy_filled(self, out: Apply, entries: np.ndarray, fills: dict[int, tuple[str | None, int, int, tuple[str, ...]]],
+                     overrides: dict[str, pa.Array]) -> None:
+        """Copy the rows these entries wrote, each with ``overrides`` (aligned with all entries) and its fill."""
+        groups: dict[tuple[int, str | None, int, tuple[str, ...]], tuple[list[int], list[int]]] = {}
+        for w in entries:
+            f = fills.get(int(w))
+            at, positions = groups.setdefault((int(self.task[w]), *(f[:2] if f else (None, -2)), f[3] if f else ()),
+                                              ([], []))
+            at.append(int(w))
+            positions.append(f[2] if f else -1)
+        for (task, file, from_task, columns), (at, positions) in groups.items():
+            idx = np.asarray(at, dtype=np.int64)
+            fill = Fill(file, from_task, np.asarray(positions, dtype=np.int64), columns) if columns else None
+            out.copies.append(RowCopy(None, task, self.pos[idx], {c: v.take(pa.array(idx)) for c, v in overrides.items()},
+                                      fill))
 
     def _soft_sources(self, out: Apply, winners: np.ndarray, soft_copy: np.ndarray, needs_table_row: np.ndarray) -> None:
         """Where a soft-deleted key's values come from: the epoch's last *version* of the key before
@@ -408,7 +442,8 @@ class EpochChanges:
             soft_copy[self.group[soft[use_other]]] = True
         needs_table_row[self.group[soft[~use_other & from_delete[soft]]]] = True
 
-    def _history(self, matches: Matches, out: Apply) -> None:
+    def _history(self, matches: Matches, out: Apply, close_by: pa.Scalar | None = None,
+                 snapshot_from: pa.Scalar | None = None) -> None:
         assert self.entries is not None
         ts = self.entries.column(E_TS).combine_chunks()
         n = len(self.group)
@@ -424,11 +459,32 @@ class EpochChanges:
         wrong = (self.kind == KIND_VERSION) & ~(np.asarray(same_to.to_numpy(zero_copy_only=False), dtype=np.bool_)
                                                 & (want_current == have_current))
         fix = np.flatnonzero(wrong)  # versions whose chain continues in another task's rows
-        if len(fix):
-            self._drop(out, fix)
-            self._copy_entries(out, fix, {VALID_TO: want_to.take(pa.array(fix)),
-                                          CURRENT: pa.array(want_current[fix])})
+        fills = self._fill_sources(matches, np.flatnonzero(self.kind == KIND_VERSION))
+        copy = np.union1d(fix, np.asarray(sorted(fills), dtype=np.int64)) if fills else fix
+        overrides = {VALID_TO: want_to, CURRENT: pa.array(want_current)}
         first_ts = ts.take(pa.array(self.starts))
+        if snapshot_from is not None and matches.by_file:
+            # A key's only change a snapshot row (no commit time) replacing a version the table holds: a re-snapshot's
+            # row that differs -- the change happened while nothing was read, at an unknown time: ``snapshot_from``.
+            matched = np.zeros(len(self.starts), dtype=np.bool_)
+            for _, key_index in matches.by_file.values():
+                matched[key_index] = True
+            lsn = np.asarray(self.entries.column(E_LSN).to_numpy(), dtype=np.int64)
+            alone = (self.ends - self.starts == 1) & matched
+            snap = self.starts[alone & (lsn[self.starts] == NO_LSN) & (self.kind[self.starts] == KIND_VERSION)]
+            if len(snap):
+                is_snap = np.zeros(n, dtype=np.bool_)
+                is_snap[snap] = True
+                at = snapshot_from.cast(pa.int64()).cast(TIMESTAMP)
+                overrides[VALID_FROM] = pc.if_else(pa.array(is_snap), pa.repeat(at, n), ts)
+                copy = np.union1d(copy, snap)
+                first_ts = pc.if_else(pa.array(is_snap[self.starts]), pa.repeat(at, len(self.starts)), first_ts)
+        if len(copy):  # a fixed or filled version is copied with its chain as the epoch leaves it
+            self._drop(out, copy)
+            self._copy_filled(out, copy, fills, overrides)
+        if close_by is not None:
+            us = pc.min_element_wise(first_ts.cast(pa.int64()), close_by.cast(pa.int64()), skip_nulls=True)
+            first_ts = us.cast(TIMESTAMP)
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
             out.copies.append(RowCopy(path, -1, positions, {

@@ -10,7 +10,9 @@ Format-independent (``flinkish.delta``, ``flinkish.iceberg`` and ``flinkish.post
 * :func:`table_input` -- one table's rows of a task as a keyed change input (the table's columns,
   ``_op``, ``_lsn``) plus what is not a row change: a truncate (rows before it dropped) and the
   re-snapshot markers ``B`` / ``E``;
-* :func:`table_plan` -- the :class:`ChangePlan` of one table: upsert by its primary key, deletes applied;
+* :func:`table_plan` -- the :class:`ChangePlan` of one table: by its primary key, in the table's
+  :class:`~flinkish_spark.connectors.lakehouse.table_modes.TableMode` (upsert or history, deletes
+  applied, soft or ignored);
 * :func:`tables_of` / :class:`TableEpoch` -- a decided epoch's parts per source table (what the
   commit applies to each target), two tables routed to one target refused.
 
@@ -28,9 +30,13 @@ from typing import Any, Callable, Generic, Iterable, NamedTuple, Protocol, TypeV
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flinkish_spark.connectors.lakehouse.changes import LSN, OP, UNCHANGED, ChangePlan, MergeMode
+from flinkish_spark.connectors.lakehouse.changes import (
+    COMMIT_TS, CURRENT, DELETED, HISTORY_COLUMNS, LSN, OP, TIMESTAMP, UNCHANGED, VALID_FROM, VALID_TO,
+    ChangePlan, MergeMode,
+)
 from flinkish_spark.connectors.lakehouse.figures import Figures
 from flinkish_spark.connectors.lakehouse.packed import PackedDecode
+from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableMode
 from flinkish_spark.connectors.lakehouse.task_decode import TaskDecode
 from flinkish_spark.connectors.postgres.rows.packed import is_packed
 from flinkish_spark.connectors.postgres.rows import TableSchema
@@ -39,8 +45,11 @@ from flinkish_spark.errors import ConfigError, SchemaChangeError
 
 PLACEHOLDERS = ("{schema}", "{table}")
 STREAM_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id", "row")
-#: The options a routing sink refuses: it is always keyed by each table's primary key, deletes applied.
-NOT_WITH_ROUTING = ("mode", "key", "deletes", "partitionBy")
+#: The options a routing sink refuses: it is always keyed by each table's primary key, unpartitioned (its
+#: ``mode`` / ``deletes`` are per table: :mod:`~flinkish_spark.connectors.lakehouse.table_modes`).
+NOT_WITH_ROUTING = ("key", "partitionBy")
+#: What a routing sink without per-table modes refuses (the flinkish.postgres sink's, for now).
+NOT_WITH_MODES = ("mode", "key", "deletes", "partitionBy")
 #: A name part a path holds as it is: letters and digits (any script), '_', '.', '$', '-'; not only dots.
 _PATH_AS_IS = re.compile(r"^[\w.$-]+$")
 #: What :func:`path_part` makes of any name.
@@ -114,13 +123,17 @@ def parse_route(template: str, kind: str, option: str, component: str) -> Route:
     return Route(template, kind)
 
 
-def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str) -> None:
-    given = [o for o in NOT_WITH_ROUTING if has(o)]
+def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str,
+                         refused: tuple[str, ...] = NOT_WITH_MODES) -> None:
+    """Refuse the ``refused`` options with routing: the lakehouse sinks pass :data:`NOT_WITH_ROUTING` (they take
+    ``mode``/``deletes`` per table); the default is a routing sink without modes (upsert, deletes applied)."""
+    given = [o for o in refused if has(o)]
     if given:
+        what = ("keyed by its primary key, unpartitioned" if "mode" not in refused else
+                "keyed by its primary key with deletes applied")
         raise ConfigError(
             f"{component}: option {', '.join(repr(g) for g in given)} cannot be combined with routing "
-            f"('{{table}}' in {option!r}): each table is written keyed by its primary key with deletes "
-            "applied (docs/mirror.md). Drop the option."
+            f"('{{table}}' in {option!r}): each table is written {what} (docs/mirror.md). Drop the option."
         )
 
 
@@ -134,25 +147,49 @@ def check_stream(names: list[str], component: str, option: str) -> None:
         )
 
 
-def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode) -> ChangePlan:
-    """The keyed plan of one table: upsert by ``key``, deletes applied, ``_op``, ``_lsn`` and ``_unchanged``
-    (the columns an update did not carry: the target keeps its value) steering."""
+def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode, mode: TableMode = UPSERT,
+               table: str = "") -> ChangePlan:
+    """The keyed plan of one table: by ``key`` in ``mode`` (upsert or history; deletes applied, soft or ignored),
+    ``_op``, ``_lsn``, ``_commit_ts`` (history's ``_valid_from``/``_valid_to``) and ``_unchanged`` (the columns an
+    update did not carry: the target keeps its value) steering. The table's columns are ``data`` and the mode's
+    :attr:`~.TableMode.extra_columns`; a source column of one of those names is refused, naming ``table``."""
+    clash = [f.name for f in data if f.name in mode.extra_columns]
+    if clash:
+        raise SchemaChangeError(
+            f"source table {table}: its column(s) {', '.join(clash)} have the name of a column its target's mode "
+            f"({mode.describe()}) writes itself; rename them in the source, or give "
+            f"the table another mode (the sink's 'tableModes' option), or exclude it in the source's 'tables' option"
+        )
     input_schema = pa.schema(list(data) + [pa.field(OP, pa.string()), pa.field(LSN, pa.int64()),
-                                           pa.field(UNCHANGED, pa.list_(pa.string()))])
-    return ChangePlan("upsert", tuple(key), "true", merge_mode, input_schema, data)
+                                           pa.field(COMMIT_TS, TIMESTAMP), pa.field(UNCHANGED, pa.list_(pa.string()))])
+    fields = list(data)
+    if mode.deletes == "soft":
+        fields.append(pa.field(DELETED, pa.bool_()))
+    if mode.mode == "history":
+        fields += [pa.field(VALID_FROM, TIMESTAMP), pa.field(VALID_TO, TIMESTAMP), pa.field(CURRENT, pa.bool_())]
+    return ChangePlan(mode.mode, tuple(key), mode.deletes, merge_mode, input_schema, pa.schema(fields))
+
+
+def source_columns(schema: pa.Schema, mode: TableMode) -> pa.Schema:
+    """A target's columns without its mode's extra columns: what the source table's are."""
+    return pa.schema([f for f in schema if f.name not in mode.extra_columns])
 
 
 @dataclass(frozen=True)
 class TableInput:
     """One table's rows of one task, as a keyed target takes them."""
 
-    changes: pa.Table  # the data columns, _op (r/c/u/d), _lsn and _unchanged, in stream order, after the last truncate
-    truncate: bool  # the task's rows hold a truncate: the target is emptied before ``changes``
+    changes: pa.Table  # the data columns, _op (r/c/u/d), _lsn, _commit_ts and _unchanged, in stream order, after the last truncate
+    truncate: bool  # the task's rows hold a truncate: the target is emptied (upsert), or its rows marked, before ``changes``
     begin: bool  # a re-snapshot begins (B)
     end: bool  # ... ends (E): delete the keys no row since B carried
     lsn: int  # the largest _lsn of the rows (-1: snapshot rows only)
     earlier: tuple[str, ...] = ()  # TableSchema JSON: the older schemas changes of these rows announced, oldest first
     figures: Figures = Figures()  # what the rows were, all of them (before the truncate): set by task_tables
+    truncate_us: int = -1  # the last truncate's source commit time (epoch µs; -1: none, or not known)
+    #: With a truncate: every row change of the task and the truncates (``_op`` 't'), as ``changes`` (for the modes
+    #: that keep what a truncate takes: :func:`truncates_as_deletes`).
+    whole: pa.Table | None = None
 
 
 def table_input(rows: pa.Table) -> TableInput:
@@ -161,14 +198,57 @@ def table_input(rows: pa.Table) -> TableInput:
     markers = set(pc.unique(pc.filter(ops, pc.is_in(ops, pa.array(["B", "E"])))).to_pylist())
     truncates = pc.indices_nonzero(pc.equal(ops, "t"))
     truncate = len(truncates) > 0
+    truncate_us = -1
+    whole = None
+    data = [n for n in rows.column_names if n not in ROW_META]
+
+    def as_changes(rows: pa.Table) -> pa.Table:
+        return (rows.select(data).append_column(OP, rows.column("_op"))
+                .append_column(LSN, rows.column("_lsn").cast(pa.int64()))
+                .append_column(COMMIT_TS, rows.column("_commit_ts").cast(TIMESTAMP))
+                .append_column(UNCHANGED, rows.column(UNCHANGED)))
+
     if truncate:
-        rows = rows.slice(truncates[-1].as_py() + 1)
+        at = truncates[-1].as_py()
+        ts = rows.column("_commit_ts")[at]
+        if ts.is_valid:
+            truncate_us = int(ts.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).as_py())
+        whole = as_changes(rows.filter(pc.is_in(rows.column("_op"), pa.array(["r", "c", "u", "d", "t"]))))
+        rows = rows.slice(at + 1)
     rows = rows.filter(pc.is_in(rows.column("_op"), pa.array(["r", "c", "u", "d"])))
     lsn = pc.max(rows.column("_lsn")).as_py() if rows.num_rows else None
-    data = [n for n in rows.column_names if n not in ROW_META]
-    changes = (rows.select(data).append_column(OP, rows.column("_op"))
-               .append_column(LSN, rows.column("_lsn").cast(pa.int64())).append_column(UNCHANGED, rows.column(UNCHANGED)))
-    return TableInput(changes, truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn))
+    return TableInput(as_changes(rows), truncate, "B" in markers, "E" in markers, -1 if lsn is None else int(lsn),
+                      truncate_us=truncate_us, whole=whole)
+
+
+def truncates_as_deletes(data: TableInput, key: tuple[str, ...]) -> pa.Table:
+    """The task's row changes with each truncate as a delete of every key a row since the one before carried
+    (at the truncate's LSN and commit time): what a target that keeps what a truncate takes (soft deletes,
+    history, deletes ignored) applies -- a change before the truncate in the same epoch is a version too. The
+    target's own rows from before the epoch are the commit's to mark (:mod:`.routed_modes`)."""
+    if data.whole is None:
+        return data.changes
+    whole = data.whole
+    ops = whole.column(OP).to_pylist()
+    pieces: list[pa.Table] = []
+    start = 0
+    for i, op in enumerate(ops):
+        if op != "t":
+            continue
+        since = whole.slice(start, i - start)
+        pieces.append(since)
+        keys = since.select(list(key)).group_by(list(key), use_threads=False).aggregate([])
+        n = keys.num_rows
+        if n:
+            t = whole.slice(i, 1)
+            cols = {f.name: (keys.column(f.name).cast(f.type) if f.name in key else
+                             pa.repeat(t.column(f.name)[0], n) if f.name in (LSN, COMMIT_TS) else
+                             pa.repeat(pa.scalar("d"), n) if f.name == OP else pa.nulls(n, f.type))
+                    for f in whole.schema}
+            pieces.append(pa.table(cols, schema=whole.schema))
+        start = i + 1
+    pieces.append(whole.slice(start))
+    return pa.concat_tables(pieces)
 
 
 #: Stream rows a sink task decodes at once (:func:`task_tables`): their JSON texts are dropped once typed, so a task
@@ -224,6 +304,8 @@ class TablePart:
     earlier: tuple[str, ...] = field(default=(), kw_only=True)
     #: What the task's rows of the table were (counted rows, newest commit time): the epoch's figures for a status.
     figures: Figures = field(default=Figures(), kw_only=True)
+    #: The task's last truncate's source commit time (epoch µs; -1: none): where history closes the current versions.
+    truncate_us: int = field(default=-1, kw_only=True)
 
 
 class PartLike(Protocol):

@@ -27,8 +27,9 @@ B = table_schema("public.b", [("k", "text"), ("n", "numeric(12,2)")], ("k",))
 class Mirror:
     """A routed sink and its decision log; :meth:`epoch` prepares batches (one per task) and commits."""
 
-    def __init__(self, tmp_path: Path, uid: str = "m", create_table: bool = True) -> None:
+    def __init__(self, tmp_path: Path, uid: str = "m", create_table: bool = True, modes=None, compact_every: int = 0) -> None:
         self.tmp = tmp_path
+        self.modes, self.compact_every = modes, compact_every
         self.create_table = create_table
         self.uid = uid
         self.meta = str(tmp_path / "meta")
@@ -41,7 +42,8 @@ class Mirror:
         log = self.log()
         return RoutedDeltaSink(io, Route(str(self.tmp / "lake" / "{schema}" / "{table}"), "path"), self.uid,
                                checkpoint_interval=3, create_table=self.create_table, metadata_io=FileIO.for_url(self.meta),
-                               metadata_dir=log.directory)
+                               metadata_dir=log.directory, compact_every=self.compact_every,
+                               **({"modes": self.modes} if self.modes is not None else {}))
 
     def log(self) -> DecisionLog:
         return DecisionLog(FileIO.for_url(self.meta), self.meta, self.uid)

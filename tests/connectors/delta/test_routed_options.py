@@ -24,8 +24,10 @@ def source(tmp_path: Path, **options: str) -> DeltaSinkDataSource:
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"mode": "upsert"}, r"option 'mode' cannot be combined with routing"),
-    ({"key": "id", "deletes": "true"}, r"option 'key', 'deletes' cannot be combined with routing"),
+    ({"key": "id", "deletes": "true"}, r"option 'key' cannot be combined with routing"),
+    ({"mode": "append"}, r"mode 'append' is not one of upsert, history"),
+    ({"mode": "history", "deletes": "soft"}, r"deletes 'soft' is for mode 'upsert'"),
+    ({"tableModes": '[{"tables": "public.x", "mode": "scd2"}]'}, r"tableModes rule 1 \('public.x'\): mode 'scd2'"),
     ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
     ({"path": "{schema}/{table}"}, r"needs a folder before its first placeholder"),
     ({"path": "/lake/{db}/{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
@@ -45,3 +47,15 @@ def test_routing_takes_only_the_multi_table_stream(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v"):
         ds.sink(plain)
     assert not (tmp_path / "lake").exists()
+
+
+def test_mode_deletes_and_table_modes_give_each_routed_table_its_shape(tmp_path: Path) -> None:
+    ds = source(tmp_path, deletes="soft", tableModes='[{"tables": "public.h_*", "mode": "history", "deletes": "true"}]')
+    sink = ds.sink(STREAM)
+    t = table_schema("public.t", [("id", "int")], ("id",))
+    assert sink.target("public.t", t).plan.table_schema.names == ["id", "_deleted"]
+    h = table_schema("public.h_1", [("id", "int")], ("id",))
+    assert sink.target("public.h_1", h).plan.table_schema.names == ["id", "_valid_from", "_valid_to", "_current"]
+    with pytest.raises(ConfigError, match=r"'tableModes' gives the tables of a routing sink their modes"):
+        DeltaSinkDataSource({"uid": "m", "checkpoint": str(tmp_path / "meta"), "path": str(tmp_path / "one"),
+                             "mode": "upsert", "tableModes": "[]"})

@@ -29,9 +29,10 @@ class Mirror:
     """A routed sink and its decision log; :meth:`epoch` prepares batches (one per task) and commits."""
 
     def __init__(self, tmp_path: Path, uid: str = "m", create_table: bool = True, merge_mode: str = "mergeOnRead",
-                 template: str = "mirror.{schema}_{table}") -> None:
+                 template: str = "mirror.{schema}_{table}", modes: Any = None, compact_every: int = 0) -> None:
         from flinkish_spark.connectors.iceberg.catalog import catalog_properties
 
+        self.modes, self.compact_every = modes, compact_every
         self.tmp, self.uid, self.create_table, self.merge_mode, self.template = tmp_path, uid, create_table, merge_mode, template
         self.meta = str(tmp_path / "meta")
         self.props = catalog_properties(None, None, None, str(tmp_path / "cp"), {}, "test")
@@ -42,7 +43,9 @@ class Mirror:
 
         return RoutedIcebergSink(self.props, Route(self.template, "iceberg"), self.uid, {}, self.merge_mode,  # type: ignore[arg-type]
                                  rows_per_file=3, create_table=self.create_table,
-                                 metadata_io=FileIO.for_url(self.meta), metadata_dir=self.log().directory)
+                                 metadata_io=FileIO.for_url(self.meta), metadata_dir=self.log().directory,
+                                 compact_every=self.compact_every,
+                                 **({"modes": self.modes} if self.modes is not None else {}))
 
     def log(self) -> DecisionLog:
         return DecisionLog(FileIO.for_url(self.meta), self.meta, self.uid)

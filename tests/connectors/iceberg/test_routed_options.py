@@ -23,8 +23,9 @@ def source(tmp_path: Path, **options: str):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"mode": "upsert"}, r"option 'mode' cannot be combined with routing"),
-    ({"key": "id", "deletes": "true"}, r"option 'key', 'deletes' cannot be combined with routing"),
+    ({"mode": "history", "deletes": "soft"}, r"deletes 'soft' is for mode 'upsert'"),
+    ({"tableModes": '{"tables": "public.x"}'}, r"option 'tableModes' is a JSON dict"),
+    ({"key": "id", "deletes": "true"}, r"option 'key' cannot be combined with routing"),
     ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
     ({"table": "mirror.{db}_{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
     ({"table": "{table}"}, r"'table' must be namespace\.name"),
@@ -38,9 +39,11 @@ def test_options_routing_refuses(tmp_path: Path, options: dict, message: str) ->
 def test_routing_takes_only_the_multi_table_stream(tmp_path: Path) -> None:
     from flinkish_spark.connectors.iceberg.routed import RoutedIcebergSink
 
-    ds = source(tmp_path, mergeMode="copyOnWrite", compactEvery="4")
+    ds = source(tmp_path, mergeMode="copyOnWrite", compactEvery="4", mode="history",
+                tableModes='[{"tables": "public.s*", "mode": "upsert", "deletes": "soft"}]')
     sink = ds.sink(STREAM)
     assert isinstance(sink, RoutedIcebergSink) and sink.merge_mode == "copyOnWrite" and sink.compact_every == 4
+    assert sink.modes.of("public.orders").mode == "history" and sink.modes.of("public.s1").deletes == "soft"
     plain = StructType([StructField("id", LongType()), StructField("v", StringType())])
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v"):
         ds.sink(plain)

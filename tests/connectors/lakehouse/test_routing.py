@@ -3,6 +3,7 @@ one table's rows as a keyed input (truncate, re-snapshot markers)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
 from flinkish_spark.connectors.lakehouse.routing import (
-    STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input, task_tables,
+    NOT_WITH_ROUTING, STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input, task_tables,
 )
 from flinkish_spark.connectors.postgres.rows import split_tables
 from flinkish_spark.errors import ConfigError, SchemaChangeError
@@ -48,9 +49,12 @@ def test_a_template_without_table_or_with_another_placeholder_is_refused() -> No
 
 
 def test_keyed_options_and_other_inputs_are_refused_with_routing() -> None:
-    with pytest.raises(ConfigError, match=r"option 'mode', 'key' cannot be combined with routing"):
-        refuse_keyed_options(lambda o: o in ("mode", "key"), "flinkish.delta sink", "path")
-    refuse_keyed_options(lambda o: o == "mergeMode", "flinkish.delta sink", "path")
+    with pytest.raises(ConfigError, match=r"option 'key', 'partitionBy' cannot be combined with routing"):
+        refuse_keyed_options(lambda o: o in ("mode", "key", "partitionBy"), "flinkish.delta sink", "path", NOT_WITH_ROUTING)
+    refuse_keyed_options(lambda o: o in ("mergeMode", "mode", "deletes", "tableModes"), "flinkish.delta sink", "path",
+                         NOT_WITH_ROUTING)
+    with pytest.raises(ConfigError, match=r"option 'mode', 'key' cannot be combined with routing.*deletes applied"):
+        refuse_keyed_options(lambda o: o in ("mode", "key"), "flinkish.postgres sink", "table")  # no modes there yet
     check_stream(list(STREAM_COLUMNS), "c", "path")
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v.*option\('tables'"):
         check_stream(["id", "v"], "flinkish.delta sink", "path")
@@ -65,7 +69,8 @@ def test_one_tables_rows_keep_only_what_follows_the_last_truncate_and_report_the
     s.transaction((a, "c", {"id": 3, "v": "y"}), (a, "d", {"id": 3}))
     got = table_input(split_tables(s.batch())["public.a"].rows)
     assert got.truncate and got.begin and not got.end
-    assert got.changes.column_names == ["id", "v", "_op", "_lsn", "_unchanged"]
+    assert got.changes.column_names == ["id", "v", "_op", "_lsn", "_commit_ts", "_unchanged"]
+    assert got.truncate_us == 1200 * 1_000_000  # the truncate's commit time (history closes the versions there)
     assert got.changes.select(["id", "_op"]).to_pylist() == [{"id": 3, "_op": "c"}, {"id": 3, "_op": "d"}]
     assert got.lsn == got.changes.column("_lsn")[-1].as_py()
     only_snapshot = table_input(split_tables(StreamBuilder().snapshot(a, [{"id": 1, "v": "s"}]).marker(a, "E").batch())["public.a"].rows)
@@ -158,3 +163,19 @@ def test_a_task_decoded_batch_by_batch_until_a_second_table_or_schema_gives_the_
             assert repr(got) == repr([(n, sch, rows, f) for n, sch, rows, f in want]), (then, size)
         if then == "schema":
             assert [d.earlier for _, _, d in task_tables(iter(stream.to_batches(max_chunksize=3)))] == [(a1.to_json(),)]
+
+
+def test_truncates_as_deletes_keeps_the_changes_before_a_truncate_and_deletes_their_keys_at_it() -> None:
+    from flinkish_spark.connectors.lakehouse.routing import truncates_as_deletes
+
+    a = table_schema("public.a", [("id", "int"), ("v", "text")], ("id",))
+    s = StreamBuilder()
+    s.transaction((a, "c", {"id": 1, "v": "x"}), (a, "u", {"id": 1, "v": "y"}), (a, "c", {"id": 2, "v": "z"}))
+    s.transaction((a, "t", None))
+    s.transaction((a, "c", {"id": 3, "v": "w"}))
+    (name, schema, got), = task_tables(s.batch().to_batches())
+    whole = truncates_as_deletes(got, schema.key)
+    assert [(r["id"], r["v"], r["_op"], r["_lsn"]) for r in whole.select(["id", "v", "_op", "_lsn"]).to_pylist()] == [
+        (1, "x", "c", 1100), (1, "y", "u", 1100), (2, "z", "c", 1100), (1, None, "d", 1200), (2, None, "d", 1200),
+        (3, "w", "c", 1300)]
+    assert truncates_as_deletes(replace(got, whole=None), schema.key) == got.changes

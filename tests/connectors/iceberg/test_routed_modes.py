@@ -1,0 +1,113 @@
+"""flinkish.iceberg routed targets in their table's mode (``mode`` / ``deletes`` / ``tableModes``), in process (no
+Spark): the Delta tests' cases (tests/connectors/delta/test_routed_modes.py) on Iceberg targets, read back with
+pyiceberg's scan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+from flinkish_spark.errors import SchemaChangeError
+from flinkish_spark.testing.changes import Model, normalized, random_epochs
+from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
+
+from tests.connectors.delta.test_routed_modes import COLUMNS, SHAPES, feed, modes, ts
+from tests.connectors.iceberg.test_routed import Mirror
+
+pytest.importorskip("pyiceberg")
+
+
+def rows(m: Mirror, table: str) -> list[dict]:
+    return normalized(m.table(table).scan().to_arrow().to_pylist())
+
+
+@pytest.mark.parametrize("merge_mode, compact_every", [("mergeOnRead", 2), ("copyOnWrite", 0)])
+def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path, merge_mode: str,
+                                                                  compact_every: int) -> None:
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in SHAPES}
+    m = Mirror(tmp_path, merge_mode=merge_mode, modes=modes(), compact_every=compact_every)
+    models = {t: Model(*shape) for t, shape in SHAPES.items()}
+    s = StreamBuilder()
+    for epoch in random_epochs(seed=11, epochs=5, keys=10, per_epoch=20, tasks=1):
+        changes = feed(s, schemas, epoch)
+        m.epoch(s.batch())
+        for t, model in models.items():
+            model.apply(changes)
+            assert rows(m, t) == model.table(), t
+
+
+@pytest.mark.parametrize("table, mode", [("public.h", "history"), ("public.s", "upsert")])
+def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row(tmp_path: Path, table: str, mode: str) -> None:
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    d = table_schema(table, [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    m = Mirror(tmp_path, modes=modes())
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "n": 0, "body": "one"}])
+    m.epoch(s.batch())
+    s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}))
+    m.epoch(s.batch())
+    got = sorted((r["id"], r["n"], r["body"]) for r in rows(m, table))
+    assert got == ([(1, 0, "one"), (1, 1, "one")] if mode == "history" else [(1, 1, "one")])
+
+
+@pytest.mark.parametrize("merge_mode", ["mergeOnRead", "copyOnWrite"])
+def test_a_truncate_and_a_resnapshot_end_mark_close_or_keep_rows_by_mode(tmp_path: Path, merge_mode: str) -> None:
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in ("public.h", "public.s", "public.f")}
+    m = Mirror(tmp_path, merge_mode=merge_mode, modes=modes())
+    s = StreamBuilder()
+    for schema in schemas.values():
+        s.snapshot(schema, [{"id": i, "v": f"s{i}", "n": 1} for i in (1, 2, 3)])
+    m.epoch(s.batch())
+    for schema in schemas.values():  # a re-snapshot without key 3, key 2 changed
+        s.marker(schema, "B").snapshot(schema, [{"id": 1, "v": "s1", "n": 1}, {"id": 2, "v": "r2", "n": 1}])
+        s.marker(schema, "E")
+    m.epoch(s.batch())
+    h = rows(m, "public.h")  # key 3 closed at the commit's time: no change in the epoch
+    assert sorted((r["id"], r["v"], r["_current"]) for r in h) == [
+        (1, "s1", True), (2, "r2", True), (2, "s2", False), (3, "s3", False)]
+    ended = [r["_valid_to"] for r in h if r["id"] == 3][0]
+    assert ended is not None
+    s.transaction(*[(schema, "c", {"id": 4, "v": "pre", "n": 1}) for schema in schemas.values()])
+    s.transaction(*[(schema, "t", None) for schema in schemas.values()])
+    truncated = ts(s.lsn)
+    m.epoch(s.batch())
+    assert sorted((r["id"], r["v"], r["_deleted"]) for r in rows(m, "public.s")) == [
+        (1, "s1", True), (2, "r2", True), (3, "s3", True), (4, "pre", True)]
+    assert sorted((r["id"], r["v"]) for r in rows(m, "public.f")) == [(1, "s1"), (2, "r2"), (3, "s3"), (4, "pre")]
+    h = rows(m, "public.h")
+    assert not [r for r in h if r["_current"]]
+    assert sorted((r["id"], r["v"], r["_valid_to"]) for r in h if r["_valid_to"] == truncated) == [
+        (1, "s1", truncated), (2, "r2", truncated), (4, "pre", truncated)]
+
+
+def test_a_target_written_in_another_mode_is_refused_naming_the_table(tmp_path: Path) -> None:
+    a = table_schema("public.a", COLUMNS, ("id",))
+    s = StreamBuilder()
+    s.snapshot(a, [{"id": 1, "v": "x", "n": 1}])
+    Mirror(tmp_path, modes=parse_table_modes({"deletes": "soft"}.get, "test")).epoch(s.batch())
+    m = Mirror(tmp_path)
+    m.epochs = 1
+    s.transaction((a, "u", {"id": 1, "v": "y", "n": 2}))
+    with pytest.raises(SchemaChangeError, match=r"source table public.a: the Iceberg table mirror.public_a was "
+                                                r"written in another mode \(upsert with deletes soft"):
+        m.epoch(s.batch())
+    assert [(r["v"], r["_deleted"]) for r in rows(m, "public.a")] == [("x", False)]
+
+
+def test_a_history_target_keeps_its_columns_through_schema_evolution(tmp_path: Path) -> None:
+    a1 = table_schema("public.h", [("id", "int"), ("v", "text")], ("id",))
+    a2 = table_schema("public.h", [("id", "int"), ("v", "text"), ("w", "int")], ("id",))
+    m = Mirror(tmp_path, modes=modes(), compact_every=1)  # compacts the file written before 'w' came
+    s = StreamBuilder()
+    s.snapshot(a1, [{"id": 1, "v": "x"}])
+    m.epoch(s.batch())
+    s.transaction((a2, "u", {"id": 1, "v": "y", "w": 5}))
+    m.epoch(s.batch())
+    assert [f.name for f in m.table("public.h").schema().fields] == ["id", "v", "_valid_from", "_valid_to", "_current", "w"]
+    assert sorted((r["v"], r["w"], r["_current"]) for r in m.rows("public.h", "v")) == [("x", None, False), ("y", 5, True)]
+    assert any(sn.summary.additional_properties.get("flinkish.compaction") == "true"
+               for sn in m.table("public.h").snapshots())
