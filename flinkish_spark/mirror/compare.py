@@ -109,11 +109,34 @@ def current_rows(target: pa.Table | None, mode: TableMode) -> pa.Table | None:
     versions (``_current``), soft deletes' rows not deleted (``_deleted``)."""
     if target is None:
         return None
+    if mode.extra_columns:
+        target = _without_views(target)  # pyarrow 26 cannot filter string views (delta-rs's scan gives them)
     if mode.mode == "history" and CURRENT in target.column_names:
         target = target.filter(pc.fill_null(target[CURRENT], False))
     if mode.deletes == "soft" and DELETED in target.column_names:
         target = target.filter(pc.invert(pc.fill_null(target[DELETED], False)))
     return target.drop_columns([c for c in mode.extra_columns if c in target.column_names])
+
+
+def _without_views(table: pa.Table) -> pa.Table:
+    """``table`` with string and binary views (also inside lists, structs, maps) as plain large strings/binaries."""
+    def plain(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_string_view(t):
+            return pa.large_string()
+        if pa.types.is_binary_view(t):
+            return pa.large_binary()
+        if pa.types.is_list(t):
+            return pa.list_(t.value_field.with_type(plain(t.value_type)))
+        if pa.types.is_large_list(t):
+            return pa.large_list(t.value_field.with_type(plain(t.value_type)))
+        if pa.types.is_struct(t):
+            return pa.struct([t.field(i).with_type(plain(t.field(i).type)) for i in range(t.num_fields)])
+        if pa.types.is_map(t):
+            return pa.map_(plain(t.key_type), t.item_field.with_type(plain(t.item_type)))
+        return t
+
+    schema = pa.schema([f.with_type(plain(f.type)) for f in table.schema])
+    return table if schema == table.schema else table.cast(schema)
 
 
 def compare_rows(table: str, schema: TableSchema, source: pa.Table, target: pa.Table | None,

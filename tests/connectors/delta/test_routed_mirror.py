@@ -7,7 +7,9 @@ a writer changing every table; after two epochs ``ADD COLUMN`` on m_a, ``numeric
 numeric(14,2)`` on m_c, a new table m_new, ``DROP TABLE m_drop``), but into the routed
 ``flinkish.delta`` sink: after the kills and the drain every Delta target read by delta-rs
 equals its source table (new column and new table included), no table outside the pattern
-has a target, and no slot or publication is left.
+has a target, and no slot or publication is left. m_a keeps soft deletes and m_b its history
+(``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat, also
+through the compactions.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ import os
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from flinkish_spark.mirror.compare import delta_storage
-from flinkish_spark.testing.mirror import delta_differences, run_workload, slots_and_publications, table_states
+from flinkish_spark.testing.mirror import (
+    delta_differences, history_problems, run_workload, slots_and_publications, table_states,
+)
 
 deltalake = pytest.importorskip("deltalake")
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
@@ -28,6 +34,7 @@ KILLS = 2
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 LAKE = "s3://test/lake"
 META = "s3://test/meta"
+MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
 
 
 def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
@@ -38,7 +45,8 @@ def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
             "rowFormat": "arrow"}},  # the shape flinkish mirror reads to a lakehouse
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": META, "endpointUrl": endpoint, "path": LAKE + "/{schema}/{table}",
-            "compactEvery": 3}},  # each target compacted every 3 of its versions, through the kills too
+            "compactEvery": 3,  # each target compacted every 3 of its versions, through the kills too
+            "tableModes": MODES}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -57,7 +65,13 @@ def test_pattern_mirror_into_routed_delta_through_kills_schema_changes_and_new_t
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, tables)
     assert "extra" in schemas["public.m_a"].names
-    assert delta_differences(LAKE, source, schemas, {"endpointUrl": s3_proc}) == {}
+    assert delta_differences(LAKE, source, schemas, {"endpointUrl": s3_proc, "tableModes": MODES}) == {}
+    storage = delta_storage(LAKE, {"endpointUrl": s3_proc})
+    m_b = deltalake.DeltaTable(LAKE + "/public/m_b", storage_options=storage)
+    versions = pa.table(m_b.scan())
+    assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
+    m_a = pa.table(deltalake.DeltaTable(LAKE + "/public/m_a", storage_options=storage).scan())
+    assert pc.sum(m_a["_deleted"]).as_py() > 0  # the deleted keys kept
     targets = s3fs.S3FileSystem(endpoint_url=s3_proc).ls("test/lake/public", refresh=True)
     assert sorted(p.rsplit("/", 1)[-1] for p in targets) == ["m_a", "m_b", "m_c", "m_drop", "m_new"]  # never 'other'
     m_c = deltalake.DeltaTable(LAKE + "/public/m_c", storage_options=delta_storage(LAKE, {"endpointUrl": s3_proc}))

@@ -6,7 +6,8 @@ changing every table; after two epochs ``ADD COLUMN`` on m_a, ``numeric(12,2) ->
 m_c, a new table m_new, ``DROP TABLE m_drop``), into the routed ``flinkish.iceberg`` sink (a SQL
 catalog on SQLite, tables on local disk): after the kills and the drain every Iceberg target read by
 pyiceberg equals its source table (new column and new table included), no table outside the pattern
-has a target, and no slot or publication is left.
+has a target, and no slot or publication is left. m_a keeps soft deletes and m_b its history
+(``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat.
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ from typing import Any
 import psycopg
 import pytest
 
-from flinkish_spark.testing.mirror import run_workload, slots_and_publications, table_states, target_differences
+import pyarrow.compute as pc
+
+from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+from flinkish_spark.testing.mirror import (
+    history_problems, run_workload, slots_and_publications, table_states, target_differences,
+)
 
 pyiceberg = pytest.importorskip("pyiceberg")
 pytestmark = pytest.mark.slow
 
 KILLS = 2
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
+#: m_a keeps soft deletes, m_b its history; the others mirrored.
+MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
 
 
 def spec(tmp_path: Path, url: str, **extra: object) -> dict:
@@ -35,7 +43,8 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
         "sink": {"format": "flinkish.iceberg", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": str(tmp_path / "meta"), "table": "mirror.{schema}_{table}",
             "catalogUri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh",
-            "compactEvery": 3}},  # each target's files with deletes rewritten every 3 of its snapshots, through the kills
+            "compactEvery": 3,  # each target's files with deletes rewritten every 3 of its snapshots, through the kills
+            "tableModes": MODES}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -60,7 +69,10 @@ def test_pattern_mirror_into_routed_iceberg_through_kills_schema_changes_and_new
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, tables)
     assert "extra" in schemas["public.m_a"].names
-    assert target_differences(read, source, schemas) == {}
+    assert target_differences(read, source, schemas, parse_table_modes({"tableModes": MODES}.get, "test")) == {}
+    versions = read("public.m_b")
+    assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
+    assert pc.sum(read("public.m_a")["_deleted"]).as_py() > 0  # the deleted keys kept
     assert sorted(n for _, n in catalog.list_tables("mirror")) == ["public_m_a", "public_m_b", "public_m_c",
                                                                   "public_m_drop", "public_m_new"]  # never 'other'
     amount = catalog.load_table("mirror.public_m_c").schema().find_field("amount")
