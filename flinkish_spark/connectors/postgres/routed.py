@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures, figures_by_table
+from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, require_key, tables_of
 from flinkish_spark.connectors.lakehouse.table_modes import TableModes
 from flinkish_spark.connectors.postgres.connection import (
@@ -362,13 +363,20 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         psycopg = require_psycopg()
         params: tuple[Any, ...] = (epoch, ids, t.table)
         unchanged = sorted({n for p in t.parts for n in p.unchanged if n in data and n not in key})
+        # History: when a re-snapshot's changed row starts its version and its end closes the keys it did not deliver
+        # (no commit time is known for either): the epoch's newest change of the table, else now -- as the routed
+        # Delta and Iceberg sinks. With a truncate in the epoch every snapshot row is a version (without times).
+        close_us = close_time_us(t.parts, False)
+        snapshot_at = close_us if not truncates else None
+        source = {c.name for c in announced[-1][0].columns} if announced else set(data)
+        compared = [n for n in data if n in source]  # a column the source dropped (the target keeps it) is not compared
         try:
             for after, upto in segments(truncates, mode):
                 if after is not None and (mode.mode, mode.deletes) == ("upsert", "true"):
                     c.execute(f"DELETE FROM {qualified_target}")  # the last truncate empties it, then the rows after it
                 if mode.mode == "history":
                     for sql, takes in history_statements(plan.staging, qualified_target, data, key, mode, unchanged,
-                                                         after, upto):
+                                                         after, upto, snapshot_at, compared):
                         c.execute(sql, params if takes else None)
                 else:
                     c.execute(upsert_sql(plan.staging, qualified_target, data, key, mode, unchanged, after, upto), params)
@@ -380,7 +388,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
                 f"flinkish.postgres sink uid {self.uid!r}: epoch {epoch}'s rows of source table {t.table} do not fit its "
                 f"target {schema}.{name}: {plan.conn.mask(str(e).strip())}. Nothing of the epoch is visible; the rows stay "
                 f"staged and a restart retries the commit once the target accepts them") from None
-        retire = retire_sql(qualified_target, mode)
+        retire = retire_sql(qualified_target, mode, close_us)
         if retire is not None:  # deletes=false: a re-snapshot removes nothing, so it need not remember keys
             keys = ", ".join(f"({JSON}->>{literal(k)})::{columns.columns[k]} AS {quote_ident(k)}" for k in key)
             staged = (f"(SELECT {keys}, _op FROM (SELECT _row::jsonb AS {JSON}, _op FROM {plan.staging} WHERE {S_EPOCH} = %s "

@@ -15,7 +15,12 @@ the row as JSON of PostgreSQL input texts), a truncate and a re-snapshot's end:
   delete closes without a new version (``deletes=false``: deletes are left out). The epoch's versions are first
   computed into a temporary table -- their unchanged columns filled from the key's current row while it is still
   current -- then the current rows are closed, then the versions inserted: the target's unique index on the key
-  ``WHERE _current`` (:mod:`.routed_schema`) never sees two current versions of a key.
+  ``WHERE _current`` (:mod:`.routed_schema`) never sees two current versions of a key. A snapshot row (no ``_lsn``,
+  a re-snapshot's) that is its key's only change in the epoch and equal in the source's columns to the key's current
+  row adds no version (the current one stays open); a different one closes the current row and starts its version
+  at one time, the epoch's newest change time of the table, else the commit's own -- the rules of the routed Delta
+  and Iceberg sinks (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.close_time_us`), so a history target
+  means the same in every format.
 * **Unchanged columns** (an update that left a TOASTed value unchanged does not carry it): the row takes the value
   of the key's latest earlier staged row that carries it (any task), else the key's (current) target row; null when
   neither holds the key. In every mode: a new history version never holds a null where the source has a value.
@@ -24,8 +29,8 @@ the row as JSON of PostgreSQL input texts), a truncate and a re-snapshot's end:
   ``_commit_ts``; deletes=false ignores it. Soft and history apply the epoch's rows before the truncate first
   (:func:`segments`), so their versions and last values are kept as the source had them.
 * A re-snapshot's **end** (:func:`retire_sql`): the keys it did not deliver are deleted, marked ``_deleted`` or
-  their current versions closed (``_valid_to`` null: the source cannot tell when, in the gap, they went);
-  deletes=false: nothing.
+  their current versions closed (at that same time: the source cannot tell when, in the gap, they went; never a
+  null ``_valid_to``); deletes=false: nothing.
 
 Ordering within the epoch: snapshot rows (no ``_lsn``) first, then ``(_lsn, _seq)``, then the task's partition and
 row; deterministic in the staged rows and the target before the epoch, so the commit's retry after a crash (its
@@ -34,6 +39,7 @@ transaction rolled back) computes the same rows.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, VALID_FROM, VALID_TO
@@ -44,6 +50,15 @@ from flinkish_spark.connectors.postgres.staging import S_ATTEMPT, S_EPOCH, S_PAR
 JSON = "_flinkish_json"
 OP = "_flinkish_op"
 FIRST = "_flinkish_first"
+SNAP = "_flinkish_snap"  # a version that is a snapshot row (no _lsn), its key's only change in the epoch
+SAME = "_flinkish_same"  # such a row equal to the key's current target row: no new version
+#: Types whose ``=`` is not "the same value" (json, xml, the geometric types have none or compare areas) or unknown
+#: to be: compared by their text output instead -- anything but the common built-in types below.
+_EQUALITY = frozenset((
+    "smallint", "integer", "bigint", "numeric", "real", "double precision", "boolean", "text", "character varying",
+    "character", "bpchar", "name", "uuid", "date", "time without time zone", "time with time zone",
+    "timestamp without time zone", "timestamp with time zone", "bytea", "jsonb", "inet", "cidr", "macaddr", "oid",
+))
 VERSIONS = "pg_temp.flinkish_versions"  # a history epoch's versions (the session's own; dropped after each table)
 _ORDER = f"_lsn NULLS FIRST, _seq NULLS FIRST, {S_PART}, {S_ROW}"
 _ORDER_DESC = f"_lsn DESC NULLS LAST, _seq DESC NULLS LAST, {S_PART} DESC, {S_ROW} DESC"
@@ -51,6 +66,20 @@ _ORDER_DESC = f"_lsn DESC NULLS LAST, _seq DESC NULLS LAST, {S_PART} DESC, {S_RO
 
 def literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def timestamp_sql(us: int) -> str:
+    """A ``timestamptz`` literal of ``us`` µs since the epoch, exact to the microsecond."""
+    return f"(TIMESTAMPTZ 'epoch' + {int(us)} * INTERVAL '1 microsecond')"
+
+
+def same_value_sql(a: str, b: str, type_: str) -> str:
+    """SQL true when the values ``a`` and ``b`` of a column of type ``type_`` (format_type's text) are the same,
+    nulls included: ``IS NOT DISTINCT FROM``, over the text output where the type's ``=`` is not known to mean it."""
+    base = re.sub(r"\(\d+(,\d+)?\)", "", type_).replace("[]", "").strip()
+    if base in _EQUALITY:
+        return f"{a} IS NOT DISTINCT FROM {b}"
+    return f"{a}::text IS NOT DISTINCT FROM {b}::text"
 
 
 class Position(NamedTuple):
@@ -145,10 +174,14 @@ def upsert_sql(staging: str, target: str, columns: dict[str, str], key: tuple[st
 
 
 def history_statements(staging: str, target: str, columns: dict[str, str], key: tuple[str, ...], mode: TableMode,
-                       unchanged: list[str], after: Position | None = None,
-                       upto: Position | None = None) -> list[tuple[str, bool]]:
+                       unchanged: list[str], after: Position | None = None, upto: Position | None = None,
+                       snapshot_at: int | None = None, compared: list[str] | None = None) -> list[tuple[str, bool]]:
     """The statements (each with whether it takes the params epoch, attempt ids, source table) adding the range's
-    versions and closing the current rows they replace."""
+    versions and closing the current rows they replace.
+
+    ``snapshot_at`` (µs; None: every snapshot row is a version without times): a snapshot row that is its key's only
+    change and equal in ``compared`` (default: every column) to the key's current row adds no version; a different
+    one closes the current row and starts its version at this time (its change's own time is not known)."""
     keys = ", ".join(quote_ident(k) for k in key)
     cols = ", ".join(quote_ident(n) for n in columns)
     hist = ", ".join(quote_ident(c) for c in (VALID_FROM, VALID_TO, CURRENT))
@@ -157,17 +190,29 @@ def history_statements(staging: str, target: str, columns: dict[str, str], key: 
         _values(target, columns, key, unchanged, f" AND kept.{quote_ident(CURRENT)}"), columns))
     temp = ", ".join(f"{quote_ident(n)} {t}" for n, t in columns.items())
     match = " AND ".join(f"t.{quote_ident(k)} = v.{quote_ident(k)}" for k in key)
-    return [
+    by_key = ", ".join("l." + quote_ident(k) for k in key)
+    snap = f"l._lsn IS NULL AND l.{OP} = 'r' AND count(*) OVER k = 1" if snapshot_at is not None else "false"
+    out = [
         (f"CREATE TEMPORARY TABLE {VERSIONS} ({temp}, {OP} text, {quote_ident(VALID_FROM)} timestamptz, "
-         f"{quote_ident(VALID_TO)} timestamptz, {quote_ident(CURRENT)} boolean, {FIRST} boolean) ON COMMIT DROP", False),
+         f"{quote_ident(VALID_TO)} timestamptz, {quote_ident(CURRENT)} boolean, {FIRST} boolean, {SNAP} boolean, "
+         f"{SAME} boolean) ON COMMIT DROP", False),
         (f"INSERT INTO {VERSIONS} SELECT {values}, l.{OP}, l._commit_ts, lead(l._commit_ts) OVER w, "
-         f"lead(true) OVER w IS NULL, row_number() OVER w = 1 FROM ({src}) l "
-         f"WINDOW w AS (PARTITION BY {', '.join('l.' + quote_ident(k) for k in key)} ORDER BY {_ORDER})", True),
+         f"lead(true) OVER w IS NULL, row_number() OVER w = 1, {snap}, false FROM ({src}) l "
+         f"WINDOW w AS (PARTITION BY {by_key} ORDER BY {_ORDER}), k AS (PARTITION BY {by_key})", True),
         (f"ANALYZE {VERSIONS}", False),  # a temporary table has no statistics: the close below finds rows by index
+    ]
+    if snapshot_at is not None:
+        # One look-up of the key's current row per snapshot row (the unique index on the key WHERE _current): equal
+        # -> no version, the current one stays open; different -> the version starts when the close ends the old.
+        same = " AND ".join(same_value_sql(f"t.{quote_ident(n)}", f"v.{quote_ident(n)}", columns[n])
+                            for n in (compared if compared is not None else list(columns))) or "true"
+        out.append((f"UPDATE {VERSIONS} v SET {SAME} = ({same}), {quote_ident(VALID_FROM)} = {timestamp_sql(snapshot_at)} "
+                    f"FROM {target} t WHERE v.{SNAP} AND {match} AND t.{quote_ident(CURRENT)}", False))
+    return out + [
         (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = v.{quote_ident(VALID_FROM)}, {quote_ident(CURRENT)} = false "
-         f"FROM {VERSIONS} v WHERE v.{FIRST} AND {match} AND t.{quote_ident(CURRENT)}", False),
+         f"FROM {VERSIONS} v WHERE v.{FIRST} AND NOT v.{SAME} AND {match} AND t.{quote_ident(CURRENT)}", False),
         (f"INSERT INTO {target} ({cols}, {hist}) SELECT {cols}, {hist} FROM {VERSIONS} WHERE {OP} <> 'd' "
-         f"ORDER BY {keys}", False),
+         f"AND NOT {SAME} ORDER BY {keys}", False),
         (f"DROP TABLE {VERSIONS}", False),
     ]
 
@@ -184,13 +229,14 @@ def truncate_sql(target: str, mode: TableMode) -> str | None:
     return f"DELETE FROM {target}"
 
 
-def retire_sql(target: str, mode: TableMode) -> str | None:
-    """How a re-snapshot's end retires the target's rows ``t`` a condition appended to it selects; None: it does not."""
+def retire_sql(target: str, mode: TableMode, close_us: int) -> str | None:
+    """How a re-snapshot's end retires the target's rows ``t`` a condition appended to it selects; None: it does not.
+    History closes their current versions at ``close_us`` (µs since the epoch)."""
     if mode.deletes == "false":
         return None
     if mode.mode == "history":
-        return (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = NULL, {quote_ident(CURRENT)} = false "
-                f"WHERE t.{quote_ident(CURRENT)} AND")
+        return (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = {timestamp_sql(close_us)}, "
+                f"{quote_ident(CURRENT)} = false WHERE t.{quote_ident(CURRENT)} AND")
     if mode.deletes == "soft":
         return f"UPDATE {target} t SET {quote_ident(DELETED)} = true WHERE NOT t.{quote_ident(DELETED)} AND"
     return f"DELETE FROM {target} t WHERE"

@@ -172,14 +172,65 @@ def test_truncate_and_resnapshot_mark_deleted_close_versions_or_remove_nothing(p
 
     for t in tables.values():  # a re-snapshot after a lost slot: keys 2 and 4 exist, 5 went in the gap
         s.marker(t, "B").snapshot(t, [{"id": 2, "v": "b2"}, {"id": 4, "v": "d"}]).marker(t, "E")
+    before = datetime.now(timezone.utc)
     m.epoch(s.batch())
+    after = datetime.now(timezone.utc)
     assert read(pg_url, "public_f", kv) == normalized([dict(zip(kv, r)) for r in [
         (1, "a1"), (2, "b2"), (3, "c"), (4, "d"), (5, "e")]])
     assert read(pg_url, "public_s", sd) == normalized([dict(zip(sd, r)) for r in [
         (1, "a1", True), (2, "b2", False), (3, "c", True), (4, "d", False), (5, "e", True)]])
-    history[4:] = [(4, "d", t3, None, False), (5, "e", t3, None, False),  # snapshot rows and the end: no time known
-                   (2, "b2", None, None, True), (4, "d", None, None, True)]
-    assert read(pg_url, "public_h", hc) == normalized([dict(zip(hc, r)) for r in history])
+    # Key 4's snapshot row equals its current version: no new version. Key 2 had none current (the truncate
+    # closed it): a version without times. Key 5 went in the gap: closed at the commit's own time (the epoch has
+    # no change of the table to take the time from), never a null _valid_to.
+    got = read(pg_url, "public_h", hc)
+    closed = [r["_valid_to"] for r in got if r["id"] == 5]
+    assert len(closed) == 1 and closed[0] is not None and before <= closed[0] <= after, got
+    history[4:] = [(4, "d", t3, None, True), (5, "e", t3, closed[0], False), (2, "b2", None, None, True)]
+    assert got == normalized([dict(zip(hc, r)) for r in history])
+
+
+def test_history_resnapshot_adds_versions_only_for_changed_rows_at_one_time(pg_url, tmp_path: Path) -> None:
+    """As the routed Delta and Iceberg sinks: a re-snapshot row equal to its key's current version adds no version
+    (it stays open); a changed one closes the current version and opens the new one at one time, the epoch's
+    newest change of the table (the change's own time is unknown); the end closes the keys it did not deliver at
+    that time too. A replay of the epoch adds nothing."""
+    from flinkish_spark.connectors.postgres.rows import TableSchema, make_column
+
+    h = table_schema("public.h", [("id", "int"), ("v", "text"), ("n", "numeric(6,2)")], ("id",))
+    h = TableSchema(h.table, h.columns + (make_column("j", "json", "json", -1, None),), h.key)  # json has no "="
+    m = Mirror(tmp_path, pg_url, modes=modes(mode="history"))
+    s = StreamBuilder()
+    first = [{"id": i, "v": v, "n": "1.50", "j": '{"a": 1}'} for i, v in ((1, "a"), (2, "b"), (3, "c"), (4, "d"))]
+    first[0]["v"] = None  # a null equals a null
+    m.epoch(s.snapshot(h, first).batch())
+    s.transaction((h, "u", {"id": 3, "v": "c1", "n": "1.50", "j": '{"a": 1}'}))
+    t1 = ts(s.lsn)
+    m.epoch(s.batch())
+    cols = ("id", "v", "_valid_from", "_valid_to", "_current")
+    want = [(1, None, None, None, True), (2, "b", None, None, True), (3, "c", None, t1, False),
+            (3, "c1", t1, None, True), (4, "d", None, None, True)]
+    assert read(pg_url, "public_h", cols) == normalized([dict(zip(cols, r)) for r in want])
+
+    again = [dict(first[0]), {**first[1], "v": "b2"}, {"id": 3, "v": "c1", "n": "1.50", "j": '{"a": 1}'}]
+    s.marker(h, "B").snapshot(h, again).marker(h, "E")  # key 4 went in the gap
+    s.transaction((h, "c", {"id": 6, "v": "f", "n": "2.00", "j": "{}"}))
+    t2 = ts(s.lsn)
+    batch = s.batch()
+    m.epoch(batch)
+    want = [(1, None, None, None, True),  # unchanged: still the one open version
+            (2, "b", None, t2, False), (2, "b2", t2, None, True),  # changed: closed and opened at one time
+            (3, "c", None, t1, False), (3, "c1", t1, None, True),  # unchanged
+            (4, "d", None, t2, False),  # not delivered: closed at the epoch's newest change
+            (6, "f", t2, None, True)]
+    assert read(pg_url, "public_h", cols) == normalized([dict(zip(cols, r)) for r in want])
+    m.epoch(batch, epoch=m.epochs - 1)  # a replay adds nothing
+    assert read(pg_url, "public_h", cols) == normalized([dict(zip(cols, r)) for r in want])
+
+    # A whole re-snapshot that finds nothing changed adds no version at all.
+    m.epoch(s.marker(h, "B").snapshot(h, [dict(first[0]), {**first[1], "v": "b2"}, again[2],
+                                          {"id": 6, "v": "f", "n": "2.00", "j": "{}"}]).marker(h, "E").batch())
+    assert read(pg_url, "public_h", cols) == normalized([dict(zip(cols, r)) for r in want])
+    assert m.staged() == 0
 
 
 def test_a_target_of_another_mode_is_refused_naming_table_and_fix_and_history_targets_evolve(pg_url, tmp_path: Path) -> None:
