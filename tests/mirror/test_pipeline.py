@@ -6,8 +6,9 @@
   command started again continues from the checkpoint; after the writer stopped, one SIGTERM
   drains it (exit 0). Every Delta target then equals its source table, ``other`` has no target,
   and no slot or publication is left.
+  Two tables have a shape of their own (``--sink-option tableModes=...``: m_a soft deletes, m_b history).
 * ``--stop-after-snapshot`` copies the tables and ends by itself (exit 0) with nothing left on
-  the server.
+  the server; ``flinkish mirror compare`` with the same flags (``deletes=soft`` for every table) says equal.
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ import time
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pytest
 
-from flinkish_spark.testing.mirror import SETUP, delta_differences, slots_and_publications, table_states
+from flinkish_spark.testing.mirror import SETUP, delta_differences, history_problems, slots_and_publications, table_states
 from flinkish_spark.testing.mirror_process import drain, ended, flinkish, start, wait_for, writer_running
 from flinkish_spark.testing.spark_log import committed_batches
 
-pytest.importorskip("deltalake")
+deltalake = pytest.importorskip("deltalake")
 pytestmark = pytest.mark.slow
 
 TABLES = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
+MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
 #: The embedded server trusts local connections; a password in the URL lets the test look for it everywhere.
 SECRET = "s3cr3t-pw"
 
@@ -64,7 +67,7 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
     gate.mkdir()
     with writer_running(pg_url, tmp_path, ddl_after=str(gate)) as stop_writer:
         log1 = tmp_path / "run1.log"
-        run1 = start(command(with_password(pg_url), tmp_path), log1)
+        run1 = start(command(with_password(pg_url), tmp_path, "--sink-option", f"tableModes={MODES}"), log1)
         wait_for("3 committed epochs", lambda: len(committed_batches(spark_cp)) >= 3, run1, log1)
         stop = subprocess.run([*flinkish(), "stop", str(tmp_path / "meta")], capture_output=True, text=True, timeout=300)
         assert stop.returncode == 0, stop.stdout + stop.stderr  # a stop without drain: resumable
@@ -73,7 +76,7 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
         assert slots_and_publications(pg_url) == (1, ["flinkish_mirror"])  # kept for the restart
 
         log2 = tmp_path / "run2.log"
-        run2 = start(command(with_password(pg_url), tmp_path), log2)  # the same command
+        run2 = start(command(with_password(pg_url), tmp_path, "--sink-option", f"tableModes={MODES}"), log2)  # the same
         before = len(committed_batches(spark_cp))
         wait_for("the snapshot's end", lambda: "tables snapshotted 4/4" in log2.read_text(), run2, log2)
         (gate / "0").touch()
@@ -88,7 +91,9 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
     assert "extra" in schemas["public.m_a"].names
-    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
+    assert delta_differences(str(tmp_path / "lake"), source, schemas, {"tableModes": MODES}) == {}
+    versions = pa.table(deltalake.DeltaTable(str(tmp_path / "lake" / "public" / "m_b")).scan())
+    assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
     assert sorted(os.listdir(tmp_path / "lake" / "public")) == ["m_a", "m_b", "m_c", "m_drop", "m_new"]  # never 'other'
     assert slots_and_publications(pg_url) == (0, [])
     assert files_holding(tmp_path / "meta", SECRET) == [] and files_holding(tmp_path / "lake", SECRET) == []
@@ -103,7 +108,7 @@ def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, t
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(SETUP)
     log = tmp_path / "run.log"
-    rc, out = ended(start(command(pg_url, tmp_path, "--stop-after-snapshot"), log), log)
+    rc, out = ended(start(command(pg_url, tmp_path, "--stop-after-snapshot", "--sink-option", "deletes=soft"), log), log)
     assert rc == 0 and "flinkish mirror: finished" in out, out[-4000:]
     assert "tables snapshotted 4/4" in out, out[-4000:]
     # the rows of the four tables (SETUP: 3000 + 1500 + 1000 + 100), not the stream's schema rows
@@ -111,9 +116,11 @@ def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, t
     assert "flinkish mirror: read your tables" in out and f"pl.read_delta('{tmp_path / 'lake'}" in out, out[-2000:]
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
-    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
+    assert delta_differences(str(tmp_path / "lake"), source, schemas, {"deletes": "soft"}) == {}
+    assert "_deleted" in deltalake.DeltaTable(str(tmp_path / "lake" / "public" / "m_a")).schema().to_arrow().names
     assert slots_and_publications(pg_url) == (0, [])
-    check = subprocess.run([*flinkish(), "mirror", "compare", *command(pg_url, tmp_path)[len(flinkish()) + 1:]],
+    check = subprocess.run([*flinkish(), "mirror", "compare",
+                            *command(pg_url, tmp_path, "--sink-option", "deletes=soft")[len(flinkish()) + 1:]],
                            capture_output=True, text=True, timeout=120)  # the same flags, from the shell
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.splitlines()[-1] == "flinkish mirror compare: all 4 tables equal to their source"
