@@ -1,6 +1,7 @@
-"""Routed Iceberg targets with ``compactEvery``: each table's data files with position deletes rewritten every N
-of its snapshots at its own offset, its delete files bounded, its rows those of the reference model, a crash
-before the compaction's snapshot replayed (in process, no Spark: as tests/connectors/iceberg/test_routed.py)."""
+"""Routed Iceberg targets with ``compactEvery``: each table's data files with position deletes rewritten, and its
+small data files merged, every N of its snapshots at its own offset, its data and delete files bounded, its rows
+those of the reference model, a crash before the compaction's snapshot replayed (in process, no Spark: as
+tests/connectors/iceberg/test_routed.py)."""
 
 from __future__ import annotations
 
