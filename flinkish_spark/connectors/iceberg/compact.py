@@ -1,5 +1,19 @@
-"""Compaction of a merge-on-read table: data files with position deletes written again without the
-deleted rows, so readers stop merging (option ``compactEvery``: after every N-th epoch).
+"""Compaction of a merge-on-read table (option ``compactEvery``: after every N-th epoch): data files
+with position deletes, and small data files, written again, so readers stop merging deletes and the
+number of live files stays bounded.
+
+Chosen per partition spec and partition (:func:`choose`, the rule of the Delta compaction,
+:mod:`flinkish_spark.connectors.delta.compaction`):
+
+* every live data file that a position delete file applies to, and
+* the files smaller than a quarter of ``rowsPerFile`` when there are two or more of them (or
+  a file with deletes to merge them into) -- without this, every epoch that changes a table
+  leaves one more small file, and a mirror running for months reads thousands of them.
+
+Their live rows are merged, sorted by key (the files' min/max bounds let the key lookup skip
+them again), and written in files of at most ``rowsPerFile`` rows. So after a compaction a
+table holds at most ~4 files per ``rowsPerFile`` of its rows plus one per partition, and each
+snapshot until the next adds its own few.
 
 One ``replace`` snapshot removes the rewritten data files and every delete file whose rows
 all point at them (or at files no longer live), and adds the compacted files. It carries
@@ -31,7 +45,7 @@ from flinkish_spark.connectors.iceberg.deletes import read_positions
 from flinkish_spark.connectors.iceberg.routed_target import table_arrow
 from flinkish_spark.connectors.lakehouse.routed_modes import conform
 from flinkish_spark.connectors.iceberg.keyed import Target
-from flinkish_spark.connectors.iceberg.lookup import LiveFiles
+from flinkish_spark.connectors.iceberg.lookup import LiveFile, LiveFiles
 from flinkish_spark.faults import crash_point
 from flinkish_spark.sink.protocol import PrepareContext
 
@@ -41,34 +55,60 @@ COMPACTION_PROPERTY = "flinkish.compaction"
 ATTEMPTS = 5
 
 
+def choose(target: Target, live: LiveFiles) -> list[list[LiveFile]]:
+    """The live data files to write again, in groups of one partition spec and partition: every file with
+    deletes, and the files smaller than a quarter of ``rowsPerFile`` when there are two or more of them in the
+    group, or a file with deletes to merge them into."""
+    small = max(1, target.rows_per_file // 4)
+    groups: dict[tuple[int, tuple[Any, ...]], tuple[list[LiveFile], list[LiveFile]]] = {}
+    for f in live.data:
+        with_deletes, tiny = groups.setdefault((f.spec_id, f.partition), ([], []))
+        if live.deletes_for(f):
+            with_deletes.append(f)
+        elif int(f.entry.data_file.record_count) < small:
+            tiny.append(f)
+    return [with_deletes + (tiny if len(tiny) >= 2 or with_deletes else [])
+            for with_deletes, tiny in groups.values() if with_deletes or len(tiny) >= 2]
+
+
 def plan(target: Target, table: Any, epoch: int) -> tuple[Changes, list[str]] | None:
-    """The rewrite of every live data file that has deletes (None: nothing to compact), and the files written."""
+    """The rewrite of the chosen live data files (None: nothing to compact), and the files written."""
     live = LiveFiles(table)
-    affected = {f.path: f for f in live.data if live.deletes_for(f)}
-    if not affected:
+    groups = choose(target, live)
+    if not groups:
         return None
+    chosen = {f.path for group in groups for f in group}
     live_paths = {f.path for f in live.data}
+    schema = table_arrow(table.schema())
+    key = [(k, "ascending") for k in target.plan.key if k in schema.names]
     new: list[Any] = []
     removed: dict[str, set[str]] = {}
     try:
-        for path, f in affected.items():
-            gone = read_positions(target.io, live.deletes_for(f))
-            gone = gone.filter(pc.equal(gone["file_path"], path))["pos"].to_numpy()
-            with target.io.fs.open(target.io.strip(path), "rb") as handle:
-                data = pq.read_table(handle)
-            keep = np.ones(data.num_rows, dtype=bool)
-            keep[gone.astype(np.int64)] = False
-            # in the table's columns: a file written before a column was added lacks it
-            rest = conform(data.filter(pa.array(keep)), table_arrow(table.schema()))
+        for group in groups:
+            pieces = []
+            for f in group:
+                with target.io.fs.open(target.io.strip(f.path), "rb") as handle:
+                    data = pq.read_table(handle)
+                deletes = live.deletes_for(f)
+                if deletes:
+                    gone = read_positions(target.io, deletes)
+                    gone = gone.filter(pc.equal(gone["file_path"], f.path))["pos"].to_numpy()
+                    keep = np.ones(data.num_rows, dtype=bool)
+                    keep[gone.astype(np.int64)] = False
+                    data = data.filter(pa.array(keep))
+                # in the table's columns: a file written before a column was added lacks it
+                pieces.append(conform(data, schema))
+                removed.setdefault(f.manifest, set()).add(f.path)
+            # sorted by key: the merged files' min/max bounds let the key lookup skip them again
+            rest = pa.concat_tables(pieces).sort_by(key) if key else pa.concat_tables(pieces)
             if rest.num_rows:
                 ctx = PrepareContext(target.uid, epoch, 99997, 0)
                 files = write_data_files(target.io, target.info, target.uid, iter(rest.to_batches()), ctx,
                                          target.partition_by, target.rows_per_file, target.target_file_size)
-                new += [to_data_file(x, f.entry.data_file.spec_id or 0) for x in files]
-            removed.setdefault(f.manifest, set()).add(path)
+                new += [to_data_file(x, group[0].spec_id) for x in files]
         for d in live.deletes:
             referenced = set(read_positions(target.io, [d.path])["file_path"].unique().to_pylist())
-            if all(p in affected or p not in live_paths for p in referenced):
+            if all(p in chosen or p not in live_paths for p in referenced):
                 removed.setdefault(d.manifest, set()).add(d.path)
     except BaseException:
         target.io.delete_many([f.file_path for f in new])

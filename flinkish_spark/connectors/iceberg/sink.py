@@ -282,7 +282,7 @@ class IcebergSink(TwoPhaseCommitSink[Committable]):
         return "RETRY_LATER"
 
     def compact(self, table: Any, epoch: int) -> bool:
-        """Rewrite the data files that have deletes (see :mod:`.compact`); the epoch is committed already."""
+        """Rewrite the data files that have deletes, merge the small ones (:mod:`.compact`); the epoch is committed."""
         return compact(self._target(), self.catalog(), table, lambda: self.table(refresh=True), epoch,
                        {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}, self.retain_snapshots, UID_PROPERTY,
                        self._delete_quietly)

@@ -95,3 +95,26 @@ def test_partitioned_table_keys_moving_between_partitions(tmp_path: Path) -> Non
     for t in tasks:
         assert all(d.partition == t.file.partition for d in t.delete_files)
     assert stray_files(sink) == set()
+
+
+def test_compaction_merges_each_partitions_small_files_into_one_sorted_by_key(tmp_path: Path) -> None:
+    """partitionBy n, compactEvery=4, three tasks an epoch (a few small files per partition and epoch): right
+    after the 8th epoch's compaction each partition holds one data file, its rows sorted by key, and no
+    delete file; the rows equal the model after every epoch and nothing stays that the table does not name."""
+    import pyarrow.parquet as pq
+
+    sink = sink_at(tmp_path, partition_by=("n",), compact_every=4)
+    model = Model("upsert", "true")
+    for epoch, changes in enumerate(random_epochs(seed=13, epochs=8, keys=40, per_epoch=40, tasks=3)):
+        assert run_epoch(sink, epoch, changes) == "COMMITTED"
+        model.apply(changes)
+        assert read_table(sink) == model.table(), f"epoch {epoch}"
+    table = sink.catalog().load_table("db.t")
+    tasks = list(table.scan().plan_files())
+    partitions = [t.file.partition[0] for t in tasks]
+    assert len(set(partitions)) > 1 and len(partitions) == len(set(partitions)), partitions
+    assert not any(t.delete_files for t in tasks)
+    for t in tasks:
+        rows = pq.read_table(t.file.file_path.removeprefix("file://")).to_pydict()
+        assert rows["id"] == sorted(rows["id"]) and set(rows["n"]) == {t.file.partition[0]}
+    assert stray_files(sink) == set()
