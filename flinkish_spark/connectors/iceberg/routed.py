@@ -40,7 +40,8 @@
   snapshot that brings a table's sequence number s to (s + offset) % N == 0 -- about every N of its
   own snapshots, at an offset of its own (crc32 of the identifier mod N), so tables changing together
   do not all compact in the same epoch -- the one-table sink's compaction (:mod:`.compact`: data
-  files with position deletes written again, one ``replace`` snapshot that asserts ``main`` did not
+  files with position deletes, and small files (two or more under a quarter of ``rowsPerFile``), written
+  again, one ``replace`` snapshot that asserts ``main`` did not
   move, carrying the epoch's marker). A crash before its snapshot (crash point
   ``iceberg.compaction.before_snapshot``) leaves files in the epoch's folder that the epoch's
   cleanup deletes; the restart skips the table (it holds the epoch).
