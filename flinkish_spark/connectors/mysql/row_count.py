@@ -95,16 +95,21 @@ class RowCounter(RowDecoder):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sizes: dict[int, list[int] | None] = {}  # table id -> column sizes (of its latest table map)
+        # table id -> (its latest table map, that map's column sizes): the decoder hands back the same map object for
+        # the same map bytes, so the sizes are worked out once per distinct map, not per transaction
+        self._sizes: dict[int, tuple[B.TableMap, list[int] | None]] = {}
 
     def table_map(self, event: bytes) -> B.TableMap:
         table = super().table_map(event)
-        self._sizes[table.table_id] = column_sizes(table)
+        known = self._sizes.get(table.table_id)
+        if known is None or known[0] is not table:
+            self._sizes[table.table_id] = (table, column_sizes(table))
         return table
 
     def rows(self, event: bytes) -> tuple[B.TableMap, Iterator[tuple[str, list[Any] | None, list[Any] | None]]]:
         table, readers = self._by_id[rows_table_id(event)]
-        sizes = self._sizes.get(table.table_id)
+        known = self._sizes.get(table.table_id)
+        sizes = None if known is None else known[1]
         n = None if sizes is None else count_rows(event, sizes)
         if n is None:
             return table, decode_rows(event, readers)
