@@ -206,8 +206,11 @@ def run_query(df: Any, cp: str, sink: str = "noop", sink_opts: dict[str, str] | 
     rows = sum(observed(p) for p in q.recentProgress)
     span = (max(epoch_start(p) + p.durationMs["triggerExecution"] / 1000 for p in busy)
             - min(epoch_start(p) for p in busy)) if busy else 0.0
+    # latestOffset: the planning (a MySQL change range is read whole there); addBatch: the epoch's tasks and commit
     return {"rows": rows, "epochs": len(busy), "busy_s": round(span, 3),
-            "epoch_ms": [p.durationMs["triggerExecution"] for p in busy]}
+            "epoch_ms": [p.durationMs["triggerExecution"] for p in busy],
+            "latest_offset_ms": [p.durationMs.get("latestOffset", 0) for p in busy],
+            "add_batch_ms": [p.durationMs.get("addBatch", 0) for p in busy]}
 
 
 # ---- part 1: snapshot ----------------------------------------------------------------------------------------------
@@ -392,7 +395,8 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
             if res.get("busy_s"):
                 res["changes_per_s_busy"] = round(args.changes / res["busy_s"])
             print(f"  changes r{r} {label}: {res['seconds']:.2f} s, {res['changes_per_s']:,}/s "
-                  f"(busy epochs {res.get('changes_per_s_busy', '-')}/s), cpu {res['client_cpu_s']} s, "
+                  f"(busy epochs {res.get('changes_per_s_busy', '-')}/s; planning {res.get('latest_offset_ms')} ms, "
+                  f"batch {res.get('add_batch_ms')} ms), cpu {res['client_cpu_s']} s, "
                   f"server cpu {res['server_cpu_s']} s, load {res['load_start']}-{res['load_end']}", flush=True)
             results.append(res)
     return results
