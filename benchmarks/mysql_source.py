@@ -26,7 +26,8 @@ session (``local[2]``, ``flinkish_spark.session`` with Debian's MariaDB Connecto
    ``mariadb-binlog --read-from-remote-server`` of that log file to /dev/null (the server's own client: the
    server's limit), then each query started again (``availableNow``, ``maxRowsPerTrigger`` unset) into ``noop``
    until it ends: changes/s = changes / (``start()`` -> end), and over the busy epochs alone (first epoch start
-   -> last epoch end, Spark's progress).
+   -> last epoch end, Spark's progress). With ``--change-readers 1,2`` each query once per ``changeReaders``
+   value (the epoch's range read by that many tasks at once).
 3. **Lag at a fixed rate** (the method of ``mirror_scaleout.py``'s paced rounds): ``flinkish mirror --from
    mysql://... --tables bench.lag --to <dir>/{schema}/{table} --trigger 1s`` (Delta; a process of its own, after
    the Spark session of parts 1-2 is stopped) snapshots ``bench.lag`` (``--lag-rows`` rows); then a writer
@@ -40,6 +41,7 @@ the server's own. The machine may be shared: compare ratios within a run, and th
 
     PYTHONPATH=. python benchmarks/mysql_source.py [--rows 1000000] [--changes 500000] [--repeats 3] [--delta]
         [--parts snapshot,changes,lag] [--rate 1000 --seconds 60] [--profile-changes] [--direct-pack]
+        [--change-readers 1,2]
 """
 
 from __future__ import annotations
@@ -172,12 +174,14 @@ def observed(p: Any) -> int:
     return int(((getattr(p, "observedMetrics", None) or {}).get("rows") or {"n": 0})["n"] or 0)
 
 
-def source_df(spark: Any, url: str, meta: str, uid: str, fmt: str, startup: str, args: argparse.Namespace) -> Any:
+def source_df(spark: Any, url: str, meta: str, uid: str, fmt: str, startup: str, args: argparse.Namespace,
+              readers: int | None = None) -> Any:
     from pyspark.sql import functions as F
 
-    df = (spark.readStream.format("flinkish.mysql").option("uid", uid).option("checkpoint", meta)
-          .option("url", url).option("tables", "bench.t").option("startup", startup).option("rowFormat", fmt)
-          .option("splitSize", str(args.split_size)).option("snapshotPartitions", str(args.partitions)).load())
+    reader = (spark.readStream.format("flinkish.mysql").option("uid", uid).option("checkpoint", meta)
+              .option("url", url).option("tables", "bench.t").option("startup", startup).option("rowFormat", fmt)
+              .option("splitSize", str(args.split_size)).option("snapshotPartitions", str(args.partitions)))
+    df = (reader if readers is None else reader.option("changeReaders", str(readers))).load()
     # Data rows (snapshot reads and changes): in the arrow shape a row is a pack of _count of them.
     n = F.sum("_count") if fmt == "arrow" else F.count_if(F.col("_op").isin("r", "c", "u", "d"))
     return df.observe("rows", F.coalesce(n, F.lit(0)).cast("long").alias("n"))
@@ -202,8 +206,11 @@ def run_query(df: Any, cp: str, sink: str = "noop", sink_opts: dict[str, str] | 
     rows = sum(observed(p) for p in q.recentProgress)
     span = (max(epoch_start(p) + p.durationMs["triggerExecution"] / 1000 for p in busy)
             - min(epoch_start(p) for p in busy)) if busy else 0.0
+    # latestOffset: the planning (a MySQL change range is read whole there); addBatch: the epoch's tasks and commit
     return {"rows": rows, "epochs": len(busy), "busy_s": round(span, 3),
-            "epoch_ms": [p.durationMs["triggerExecution"] for p in busy]}
+            "epoch_ms": [p.durationMs["triggerExecution"] for p in busy],
+            "latest_offset_ms": [p.durationMs.get("latestOffset", 0) for p in busy],
+            "add_batch_ms": [p.durationMs.get("addBatch", 0) for p in busy]}
 
 
 # ---- part 1: snapshot ----------------------------------------------------------------------------------------------
@@ -328,10 +335,13 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
     # "arrow+json": rowFormat=arrow the way before packed_changes (a JSON text per change, the Packer parses it back)
     formats = ([f for f in args.row_formats.split(",") if f] + (["arrow+direct"] if args.direct_pack else [])
                + (["arrow+json"] if args.json_pack else []))
+    # "<fmt>@<n>": read with changeReaders=n (the range in n tasks); --change-readers unset: the source's default
+    if args.change_readers:
+        formats = [f"{f}@{n}" for f in formats for n in args.change_readers.split(",")]
     queries = [(r, fmt) for r in range(args.repeats) for fmt in formats]
     for r, fmt in queries:  # each records the log's end now, before the backlog
         base = os.path.join(work, "chg", f"{fmt}{r}")
-        run_query(source_df(spark, url, os.path.join(base, "meta"), "src", fmt.split("+")[0], "changes", args),
+        run_query(source_df(spark, url, os.path.join(base, "meta"), "src", _shape(fmt), "changes", args),
                   os.path.join(base, "cp"), available_now=True)
     server.sql("FLUSH BINARY LOGS")
     log_file = server.sql("SHOW MASTER STATUS").split("\t")[0]
@@ -354,13 +364,13 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
         def go() -> dict[str, Any]:
             base = os.path.join(work, "chg", f"{fmt}{r}")
             switched = "+" in fmt
-            flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK" if fmt.endswith("+direct")
+            flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK" if fmt.split("@")[0].endswith("+direct")
                                   else "FLINKISH_BENCH_JSON_PACK", "")
             if switched:
                 open(flag, "w").close()
             try:
-                return run_query(source_df(spark, url, os.path.join(base, "meta"), "src", fmt.split("+")[0], "changes",
-                                           args), os.path.join(base, "cp"), available_now=True)
+                return run_query(source_df(spark, url, os.path.join(base, "meta"), "src", _shape(fmt), "changes",
+                                           args, _readers(fmt)), os.path.join(base, "cp"), available_now=True)
             finally:
                 if switched:
                     os.remove(flag)
@@ -370,7 +380,8 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
     for r in range(args.repeats):
         cases = [("mariadb-binlog --read-from-remote-server > /dev/null", mariadb_binlog)]
         named = {"+direct": ", typed changes (prototype)", "+json": ", JSON way (before packed_changes)"}
-        cases += [(f"flinkish.mysql {fmt.split('+')[0]}{named.get(fmt[len(fmt.split('+')[0]):], '')} -> noop",
+        cases += [(f"flinkish.mysql {_shape(fmt)}{named.get(fmt.split('@')[0][len(_shape(fmt)):], '')}"
+                   f"{'' if _readers(fmt) is None else f', changeReaders={_readers(fmt)}'} -> noop",
                    flinkish(r, fmt)) for fmt in formats]
         if r % 2:
             cases.reverse()
@@ -384,10 +395,21 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
             if res.get("busy_s"):
                 res["changes_per_s_busy"] = round(args.changes / res["busy_s"])
             print(f"  changes r{r} {label}: {res['seconds']:.2f} s, {res['changes_per_s']:,}/s "
-                  f"(busy epochs {res.get('changes_per_s_busy', '-')}/s), cpu {res['client_cpu_s']} s, "
+                  f"(busy epochs {res.get('changes_per_s_busy', '-')}/s; planning {res.get('latest_offset_ms')} ms, "
+                  f"batch {res.get('add_batch_ms')} ms), cpu {res['client_cpu_s']} s, "
                   f"server cpu {res['server_cpu_s']} s, load {res['load_start']}-{res['load_end']}", flush=True)
             results.append(res)
     return results
+
+
+def _shape(fmt: str) -> str:
+    """The rowFormat of a case name of part 2 (``arrow+json@2``: arrow)."""
+    return fmt.split("@")[0].split("+")[0]
+
+
+def _readers(fmt: str) -> int | None:
+    """The changeReaders of a case name of part 2 (None: the source's default)."""
+    return int(fmt.split("@")[1]) if "@" in fmt else None
 
 
 def profiled(fn: Callable[[], dict[str, Any]], out: str) -> Callable[[], dict[str, Any]]:
@@ -554,6 +576,8 @@ def main() -> None:
     ap.add_argument("--json-pack", action="store_true",
                     help="parts 1 and 2 also with rowFormat=arrow the way before packed_chunks/packed_changes "
                          "(JSON per row, Packer)")
+    ap.add_argument("--change-readers", default="",
+                    help="part 2 once per changeReaders value, e.g. 1,2 (default: the source's default only)")
     ap.add_argument("--profile-changes", action="store_true", help="py-spy of round 0's flinkish change reads")
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=60)

@@ -16,6 +16,8 @@ source's tasks read them:
 And with ``--changes N`` the change path instead: ``N`` single-row INSERTs in 1,000-row transactions in a log file
 of their own (the backlog of ``mysql_source.py``), read from the file's start to its end by
 
+* ``read_range, RowCounter``: the same transactions with their rows counted, not decoded (a range's planning,
+  ``MysqlDialect.change_target``);
 * ``read_range``: whole transactions of decoded ``RowChange``s (the decoder, positions, GTID state);
 * ``+ change_batches`` (``rowFormat=json``): the stream rows, one JSON text per change;
 * ``+ Packer`` (``rowFormat=arrow`` today): those rows packed, the JSON parsed back to typed columns;
@@ -115,6 +117,7 @@ def changes_main(args: argparse.Namespace) -> None:
     from flinkish_spark.connectors.mysql.change_stream import change_batches
     from flinkish_spark.connectors.mysql.changes import current_end, read_range
     from flinkish_spark.connectors.mysql.position import FilePosition
+    from flinkish_spark.connectors.mysql.row_count import RowCounter
     from flinkish_spark.connectors.mysql.row_values import RowDecoder
     from flinkish_spark.connectors.mysql.server import collation_charsets
 
@@ -134,7 +137,12 @@ def changes_main(args: argparse.Namespace) -> None:
         def batches() -> Iterator[pa.RecordBatch]:
             return change_batches(txns(), lambda name: True, lambda name: ("id",), lambda d, t: None)
 
+        def counted() -> Iterator[Any]:
+            return read_range(info, FilePosition(log_file, 4), end, RowCounter(charsets, mariadb=True), 4712)
+
         stages: dict[str, Callable[[], int]] = {
+            "read_range, RowCounter (a range's planning: rows counted, no values)":
+                lambda: sum(len(t.changes) for t in counted()),
             "read_range (decoded RowChanges)": lambda: sum(len(t.changes) for t in txns()),
             "+ change_batches (JSON stream rows: rowFormat=json)": lambda: sum(
                 b.num_rows for b in batches()) - 1,

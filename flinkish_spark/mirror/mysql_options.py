@@ -28,7 +28,8 @@ from flinkish_spark.errors import ConfigError
 
 #: Options of the ``flinkish.mysql`` source a mirror may set besides url/tables (their own names).
 MYSQL_SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions",
-                        "discoveryInterval", "onSlotLost", "passwordEnv", "startup", "serverId")
+                        "discoveryInterval", "onSlotLost", "passwordEnv", "startup", "serverId", "changeReaders",
+                        "changeReaderMinChanges")
 #: Flink CDC's MySQL pipeline connector names for some of them.
 MYSQL_FLINK_NAMES = {"server-id": "serverId", "scan.incremental.snapshot.chunk.size": "splitSize",
                      "scan.startup.mode": "startup"}

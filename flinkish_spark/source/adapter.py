@@ -59,7 +59,7 @@ from flinkish_spark.finish.watermark import END_OF_INPUT_TS
 from flinkish_spark.sink.lease import Lease
 from flinkish_spark.source.enumerator import SplitEnumerator
 from flinkish_spark.source.offset import GENESIS, OFFSET_VERSION, EndOfInput, SourceOffset
-from flinkish_spark.source.planning import Budget, ReadRange, plan_epoch, read_ranges
+from flinkish_spark.source.planning import Budget, ReadRange, plan_epoch
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
 from flinkish_spark.faults import crash_point
@@ -85,6 +85,7 @@ class SourceHost(Protocol):
     def create_reader(self, schema: StructType) -> SplitReader: ...
     def default_read_limit(self) -> ReadLimit: ...
     def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]: ...
+    def epoch_ranges(self, checkpoint: SourceCheckpoint) -> list[ReadRange]: ...
 
 @dataclass
 class SplitPartition(InputPartition):
@@ -467,7 +468,9 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         crash_point("source.partitions")
         out: list[InputPartition] = []
-        for group in self.source.group_ranges(read_ranges(ckpt)):
+        # A pure function of the checkpoint: a source may cut a range into pieces its state names, the same pieces
+        # at every replay (SplitDataSource.epoch_ranges).
+        for group in self.source.group_ranges(self.source.epoch_ranges(ckpt)):
             if len(group) == 1:
                 r = group[0]
                 out.append(SplitPartition(r.split_id, r.payload, r.start, r.end, ckpt.ckpt_id))

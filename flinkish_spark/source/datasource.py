@@ -19,13 +19,14 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 from pyspark.sql.types import StructType
 
+from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.checkpoint.store import SourceCheckpointStore
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.operator import operator_settings, parse_uid
 from flinkish_spark.options import STORAGE_OPTIONS, Options
 from flinkish_spark.source.adapter import SplitStreamReader
 from flinkish_spark.source.enumerator import SplitEnumerator
-from flinkish_spark.source.planning import ReadRange
+from flinkish_spark.source.planning import ReadRange, read_ranges
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_RETAIN = 10
@@ -95,6 +96,13 @@ class SplitDataSource(DataSource):
         One partition per range by default; a source of many small splits may pack them.
         """
         return [[r] for r in ranges]
+
+    def epoch_ranges(self, checkpoint: SourceCheckpoint) -> list[ReadRange]:
+        """The ranges the epoch of ``checkpoint`` reads: :func:`.planning.read_ranges` by default. A source may cut a
+        range into pieces read by separate tasks (a change log range at the transaction boundaries its planning
+        found: :mod:`flinkish_spark.connectors.cdc.change_split`) -- only as the checkpoint says, so that a
+        replay reads the same pieces."""
+        return read_ranges(checkpoint)
 
     # -- wiring ---------------------------------------------------------------------------
 

@@ -13,6 +13,15 @@ PostgreSQL's slot and MySQL's binary log, through the dialect (:class:`.dialect.
 * **Where the change split starts**: a split's position begins at 0. A log whose positions mean something
   without a slot (MySQL) records its start in the split's payload (:func:`change_split`, :func:`change_start`);
   0 then stands for it, in the enumerator and in the reader (:class:`.tables_reader.TablesReaderCore`).
+* **Pieces**: a range may be read by several tasks at once when the dialect names interior transaction
+  boundaries of it (``range_cuts``; MySQL: a binary log repeats its table maps in every transaction, so a
+  reader can start at any transaction boundary; PostgreSQL: none, a slot has one reader). The planning records
+  them in the enumerator's state (``pieces``: the split, the range and its cuts), which is in the checkpoint
+  that names the range, and :func:`epoch_pieces` cuts the epoch's range there when Spark asks for its
+  partitions -- from that checkpoint alone, so a replay reads the same pieces in the same partitions. The
+  stream's order holds across them: every row of a piece has a ``_lsn`` at or after its start and before the
+  next piece's start, and a transaction is never cut, so ``(_lsn, _seq)`` -- the order the sinks apply an
+  epoch's changes in -- is the log's order whatever task read a row.
 
 Subclasses provide ``_start`` (the first planning of a generation) and may check more at each planning
 (:meth:`ChangeSplitEnumerator._check_planning`).
@@ -22,13 +31,14 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
-from typing import Any, Collection
+from typing import Any, Collection, Sequence
 
 from flinkish_spark.checkpoint.model import SourceCheckpoint
 from flinkish_spark.connectors.cdc.dialect import ChangeLogDialect
 from flinkish_spark.connectors.cdc.host import ChangeSourceHost
 from flinkish_spark.connectors.cdc.splits import changes_id, split_generation
 from flinkish_spark.source.enumerator import SplitEnumerator
+from flinkish_spark.source.planning import ReadRange
 from flinkish_spark.source.split import Split, SplitExtent
 
 
@@ -45,6 +55,23 @@ def change_start(split: Split, position: int) -> int:
     return int(json.loads(split.payload).get("start", 0))
 
 
+def epoch_pieces(ranges: Sequence[ReadRange], state: bytes | None) -> list[ReadRange]:
+    """``ranges`` (an epoch's, :func:`flinkish_spark.source.planning.read_ranges`) with the change range cut into
+    the pieces the enumerator's ``state`` of the same checkpoint names (see the module docstring); a range the
+    record does not name exactly (its split, start and end) stays whole."""
+    record = json.loads(state).get("pieces") if state else None
+    if not record:
+        return list(ranges)
+    out: list[ReadRange] = []
+    for r in ranges:
+        if (r.split_id, r.start, r.end) != (record["split"], record["start"], record["end"]):
+            out.append(r)
+            continue
+        bounds = [r.start, *(int(c) for c in record["cuts"]), r.end]
+        out += [ReadRange(r.split_id, r.payload, a, b) for a, b in zip(bounds, bounds[1:])]
+    return out
+
+
 class ChangeSplitEnumerator(SplitEnumerator):
     """Owns the change split (see the module docstring)."""
 
@@ -57,12 +84,15 @@ class ChangeSplitEnumerator(SplitEnumerator):
         self.started = False
         self.snapshot_done = False
         self.changes_discovered = False
+        #: the pieces of the change range this planning made (see the module docstring; None: one piece)
+        self.pieces: dict[str, Any] | None = None
 
     # state ----------------------------------------------------------------------------------
 
     def _state(self) -> dict[str, Any]:
+        # "pieces" is not restored: it describes the range of the checkpoint it is written with, nothing later
         return {"generation": self.generation, "started": self.started, "snapshot_done": self.snapshot_done,
-                "changes_discovered": self.changes_discovered}
+                "changes_discovered": self.changes_discovered, **({"pieces": self.pieces} if self.pieces else {})}
 
     def snapshot_state(self) -> bytes:
         return json.dumps(self._state()).encode()
@@ -95,6 +125,7 @@ class ChangeSplitEnumerator(SplitEnumerator):
 
     def discover(self, known: Collection[str]) -> list[Split]:
         src = self.source
+        self.pieces = None  # a new planning: only its own range may be cut
         if not self.started:
             return self._start(known)
         if self.uses_slot:
@@ -118,7 +149,18 @@ class ChangeSplitEnumerator(SplitEnumerator):
             return SplitExtent(1, 1)  # a chunk is read whole, in one epoch
         at = change_start(split, position)
         target = self.dialect.change_target(at, self.source.max_rows_per_trigger)
+        self._record_pieces(split, position, at, target)
         return SplitExtent(target if target > at else position, None)
+
+    def _record_pieces(self, split: Split, position: int, at: int, target: int) -> None:
+        """The pieces of the range ``[position, target)`` of ``split`` (``at``: ``position`` as a log position),
+        as the dialect cut it when it planned it (see the module docstring)."""
+        self.pieces = None
+        if target <= at:
+            return
+        cuts = sorted({int(c) for c in self.dialect.range_cuts(at, target) if at < c < target})
+        if cuts:
+            self.pieces = {"split": split.split_id, "start": position, "end": target, "cuts": cuts}
 
     def drain_position(self, split: Split, position: int) -> int:
         if split_generation(split.split_id) < self.generation:
@@ -127,6 +169,7 @@ class ChangeSplitEnumerator(SplitEnumerator):
             return 1  # the drain epoch reads the rest of the snapshot
         at = change_start(split, position)
         target = self.dialect.change_target(at, None)
+        self._record_pieces(split, position, at, target)
         return target if target > at else position
 
     def no_more_splits(self) -> bool:

@@ -2,7 +2,9 @@
 
 * **Read limit**: an epoch's snapshot chunks are bounded by ``snapshotRowsPerTrigger // splitSize`` (a chunk is
   read whole); changes by the enumerator's ``maxRowsPerTrigger``.
-* **Tasks**: an epoch's chunks in at most ``snapshotPartitions`` tasks, the change range alone (log order).
+* **Tasks**: an epoch's chunks in at most ``snapshotPartitions`` tasks; the change range alone, or each of its
+  pieces alone when its planning cut it at transaction boundaries (:func:`.change_split.epoch_pieces`: MySQL's
+  ``changeReaders``).
 * **The descriptor** (how the driver's finish rebuilds the source): the URL without its password, and
   ``passwordEnv`` kept (the base class drops option names that look secret).
 """
@@ -14,8 +16,10 @@ from typing import Any
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles
 
+from flinkish_spark.checkpoint.model import SourceCheckpoint
+from flinkish_spark.connectors.cdc.change_split import epoch_pieces
 from flinkish_spark.source.datasource import DESCRIPTOR_FILE, SplitDataSource
-from flinkish_spark.source.planning import ReadRange
+from flinkish_spark.source.planning import ReadRange, read_ranges
 
 
 class CdcDataSource(SplitDataSource):
@@ -37,7 +41,7 @@ class CdcDataSource(SplitDataSource):
 
         A task per chunk costs each chunk a Spark task, a Python worker round trip, a connection and an
         output file: with the default splitSize, most of the snapshot's time on two cores (see
-        docs/benchmarks.md). The change range stays one partition (log order).
+        docs/benchmarks.md). A change range (or each piece of one: :meth:`epoch_ranges`) is a partition of its own.
         """
         chunks = [r for r in ranges if r.split_id.startswith("snapshot-")]
         groups: list[list[ReadRange]] = [[r] for r in ranges if not r.split_id.startswith("snapshot-")]
@@ -45,6 +49,10 @@ class CdcDataSource(SplitDataSource):
         for i in range(n):
             groups.append(chunks[len(chunks) * i // n: len(chunks) * (i + 1) // n])
         return groups
+
+    def epoch_ranges(self, checkpoint: SourceCheckpoint) -> list[ReadRange]:
+        """The epoch's ranges, the change range cut into the pieces its planning recorded in the checkpoint."""
+        return epoch_pieces(read_ranges(checkpoint), checkpoint.enumerator_state)
 
     def write_descriptor(self) -> None:
         """As the base class, but with the password masked out of the URL and 'passwordEnv' kept.

@@ -30,7 +30,7 @@ mypy holds both to :class:`SourceDialect`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, Mapping, Protocol
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
 
 import pyarrow as pa
 
@@ -107,6 +107,11 @@ class ChangeLogDialect(Protocol):
     def change_target(self, position: Position, limit: int | None) -> Position:
         """The end of the next change range from ``position`` (``position``: nothing to read), at most about
         ``limit`` changes; every read of ``[position, end)`` returns the same rows."""
+    def range_cuts(self, start: Position, end: Position) -> Sequence[Position]:
+        """Interior transaction boundaries of the range ``[start, end)`` that :meth:`change_target` has just planned,
+        at which it may be read by separate tasks at once (each piece gives the rows of its transactions, in log
+        order, whatever was read before it); empty: one task (PostgreSQL: a slot has one reader).
+        :mod:`.change_split` records them with the checkpoint that names the range."""
     def position_lost(self) -> TerminalError | None:
         """The error when changes the source still needs are gone from the server (a dropped or invalidated
         slot; purged binary logs), else None. Checked at every planning."""

@@ -28,6 +28,9 @@ What it answers, from :mod:`.catalog`, :mod:`.snapshot`, :mod:`.changes` and ``i
   ``end`` a transaction boundary at or before the log's end when planned, so every read of it (a replay) is the
   same transactions (:func:`.changes.read_range`); a purged start is :class:`.changes.BinlogPurgedError`, at
   every planning (:meth:`MysqlDialect.position_lost`) and at every read.
+* **Pieces** (:meth:`MysqlDialect.range_cuts`): the planning's read of a range also notes its transaction
+  boundaries, and cuts it into up to :attr:`MysqlDialect.readers` pieces of about equal changes
+  (:mod:`.range_cuts`), which the CDC core reads in as many tasks at once (:mod:`..cdc.change_split`).
 
 No slot: the position lives in the source's checkpoint, :meth:`MysqlDialect.release` frees nothing on the
 server (the server's expiry is the retention, which :meth:`MysqlDialect.position_lost` watches). docs/mysql-source.md.
@@ -58,6 +61,8 @@ from flinkish_spark.connectors.mysql.changes import (
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
 from flinkish_spark.connectors.mysql.position import FilePosition
 from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord, redacted
+from flinkish_spark.connectors.mysql.range_cuts import DEFAULT_MIN_CHANGES, CutPlanner
+from flinkish_spark.connectors.mysql.row_count import RowCounter
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
 from flinkish_spark.connectors.mysql.snapshot import plan_chunks, table_info
@@ -110,6 +115,11 @@ class MysqlDialect:
         self.planned: RangeRecord | None = None
         #: statements change_target found that the enumerator must act on (ACTED_ON); it takes them
         self.ddl_seen: list[DdlSeen] = []
+        #: ``changeReaders``: the most pieces change_target cuts a range into (1: one task reads it)
+        self.readers = 1
+        #: ``changeReaderMinChanges``: the least changes of a piece (range_cuts.DEFAULT_MIN_CHANGES)
+        self.min_changes_per_reader = DEFAULT_MIN_CHANGES
+        self._cuts: tuple[int, ...] = ()  # of the range in `planned`
 
     @property
     def component(self) -> str:
@@ -267,7 +277,8 @@ class MysqlDialect:
     def _follows(self, name: str) -> bool:
         return self.patterns is not None and catalog.matches(self.patterns, name)
 
-    def _decoder(self, conn: Any) -> RowDecoder:
+    def _decoder(self, conn: Any, counting: bool = False) -> RowDecoder:
+        """The reader's decoder; ``counting``: the planning's, whose rows carry no values (:mod:`.row_count`)."""
         info = self.info
 
         def column_types(database: str, table: str) -> dict[str, str]:
@@ -276,7 +287,8 @@ class MysqlDialect:
                             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
                 return {str(n): str(t) for n, t in cur.fetchall()}
 
-        return RowDecoder(collation_charsets(conn), self._is_mariadb(conn), column_types=column_types)
+        kind = RowCounter if counting else RowDecoder
+        return kind(collation_charsets(conn), self._is_mariadb(conn), column_types=column_types)
 
     def _reader_id(self) -> int:
         return self.server_id + random.randrange(1, 1 << 24)
@@ -297,7 +309,7 @@ class MysqlDialect:
         with closing(connect(self.info)) as conn:
             end = self._end(conn)
             start = self._position(position, conn)
-            decoder = self._decoder(conn)
+            decoder = self._decoder(conn, counting=True)  # only tables are looked at, never a value
             mariadb = self._is_mariadb(conn)
         if start >= end:
             return position
@@ -306,6 +318,7 @@ class MysqlDialect:
             scan = self._position(self._idle[1])  # nothing of ours before it (read at an earlier planning)
         seen = 0
         log_end = self._log_end
+        cuts = CutPlanner()
         txns = read_range(self.info, scan, end, decoder, self._reader_id(), mariadb=mariadb)
         try:
             for txn in txns:
@@ -314,6 +327,7 @@ class MysqlDialect:
                     for sc in st.changes:
                         if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"):
                             seen += 1
+                            cuts.truncate()
                         elif sc.kind in ACTED_ON and (sc.table is None or self._follows(f"{sc.database}.{sc.table}")):
                             seen += 1  # an epoch ends after it: the enumerator acts on it (ddl_seen)
                             self.ddl_seen.append(DdlSeen(None if sc.table is None else f"{sc.database}.{sc.table}",
@@ -322,17 +336,25 @@ class MysqlDialect:
                     # MariaDB: the GTID state once the transaction is read; MySQL's executed set is known at the
                     # log's end only (its GTID events are not read here)
                     at_end = log_end.gtid if log_end is not None and txn.end >= end else None
-                    return self._planned(position, txn.end, seen, at_end or txn.gtid_after)
+                    return self._planned(position, txn.end, seen, at_end or txn.gtid_after, cuts)
+                cuts.boundary(txn.end, seen)
         finally:
             txns.close()  # type: ignore[attr-defined]
         if seen or end.key[:2] != start.key[:2]:
-            return self._planned(position, end, seen, None if log_end is None else log_end.gtid)
+            return self._planned(position, end, seen, None if log_end is None else log_end.gtid, cuts)
         self._idle = (position, position_key(end))
         return position
 
-    def _planned(self, start: int, end: FilePosition, changes: int | None, gtid: object | None) -> int:
-        self.planned = RangeRecord(start, position_key(end), changes, None if gtid is None else str(gtid) or None)
-        return position_key(end)
+    def _planned(self, start: int, end: FilePosition, changes: int, gtid: object | None, cuts: CutPlanner) -> int:
+        key = position_key(end)
+        self.planned = RangeRecord(start, key, changes, None if gtid is None else str(gtid) or None)
+        self._cuts = cuts.cuts(start, key, changes, self.readers, self.min_changes_per_reader)
+        return key
+
+    def range_cuts(self, start: int, end: int) -> tuple[int, ...]:
+        """The transaction boundaries at which the range change_target just planned is cut (:mod:`.range_cuts`)."""
+        planned = self.planned
+        return self._cuts if planned is not None and (planned.start, planned.end) == (start, end) else ()
 
     def plan_chunks(self, conn: Any, entry: TableEntry, split_size: int) -> TableChunks:
         info = table_info(conn, entry.schema, entry.table)

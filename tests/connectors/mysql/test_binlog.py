@@ -110,3 +110,18 @@ def test_every_type_is_read_from_the_log_as_the_type_rule_says(mariadb, mysql_db
     assert before == inserted
     assert after == [8 if n == "i" else None if n == "tx" else v for n, v in zip(["id", *names], expected)]
     assert changes[2][1] == after and changes[2][2] is None
+    # The planning's counter (row_count.py) walks each of these rows by the columns' widths alone: exactly one row
+    # per event, never the fallback to the full decode.
+    from flinkish_spark.connectors.mysql.row_count import RowCounter, column_sizes, count_rows
+
+    counter, counted = RowCounter(charsets, mariadb=True), []
+    for event in events:
+        if event[4] == binlog.TABLE_MAP_EVENT:
+            counter.table_map(event)
+        elif event[4] in (binlog.WRITE_ROWS_V1, binlog.UPDATE_ROWS_V1, binlog.DELETE_ROWS_V1):
+            table, rows = counter.rows(event)
+            if (table.database, table.table) == (mysql_db, "a"):
+                sizes = column_sizes(table)
+                assert sizes is not None and count_rows(event, sizes) == 1
+                counted += [op for op, _, _ in rows]
+    assert counted == ["insert", "update", "delete"]

@@ -108,7 +108,10 @@ def test_snapshot_then_changes_through_the_dialect_rebuild_the_table_and_replays
     assert not errors and not writer.is_alive()
     assert [b.column("_op")[0].as_py() for b in chunks[:1]] == ["s"]
 
+    dialect.readers, dialect.min_changes_per_reader = 3, 20  # the range cut for three readers (changeReaders)
     end = dialect.change_target(start, None)
+    cuts = dialect.range_cuts(start, end)
+    counted = dialect.planned
     assert end > start and dialect.change_target(end, None) == end  # nothing after: no epoch
     changes = list(dialect.read_changes(start, end, None))
     model: dict[Any, dict[str, Any]] = {}
@@ -142,7 +145,49 @@ def test_snapshot_then_changes_through_the_dialect_rebuild_the_table_and_replays
     strip = [{k: v for k, v in r.items() if k != "_seq"} for b in halves for r in b.to_pylist() if r["_op"] != "s"]
     assert strip == [{k: v for k, v in r.items() if k != "_seq"} for b in changes for r in b.to_pylist()
                      if r["_op"] != "s"]
-    print(f"writer+chunks {time.monotonic() - began:.1f}s, {len(ops)} change rows")
+
+    # The pieces (changeReaders): read one by one, as their tasks do, they give the whole range's rows (each piece
+    # names its tables' schemas itself: an 's' row from the table maps of its own transactions); every cut is
+    # before the TRUNCATE (a routing sink takes the piece holding it as the table's last word in the epoch); a piece
+    # that starts after the ADD COLUMN decodes its rows with the new column. A replay reads the same rows.
+    truncated_at = min(r["_lsn"] for b in changes for r in b.to_pylist() if r["_op"] == "t")
+    assert 1 <= len(cuts) <= 2 and all(start < c <= truncated_at for c in cuts), (cuts, truncated_at)
+    bounds = [start, *cuts, end]
+    pieces = [list(dialect.read_changes(a, b, None)) for a, b in zip(bounds, bounds[1:])]
+    assert all(pieces) and [b.to_pylist() for b in dialect.read_changes(cuts[0], cuts[1], None)] == [
+        b.to_pylist() for b in pieces[1]]
+    assert strip == [{k: v for k, v in r.items() if k != "_seq"} for p in pieces for b in p for r in b.to_pylist()
+                     if r["_op"] != "s"]
+    later = [json.loads(r["row"]) for p in pieces[1:] for b in p for r in b.to_pylist() if r["_op"] == "s"]
+    assert later and later[0]["table"].endswith(".t") and "x" in [c["name"] for c in later[-1]["columns"]]
+    model = {}
+    _apply(model, chunks)
+    for p in pieces:
+        _apply(model, p)
+    assert {k: {"id": r["id"], "v": r["v"], "n": r["n"], "x": r.get("x")} for k, r in model.items()} == table
+    # The planning counted the rows without decoding them (row_count.RowCounter): the count of a full decode.
+    dialect._decoder = lambda conn, counting=False: MysqlDialect._decoder(dialect, conn)  # type: ignore[method-assign]
+    assert dialect.change_target(start, None) == end and dialect.planned == counted
+    print(f"writer+chunks {time.monotonic() - began:.1f}s, {len(ops)} change rows, cuts {cuts}")
+
+
+def test_a_big_transaction_is_never_cut_and_its_rows_are_counted_exactly(mariadb: Any, mysql_db: str) -> None:
+    mariadb.sql("CREATE TABLE t (id int PRIMARY KEY, v varchar(200))", database=mysql_db)
+    dialect = MysqlDialect(parse_url(mariadb.url_for(mysql_db)), patterns=TablePatterns.parse(f"{mysql_db}.t", "t"))
+    dialect.readers, dialect.min_changes_per_reader = 2, 1
+    with dialect.connect() as conn:
+        start = dialect.current_position(conn)
+    # 1 row, then 3,000 rows in one transaction (several row events), then 1 row: the middle is inside the big one.
+    mariadb.sql("INSERT INTO t VALUES (0, 'a'); INSERT INTO t SELECT seq, repeat('x', 150) FROM seq_1_to_3000; "
+                "INSERT INTO t VALUES (5000, 'z')", database=mysql_db)
+    end = dialect.change_target(start, None)
+    (cut,) = dialect.range_cuts(start, end)
+    assert dialect.planned is not None and dialect.planned.changes == 3002
+    pieces = [[r for b in dialect.read_changes(a, b, None) for r in b.to_pylist() if r["_op"] != "s"]
+              for a, b in ((start, cut), (cut, end))]
+    lsns = [{r["_lsn"] for r in p} for p in pieces]
+    assert max(lsns[0]) < cut <= min(lsns[1])
+    assert sorted(len(p) for p in pieces) == [1, 3001]  # the big transaction whole, in one piece
 
 
 def test_a_purged_start_is_the_clear_error_at_planning_and_at_reading(mariadb: Any, mysql_db: str) -> None:

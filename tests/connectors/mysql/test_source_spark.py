@@ -2,7 +2,8 @@
 
 Two MariaDB tables are snapshotted while a writer inserts, updates, deletes and moves keys in both
 (one run with availableNow: the chunks); a second run reads the changes the first left (availableNow:
-the binary log up to its end then). Each Delta target ``{schema}/{table}`` equals ``SELECT *`` of its table.
+the binary log up to its end then). Each Delta target ``{schema}/{table}`` equals ``SELECT *`` of its table. The
+change epochs' ranges are read in several tasks (``changeReaders``), at least one of them in more than one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def run(spark: Any, mariadb: Any, db: str, tmp_path: Path, row_format: str) -> d
     meta = str(tmp_path / "meta")
     df = (spark.readStream.format("flinkish.mysql").option("uid", "src").option("checkpoint", meta)
           .option("url", mariadb.url_for(db)).option("tables", f"{db}.*").option("splitSize", "40")
-          .option("maxRowsPerTrigger", "1000").option("rowFormat", row_format).load())
+          .option("maxRowsPerTrigger", "1000").option("rowFormat", row_format)
+          # the change epochs' ranges read in up to 3 tasks each (pieces of at least 20 changes)
+          .option("changeReaders", "3").option("changeReaderMinChanges", "20").load())
     q = (_observe(df).writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
          .option("path", str(tmp_path / "lake" / "{schema}" / "{table}"))
          .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
@@ -87,6 +90,16 @@ def test_two_tables_snapshot_then_changes_into_routed_delta(spark, mariadb: Any,
     mariadb.sql("UPDATE `orders` SET name = NULL WHERE id = 1; DELETE FROM `customers` WHERE id = 2", mysql_db)
     # The changes packed (rowFormat=arrow, as the mirror reads for lakehouse targets): a restart may switch shapes.
     seen = run(spark, mariadb, mysql_db, tmp_path, "arrow")
+    # The writer's changes (the first run read the snapshot only): an epoch of ~500, read in three pieces.
+    from flinkish_spark.checkpoint.store import SourceCheckpointStore
+    from flinkish_spark.connectors.cdc.change_split import epoch_pieces
+    from flinkish_spark.io.fileio import FileIO
+    from flinkish_spark.source.planning import read_ranges
+
+    store = SourceCheckpointStore(FileIO.for_url(str(tmp_path / "meta")), str(tmp_path / "meta"), "src", "flinkish.mysql")
+    pieces = [len(epoch_pieces(read_ranges(c), c.enumerator_state)) for c in map(store.read, store.ids())
+              if any(r.split_id.startswith("changes-") for r in read_ranges(c))]
+    assert 3 in pieces, pieces
     # The mirror's progress figures of the change epochs: changes counted (at least the last two), no snapshot rows.
     assert seen["changes"] >= 2 and seen["snapshot_rows"] == 0 and seen["rows"] == seen["changes"], seen
 

@@ -23,6 +23,7 @@ from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followab
 from flinkish_spark.connectors.cdc.stream import stream_schema
 from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, parse_url
+from flinkish_spark.connectors.mysql.range_cuts import DEFAULT_MIN_CHANGES, MAX_READERS
 from flinkish_spark.connectors.mysql.server import read_settings, setting_problems
 from flinkish_spark.connectors.mysql.source.enumerator import MysqlEnumerator, mysql_dialect
 from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, packed_schema, packing
@@ -42,7 +43,8 @@ class MysqlSourceDataSource(CdcDataSource):
     KIND: ClassVar[str] = "flinkish.mysql"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "tables", "startup", "splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger",
-        "snapshotPartitions", "discoveryInterval", "serverId", "onSlotLost", "rowFormat",
+        "snapshotPartitions", "discoveryInterval", "serverId", "onSlotLost", "rowFormat", "changeReaders",
+        "changeReaderMinChanges",
     )
 
     @property
@@ -74,6 +76,15 @@ class MysqlSourceDataSource(CdcDataSource):
             raise ConfigError(f"{self.component}: option 'serverId' must be below {1 << 31} (a replica id; each "
                               "log read takes a random one up to 2^24 above it)")
         self.on_slot_lost: OnSlotLost = opts.choice("onSlotLost", ("fail", "resnapshot"), "fail")
+        # An epoch's change range read by up to this many tasks at once, cut at transaction boundaries when planned
+        # (connectors/mysql/range_cuts.py); the cuts are in the checkpoint, so a replay reads the same pieces
+        # whatever these options say then. Not part of the data's identity.
+        self.change_readers = opts.integer("changeReaders", None, minimum=1) or min(os.cpu_count() or 2, 8)
+        if self.change_readers > MAX_READERS:
+            raise ConfigError(f"{self.component}: option 'changeReaders' must be at most {MAX_READERS} (tasks that "
+                              "read one epoch's binary log range at once, each a connection of its own)")
+        self.change_reader_min_changes = (opts.integer("changeReaderMinChanges", None, minimum=1)
+                                          or DEFAULT_MIN_CHANGES)
         # json: the documented stream shape; arrow: a table's rows packed per run (docs/postgres-source.md "Packed
         # rows"), what the mirror uses for lakehouse targets. Not part of the data's identity: a restart may switch.
         self.row_format: str = opts.choice("rowFormat", ROW_FORMATS, "json")

@@ -32,7 +32,10 @@ found the log purged is always followed by a check that does.
 
 **The range record**: the state written with each checkpoint carries the newest change range planned
 (:class:`..dialect.RangeRecord`: its start and end, its changes, the server's GTID state at its end), beside the
-change split's file+offset integer, for ``flinkish inspect`` and a failover (docs/mysql-source.md).
+change split's file+offset integer, for ``flinkish inspect`` and a failover (docs/mysql-source.md); and the
+range's pieces (``changeReaders``: the transaction boundaries it is cut at, :mod:`..range_cuts`), which the
+CDC core reads back -- from that checkpoint only -- when Spark asks for the epoch's partitions
+(:mod:`flinkish_spark.connectors.cdc.change_split`).
 """
 
 from __future__ import annotations
@@ -59,10 +62,15 @@ class MysqlSourceHost(ChangeSourceHost, Protocol):
 
     conn_info: ConnectionInfo
     server_id: int  # the first replica id the log readers take (each read its own above it)
+    change_readers: int  # the most tasks an epoch's change range is read by (its pieces)
+    change_reader_min_changes: int  # the least changes of a piece
 
 
 def mysql_dialect(source: MysqlSourceHost) -> MysqlDialect:
-    return MysqlDialect(source.conn_info, source.component, source.patterns, source.server_id)
+    dialect = MysqlDialect(source.conn_info, source.component, source.patterns, source.server_id)
+    dialect.readers = source.change_readers
+    dialect.min_changes_per_reader = source.change_reader_min_changes
+    return dialect
 
 
 class MysqlEnumerator(TablesEnumeratorCore, ChangeSplitEnumerator):

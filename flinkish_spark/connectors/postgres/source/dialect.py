@@ -188,6 +188,9 @@ class PostgresDialect:
     def parse_position(self, text: str) -> int:
         return parse_lsn(text)
 
+    def range_cuts(self, start: int, end: int) -> tuple[int, ...]:
+        return ()  # one reader: a slot decodes for one connection at a time
+
     def change_target(self, position: int, limit: int | None) -> int:
         """The end of the next WAL range: the flush position, if a transaction of ours lies before it.
 
