@@ -4,7 +4,7 @@
   ``add`` actions will name them; stored as JSON.
 * :class:`KeyedCommittable` (``mode=upsert|history``): the files, where each file's rows
   start among the task's rows, and the task's *entries* (Arrow IPC; see
-  :mod:`flinkish_spark.connectors.lakehouse.resolve`); stored as ``FKD1`` + the length of a
+  :mod:`flinkish_spark.connectors.lakehouse.resolve_task`); stored as ``FKD1`` + the length of a
   JSON header + the header + the IPC bytes. Entries larger than
   :data:`~flinkish_spark.connectors.lakehouse.entries_file.INLINE_MAX_BYTES` are in a file beside the
   task's data files instead (:mod:`flinkish_spark.connectors.lakehouse.entries_file`): stored as ``FKD2``

@@ -52,7 +52,8 @@ from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.changes import check_rows
 from flinkish_spark.connectors.lakehouse.entries_file import SUFFIX, store_entries
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, write_table
-from flinkish_spark.connectors.lakehouse.resolve import resolve_epoch, resolve_task
+from flinkish_spark.connectors.lakehouse.resolve import resolve_epoch
+from flinkish_spark.connectors.lakehouse.resolve_task import resolve_task
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.faults import crash_point, fail_point
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext

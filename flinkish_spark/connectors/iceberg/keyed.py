@@ -53,7 +53,8 @@ from flinkish_spark.connectors.iceberg.table import TableInfo
 from flinkish_spark.connectors.lakehouse.changes import ChangePlan, check_rows
 from flinkish_spark.connectors.lakehouse.entries_file import SUFFIX, EntriesFile, read_entries, store_entries, table_of
 from flinkish_spark.connectors.lakehouse.key_lookup import KeyLookup
-from flinkish_spark.connectors.lakehouse.resolve import E_POS, Apply, RowCopy, fill_rows, resolve_epoch, resolve_task
+from flinkish_spark.connectors.lakehouse.resolve import Apply, RowCopy, fill_rows, resolve_epoch
+from flinkish_spark.connectors.lakehouse.resolve_task import E_POS, resolve_task
 from flinkish_spark.connectors.iceberg.routed_target import table_arrow
 from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, conform, mark_gone, unchanged_snapshot_versions
 from flinkish_spark.io.fileio import FileIO

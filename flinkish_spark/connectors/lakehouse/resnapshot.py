@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flinkish_spark.checkpoint.layout import join
-from flinkish_spark.connectors.lakehouse.resolve import E_KIND, KIND_VERSION
+from flinkish_spark.connectors.lakehouse.resolve_task import E_KIND, KIND_VERSION
 from flinkish_spark.io.fileio import FileIO
 
 _ACTIVE: dict[str, set[str]] = {}  # metadata folder -> target hashes with a re-snapshot under way

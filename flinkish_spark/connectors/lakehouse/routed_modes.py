@@ -30,9 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, HISTORY_COLUMNS, TIMESTAMP, VALID_TO
-from flinkish_spark.connectors.lakehouse.resolve import (
-    E_LSN, KIND_VERSION, NO_LSN, Apply, EpochChanges, Matches, RowCopy,
-)
+from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, RowCopy
+from flinkish_spark.connectors.lakehouse.resolve_task import E_LSN, KIND_VERSION, NO_LSN
 from flinkish_spark.connectors.lakehouse.routing import TablePart
 from flinkish_spark.connectors.lakehouse.table_modes import TableMode
 from flinkish_spark.errors import SchemaChangeError

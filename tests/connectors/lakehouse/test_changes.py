@@ -10,7 +10,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, check_rows, parse_keyed_options, plan_changes,
 )
-from flinkish_spark.connectors.lakehouse.resolve import E_POS, Matches, resolve_epoch, resolve_task
+from flinkish_spark.connectors.lakehouse.resolve import Matches, resolve_epoch
+from flinkish_spark.connectors.lakehouse.resolve_task import E_POS, resolve_task
 from flinkish_spark.connectors.primary_key import PRIMARY_KEY_METADATA, carried_key, with_primary_key
 from flinkish_spark.errors import ChangeDataError, ConfigError
 from flinkish_spark.options import Options
