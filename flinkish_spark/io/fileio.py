@@ -345,7 +345,9 @@ class FileIO:
         stripped = self.strip(path)
         if self.protocol in ("file", "local"):
             os.makedirs(os.path.dirname(stripped) or ".", exist_ok=True)
-            tmp = f"{stripped}.tmp-{uuid.uuid4().hex}"
+            # hidden, as _local_exclusive_write's: a listing of the folder never sees a name with the file's prefix
+            # that vanishes a moment later (a reader taking the newest "v..." would read a half-written file)
+            tmp = os.path.join(os.path.dirname(stripped), f".{os.path.basename(stripped)}.tmp-{uuid.uuid4().hex}")
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()

@@ -188,3 +188,23 @@ def test_a_status_code_in_a_path_is_not_a_transient_failure(tmp_path) -> None:
         calls.clear()
         with pytest.raises(StorageUnavailableError, match="did not answer"):
             io._call("writing", "s3://b/t/x.json", failing(transient, 3))
+
+
+def test_a_local_write_in_progress_is_hidden_from_a_listing_of_its_folder(tmp_path, monkeypatch) -> None:
+    """A reader listing a folder while a file is written (the newest registry version, a decision) must never see
+    the half-written temporary file under a name with the real one's prefix: it would read a file about to vanish
+    (test_ddl_mirror hit it: FileNotFoundError on ``v00000003-....json.tmp-<uuid>``)."""
+    import os
+
+    io = FileIO.for_url(str(tmp_path))
+    seen: list[str] = []
+    real = os.replace
+
+    def spy(src: str, dst: str) -> None:
+        seen.extend(io.list_names(str(tmp_path)))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    io.write_bytes(str(tmp_path / "v00000001-abc.json"), b"{}")
+    assert seen and [n for n in seen if not n.startswith(".")] == []  # only a hidden temporary name
+    assert io.list_names(str(tmp_path)) == ["v00000001-abc.json"]
