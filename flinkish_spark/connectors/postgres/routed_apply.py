@@ -217,26 +217,26 @@ def history_statements(staging: str, target: str, columns: dict[str, str], key: 
     ]
 
 
-def truncate_sql(target: str, mode: TableMode) -> str | None:
-    """What a truncate does to the target (param for history: its commit time); None: nothing."""
+def _gone_sql(target: str, mode: TableMode, close: str) -> str | None:
+    """The statement that takes the target's live rows ``t`` away in ``mode`` (a condition may follow with ``AND``):
+    deleted, marked ``_deleted`` (soft), closed at ``close`` (history: SQL of ``_valid_to``); None: kept."""
     if mode.deletes == "false":
         return None
     if mode.mode == "history":
-        return (f"UPDATE {target} SET {quote_ident(VALID_TO)} = %s, {quote_ident(CURRENT)} = false "
-                f"WHERE {quote_ident(CURRENT)}")
+        return (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = {close}, {quote_ident(CURRENT)} = false "
+                f"WHERE t.{quote_ident(CURRENT)}")
     if mode.deletes == "soft":
-        return f"UPDATE {target} SET {quote_ident(DELETED)} = true WHERE NOT {quote_ident(DELETED)}"
-    return f"DELETE FROM {target}"
+        return f"UPDATE {target} t SET {quote_ident(DELETED)} = true WHERE NOT t.{quote_ident(DELETED)}"
+    return f"DELETE FROM {target} t WHERE TRUE"
+
+
+def truncate_sql(target: str, mode: TableMode) -> str | None:
+    """What a truncate does to the target (param for history: its commit time); None: nothing."""
+    return _gone_sql(target, mode, "%s")
 
 
 def retire_sql(target: str, mode: TableMode, close_us: int) -> str | None:
     """How a re-snapshot's end retires the target's rows ``t`` a condition appended to it selects; None: it does not.
     History closes their current versions at ``close_us`` (µs since the epoch)."""
-    if mode.deletes == "false":
-        return None
-    if mode.mode == "history":
-        return (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = {timestamp_sql(close_us)}, "
-                f"{quote_ident(CURRENT)} = false WHERE t.{quote_ident(CURRENT)} AND")
-    if mode.deletes == "soft":
-        return f"UPDATE {target} t SET {quote_ident(DELETED)} = true WHERE NOT t.{quote_ident(DELETED)} AND"
-    return f"DELETE FROM {target} t WHERE"
+    gone = _gone_sql(target, mode, timestamp_sql(close_us))
+    return None if gone is None else gone + " AND"
