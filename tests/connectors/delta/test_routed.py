@@ -17,6 +17,7 @@ from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import PrepareContext
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 from flinkish_spark.testing.widening import LAYOUTS, TABLE, widening_during_the_snapshot
+from flinkish_spark.testing.kills import Killed, kill_at
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -207,14 +208,7 @@ def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_fir
     s.transaction((A, "u", {"id": 1, "v": "a2"}), (B, "u", {"k": "x", "n": 2}))
     batch = s.batch()
 
-    class Killed(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "sink.between_tables":
-            raise Killed
-
-    monkeypatch.setattr(routed, "crash_point", crash)
+    kill_at(monkeypatch, routed, "sink.between_tables")
     with pytest.raises(Killed):
         m.epoch(batch)
     assert m.rows("public.a", "id") == [{"id": 1, "v": "a2"}]  # the first table has the epoch ...
@@ -447,14 +441,7 @@ def test_a_crash_before_the_version_that_keeps_an_unchanged_value_and_the_restar
     s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}))
     batch = s.batch()
 
-    class Killed(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "delta.keyed.before_version":
-            raise Killed
-
-    monkeypatch.setattr(epoch_commit, "crash_point", crash)
+    kill_at(monkeypatch, epoch_commit, "delta.keyed.before_version")
     with pytest.raises(Killed):
         m.epoch(batch)  # the copy with the table's value is written, the version not
     assert m.rows("public.d", "id") == [{"id": 1, "n": 0, "body": "one"}]

@@ -15,6 +15,7 @@ from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
 from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.testing.changes import Change, Model, normalized, random_epochs
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
+from flinkish_spark.testing.kills import Killed
 
 from tests.connectors.delta.test_routed import Mirror
 
@@ -206,8 +207,6 @@ def test_a_crash_in_a_truncating_epoch_and_its_replay_write_each_mark_once(tmp_p
     changes nothing."""
     from flinkish_spark.connectors.delta import epoch_commit, routed
 
-    class Killed(BaseException):
-        pass
 
     schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in ("public.h", "public.s")}
     m = Mirror(tmp_path, modes=modes())

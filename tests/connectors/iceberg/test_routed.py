@@ -18,6 +18,7 @@ from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import PrepareContext
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 from flinkish_spark.testing.widening import LAYOUTS, TABLE, widening_during_the_snapshot
+from flinkish_spark.testing.kills import Killed, kill_at
 
 pyiceberg = pytest.importorskip("pyiceberg")
 
@@ -237,14 +238,7 @@ def test_a_crash_between_two_tables_commits_the_rest_and_never_reapplies_the_fir
     m.epoch(s.snapshot(A, [{"id": 1, "v": "a"}]).snapshot(B, [{"k": "x", "n": 1}]).batch())
     batch = s.transaction((A, "u", {"id": 1, "v": "a2"}), (B, "u", {"k": "x", "n": 2})).batch()
 
-    class Killed(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "sink.between_tables":
-            raise Killed
-
-    monkeypatch.setattr(routed, "crash_point", crash)
+    kill_at(monkeypatch, routed, "sink.between_tables")
     with pytest.raises(Killed):
         m.epoch(batch)
     assert m.rows("public.a", "id") == [{"id": 1, "v": "a2"}]  # the first table has the epoch ...
@@ -368,14 +362,7 @@ def test_a_crash_after_the_schema_update_before_the_data_snapshot_continues_with
     a2 = table_schema("public.a", [("id", "int"), ("v", "text"), ("extra", "int")], ("id",))
     batch = s.transaction((a2, "u", {"id": 1, "v": "b", "extra": 5}), (B, "c", {"k": "x", "n": 1})).batch()
 
-    class Killed(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "iceberg.routed.after_schema":
-            raise Killed
-
-    monkeypatch.setattr(routed, "crash_point", crash)
+    kill_at(monkeypatch, routed, "iceberg.routed.after_schema")
     with pytest.raises(Killed):
         m.epoch(batch)
     assert [f.name for f in m.table("public.a").schema().fields] == ["id", "v", "extra"]  # the schema moved ...

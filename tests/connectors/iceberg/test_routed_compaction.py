@@ -19,6 +19,7 @@ from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import PrepareContext
 from flinkish_spark.testing.changes import Change, Model
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
+from flinkish_spark.testing.kills import Killed
 
 pyiceberg = pytest.importorskip("pyiceberg")
 
@@ -26,9 +27,6 @@ EVERY = 3
 KEYS = 60
 SCHEMAS = [table_schema(f"public.t{i}", [("id", "bigint"), ("v", "text"), ("n", "int")], ("id",)) for i in range(2)]
 
-
-class Killed(BaseException):
-    """kill -9 at a crash point (BaseException: the sink's maintenance catches Exception)."""
 
 
 class Mirror:

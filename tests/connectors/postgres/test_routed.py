@@ -18,6 +18,7 @@ from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import PrepareContext
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 from flinkish_spark.testing.widening import LAYOUTS, TABLE, widening_during_the_snapshot
+from flinkish_spark.testing.kills import Killed, kill_at
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -174,14 +175,7 @@ def test_a_kill_between_two_tables_leaves_nothing_and_the_restart_commits_every_
     s.transaction((added, "u", {"id": 1, "v": "a2", "n": "1.00", "extra": 5}), (B, "u", {"k": "x", "f": 2.0, "ok": True}))
     batch = s.batch()
 
-    class Killed(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "sink.between_tables":
-            raise Killed
-
-    monkeypatch.setattr(routed, "crash_point", crash)
+    kill_at(monkeypatch, routed, "sink.between_tables")
     with pytest.raises(Killed):
         m.epoch(batch)
     assert m.rows("public_a", "id") == [(1, "a", __import__("decimal").Decimal("1.00"))]  # the open transaction is gone

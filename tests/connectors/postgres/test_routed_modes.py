@@ -18,6 +18,7 @@ from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
 from flinkish_spark.errors import SchemaChangeError, TargetSchemaError
 from flinkish_spark.testing.changes import Change, Model, normalized, ordered, random_epochs
 from flinkish_spark.testing.stream_rows import ARROW, StreamBuilder, table_schema
+from flinkish_spark.testing.kills import Killed, kill_at
 from tests.connectors.postgres.test_routed import Mirror
 
 psycopg = pytest.importorskip("psycopg")
@@ -120,14 +121,7 @@ def test_unchanged_toasted_values_are_filled_from_the_epoch_or_the_current_row_i
     t3 = ts(s.lsn)
     again = s.batch()
 
-    class Killed(BaseException):
-        pass
-
-    def crash(name: str) -> None:
-        if name == "sink.between_tables":
-            raise Killed
-
-    monkeypatch.setattr(routed, "crash_point", crash)
+    kill_at(monkeypatch, routed, "sink.between_tables")
     with pytest.raises(Killed):  # public.h applied inside the open transaction, then the kill
         m.epoch(again)
     monkeypatch.undo()
