@@ -56,7 +56,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, ChangePlan, KeyedOptions, parse_keyed_options, plan_changes,
 )
 from flinkish_spark.connectors.lakehouse.routing import (
-    NOT_WITH_ROUTING, check_stream, is_routed, parse_route, refuse_keyed_options,
+    check_stream, is_routed, parse_route, refuse_keyed_options,
 )
 from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
@@ -164,7 +164,7 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         self.path = opts.required("path", "the Delta table's folder, e.g. .option('path', 's3://b/tables/orders')").rstrip("/")
         self.route = parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None
         if self.route is not None:
-            refuse_keyed_options(opts.has, opts.component, "path", NOT_WITH_ROUTING)
+            refuse_keyed_options(opts.has, opts.component, "path")
         elif opts.has("tableModes"):
             raise ConfigError(f"{opts.component}: option 'tableModes' gives the tables of a routing sink their modes "
                               "('{table}' in 'path'); one table's sink has 'mode' and 'deletes'. Drop it.")

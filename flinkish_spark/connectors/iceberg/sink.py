@@ -84,7 +84,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 )
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.routing import (
-    NOT_WITH_ROUTING, check_stream, is_routed, parse_route, refuse_keyed_options,
+    check_stream, is_routed, parse_route, refuse_keyed_options,
 )
 from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
 from flinkish_spark.connectors.parquet_sink import parse_size
@@ -365,7 +365,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         table = opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'")
         self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
         if self.route is not None:
-            refuse_keyed_options(opts.has, component, "table", NOT_WITH_ROUTING)
+            refuse_keyed_options(opts.has, component, "table")
         elif opts.has("tableModes"):
             raise ConfigError(f"{component}: option 'tableModes' gives the tables of a routing sink their modes "
                               "('{table}' in 'table'); one table's sink has 'mode' and 'deletes'. Drop it.")

@@ -178,12 +178,15 @@ def plan_changes(options: KeyedOptions, schema: StructType, arrow_input: pa.Sche
     if clash:
         raise ConfigError(f"{component}: the query has the column(s) {clash}, which mode {mode!r} with "
                           f"deletes={options.deletes!r} writes itself; rename them")
-    fields = [f for f in arrow_input if f.name not in CHANGE_COLUMNS]
-    if options.deletes == "soft":
-        fields.append(pa.field(DELETED, pa.bool_()))
-    if mode == "history":
-        fields += [pa.field(VALID_FROM, TIMESTAMP), pa.field(VALID_TO, TIMESTAMP), pa.field(CURRENT, pa.bool_())]
+    fields = [f for f in arrow_input if f.name not in CHANGE_COLUMNS] + mode_fields(mode, options.deletes)
     return ChangePlan(mode, tuple(key), options.deletes, options.merge_mode, arrow_input, pa.schema(fields))
+
+
+def mode_fields(mode: Literal["upsert", "history"], deletes: Deletes) -> list[pa.Field]:
+    """The columns a keyed table holds besides its data in ``mode``: ``_deleted`` (soft deletes) or history's."""
+    if mode == "history":
+        return [pa.field(VALID_FROM, TIMESTAMP), pa.field(VALID_TO, TIMESTAMP), pa.field(CURRENT, pa.bool_())]
+    return [pa.field(DELETED, pa.bool_())] if deletes == "soft" else []
 
 
 def check_rows(plan: ChangePlan, table: pa.Table, component: str) -> None:

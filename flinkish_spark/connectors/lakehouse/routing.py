@@ -31,8 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import (
-    COMMIT_TS, CURRENT, DELETED, HISTORY_COLUMNS, LSN, OP, TIMESTAMP, UNCHANGED, VALID_FROM, VALID_TO,
-    ChangePlan, MergeMode,
+    COMMIT_TS, LSN, OP, TIMESTAMP, UNCHANGED, ChangePlan, MergeMode, mode_fields,
 )
 from flinkish_spark.connectors.lakehouse.figures import Figures
 from flinkish_spark.connectors.lakehouse.packed import PackedDecode
@@ -48,8 +47,6 @@ STREAM_COLUMNS = ("_table", "_op", "_lsn", "_seq", "_commit_ts", "_schema_id", "
 #: The options a routing sink refuses: it is always keyed by each table's primary key, unpartitioned (its
 #: ``mode`` / ``deletes`` are per table: :mod:`~flinkish_spark.connectors.lakehouse.table_modes`).
 NOT_WITH_ROUTING = ("key", "partitionBy")
-#: What a routing sink without per-table modes refuses (the flinkish.postgres sink's, for now).
-NOT_WITH_MODES = ("mode", "key", "deletes", "partitionBy")
 #: A name part a path holds as it is: letters and digits (any script), '_', '.', '$', '-'; not only dots.
 _PATH_AS_IS = re.compile(r"^[\w.$-]+$")
 #: What :func:`path_part` makes of any name.
@@ -123,17 +120,14 @@ def parse_route(template: str, kind: str, option: str, component: str) -> Route:
     return Route(template, kind)
 
 
-def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str,
-                         refused: tuple[str, ...] = NOT_WITH_MODES) -> None:
-    """Refuse the ``refused`` options with routing: the lakehouse sinks pass :data:`NOT_WITH_ROUTING` (they take
-    ``mode``/``deletes`` per table); the default is a routing sink without modes (upsert, deletes applied)."""
-    given = [o for o in refused if has(o)]
+def refuse_keyed_options(has: Callable[[str], bool], component: str, option: str) -> None:
+    """Refuse :data:`NOT_WITH_ROUTING` with routing (``mode``/``deletes`` are taken per table)."""
+    given = [o for o in NOT_WITH_ROUTING if has(o)]
     if given:
-        what = ("keyed by its primary key, unpartitioned" if "mode" not in refused else
-                "keyed by its primary key with deletes applied")
         raise ConfigError(
             f"{component}: option {', '.join(repr(g) for g in given)} cannot be combined with routing "
-            f"('{{table}}' in {option!r}): each table is written {what} (docs/mirror.md). Drop the option."
+            f"('{{table}}' in {option!r}): each table is written keyed by its primary key, unpartitioned "
+            "(docs/mirror.md). Drop the option."
         )
 
 
@@ -162,12 +156,8 @@ def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode, mod
         )
     input_schema = pa.schema(list(data) + [pa.field(OP, pa.string()), pa.field(LSN, pa.int64()),
                                            pa.field(COMMIT_TS, TIMESTAMP), pa.field(UNCHANGED, pa.list_(pa.string()))])
-    fields = list(data)
-    if mode.deletes == "soft":
-        fields.append(pa.field(DELETED, pa.bool_()))
-    if mode.mode == "history":
-        fields += [pa.field(VALID_FROM, TIMESTAMP), pa.field(VALID_TO, TIMESTAMP), pa.field(CURRENT, pa.bool_())]
-    return ChangePlan(mode.mode, tuple(key), mode.deletes, merge_mode, input_schema, pa.schema(fields))
+    return ChangePlan(mode.mode, tuple(key), mode.deletes, merge_mode, input_schema,
+                      pa.schema(list(data) + mode_fields(mode.mode, mode.deletes)))
 
 
 def source_columns(schema: pa.Schema, mode: TableMode) -> pa.Schema:

@@ -52,7 +52,7 @@ from flinkish_spark.connectors.postgres.prepared import (
     GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
 )
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, refuse_keyed_options
-from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.connectors.postgres.routed import RoutedPlan, RoutedPostgresSink, check_template, resolve_routed_plan
 from flinkish_spark.connectors.postgres.staging import (
@@ -505,7 +505,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
         if self.route is not None:
             # mode / deletes / tableModes: each table's shape (upsert or history, deletes applied, soft or not);
             # key and partitionBy stay refused (every table is keyed by its primary key)
-            refuse_keyed_options(lambda o: o not in TABLE_MODE_OPTIONS and opts.has(o), opts.component, "table")
+            refuse_keyed_options(opts.has, opts.component, "table")
             self.modes = parse_table_modes(opts.get, opts.component)
             if opts.get("commitMode") == "prepared":
                 raise ConfigError(f"{opts.component}: commitMode 'prepared' cannot be used with routing ('{{table}}' in "

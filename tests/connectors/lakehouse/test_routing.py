@@ -12,7 +12,7 @@ import pytest
 
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
 from flinkish_spark.connectors.lakehouse.routing import (
-    NOT_WITH_ROUTING, STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input, task_tables,
+    STREAM_COLUMNS, Route, check_stream, is_routed, parse_route, refuse_keyed_options, table_input, task_tables,
 )
 from flinkish_spark.connectors.postgres.rows import split_tables
 from flinkish_spark.errors import ConfigError, SchemaChangeError
@@ -50,11 +50,10 @@ def test_a_template_without_table_or_with_another_placeholder_is_refused() -> No
 
 def test_keyed_options_and_other_inputs_are_refused_with_routing() -> None:
     with pytest.raises(ConfigError, match=r"option 'key', 'partitionBy' cannot be combined with routing"):
-        refuse_keyed_options(lambda o: o in ("mode", "key", "partitionBy"), "flinkish.delta sink", "path", NOT_WITH_ROUTING)
-    refuse_keyed_options(lambda o: o in ("mergeMode", "mode", "deletes", "tableModes"), "flinkish.delta sink", "path",
-                         NOT_WITH_ROUTING)
-    with pytest.raises(ConfigError, match=r"option 'mode', 'key' cannot be combined with routing.*deletes applied"):
-        refuse_keyed_options(lambda o: o in ("mode", "key"), "flinkish.postgres sink", "table")  # no modes there yet
+        refuse_keyed_options(lambda o: o in ("mode", "key", "partitionBy"), "flinkish.delta sink", "path")
+    refuse_keyed_options(lambda o: o in ("mergeMode", "mode", "deletes", "tableModes"), "flinkish.delta sink", "path")
+    with pytest.raises(ConfigError, match=r"option 'key' cannot be combined with routing.*primary key, unpartitioned"):
+        refuse_keyed_options(lambda o: o in ("mode", "key"), "flinkish.postgres sink", "table")
     check_stream(list(STREAM_COLUMNS), "c", "path")
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v.*option\('tables'"):
         check_stream(["id", "v"], "flinkish.delta sink", "path")
