@@ -21,6 +21,7 @@ import urllib.parse
 from typing import Any, Mapping, cast
 
 from flinkish_spark.errors import ConfigError
+from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS
 from flinkish_spark.mirror import mysql_options, shapes
 from flinkish_spark.mirror.cluster import placement
 from flinkish_spark.mirror.config import (
@@ -236,7 +237,7 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
             raise unknown_key(str(key), sink_keys, f"pipeline file: sink (type {fmt})",
                            " The target is named by the sink's "
                            f"{target_key!r} or by route[0].sink-table; uid and checkpoint are the pipeline's.")
-    sink_extra = {k: _text(sink, k, "sink") or "" for k in SINK_OPTIONS[fmt] if k in sink and k not in shapes.MODE_OPTIONS}
+    sink_extra = {k: _text(sink, k, "sink") or "" for k in SINK_OPTIONS[fmt] if k in sink and k not in TABLE_MODE_OPTIONS}
     sink_extra.update(shapes.yaml_modes(sink))
     shapes.check_modes(sink_extra, "pipeline file: sink")
     sink_password = None

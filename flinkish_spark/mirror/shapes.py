@@ -3,20 +3,18 @@
 The routing sinks apply them (:mod:`flinkish_spark.connectors.lakehouse.table_modes`); this module is what
 ``flinkish mirror`` adds: the same options from ``--sink-option mode=history`` / ``deletes=soft`` /
 ``tableModes=[...]`` and from the pipeline file's ``sink`` section (``mode``, ``deletes`` and the rule list
-``table-modes``), checked before anything starts -- a bad rule is the preflight's one error, nothing written -- and
-the table list the mirror prints at its start, each table with its shape.
+``table-modes``), checked before anything starts -- a bad rule is the preflight's one error, nothing written.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes, table_modes_option
+from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes, table_modes_option
 from flinkish_spark.errors import ConfigError
 
 #: The pipeline file's key for the rule list (Flink CDC style, a YAML list); the sink option is ``tableModes``.
 YAML_RULES = "table-modes"
-MODE_OPTIONS = TABLE_MODE_OPTIONS
 
 
 def check_modes(extra: Mapping[str, str], what: str) -> TableModes:
@@ -44,7 +42,3 @@ def yaml_modes(sink: Mapping[str, Any]) -> dict[str, str]:
              for r in rules])
     return out
 
-
-def describe(modes: TableModes, tables: list[str]) -> list[str]:
-    """``table: shape`` for each table whose shape is not the default upsert (what the mirror prints at its start)."""
-    return [f"{t}: {modes.of(t).describe()}" for t in tables if modes.of(t).describe() != "upsert"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal, cast
 
 from flinkish_spark.connectors.cdc.patterns import TablePatterns
-from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, HISTORY_COLUMNS, Deletes
+from flinkish_spark.connectors.lakehouse.changes import DELETED, HISTORY_COLUMNS, Deletes
 from flinkish_spark.errors import ConfigError
 
 RoutedMode = Literal["upsert", "history"]
@@ -49,11 +49,6 @@ class TableMode:
         if self.mode == "history":
             return HISTORY_COLUMNS
         return (DELETED,) if self.deletes == "soft" else ()
-
-    @property
-    def live_column(self) -> str | None:
-        """The target column whose false value marks a row no change replaces (history's closed versions)."""
-        return CURRENT if self.mode == "history" else None
 
     def describe(self) -> str:
         return self.mode if self.deletes == "true" else f"{self.mode}, deletes {self.deletes}"
@@ -82,11 +77,6 @@ class TableModes:
             if rule.patterns.matches(table):
                 return rule.mode
         return self.default
-
-    @property
-    def all_upsert(self) -> bool:
-        """Every table the sink's historical shape (upsert, deletes applied): nothing to add to a target."""
-        return self.default == UPSERT and all(r.mode == UPSERT for r in self.rules)
 
 
 def _mode(value: object, default: TableMode, where: str, component: str) -> TableMode:

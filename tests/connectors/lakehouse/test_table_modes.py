@@ -14,7 +14,7 @@ def modes(**options: str):
 
 def test_without_options_every_table_is_upserted_with_deletes_applied():
     m = modes()
-    assert m.of("public.orders") == TableMode("upsert", "true") and m.all_upsert
+    assert m.of("public.orders") == TableMode("upsert", "true")
     assert m.of("public.orders").extra_columns == ()
 
 
@@ -27,7 +27,6 @@ def test_the_first_matching_rule_wins_and_a_rule_takes_the_sinks_defaults_for_wh
     assert m.of("public.items") == TableMode("upsert", "false")
     assert m.of("public.keep") == TableMode("upsert", "soft")  # excluded by the second rule: the default
     assert m.of("public.keep").extra_columns == ("_deleted",)
-    assert not m.all_upsert
     assert modes(deletes="soft", tableModes='[{"tables": "public.h", "mode": "history"}]').of("public.h") == \
         TableMode("history", "true")  # history's own deletes, not the sink's soft ones
 
