@@ -147,12 +147,12 @@ def compare_rows(table: str, schema: TableSchema, source: pa.Table, target: pa.T
     theirs = rows_by_key(source, schema)
     if target is None:
         return TableComparison(table, len(theirs), None, tuple(theirs), (), ())
-    # one row per key: of the whole target (a soft delete's row included), of history's current versions
-    once = current_rows(target, TableMode(mode.mode, "true")) if mode.mode == "history" else target
+    # one row per key: of history's current versions, else of the whole target (a soft delete's row included) ...
+    once = current_rows(target, TableMode(mode.mode, "true"))
     assert once is not None
     counts = collections.Counter(tuple(_plain(v) for v in row) for row in
                                  zip(*(once.column(k).to_pylist() for k in schema.key if k in once.column_names)))
-    target = current_rows(target, mode)
+    target = current_rows(once, TableMode("upsert", mode.deletes))  # ... of which soft deletes' live rows count
     assert target is not None
     mine = rows_by_key(target, schema)
     return TableComparison(
