@@ -36,7 +36,7 @@ from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.log import VersionTaken, add_action, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
-from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
+from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, small_file_rows, write_table
 from flinkish_spark.connectors.lakehouse.routed_modes import conform
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.faults import crash_point
@@ -48,7 +48,7 @@ MAX_ATTEMPTS = 10
 
 
 def choose(sink: DeltaTarget, state: DeltaState) -> list[LiveFile]:
-    small = max(1, sink.rows_per_file // 4)
+    small = small_file_rows(sink.rows_per_file)
     heavy = []
     tiny = []
     for f in state.files.values():

@@ -43,6 +43,7 @@ from flinkish_spark.connectors.iceberg.commit import Changes, commit_snapshot
 from flinkish_spark.connectors.iceberg.datafiles import to_data_file, write_data_files
 from flinkish_spark.connectors.iceberg.deletes import read_positions
 from flinkish_spark.connectors.iceberg.routed_target import table_arrow
+from flinkish_spark.connectors.lakehouse.files import small_file_rows
 from flinkish_spark.connectors.lakehouse.routed_modes import conform
 from flinkish_spark.connectors.iceberg.keyed import Target
 from flinkish_spark.connectors.iceberg.lookup import LiveFile, LiveFiles
@@ -59,7 +60,7 @@ def choose(target: Target, live: LiveFiles) -> list[list[LiveFile]]:
     """The live data files to write again, in groups of one partition spec and partition: every file with
     deletes, and the files smaller than a quarter of ``rowsPerFile`` when there are two or more of them in the
     group, or a file with deletes to merge them into."""
-    small = max(1, target.rows_per_file // 4)
+    small = small_file_rows(target.rows_per_file)
     groups: dict[tuple[int, tuple[Any, ...]], tuple[list[LiveFile], list[LiveFile]]] = {}
     for f in live.data:
         with_deletes, tiny = groups.setdefault((f.spec_id, f.partition), ([], []))

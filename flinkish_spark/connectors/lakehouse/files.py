@@ -36,6 +36,11 @@ DEFAULT_ROWS_PER_FILE = 1_000_000
 DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
 
 
+def small_file_rows(rows_per_file: int) -> int:
+    """A data file of fewer rows is small: the compactions (Delta and Iceberg alike) merge two or more of them."""
+    return max(1, rows_per_file // 4)
+
+
 def require(module: str, extra: str, what: str) -> Any:
     """Import an optional dependency, or fail with the one line that installs it."""
     import importlib
