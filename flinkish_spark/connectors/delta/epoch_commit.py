@@ -32,6 +32,7 @@ from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, fill_rows
+from flinkish_spark.connectors.lakehouse.tracked import absorb_untracked
 from flinkish_spark.connectors.lakehouse.routed_modes import GoneAs, conform, mark_gone, unchanged_snapshot_versions
 from flinkish_spark.faults import crash_point
 
@@ -130,6 +131,7 @@ class EpochCommit:
         if plan.mode == "history" and self.extra.routed:
             columns = [c for c in plan.data_columns]
             matches, same = unchanged_snapshot_versions(self.changes, matches, columns, plan.table_schema, self._read)
+        same = absorb_untracked(self.changes, matches, self._read, same)  # trackHistoryColumns
         snapshot_from = pa.scalar(self.extra.close_us, pa.int64()) if self.extra.routed and self.extra.close_us >= 0 else None
         apply = self.changes.apply(matches, close_by, snapshot_from)
         if len(same):

@@ -24,7 +24,10 @@ deltalake = pytest.importorskip("deltalake")
 COLUMNS = [("id", "bigint"), ("v", "text"), ("n", "int")]
 SHAPES = {"public.h": ("history", "true"), "public.hf": ("history", "false"), "public.s": ("upsert", "soft"),
           "public.f": ("upsert", "false"), "public.u": ("upsert", "true")}
-RULES = json.dumps([{"tables": t, "mode": m, "deletes": d} for t, (m, d) in SHAPES.items() if t != "public.u"])
+#: history tracking only 'n' (a change of only 'v' updates the current version in place), as a list and as except
+TRACKED = {"public.ht": {"trackHistoryColumns": ["n"]}, "public.hx": {"trackHistoryColumns.except": "v"}}
+RULES = json.dumps([{"tables": t, "mode": "history", **o} for t, o in TRACKED.items()]
+                   + [{"tables": t, "mode": m, "deletes": d} for t, (m, d) in SHAPES.items() if t != "public.u"])
 
 
 def modes(**options: str):
@@ -65,11 +68,13 @@ def feed(s: StreamBuilder, schemas: dict, epoch: list[Change]) -> list[At]:
 
 @pytest.mark.parametrize("compact_every", [0, 2])
 def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path, compact_every: int) -> None:
-    """Five tables, one change stream: history (deletes true / false), upsert with soft / ignored / applied deletes.
-    Every epoch every target equals the model of its mode; with compactEvery the compacted targets too."""
-    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in SHAPES}
+    """Seven tables, one change stream: history (deletes true / false; tracking 'n' only, given as the list and as
+    'except'), upsert with soft / ignored / applied deletes. Every epoch every target equals the model of its mode;
+    with compactEvery the compacted targets too."""
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED]}
     m = Mirror(tmp_path, modes=modes(), compact_every=compact_every)
     models = {t: Model(*shape) for t, shape in SHAPES.items()}
+    models.update({t: Model("history", "true", ("n",)) for t in TRACKED})
     s = StreamBuilder()
     for epoch in random_epochs(seed=7, epochs=6, keys=12, per_epoch=25, tasks=1):
         changes = feed(s, schemas, epoch)
@@ -77,6 +82,7 @@ def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path
         for t, model in models.items():
             model.apply(changes)
             assert rows(m, t) == model.table(), t
+    assert len(rows(m, "public.ht")) < len(rows(m, "public.h")) - 10  # many changes of 'v' alone: no version
     log = deltalake.DeltaTable(m.path("public.h")).history()
     assert any(c.get("operation") == "OPTIMIZE" for c in log) == (compact_every > 0)
 
@@ -106,6 +112,36 @@ def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row_in_histor
     else:
         assert sorted((r["id"], r["n"], r["body"], r["_deleted"]) for r in got) == [(1, 2, "one", False),
                                                                                     (2, 2, "new", False)]
+
+
+def tracked_toast_case(m, read) -> None:
+    """History tracking 'n' only (``public.ht``), with unchanged TOAST values: an untracked change updates the current
+    version in place, a tracked one opens a version (its unchanged 'body' filled), an untracked one after it in the same
+    epoch updates that new version, and one in the next epoch updates the table's current row (``_valid_from`` kept).
+    ``read(m, table)``: the target's rows."""
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    d = table_schema("public.ht", [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "n": 0, "body": "one"}, {"id": 2, "n": 0, "body": "two"}])
+    m.epoch(s.batch())
+    s.transaction((d, "u", {"id": 1, "n": 0, "body": "uno"}))  # untracked: in place
+    s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}))  # tracked: a version, body 'uno'
+    opened = ts(s.lsn)
+    s.transaction((d, "u", {"id": 1, "n": 1, "body": "eins"}))  # untracked: the new version, in place
+    s.transaction((d, "d", {"id": 2}), (d, "c", {"id": 2, "n": 0, "body": "two"}))  # after a delete: a version
+    again = ts(s.lsn)
+    m.epoch(s.batch())
+    s.transaction((d, "u", {"id": 1, "n": 1, "body": "un"}))  # untracked, next epoch: the table's row in place
+    s.transaction((d, "u", {"id": 2, "n": 0, UNCHANGED_FIELD: ["body"]}))  # nothing tracked changed
+    m.epoch(s.batch())
+    got = [(r["id"], r["n"], r["body"], r["_valid_from"], r["_valid_to"], r["_current"]) for r in read(m, "public.ht")]
+    assert sorted(got, key=str) == sorted([(1, 0, "uno", None, opened, False), (1, 1, "un", opened, None, True),
+                                           (2, 0, "two", None, again, False), (2, 0, "two", again, None, True)], key=str)
+
+
+def test_history_tracking_columns_updates_the_current_version_in_place_for_untracked_changes(tmp_path: Path) -> None:
+    tracked_toast_case(Mirror(tmp_path, modes=modes()), rows)
 
 
 def test_a_truncate_marks_closes_or_keeps_the_rows_by_the_tables_mode(tmp_path: Path) -> None:

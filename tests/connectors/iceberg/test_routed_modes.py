@@ -14,7 +14,7 @@ from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.testing.changes import Model, normalized, random_epochs
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
-from tests.connectors.delta.test_routed_modes import COLUMNS, SHAPES, feed, modes, ts
+from tests.connectors.delta.test_routed_modes import COLUMNS, SHAPES, TRACKED, feed, modes, tracked_toast_case, ts
 from tests.connectors.iceberg.test_routed import Mirror
 
 pytest.importorskip("pyiceberg")
@@ -27,9 +27,10 @@ def rows(m: Mirror, table: str) -> list[dict]:
 @pytest.mark.parametrize("merge_mode, compact_every", [("mergeOnRead", 2), ("copyOnWrite", 0)])
 def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path, merge_mode: str,
                                                                   compact_every: int) -> None:
-    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in SHAPES}
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED]}
     m = Mirror(tmp_path, merge_mode=merge_mode, modes=modes(), compact_every=compact_every)
     models = {t: Model(*shape) for t, shape in SHAPES.items()}
+    models.update({t: Model("history", "true", ("n",)) for t in TRACKED})  # a change of 'v' alone: in place
     s = StreamBuilder()
     for epoch in random_epochs(seed=11, epochs=5, keys=10, per_epoch=20, tasks=1):
         changes = feed(s, schemas, epoch)
@@ -52,6 +53,12 @@ def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row(tmp_path:
     m.epoch(s.batch())
     got = sorted((r["id"], r["n"], r["body"]) for r in rows(m, table))
     assert got == ([(1, 0, "one"), (1, 1, "one")] if mode == "history" else [(1, 1, "one")])
+
+
+@pytest.mark.parametrize("merge_mode", ["mergeOnRead", "copyOnWrite"])
+def test_history_tracking_columns_updates_the_current_version_in_place_for_untracked_changes(
+        tmp_path: Path, merge_mode: str) -> None:
+    tracked_toast_case(Mirror(tmp_path, merge_mode=merge_mode, modes=modes()), rows)
 
 
 @pytest.mark.parametrize("merge_mode", ["mergeOnRead", "copyOnWrite"])
