@@ -132,7 +132,8 @@ def absorb_untracked(changes: EpochChanges, matches: Matches, read: Read, keep: 
     absorbing = np.flatnonzero(same)
     from_entry = np.where(from_table[absorbing], -1, run[absorbing])
     inherited = pc.if_else(pa.array(from_table[absorbing]),
-                           table_from.take(pa.array(np.where(from_table[absorbing], row_of_key[changes.group[absorbing]], 0))),
+                           table_from.take(pa.array(row_of_key[changes.group[absorbing]], pa.int64(),
+                                                    mask=~from_table[absorbing])),  # null: not from the table
                            ts.take(pa.array(np.maximum(from_entry, 0))))
     new_ts = pc.replace_with_mask(ts, pa.array(same), inherited) if len(absorbing) else ts
     removed = np.zeros(n, dtype=np.bool_)
