@@ -281,3 +281,18 @@ def test_a_source_column_named_like_a_mode_column_is_refused_naming_the_table(tm
     m = Mirror(tmp_path, modes=modes())
     m.epoch(s.batch())  # upsert: the source's own column
     assert rows(m, "public.u") == [{"id": 1, "_deleted": True}]
+
+
+@pytest.mark.parametrize("track", [None, "n"])
+def test_history_over_three_tasks_per_epoch_equals_the_reference_model(tmp_path: Path, track: str | None) -> None:
+    """A key's changes spread over three tasks (a chain continued, a version absorbed across tasks): the target equals
+    the model every epoch, tracking every column or only 'n'."""
+    from tests.connectors.postgres.test_routed_modes import tasks
+
+    m = Mirror(tmp_path, modes=parse_table_modes({"mode": "history", **({"trackHistoryColumns": track} if track else {})}.get,
+                                                 "test"))
+    model = Model("history", "true", (track,) if track else None)
+    for changes in random_epochs(seed=31, epochs=5, keys=10, per_epoch=40, tasks=3):
+        m.epoch(*tasks(changes))
+        model.apply(changes)
+        assert rows(m, "public.t") == model.table()

@@ -118,3 +118,15 @@ def test_a_history_target_keeps_its_columns_through_schema_evolution(tmp_path: P
     assert sorted((r["v"], r["w"], r["_current"]) for r in m.rows("public.h", "v")) == [("x", None, False), ("y", 5, True)]
     assert any(sn.summary.additional_properties.get("flinkish.compaction") == "true"
                for sn in m.table("public.h").snapshots())
+
+
+def test_history_tracking_over_three_tasks_per_epoch_equals_the_reference_model(tmp_path: Path) -> None:
+    """The Delta case (a version absorbed across tasks) on Iceberg, position deletes and copies."""
+    from tests.connectors.postgres.test_routed_modes import tasks
+
+    m = Mirror(tmp_path, modes=parse_table_modes({"mode": "history", "trackHistoryColumns": "n"}.get, "test"))
+    model = Model("history", "true", ("n",))
+    for changes in random_epochs(seed=31, epochs=5, keys=10, per_epoch=40, tasks=3):
+        m.epoch(*tasks(changes))
+        model.apply(changes)
+        assert rows(m, "public.t") == model.table()
