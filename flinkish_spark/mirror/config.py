@@ -429,7 +429,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
     from flinkish_spark.mirror.shapes import check_modes
 
     sink_extra = _extra(sink_given, allowed, f"--sink-option (format {form})")
-    check_modes(dict(sink_extra), "--sink-option")
+    check_modes(dict(sink_extra), "--sink-option", form)
     from flinkish_spark.mirror.cluster import placement
 
     timeout = parse_trigger(server_timeout, "--server-timeout", "a duration") if server_timeout else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from flinkish_spark.connectors.lakehouse.table_modes import (
-    TRACK, TRACK_EXCEPT, TableModes, parse_table_modes, table_modes_option,
+    NO_PARTITIONS, TRACK, TRACK_EXCEPT, TableModes, parse_table_modes, table_modes_option,
 )
 from flinkish_spark.errors import ConfigError
 
@@ -21,9 +21,13 @@ from flinkish_spark.errors import ConfigError
 YAML_RULES = "table-modes"
 
 
-def check_modes(extra: Mapping[str, str], what: str) -> TableModes:
-    """The sink options' table modes, or the one error naming ``what`` (``--sink-option`` / ``pipeline file: sink``)."""
-    return parse_table_modes(extra.get, what)
+def check_modes(extra: Mapping[str, str], what: str, fmt: str = "") -> TableModes:
+    """The sink options' table modes, or the one error naming ``what`` (``--sink-option`` / ``pipeline file: sink``);
+    a rule's ``partitionBy`` for a format whose targets do not take it (``fmt``: delta, postgres) is one too."""
+    modes = parse_table_modes(extra.get, what)
+    if fmt in NO_PARTITIONS:
+        modes.refuse_partitions(what, fmt)
+    return modes
 
 
 def yaml_modes(sink: Mapping[str, Any]) -> dict[str, str]:

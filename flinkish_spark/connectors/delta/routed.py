@@ -160,7 +160,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         for name, schema, data in task_tables(batches):
             keyed = None
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
-            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
+            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name).shape != UPSERT.shape
                        else data.changes)
             if changes.num_rows:
                 columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])

@@ -79,6 +79,7 @@ from flinkish_spark.connectors.iceberg.routed_target import (
 )
 from flinkish_spark.connectors.iceberg.table import (
     CREATED_TABLE_PROPERTIES,
+    PARTITION_FIELD_ID_START,
     EPOCH_PROPERTY,
     UID_PROPERTY,
     TableInfo,
@@ -131,10 +132,20 @@ class RoutedCommittable:
     parts: tuple[RoutedPart, ...]
 
 
-def _unpartitioned() -> str:
-    from pyiceberg.partitioning import PartitionSpec
+def _spec(schema: Any, partition_by: tuple[str, ...]) -> Any:
+    """The identity partition spec of ``partition_by`` over ``schema`` (with field ids; none: unpartitioned)."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
 
-    return PartitionSpec().model_dump_json()
+    return PartitionSpec(*[PartitionField(schema.find_field(c).field_id, PARTITION_FIELD_ID_START + i,
+                                          IdentityTransform(), c) for i, c in enumerate(partition_by)])
+
+
+def partitioning(table: Any) -> tuple[str, ...]:
+    """A table's partition columns as a rule names them (a transform other than identity as ``transform(column)``)."""
+    schema = table.schema()
+    return tuple(schema.find_column_name(f.source_id) if str(f.transform) == "identity"
+                 else f"{f.transform}({schema.find_column_name(f.source_id)})" for f in table.spec().fields)
 
 
 class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
@@ -185,7 +196,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None,
                               earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us)
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
-            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
+            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name).shape != UPSERT.shape
                        else data.changes)
             if changes.num_rows:
                 part = self._prepare_table(part, schema.key, changes, ctx)
@@ -199,6 +210,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         table = self.load_target(identifier)
         mode = self.modes.of(part.table)
         columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
+        mode.check_partitions(columns.names, part.table)
         extra = [f for f in table_plan(columns, key, self.merge_mode, mode, part.table).table_schema
                  if f.name in mode.extra_columns]
         schema = write_schema(table, pa.schema(list(columns) + extra))  # the files hold the mode's columns too
@@ -207,11 +219,13 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                           mode, part.table)
         changes = changes.cast(plan.input_schema)
         if table is None:
-            info = TableInfo(self.default_location(identifier), schema.model_dump_json(), _unpartitioned(),
+            info = TableInfo(self.default_location(identifier), schema.model_dump_json(),
+                             _spec(schema, mode.partition_by).model_dump_json(),
                              tuple(sorted(self._created_properties(key, part.table).items())))
         else:
             info = dataclasses.replace(info_of(table), schema_json=schema.model_dump_json())
-        target = Target(self.io_for(info.location), info, self.uid, plan, (), self.rows_per_file, self.target_file_size)
+        target = Target(self.io_for(info.location), info, self.uid, plan, mode.partition_by, self.rows_per_file,
+                        self.target_file_size)
         keyed = prepare(target, iter(changes.to_batches()), ctx, f"{COMPONENT} uid {self.uid!r} (source table {part.table})")
         return dataclasses.replace(part, keyed=keyed, location=info.location, files_schema=schema.model_dump_json())
 
@@ -275,6 +289,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                                   for s in steps],
                                  fix, key_fix, ahead)
         check_promotions(t.table, name, evolution)
+        mode.check_partitions(evolution.schema.names, t.table)  # before anything of the epoch is written
         if table is None and mode.extra_columns:  # created with the mode's columns, after the source's
             plan = table_plan(pa.schema([]), key or (), self.merge_mode, mode, t.table)
             evolution = dataclasses.replace(evolution, schema=iceberg_arrow(pa.schema(list(evolution.schema) + [
@@ -285,9 +300,11 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         """The target, created with the evolved schema or its schema updated to it."""
         from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
         from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+        from pyiceberg.schema import assign_fresh_schema_ids
 
+        mode = self.modes.of(t.table)
         if table is not None:
-            self._check_target(identifier, table)
+            self._check_target(identifier, table, t.table)
             return evolve_table(table, evolution)
         if not self.create_table:
             raise TableMismatchError(
@@ -300,21 +317,27 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             pass
         key = t.schemas()[-1].key
         ahead = ahead_property(evolution)
+        schema = assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(evolution.schema))
         try:
-            return catalog.create_table(identifier, schema=_pyarrow_to_schema_without_ids(evolution.schema),
+            return catalog.create_table(identifier, schema=schema, partition_spec=_spec(schema, mode.partition_by),
                                         location=self.default_location(identifier),
                                         properties={**self._created_properties(key, t.table),
                                                     **({AHEAD_PROPERTY: ahead} if ahead else {})})
         except TableAlreadyExistsError:  # our earlier attempt, or another writer: checked as an existing target
             table = catalog.load_table(identifier)
-            self._check_target(identifier, table)
+            self._check_target(identifier, table, t.table)
             return evolve_table(table, self.evolution(t, identifier, table))
 
-    def _check_target(self, identifier: str, table: Any) -> None:
-        if table.spec().fields:
+    def _check_target(self, identifier: str, table: Any, source_table: str) -> None:
+        have, want = partitioning(table), self.modes.of(source_table).partition_by
+        if have != want:  # never changed by the sink: a target's files would mix two layouts
             raise TableMismatchError(
-                f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} is partitioned; routing writes "
-                "unpartitioned targets. Mirror the table to a new target, or write it with a sink of its own.")
+                f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} is "
+                f"{'partitioned by ' + ', '.join(have) if have else 'unpartitioned'}, but the sink's tableModes give "
+                f"source table {source_table} {'partitionBy ' + ', '.join(want) if want else 'no partitionBy'}; nothing "
+                "was written. Give the table's rule its partitioning (partitionBy: "
+                f"{list(have)}), or mirror the table to a new target (a new sink uid, or drop the target and restart "
+                "with a new uid); the sink never changes a target's partitioning.")
         if self.merge_mode == "mergeOnRead" and table.metadata.format_version < 2:
             raise TableMismatchError(
                 f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} has format version "
@@ -327,7 +350,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
         table = self.catalog().load_table(identifier)
         key = t.schemas()[-1].key
-        keyed = [self._fitted(p, table, epoch) for p in t.counted() if p.keyed is not None]
+        keyed = [self._fitted(p, table, epoch, self.modes.of(t.table).partition_by) for p in t.counted()
+                 if p.keyed is not None]
         marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         io = self.io_for(table.location())
         mode = self.modes.of(t.table)
@@ -337,7 +361,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             if committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
             plan = table_plan(source_columns(table_arrow(table.schema()), mode), key, self.merge_mode, mode, t.table)
-            target = Target(io, info_of(table), self.uid, plan, (), self.rows_per_file, self.target_file_size)
+            target = Target(io, info_of(table), self.uid, plan, mode.partition_by, self.rows_per_file,
+                            self.target_file_size)
             written: list[str] = []
             try:
                 gone = None
@@ -382,7 +407,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         except Exception as exc:  # noqa: BLE001 - see above
             log.warning("flinkish.iceberg: compaction of %s after epoch %d failed: %s", identifier, epoch, exc)
 
-    def _fitted(self, part: RoutedPart, table: Any, epoch: int) -> KeyedCommittable:
+    def _fitted(self, part: RoutedPart, table: Any, epoch: int, partition_by: tuple[str, ...]) -> KeyedCommittable:
         """The part's files, rewritten when their field ids or types are not the target's (see :mod:`.routed_target`)."""
         from pyiceberg.schema import Schema
 
@@ -397,7 +422,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         for f in part.keyed.files:
             rows = read_file(io, f.path)
             new = write_data_files(io, info, self.uid, iter(rows.to_batches()),
-                                   PrepareContext(self.uid, epoch, DRIVER_PARTITION, 1), (), _WHOLE_FILE, _WHOLE_FILE)
+                                   PrepareContext(self.uid, epoch, DRIVER_PARTITION, 1), partition_by, _WHOLE_FILE,
+                                   _WHOLE_FILE)
             assert len(new) == 1, "a rewritten file is one file"
             files.append(new[0])
         log.info("flinkish.iceberg: %d file(s) of %s rewritten with the target's field ids", len(files), part.table)

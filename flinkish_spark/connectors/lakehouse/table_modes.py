@@ -13,7 +13,8 @@ option; ``flinkish mirror``'s ``--sink-option`` and its pipeline file's ``sink.t
   Default: every column. Key columns are never listed (a key does not change); a name the table does not have is
   refused when its schema arrives (:meth:`TableMode.tracked`);
 * ``tableModes``: a JSON list of rules ``{"tables": "<patterns>", "mode": ..., "deletes": ...,
-  "trackHistoryColumns": [...]}`` -- the first rule whose patterns (the source's ``tables`` syntax,
+  "trackHistoryColumns": [...], "partitionBy": [...]}`` (``partitionBy``: a rule's own, never the sink's -- the
+  target's identity partition columns, Iceberg only) -- the first rule whose patterns (the source's ``tables`` syntax,
   :class:`~flinkish_spark.connectors.cdc.patterns.TablePatterns`) match a table gives its mode, deletes and tracked
   columns; a key a rule leaves out is the sink's ``mode`` / ``deletes`` / tracked columns (these only for a table in
   history mode); a table no rule matches gets those.
@@ -39,8 +40,16 @@ MODES: tuple[RoutedMode, ...] = ("upsert", "history")
 DELETES: tuple[Deletes, ...] = ("true", "soft", "false")
 #: The sink options this module reads (each routing sink adds them to its own).
 TRACK, TRACK_EXCEPT = "trackHistoryColumns", "trackHistoryColumns.except"
+PARTITION_BY = "partitionBy"  # a rule's key only: a routing sink's own 'partitionBy' option is refused
 TABLE_MODE_OPTIONS = ("mode", "deletes", "tableModes", TRACK, TRACK_EXCEPT)
-_RULE_KEYS = ("tables", "mode", "deletes", TRACK, TRACK_EXCEPT)
+#: Why a format's routed targets refuse a rule's ``partitionBy`` (Iceberg takes it).
+NO_PARTITIONS = {
+    "delta": "not yet: the keyed Delta commit reads rows back from data files, which do not hold a Delta table's "
+             "partition columns; the one-table keyed Delta sink refuses it too",
+    "postgres": "a partitioned PostgreSQL table needs the partition columns in its primary key and every partition "
+                "created ahead; index the column instead, or create and partition the target yourself",
+}
+_RULE_KEYS = ("tables", "mode", "deletes", TRACK, TRACK_EXCEPT, PARTITION_BY)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,21 @@ class TableMode:
     track: tuple[str, ...] | None = None
     #: ... or every column but these (``trackHistoryColumns.except``)
     track_except: tuple[str, ...] = ()
+    #: a rule's ``partitionBy``: the target's identity partition columns (Iceberg; the other formats refuse it)
+    partition_by: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> tuple[str, str]:
+        """What the target holds per key (``mode``, ``deletes``), whatever the tracking and partitioning."""
+        return self.mode, self.deletes
+
+    def check_partitions(self, columns: list[str], table: str) -> None:
+        """A partition column the table does not have: one :class:`ConfigError` naming the fix."""
+        missing = [c for c in self.partition_by if c not in columns]
+        if missing:
+            raise ConfigError(f"source table {table}: the tableModes rule's partitionBy names {', '.join(map(repr, missing))}, "
+                              f"which the table does not have (its columns: {', '.join(columns)}); name one of its "
+                              "columns, or give the table a rule of its own")
 
     def tracked(self, columns: list[str], key: tuple[str, ...], table: str) -> tuple[str, ...] | None:
         """The tracked columns among the table's data ``columns`` (None: every column is, today's history); a
@@ -82,6 +106,7 @@ class TableMode:
         return (DELETED,) if self.deletes == "soft" else ()
 
     def describe(self) -> str:
+        """The shape (the mode's columns) and the tracking; not the partitioning."""
         out = self.mode if self.deletes == "true" else f"{self.mode}, deletes {self.deletes}"
         if self.track is not None:
             out += f", tracking {', '.join(self.track)}"
@@ -106,6 +131,14 @@ class TableModes:
 
     default: TableMode = UPSERT
     rules: tuple[TableModeRule, ...] = ()
+
+    def refuse_partitions(self, component: str, fmt: str) -> None:
+        """For a format whose routed targets are unpartitioned: a rule with ``partitionBy`` is one error."""
+        rules = [r.tables for r in self.rules if r.mode.partition_by]
+        if rules:
+            raise ConfigError(f"{component}: the tableModes rule(s) for {', '.join(map(repr, rules))} give partitionBy, "
+                              f"which this sink's routed targets do not take ({NO_PARTITIONS[fmt]}). Drop it from "
+                              "the rule(s) (Iceberg targets take it)")
 
     def of(self, table: str) -> TableMode:
         """The mode of source table ``schema.table``."""
@@ -163,7 +196,8 @@ def _mode(value: object, default: TableMode, where: str, component: str) -> Tabl
         raise ConfigError(f"{component}: {where}: deletes 'soft' is for mode 'upsert'. In mode 'history' a delete "
                           "closes the key's current version (deletes 'true') or is ignored (deletes 'false').")
     track, track_except = _track(value, default, mode, where, component)
-    return TableMode(cast(RoutedMode, mode), cast(Deletes, deletes), track, track_except)
+    parts = _columns(value[PARTITION_BY], where, PARTITION_BY, component) if PARTITION_BY in value else ()
+    return TableMode(cast(RoutedMode, mode), cast(Deletes, deletes), track, track_except, parts)
 
 
 def parse_table_modes(get: Callable[[str], str | None], component: str) -> TableModes:

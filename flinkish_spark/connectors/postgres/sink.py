@@ -507,6 +507,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
             # key and partitionBy stay refused (every table is keyed by its primary key)
             refuse_keyed_options(opts.has, opts.component, "table")
             self.modes = parse_table_modes(opts.get, opts.component)
+            self.modes.refuse_partitions(opts.component, "postgres")
             if opts.get("commitMode") == "prepared":
                 raise ConfigError(f"{opts.component}: commitMode 'prepared' cannot be used with routing ('{{table}}' in "
                                   "'table'): every epoch commits in one driver transaction (staged). Drop the option")

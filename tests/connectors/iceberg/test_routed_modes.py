@@ -4,6 +4,7 @@ pyiceberg's scan."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.testing.changes import Model, normalized, random_epochs
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
-from tests.connectors.delta.test_routed_modes import COLUMNS, SHAPES, TRACKED, feed, modes, tracked_toast_case, ts
+from tests.connectors.delta.test_routed_modes import COLUMNS, RULES, SHAPES, TRACKED, feed, modes, tracked_toast_case, ts
 from tests.connectors.iceberg.test_routed import Mirror
 
 pytest.importorskip("pyiceberg")
@@ -24,12 +25,26 @@ def rows(m: Mirror, table: str) -> list[dict]:
     return normalized(m.table(table).scan().to_arrow().to_pylist())
 
 
+#: Iceberg targets partitioned by 'n' (a rule's partitionBy): a key moves between partitions when 'n' changes
+PARTITIONED = {"public.up": ("upsert", "true"), "public.hp": ("history", "true")}
+
+
+def iceberg_modes():
+    """The Delta tests' rules and the partitioned tables' (first: a rule giving partitionBy wins for its table)."""
+    rules = [{"tables": t, "mode": m, "deletes": d, "partitionBy": ["n"]} for t, (m, d) in PARTITIONED.items()]
+    return parse_table_modes({"tableModes": json.dumps(rules + json.loads(RULES))}.get, "test")
+
+
 @pytest.mark.parametrize("merge_mode, compact_every", [("mergeOnRead", 2), ("copyOnWrite", 0)])
 def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path, merge_mode: str,
                                                                   compact_every: int) -> None:
-    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED]}
-    m = Mirror(tmp_path, merge_mode=merge_mode, modes=modes(), compact_every=compact_every)
-    models = {t: Model(*shape) for t, shape in SHAPES.items()}
+    """The Delta test's tables, and two partitioned by a rule's partitionBy, compacted with compactEvery (position
+    deletes and small files merged per partition)."""
+    from flinkish_spark.connectors.iceberg.routed import partitioning
+
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED, *PARTITIONED]}
+    m = Mirror(tmp_path, merge_mode=merge_mode, modes=iceberg_modes(), compact_every=compact_every)
+    models = {t: Model(*shape) for t, shape in {**SHAPES, **PARTITIONED}.items()}
     models.update({t: Model("history", "true", ("n",)) for t in TRACKED})  # a change of 'v' alone: in place
     s = StreamBuilder()
     for epoch in random_epochs(seed=11, epochs=5, keys=10, per_epoch=20, tasks=1):
@@ -38,6 +53,37 @@ def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path
         for t, model in models.items():
             model.apply(changes)
             assert rows(m, t) == model.table(), t
+    for t in PARTITIONED:
+        table = m.table(t)
+        assert partitioning(table) == ("n",)
+        files = [task.file for task in table.scan().plan_files()]
+        assert {f.partition[0] for f in files} == {r["n"] for r in rows(m, t)}  # the files' partitions: the rows' n
+        compacted = any(s.summary is not None and s.summary.additional_properties.get("flinkish.compaction") == "true"
+                        for s in table.snapshots())
+        assert compacted == (compact_every > 0), t
+
+
+def test_a_partitioned_target_is_never_repartitioned_and_a_partition_column_must_exist(tmp_path: Path) -> None:
+    from flinkish_spark.errors import ConfigError, TableMismatchError
+
+    t = table_schema("public.up", COLUMNS, ("id",))
+    s = StreamBuilder()
+    s.snapshot(t, [{"id": 1, "v": "a", "n": 1}])
+    Mirror(tmp_path).epoch(s.batch())  # created unpartitioned
+    m = Mirror(tmp_path, modes=iceberg_modes())
+    m.epochs = 1
+    snapshot = m.table("public.up").current_snapshot().snapshot_id
+    s.transaction((t, "u", {"id": 1, "v": "b", "n": 1}))
+    with pytest.raises(TableMismatchError, match=r"the Iceberg table 'mirror.public_up' is unpartitioned, but the sink's "
+                                                 r"tableModes give source table public.up partitionBy n; nothing was "
+                                                 r"written.*never changes a target's partitioning"):
+        m.epoch(s.batch())
+    assert m.table("public.up").current_snapshot().snapshot_id == snapshot
+    wrong = parse_table_modes({"tableModes": '[{"tables": "public.x", "partitionBy": "day"}]'}.get, "test")
+    s.snapshot(table_schema("public.x", COLUMNS, ("id",)), [{"id": 1, "v": "a", "n": 1}])
+    with pytest.raises(ConfigError, match=r"source table public.x: the tableModes rule's partitionBy names 'day', which "
+                                          r"the table does not have \(its columns: id, v, n"):
+        Mirror(tmp_path / "x", modes=wrong).epoch(s.batch())
 
 
 @pytest.mark.parametrize("table, mode", [("public.h", "history"), ("public.s", "upsert")])
