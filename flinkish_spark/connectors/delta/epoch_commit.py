@@ -131,7 +131,8 @@ class EpochCommit:
         if plan.mode == "history" and self.extra.routed:
             columns = [c for c in plan.data_columns]
             matches, same = unchanged_snapshot_versions(self.changes, matches, columns, plan.table_schema, self._read)
-        same = absorb_untracked(self.changes, matches, self._read, same)  # trackHistoryColumns
+        same = absorb_untracked(self.changes, matches, self._read, same,  # trackHistoryColumns
+                                table_rows=close_by is None and not self.extra.rest_gone)
         snapshot_from = pa.scalar(self.extra.close_us, pa.int64()) if self.extra.routed and self.extra.close_us >= 0 else None
         apply = self.changes.apply(matches, close_by, snapshot_from)
         if len(same):

@@ -48,9 +48,11 @@ def same_values(a: pa.Array, b: pa.Array) -> np.ndarray:
         return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist())], dtype=np.bool_)
 
 
-def absorb_untracked(changes: EpochChanges, matches: Matches, read: Read, keep: np.ndarray | None = None) -> np.ndarray:
+def absorb_untracked(changes: EpochChanges, matches: Matches, read: Read, keep: np.ndarray | None = None,
+                     table_rows: bool = True) -> np.ndarray:
     """Apply the tracked-columns rule to ``changes`` (:meth:`EpochChanges.absorb`), before ``changes.apply(matches)``.
-    ``keep``: entry indices the caller holds (the unchanged snapshot versions), returned as indices after it."""
+    ``keep``: entry indices the caller holds (the unchanged snapshot versions), returned as indices after it.
+    ``table_rows`` false: no table row is absorbed (a truncate in the epoch closes them all at its time)."""
     plan = changes.plan
     keep = np.zeros(0, dtype=np.int64) if keep is None else keep
     if plan.mode != "history" or plan.track is None or changes.entries is None:
@@ -66,7 +68,7 @@ def absorb_untracked(changes: EpochChanges, matches: Matches, read: Read, keep: 
     count = np.zeros(len(changes.starts), dtype=np.int64)
     for _, key_index in matches.by_file.values():
         np.add.at(count, key_index, 1)
-    in_table = count == 1
+    in_table = (count == 1) & table_rows
     cand = is_version & (prev_version | (at_start & in_table[changes.group]))
     if not cand.any():
         return keep

@@ -296,3 +296,22 @@ def test_history_over_three_tasks_per_epoch_equals_the_reference_model(tmp_path:
         m.epoch(*tasks(changes))
         model.apply(changes)
         assert rows(m, "public.t") == model.table()
+
+
+def test_history_tracking_columns_does_not_update_a_version_a_truncate_closed(tmp_path: Path) -> None:
+    tracked_truncate_case(Mirror(tmp_path, modes=modes()), rows)
+
+
+def tracked_truncate_case(m, read) -> None:
+    """A truncate closes every current version; a change after it in the same epoch, equal in the tracked columns,
+    opens a version of its own (the closed one is not updated in place)."""
+    d = table_schema("public.ht", COLUMNS, ("id",))
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "v": "a", "n": 1}])
+    m.epoch(s.batch())
+    s.transaction((d, "t", None))
+    truncated = ts(s.lsn)
+    s.transaction((d, "c", {"id": 1, "v": "b", "n": 1}))
+    m.epoch(s.batch())
+    assert sorted(((r["v"], r["_valid_from"], r["_valid_to"], r["_current"]) for r in read(m, "public.ht")), key=str) == [
+        ("a", None, truncated, False), ("b", ts(s.lsn), None, True)]

@@ -15,7 +15,7 @@ from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.testing.changes import Model, normalized, random_epochs
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
-from tests.connectors.delta.test_routed_modes import COLUMNS, RULES, SHAPES, TRACKED, feed, modes, tracked_toast_case, ts
+from tests.connectors.delta.test_routed_modes import COLUMNS, RULES, SHAPES, TRACKED, feed, modes, tracked_toast_case, tracked_truncate_case, ts
 from tests.connectors.iceberg.test_routed import Mirror
 
 pytest.importorskip("pyiceberg")
@@ -105,6 +105,10 @@ def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row(tmp_path:
 def test_history_tracking_columns_updates_the_current_version_in_place_for_untracked_changes(
         tmp_path: Path, merge_mode: str) -> None:
     tracked_toast_case(Mirror(tmp_path, merge_mode=merge_mode, modes=modes()), rows)
+
+
+def test_history_tracking_columns_does_not_update_a_version_a_truncate_closed(tmp_path: Path) -> None:
+    tracked_truncate_case(Mirror(tmp_path, modes=modes()), rows)
 
 
 @pytest.mark.parametrize("merge_mode", ["mergeOnRead", "copyOnWrite"])

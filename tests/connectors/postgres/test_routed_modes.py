@@ -275,3 +275,10 @@ def test_history_tracking_columns_updates_the_current_version_in_place_for_untra
 
     tracked_toast_case(Mirror(tmp_path, pg_url, modes=shapes()),
                        lambda m, table: read(pg_url, table.replace(".", "_"), ("id", "n", "body") + HISTORY))
+
+
+def test_history_tracking_columns_does_not_update_a_version_a_truncate_closed(pg_url, tmp_path: Path) -> None:
+    from tests.connectors.delta.test_routed_modes import modes as shapes, tracked_truncate_case
+
+    tracked_truncate_case(Mirror(tmp_path, pg_url, modes=shapes()),
+                          lambda m, table: read(pg_url, table.replace(".", "_"), ("id", "v", "n") + HISTORY))
