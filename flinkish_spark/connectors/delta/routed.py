@@ -145,7 +145,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         (a column dropped within the epoch: the rows written before the drop keep its values)."""
         mode = self.modes.of(table)
         plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode, mode, table)
-        target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
+        mode.check_partitions(plan.table_schema.names, table)  # a rule's partitionBy (in the tasks and the commit)
+        target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, mode.partition_by, plan,
                                    self.checkpoint_interval, self.compact_every, self.rows_per_file,
                                    self.target_file_size, source_table=table, mode=mode)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)

@@ -169,7 +169,6 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
             raise ConfigError(f"{opts.component}: option '{routing_only[0]}' gives the tables of a routing sink their modes "
                               "('{table}' in 'path'); one table's sink has 'mode' and 'deletes'. Drop it.")
         self.modes = parse_table_modes(opts.get, opts.component) if self.route is not None else TableModes()
-        self.modes.refuse_partitions(opts.component, "delta")
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)

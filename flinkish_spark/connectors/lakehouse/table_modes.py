@@ -14,7 +14,7 @@ option; ``flinkish mirror``'s ``--sink-option`` and its pipeline file's ``sink.t
   refused when its schema arrives (:meth:`TableMode.tracked`);
 * ``tableModes``: a JSON list of rules ``{"tables": "<patterns>", "mode": ..., "deletes": ...,
   "trackHistoryColumns": [...], "partitionBy": [...]}`` (``partitionBy``: a rule's own, never the sink's -- the
-  target's identity partition columns, Iceberg only) -- the first rule whose patterns (the source's ``tables`` syntax,
+  target's partition columns, Delta and Iceberg; PostgreSQL refuses it) -- the first rule whose patterns (the source's ``tables`` syntax,
   :class:`~flinkish_spark.connectors.cdc.patterns.TablePatterns`) match a table gives its mode, deletes and tracked
   columns; a key a rule leaves out is the sink's ``mode`` / ``deletes`` / tracked columns (these only for a table in
   history mode); a table no rule matches gets those.
@@ -44,8 +44,6 @@ PARTITION_BY = "partitionBy"  # a rule's key only: a routing sink's own 'partiti
 TABLE_MODE_OPTIONS = ("mode", "deletes", "tableModes", TRACK, TRACK_EXCEPT)
 #: Why a format's routed targets refuse a rule's ``partitionBy`` (Iceberg takes it).
 NO_PARTITIONS = {
-    "delta": "not yet: the keyed Delta commit reads rows back from data files, which do not hold a Delta table's "
-             "partition columns; the one-table keyed Delta sink refuses it too",
     "postgres": "a partitioned PostgreSQL table needs the partition columns in its primary key and every partition "
                 "created ahead; index the column instead, or create and partition the target yourself",
 }
@@ -62,7 +60,7 @@ class TableMode:
     track: tuple[str, ...] | None = None
     #: ... or every column but these (``trackHistoryColumns.except``)
     track_except: tuple[str, ...] = ()
-    #: a rule's ``partitionBy``: the target's identity partition columns (Iceberg; the other formats refuse it)
+    #: a rule's ``partitionBy``: the target's partition columns (Delta, Iceberg identity; PostgreSQL refuses it)
     partition_by: tuple[str, ...] = ()
 
     @property
@@ -138,7 +136,7 @@ class TableModes:
         if rules:
             raise ConfigError(f"{component}: the tableModes rule(s) for {', '.join(map(repr, rules))} give partitionBy, "
                               f"which this sink's routed targets do not take ({NO_PARTITIONS[fmt]}). Drop it from "
-                              "the rule(s) (Iceberg targets take it)")
+                              "the rule(s) (Delta and Iceberg targets take it)")
 
     def of(self, table: str) -> TableMode:
         """The mode of source table ``schema.table``."""

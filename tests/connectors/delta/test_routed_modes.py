@@ -30,8 +30,18 @@ RULES = json.dumps([{"tables": t, "mode": "history", **o} for t, o in TRACKED.it
                    + [{"tables": t, "mode": m, "deletes": d} for t, (m, d) in SHAPES.items() if t != "public.u"])
 
 
+#: targets partitioned by 'n' (a rule's partitionBy): a key moves between partitions when 'n' changes
+PARTITIONED = {"public.up": ("upsert", "true"), "public.hp": ("history", "true")}
+
+
 def modes(**options: str):
     return parse_table_modes({"tableModes": RULES, **options}.get, "test")
+
+
+def all_modes():
+    """:func:`modes` and the partitioned tables' rules."""
+    rules = [{"tables": t, "mode": m, "deletes": d, "partitionBy": ["n"]} for t, (m, d) in PARTITIONED.items()]
+    return parse_table_modes({"tableModes": json.dumps(rules + json.loads(RULES))}.get, "test")
 
 
 def ts(seconds: int | None) -> dt.datetime | None:
@@ -68,12 +78,12 @@ def feed(s: StreamBuilder, schemas: dict, epoch: list[Change]) -> list[At]:
 
 @pytest.mark.parametrize("compact_every", [0, 2])
 def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path, compact_every: int) -> None:
-    """Seven tables, one change stream: history (deletes true / false; tracking 'n' only, given as the list and as
-    'except'), upsert with soft / ignored / applied deletes. Every epoch every target equals the model of its mode;
-    with compactEvery the compacted targets too."""
-    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED]}
-    m = Mirror(tmp_path, modes=modes(), compact_every=compact_every)
-    models = {t: Model(*shape) for t, shape in SHAPES.items()}
+    """Nine tables, one change stream: history (deletes true / false; tracking 'n' only, given as the list and as
+    'except'), upsert with soft / ignored / applied deletes, upsert and history partitioned by 'n'. Every epoch every
+    target equals the model of its mode; with compactEvery the compacted targets too (per partition)."""
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED, *PARTITIONED]}
+    m = Mirror(tmp_path, modes=all_modes(), compact_every=compact_every)
+    models = {t: Model(*shape) for t, shape in {**SHAPES, **PARTITIONED}.items()}
     models.update({t: Model("history", "true", ("n",)) for t in TRACKED})
     s = StreamBuilder()
     for epoch in random_epochs(seed=7, epochs=6, keys=12, per_epoch=25, tasks=1):
@@ -83,6 +93,14 @@ def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path
             model.apply(changes)
             assert rows(m, t) == model.table(), t
     assert len(rows(m, "public.ht")) < len(rows(m, "public.h")) - 10  # many changes of 'v' alone: no version
+    for t in PARTITIONED:
+        table = deltalake.DeltaTable(m.path(t))
+        assert table.metadata().partition_columns == ["n"]
+        adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        assert {int(a["partition.n"]) for a in adds} == {r["n"] for r in rows(m, t)}  # the files' partitions
+        assert all(f"/n={a['partition.n']}/" in f"/{a['path']}" for a in adds)
+        log = table.history()
+        assert any(c.get("operation") == "OPTIMIZE" for c in log) == (compact_every > 0)
     log = deltalake.DeltaTable(m.path("public.h")).history()
     assert any(c.get("operation") == "OPTIMIZE" for c in log) == (compact_every > 0)
 
@@ -315,3 +333,26 @@ def tracked_truncate_case(m, read) -> None:
     m.epoch(s.batch())
     assert sorted(((r["v"], r["_valid_from"], r["_valid_to"], r["_current"]) for r in read(m, "public.ht")), key=str) == [
         ("a", None, truncated, False), ("b", ts(s.lsn), None, True)]
+
+
+def test_a_partitioned_target_is_never_repartitioned_and_a_partition_column_must_exist(tmp_path: Path) -> None:
+    from flinkish_spark.errors import ConfigError, TableMismatchError
+
+    t = table_schema("public.up", COLUMNS, ("id",))
+    s = StreamBuilder()
+    s.snapshot(t, [{"id": 1, "v": "a", "n": 1}])
+    Mirror(tmp_path).epoch(s.batch())  # created unpartitioned
+    m = Mirror(tmp_path, modes=all_modes())
+    m.epochs = 1
+    version = m.version("public.up")
+    s.transaction((t, "u", {"id": 1, "v": "b", "n": 1}))
+    with pytest.raises(TableMismatchError, match=r"the Delta table .*public/up is unpartitioned, but the sink's "
+                                                 r"tableModes give source table public.up partitionBy n; nothing was "
+                                                 r"written.*never changes a target's partitioning"):
+        m.epoch(s.batch())
+    assert m.version("public.up") == version
+    wrong = parse_table_modes({"tableModes": '[{"tables": "public.x", "partitionBy": "day"}]'}.get, "test")
+    s.snapshot(table_schema("public.x", COLUMNS, ("id",)), [{"id": 1, "v": "a", "n": 1}])
+    with pytest.raises(ConfigError, match=r"source table public.x: the tableModes rule's partitionBy names 'day', which "
+                                          r"the table does not have \(its columns: id, v, n"):
+        Mirror(tmp_path / "x", modes=wrong).epoch(s.batch())

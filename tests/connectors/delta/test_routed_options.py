@@ -29,8 +29,6 @@ def source(tmp_path: Path, **options: str) -> DeltaSinkDataSource:
     ({"mode": "history", "deletes": "soft"}, r"deletes 'soft' is for mode 'upsert'"),
     ({"tableModes": '[{"tables": "public.x", "mode": "scd2"}]'}, r"tableModes rule 1 \('public.x'\): mode 'scd2'"),
     ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
-    ({"tableModes": '[{"tables": "public.e", "partitionBy": ["day"]}]'},
-     r"the tableModes rule\(s\) for 'public.e' give partitionBy, which this sink's routed targets do not take \(not yet"),
     ({"trackHistoryColumns": "v"}, r"option trackHistoryColumns is for mode 'history'"),
     ({"path": "{schema}/{table}"}, r"needs a folder before its first placeholder"),
     ({"path": "/lake/{db}/{table}"}, r"a placeholder other than \{schema\} and \{table\}"),

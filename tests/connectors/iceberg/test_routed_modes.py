@@ -4,7 +4,6 @@ pyiceberg's scan."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,7 +14,7 @@ from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.testing.changes import Model, normalized, random_epochs
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
-from tests.connectors.delta.test_routed_modes import COLUMNS, RULES, SHAPES, TRACKED, feed, modes, tracked_toast_case, tracked_truncate_case, ts
+from tests.connectors.delta.test_routed_modes import COLUMNS, PARTITIONED, SHAPES, TRACKED, all_modes, feed, modes, tracked_toast_case, tracked_truncate_case, ts
 from tests.connectors.iceberg.test_routed import Mirror
 
 pytest.importorskip("pyiceberg")
@@ -23,16 +22,6 @@ pytest.importorskip("pyiceberg")
 
 def rows(m: Mirror, table: str) -> list[dict]:
     return normalized(m.table(table).scan().to_arrow().to_pylist())
-
-
-#: Iceberg targets partitioned by 'n' (a rule's partitionBy): a key moves between partitions when 'n' changes
-PARTITIONED = {"public.up": ("upsert", "true"), "public.hp": ("history", "true")}
-
-
-def iceberg_modes():
-    """The Delta tests' rules and the partitioned tables' (first: a rule giving partitionBy wins for its table)."""
-    rules = [{"tables": t, "mode": m, "deletes": d, "partitionBy": ["n"]} for t, (m, d) in PARTITIONED.items()]
-    return parse_table_modes({"tableModes": json.dumps(rules + json.loads(RULES))}.get, "test")
 
 
 @pytest.mark.parametrize("merge_mode, compact_every", [("mergeOnRead", 2), ("copyOnWrite", 0)])
@@ -43,7 +32,7 @@ def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path
     from flinkish_spark.connectors.iceberg.routed import partitioning
 
     schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED, *PARTITIONED]}
-    m = Mirror(tmp_path, merge_mode=merge_mode, modes=iceberg_modes(), compact_every=compact_every)
+    m = Mirror(tmp_path, merge_mode=merge_mode, modes=all_modes(), compact_every=compact_every)
     models = {t: Model(*shape) for t, shape in {**SHAPES, **PARTITIONED}.items()}
     models.update({t: Model("history", "true", ("n",)) for t in TRACKED})  # a change of 'v' alone: in place
     s = StreamBuilder()
@@ -70,7 +59,7 @@ def test_a_partitioned_target_is_never_repartitioned_and_a_partition_column_must
     s = StreamBuilder()
     s.snapshot(t, [{"id": 1, "v": "a", "n": 1}])
     Mirror(tmp_path).epoch(s.batch())  # created unpartitioned
-    m = Mirror(tmp_path, modes=iceberg_modes())
+    m = Mirror(tmp_path, modes=all_modes())
     m.epochs = 1
     snapshot = m.table("public.up").current_snapshot().snapshot_id
     s.transaction((t, "u", {"id": 1, "v": "b", "n": 1}))
