@@ -34,6 +34,10 @@
   mode's columns and checked against them (:mod:`.evolve`); a truncate or a re-snapshot's end deletes,
   marks (``_deleted``), closes (history) or keeps the rows it takes
   (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.gone_rows_as`), in the epoch's one version.
+* **Partitions** (a ``tableModes`` rule's ``partitionBy``): the target is created with those
+  ``partitionColumns``; every file written for it holds one partition's rows (the columns kept in the file:
+  :func:`~flinkish_spark.connectors.lakehouse.files.write_grouped`); an existing target of another
+  partitioning is refused before anything is written (:mod:`.evolve`), never changed.
 * **Compaction** (``compactEvery`` = N, default 0: off): a table is compacted right after the
   commit that brings it to a version v with (v + offset) % N == 0 -- about every N of its own
   commits (the compaction's version counts as one), at an offset of its own (:func:`checkpoint_offset`

@@ -36,6 +36,9 @@
   (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.check_mode_columns`); a truncate or a
   re-snapshot's end marks, closes or keeps the rows it takes by the table's mode
   (:class:`~flinkish_spark.connectors.lakehouse.routed_modes.GoneMarks`, in the epoch's one snapshot).
+* **Partitions** (a ``tableModes`` rule's ``partitionBy``): the target is created with identity partitions
+  on those columns and written per partition (tasks, copies, rewrites, compaction); an existing target whose
+  partitioning differs is refused before anything is written, never changed.
 * **Compaction** (``compactEvery`` = N, mergeOnRead; default 0: off): right after the epoch's
   snapshot that brings a table's sequence number s to (s + offset) % N == 0 -- about every N of its
   own snapshots, at an offset of its own (crc32 of the identifier mod N), so tables changing together
