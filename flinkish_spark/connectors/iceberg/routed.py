@@ -72,6 +72,8 @@ from flinkish_spark.connectors.iceberg.routed_target import (
     KEY_PROPERTY,
     SOURCE_PROPERTY,
     check_promotions,
+    identity_spec,
+    partitioning,
     evolve_table,
     fitted_schema,
     iceberg_arrow,
@@ -82,7 +84,6 @@ from flinkish_spark.connectors.iceberg.routed_target import (
 )
 from flinkish_spark.connectors.iceberg.table import (
     CREATED_TABLE_PROPERTIES,
-    PARTITION_FIELD_ID_START,
     EPOCH_PROPERTY,
     UID_PROPERTY,
     TableInfo,
@@ -133,22 +134,6 @@ class RoutedPart(TablePart):
 class RoutedCommittable:
     partition: int
     parts: tuple[RoutedPart, ...]
-
-
-def _spec(schema: Any, partition_by: tuple[str, ...]) -> Any:
-    """The identity partition spec of ``partition_by`` over ``schema`` (with field ids; none: unpartitioned)."""
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.transforms import IdentityTransform
-
-    return PartitionSpec(*[PartitionField(schema.find_field(c).field_id, PARTITION_FIELD_ID_START + i,
-                                          IdentityTransform(), c) for i, c in enumerate(partition_by)])
-
-
-def partitioning(table: Any) -> tuple[str, ...]:
-    """A table's partition columns as a rule names them (a transform other than identity as ``transform(column)``)."""
-    schema = table.schema()
-    return tuple(schema.find_column_name(f.source_id) if str(f.transform) == "identity"
-                 else f"{f.transform}({schema.find_column_name(f.source_id)})" for f in table.spec().fields)
 
 
 class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
@@ -223,7 +208,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         changes = changes.cast(plan.input_schema)
         if table is None:
             info = TableInfo(self.default_location(identifier), schema.model_dump_json(),
-                             _spec(schema, mode.partition_by).model_dump_json(),
+                             identity_spec(schema, mode.partition_by).model_dump_json(),
                              tuple(sorted(self._created_properties(key, part.table).items())))
         else:
             info = dataclasses.replace(info_of(table), schema_json=schema.model_dump_json())
@@ -322,7 +307,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         ahead = ahead_property(evolution)
         schema = assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(evolution.schema))
         try:
-            return catalog.create_table(identifier, schema=schema, partition_spec=_spec(schema, mode.partition_by),
+            return catalog.create_table(identifier, schema=schema, partition_spec=identity_spec(schema, mode.partition_by),
                                         location=self.default_location(identifier),
                                         properties={**self._created_properties(key, t.table),
                                                     **({AHEAD_PROPERTY: ahead} if ahead else {})})

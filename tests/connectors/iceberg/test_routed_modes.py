@@ -29,7 +29,7 @@ def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path
                                                                   compact_every: int) -> None:
     """The Delta test's tables, and two partitioned by a rule's partitionBy, compacted with compactEvery (position
     deletes and small files merged per partition)."""
-    from flinkish_spark.connectors.iceberg.routed import partitioning
+    from flinkish_spark.connectors.iceberg.routed_target import partitioning
 
     schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED, *PARTITIONED]}
     m = Mirror(tmp_path, merge_mode=merge_mode, modes=all_modes(), compact_every=compact_every)
