@@ -22,7 +22,10 @@ read precedes the changes), then Spark partition, then row -- on top of what the
 * ``history`` (SCD type 2): one row per version: ``_valid_from`` = its ``_commit_ts``,
   ``_valid_to`` = the next change's ``_commit_ts`` (null while current), ``_current``.
   The table's current row of a changed key is closed (``_valid_to`` = the epoch's first
-  change of the key, ``_current = false``); a delete closes without a new version.
+  change of the key, ``_current = false``); a delete closes without a new version. With tracked columns
+  (``trackHistoryColumns``, :mod:`.tracked`) a version equal to its predecessor in them absorbs it
+  (:meth:`EpochChanges.absorb`: the predecessor's row dropped, its ``_valid_from`` taken; a table row
+  absorbed is deleted instead of closed).
 
 **Task** (executor, :mod:`.resolve_task`): the task's rows are sorted by key and order; it writes
 the rows the table will hold (its winners, or all versions) sorted by key -- so data files are key-
