@@ -169,3 +169,36 @@ def test_history_tracking_over_three_tasks_per_epoch_equals_the_reference_model(
         m.epoch(*tasks(changes))
         model.apply(changes)
         assert rows(m, "public.t") == model.table()
+
+
+def test_a_crash_at_a_partitioned_targets_compaction_is_replayed_and_it_goes_on(tmp_path: Path, monkeypatch) -> None:
+    """A target partitioned by a rule's partitionBy, compactEvery=2: a kill right before a compaction's snapshot,
+    the restart commits the epoch again; every epoch the rows equal the model, later compactions go on."""
+    from flinkish_spark.connectors.iceberg import compact
+    from flinkish_spark.testing.kills import Killed
+
+    schemas = {"public.up": table_schema("public.up", COLUMNS, ("id",))}
+    m = Mirror(tmp_path, modes=all_modes(), compact_every=2)
+    model = Model("upsert", "true")
+    killed: list[int] = []
+
+    def crash(name: str) -> None:
+        if name == "iceberg.compaction.before_snapshot" and not killed and m.epochs >= 3:
+            killed.append(m.epochs)
+            raise Killed
+
+    monkeypatch.setattr(compact, "crash_point", crash)
+    s = StreamBuilder()
+    for epoch in random_epochs(seed=5, epochs=8, keys=10, per_epoch=20, tasks=1):
+        changes = feed(s, schemas, epoch)
+        batch = s.batch()
+        try:
+            m.epoch(batch)
+        except Killed:
+            m.epoch(batch)  # the restart: the decided epoch again
+        model.apply(changes)
+        assert rows(m, "public.up") == model.table()
+    table = m.table("public.up")
+    compactions = [s.snapshot_id for s in table.snapshots()
+                   if s.summary is not None and s.summary.additional_properties.get("flinkish.compaction") == "true"]
+    assert killed and len(compactions) >= 2
