@@ -239,7 +239,7 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
                            f"{target_key!r} or by route[0].sink-table; uid and checkpoint are the pipeline's.")
     sink_extra = {k: _text(sink, k, "sink") or "" for k in SINK_OPTIONS[fmt] if k in sink and k not in TABLE_MODE_OPTIONS}
     sink_extra.update(shapes.yaml_modes(sink))
-    shapes.check_modes(sink_extra, "pipeline file: sink")
+    shapes.check_modes(sink_extra, "pipeline file: sink", fmt)
     sink_password = None
     if fmt == "postgres":
         sink_extra["url"], sink_password = _connection_url(sink, "sink")

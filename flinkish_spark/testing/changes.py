@@ -80,8 +80,9 @@ def ordered(changes: list[Change]) -> list[Change]:
 class Model:
     """What the table must hold after each epoch."""
 
-    def __init__(self, mode: str, deletes: str) -> None:
-        self.mode, self.deletes = mode, deletes
+    def __init__(self, mode: str, deletes: str, track: tuple[str, ...] | None = None) -> None:
+        """``track`` (history): the tracked columns -- a change of only others updates the current version."""
+        self.mode, self.deletes, self.track = mode, deletes, track
         self.rows: dict[int, dict[str, Any]] = {}
         self.history: list[dict[str, Any]] = []
 
@@ -101,6 +102,12 @@ class Model:
     def _history(self, c: Change) -> None:
         if c.op == "d" and self.deletes == "false":
             return
+        if c.op != "d" and self.track is not None:
+            row = c.row_dict()
+            for version in self.history:
+                if version["id"] == c.key and version["_current"] and all(version[t] == row[t] for t in self.track):
+                    version.update(row)  # in place: _valid_from kept
+                    return
         for version in self.history:
             if version["id"] == c.key and version["_current"]:
                 version["_valid_to"], version["_current"] = c.ts, False

@@ -70,12 +70,18 @@ def expected() -> tuple[list[tuple], list[tuple]]:
     return sorted(v for v in a.values() if v is not None), sorted(v for v in b.values() if v is not None)
 
 
-def expected_history() -> list[tuple]:
-    """``public.a`` in mode ``history`` (deletes applied): ``(id, v, extra, _valid_from, _valid_to, _current)`` sorted."""
+def expected_history(track_extra: bool = False) -> list[tuple]:
+    """``public.a`` in mode ``history`` (deletes applied): ``(id, v, extra, _valid_from, _valid_to, _current)`` sorted.
+    ``track_extra``: only ``extra`` is tracked (``trackHistoryColumns.except: v``) -- a change that leaves it as it
+    was (every change before :data:`EVOLVE_AT`: null) updates the key's current version in place."""
     versions: list[list] = []
     current: dict[int, list] = {}
     for seq in range(LENGTHS[0]):
         key, ts = seq % 30, commit_ts(0, seq)
+        extra = seq if seq >= EVOLVE_AT else None
+        if track_extra and seq % 7 != 3 and key in current and current[key][2] == extra:
+            current[key][1] = f"v{seq}"  # in place: _valid_from kept
+            continue
         if key in current:
             current.pop(key)[4:6] = [ts, False]
         if seq % 7 != 3:

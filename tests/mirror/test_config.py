@@ -170,3 +170,14 @@ def test_sink_options_set_each_tables_shape_and_a_bad_rule_is_refused_before_any
         flags(sink_option=['tableModes=[{"mode": "history"}]'])
     with pytest.raises(ConfigError, match="--sink-option: options mode='history', deletes='soft': deletes 'soft' is for mode 'upsert'"):
         flags(sink_option=["mode=history", "deletes=soft"])
+
+
+def test_sink_options_track_history_columns_and_a_rules_partitions() -> None:
+    config = flags(sink_option=["mode=history", "trackHistoryColumns.except=updated_at"])
+    assert config.sink_options()["trackHistoryColumns.except"] == "updated_at"
+    with pytest.raises(ConfigError, match=r"--sink-option: option trackHistoryColumns is for mode 'history'"):
+        flags(sink_option=["trackHistoryColumns=price"])
+    rule = 'tableModes=[{"tables": "public.events", "partitionBy": ["day"]}]'
+    assert flags(sink_option=[rule]).sink_options()["tableModes"]  # Delta targets take it
+    with pytest.raises(ConfigError, match=r"--sink-option: the tableModes rule\(s\) for 'public.events' give partitionBy"):
+        flags(to="postgresql://writer@replica/shop", sink_option=[rule])

@@ -177,3 +177,26 @@ def test_table_shapes_for_all_tables_and_per_pattern_first_match_wins() -> None:
     assert (modes.of("public.m_orders").mode, modes.of("public.m_orders").deletes) == ("history", "false")
     assert modes.of("public.m_items").deletes == "soft" and modes.of("sales.x").deletes == "true"
     assert "tableModes" not in from_document(doc()).sink_options()
+
+
+def test_tracked_history_columns_and_a_rules_partitions_from_the_pipeline_file() -> None:
+    """trackHistoryColumns(.except) sink-wide as a YAML list and per rule; a rule's partitionBy for Delta and Iceberg
+    targets, refused for PostgreSQL before anything starts."""
+    config = from_document(doc(sink={"mode": "history", "trackHistoryColumns.except": ["updated_at"], "table-modes": [
+        {"tables": "public.m_orders", "trackHistoryColumns": ["status", "total"]}]}))
+    options = config.sink_options()
+    assert options["trackHistoryColumns.except"] == "updated_at"
+    modes = check_modes(options, "sink")
+    assert modes.of("public.m_orders").track == ("status", "total")
+    assert modes.of("public.m_items").track_except == ("updated_at",)
+    rule = [{"tables": "public.m_events", "partitionBy": ["day"]}]
+    iceberg = from_document(doc(sink={"type": "iceberg", "path": None, "table": "lake.{schema}_{table}",
+                                      "warehouse": "s3://lake/wh", "table-modes": rule}))
+    assert check_modes(iceberg.sink_options(), "sink", "iceberg").of("public.m_events").partition_by == ("day",)
+    assert check_modes(from_document(doc(sink={"table-modes": rule})).sink_options(), "sink",
+                       "delta").of("public.m_events").partition_by == ("day",)
+    with pytest.raises(ConfigError, match=r"pipeline file: sink: the tableModes rule\(s\) for 'public.m_events' give "
+                                          r"partitionBy, which this sink's routed targets do not take \(a partitioned "
+                                          r"PostgreSQL table needs"):
+        from_document(doc(sink={"type": "postgres", "path": None, "table": "mirror.{table}",
+                                "url": "postgresql://u@h/db", "table-modes": rule}))

@@ -36,7 +36,7 @@ from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.log import VersionTaken, add_action, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
-from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, small_file_rows, write_table
+from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, small_file_rows, write_grouped
 from flinkish_spark.connectors.lakehouse.routed_modes import conform
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.faults import crash_point
@@ -83,8 +83,8 @@ def compact(sink: DeltaTarget, state: DeltaState, epoch: int) -> int | None:
     table = pa.concat_tables(pieces, promote_options="permissive").sort_by([(k, "ascending") for k in plan.key])
     token = uuid.uuid4().hex[:8]
     folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, epoch)
-    written = write_table(sink.io, folder, table, lambda i: f"compact-{token}-{i:04d}.parquet",
-                          sink.rows_per_file, sink.target_file_size)
+    written, _ = write_grouped(sink.io, folder, table, lambda i: f"compact-{token}-{i:04d}.parquet",
+                               sink.partition_by, sink.rows_per_file, sink.target_file_size)  # per partition
     new_files = delta_files(sink.io, sink.path, [w for w, _ in written])
     now = int(time.time() * 1000)
     actions = [f.remove_action(now, data_change=False) for f in chosen]

@@ -29,9 +29,10 @@ from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.log import add_action, commit_payload
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
-from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_table
+from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions, write_grouped
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, fill_rows
+from flinkish_spark.connectors.lakehouse.tracked import absorb_untracked
 from flinkish_spark.connectors.lakehouse.routed_modes import GoneAs, conform, mark_gone, unchanged_snapshot_versions
 from flinkish_spark.faults import crash_point
 
@@ -130,6 +131,8 @@ class EpochCommit:
         if plan.mode == "history" and self.extra.routed:
             columns = [c for c in plan.data_columns]
             matches, same = unchanged_snapshot_versions(self.changes, matches, columns, plan.table_schema, self._read)
+        same = absorb_untracked(self.changes, matches, self._read, same,  # trackHistoryColumns
+                                table_rows=close_by is None and not self.extra.rest_gone)
         snapshot_from = pa.scalar(self.extra.close_us, pa.int64()) if self.extra.routed and self.extra.close_us >= 0 else None
         apply = self.changes.apply(matches, close_by, snapshot_from)
         if len(same):
@@ -213,8 +216,8 @@ class EpochCommit:
         return rows
 
     def _write_driver_file(self, table: pa.Table, stem: str) -> None:
-        written = write_table(self.sink.io, self.folder, table, lambda i: f"{stem}-{i:04d}.parquet",
-                              max(table.num_rows, 1), 1 << 62)
+        written, _ = write_grouped(self.sink.io, self.folder, table, lambda i: f"{stem}-{i:04d}.parquet",
+                                   self.sink.partition_by, max(table.num_rows, 1), 1 << 62)
         for new in delta_files(self.sink.io, self.sink.path, [w for w, _ in written]):
             self._add_new(new, None)
 
@@ -233,8 +236,8 @@ class EpochCommit:
             return 0
         table = pa.concat_tables(pieces, promote_options="permissive")
         table = table.sort_by([(k, "ascending") for k in plan.key])
-        written = write_table(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
-                              self.sink.rows_per_file, self.sink.target_file_size)
+        written, _ = write_grouped(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
+                                   self.sink.partition_by, self.sink.rows_per_file, self.sink.target_file_size)
         for f in delta_files(self.sink.io, self.sink.path, [w for w, _ in written]):
             self._add_new(f, None)
         return table.num_rows

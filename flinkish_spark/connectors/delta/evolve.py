@@ -111,6 +111,17 @@ class RoutedDeltaTarget(LiveTarget):
         key_fix = (f"Mirror the table to a new path with a new sink uid; or, if its rows are unique by the new key, "
                    f"set the table property: DeltaTable({self.table_uri!r}).alter.set_table_properties("
                    f"{{'{KEY_PROPERTY}': '<new key, comma-separated>'}}) and restart.")
+        if state is not None and state.metadata is not None:
+            have = tuple(state.metadata.get("partitionColumns") or ())
+            if have != self.partition_by:  # never changed by the sink: its files would mix two layouts
+                raise TableMismatchError(
+                    f"flinkish.delta sink uid {self.uid!r}: {name} is "
+                    f"{'partitioned by ' + ', '.join(have) if have else 'unpartitioned'}, but the sink's tableModes "
+                    f"give source table {self.source_table} "
+                    f"{'partitionBy ' + ', '.join(self.partition_by) if self.partition_by else 'no partitionBy'}; "
+                    f"nothing was written. Give the table's rule its partitioning (partitionBy: {list(have)}), or "
+                    "mirror the table to a new target (a new sink uid, or drop the target and restart with a new "
+                    "uid); the sink never changes a target's partitioning.")
         if state is not None:
             check_mode_columns(self.source_table, name, current.names,
                                {c.name for s in schemas for c in s.schema.columns}, self.mode,
@@ -120,6 +131,7 @@ class RoutedDeltaTarget(LiveTarget):
                                   for s in schemas],
                                  fix, key_fix,
                                  ahead)
+        self.mode.check_partitions(evolution.schema.names, self.source_table)  # before anything is written
         if state is None and self.mode.extra_columns:  # created with the mode's columns, after the source's
             assert self.plan is not None
             extra = [self.plan.table_schema.field(c) for c in self.mode.extra_columns]
@@ -139,7 +151,7 @@ class RoutedDeltaTarget(LiveTarget):
         assert self.plan is not None
         try:
             self.log().write_version(0, create_payload(evolution.schema, self.plan.key, self.plan.merge_mode == "mergeOnRead",
-                                                       self.source_table, ahead_property(evolution)))
+                                                       self.source_table, ahead_property(evolution), self.partition_by))
         except VersionTaken:
             pass  # created at the same moment by another writer (or our earlier attempt): validated when loaded
         forget_state(self)
@@ -147,7 +159,7 @@ class RoutedDeltaTarget(LiveTarget):
 
 
 def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bool, source_table: str,
-                   ahead: str | None = None) -> bytes:
+                   ahead: str | None = None, partition_by: tuple[str, ...] = ()) -> bytes:
     """Version 0 of a routed target: protocol (deletion vectors, timestamps without zone) and metaData with the
     key, the source table (two source tables routed to one target are refused) and the columns ahead of the
     changes (``ahead``: :data:`AHEAD_PROPERTY`'s value, None for none).
@@ -164,7 +176,10 @@ def create_payload(schema: pa.Schema, key: tuple[str, ...], deletion_vectors: bo
     actions = [
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": features}},
         {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
-                      "schemaString": dl.Schema.from_arrow(schema).to_json(), "partitionColumns": [],
+                      # partition columns are also kept in the data files (the keyed commit reads rows back
+                      # from them; readers take a partition's value from the log, as with Delta's
+                      # materializePartitionColumns)
+                      "schemaString": dl.Schema.from_arrow(schema).to_json(), "partitionColumns": list(partition_by),
                       "configuration": configuration, "createdTime": now}},
     ]
     return commit_payload("", None, actions, {}, None, blind=False, operation="CREATE TABLE")

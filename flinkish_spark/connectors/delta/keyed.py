@@ -40,6 +40,7 @@ import logging
 import uuid
 from typing import Callable, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, delta_files
@@ -51,9 +52,9 @@ from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.changes import check_rows
 from flinkish_spark.connectors.lakehouse.entries_file import SUFFIX, store_entries
-from flinkish_spark.connectors.lakehouse.files import epoch_dir, write_table
+from flinkish_spark.connectors.lakehouse.files import epoch_dir, write_grouped
 from flinkish_spark.connectors.lakehouse.resolve import resolve_epoch
-from flinkish_spark.connectors.lakehouse.resolve_task import resolve_task
+from flinkish_spark.connectors.lakehouse.resolve_task import E_POS, resolve_task
 from flinkish_spark.errors import StorageUnavailableError
 from flinkish_spark.faults import crash_point, fail_point
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext
@@ -75,14 +76,21 @@ def prepare_keyed(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pre
     rows = resolved.rows.cast(plan.table_schema)
     token = uuid.uuid4().hex[:8]
     folder = epoch_dir(sink.path, DATA_PREFIX, sink.uid, ctx.epoch)
-    written = write_table(sink.io, folder, rows,
-                          lambda i: f"{ctx.partition_id:05d}-{ctx.attempt}-{token}-{i:04d}.parquet",
-                          sink.rows_per_file, sink.target_file_size)
+    written, order = write_grouped(sink.io, folder, rows,
+                                   lambda i: f"{ctx.partition_id:05d}-{ctx.attempt}-{token}-{i:04d}.parquet",
+                                   sink.partition_by, sink.rows_per_file, sink.target_file_size)
+    entries = resolved.entries
+    if order is not None:  # a partitioned routed target: the rows were grouped by partition, so are the positions
+        at = np.empty(len(order), dtype=np.int64)
+        at[order] = np.arange(len(order))
+        pos = np.asarray(entries.column(E_POS).to_numpy(), dtype=np.int64)
+        moved = np.where(pos >= 0, at[np.maximum(pos, 0)], pos)
+        entries = entries.set_column(entries.schema.get_field_index(E_POS), E_POS, pa.array(moved, pa.int64()))
     # Large entries go to a file named like the data files (unique to this prepare: a replay never
     # overwrites the one a decision names), written before the committable exists.
     root = sink.io.strip(sink.path).rstrip("/") + "/"
     relative = f"{sink.io.strip(folder)[len(root):]}/{ctx.partition_id:05d}-{ctx.attempt}-{token}{SUFFIX}"
-    inline, entries_file = store_entries(sink.io, sink.path, relative, resolved.entries)
+    inline, entries_file = store_entries(sink.io, sink.path, relative, entries)
     fail_point("sink.write", attempt=ctx.attempt)
     return KeyedCommittable(ctx.partition_id, delta_files(sink.io, sink.path, [w for w, _ in written]),
                             tuple(s for _, s in written), inline, entries_file)

@@ -34,6 +34,10 @@
   mode's columns and checked against them (:mod:`.evolve`); a truncate or a re-snapshot's end deletes,
   marks (``_deleted``), closes (history) or keeps the rows it takes
   (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.gone_rows_as`), in the epoch's one version.
+* **Partitions** (a ``tableModes`` rule's ``partitionBy``): the target is created with those
+  ``partitionColumns``; every file written for it holds one partition's rows (the columns kept in the file:
+  :func:`~flinkish_spark.connectors.lakehouse.files.write_grouped`); an existing target of another
+  partitioning is refused before anything is written (:mod:`.evolve`), never changed.
 * **Compaction** (``compactEvery`` = N, default 0: off): a table is compacted right after the
   commit that brings it to a version v with (v + offset) % N == 0 -- about every N of its own
   commits (the compaction's version counts as one), at an offset of its own (:func:`checkpoint_offset`
@@ -145,7 +149,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         (a column dropped within the epoch: the rows written before the drop keep its values)."""
         mode = self.modes.of(table)
         plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode, mode, table)
-        target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
+        mode.check_partitions(plan.table_schema.names, table)  # a rule's partitionBy (in the tasks and the commit)
+        target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, mode.partition_by, plan,
                                    self.checkpoint_interval, self.compact_every, self.rows_per_file,
                                    self.target_file_size, source_table=table, mode=mode)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
@@ -160,7 +165,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         for name, schema, data in task_tables(batches):
             keyed = None
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
-            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
+            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name).shape != UPSERT.shape
                        else data.changes)
             if changes.num_rows:
                 columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])

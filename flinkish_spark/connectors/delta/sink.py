@@ -58,7 +58,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
-from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError
@@ -165,8 +165,8 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         self.route = parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None
         if self.route is not None:
             refuse_keyed_options(opts.has, opts.component, "path")
-        elif opts.has("tableModes"):
-            raise ConfigError(f"{opts.component}: option 'tableModes' gives the tables of a routing sink their modes "
+        elif routing_only := [o for o in ("tableModes", TRACK, TRACK_EXCEPT) if opts.has(o)]:
+            raise ConfigError(f"{opts.component}: option '{routing_only[0]}' gives the tables of a routing sink their modes "
                               "('{table}' in 'path'); one table's sink has 'mode' and 'deletes'. Drop it.")
         self.modes = parse_table_modes(opts.get, opts.component) if self.route is not None else TableModes()
         raw = opts.get("partitionBy") or ""

@@ -56,6 +56,7 @@ from flinkish_spark.connectors.lakehouse.key_lookup import KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import Apply, RowCopy, fill_rows, resolve_epoch
 from flinkish_spark.connectors.lakehouse.resolve_task import E_POS, resolve_task
 from flinkish_spark.connectors.iceberg.routed_target import table_arrow
+from flinkish_spark.connectors.lakehouse.tracked import absorb_untracked
 from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, conform, mark_gone, unchanged_snapshot_versions
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.protocol import PrepareContext
@@ -164,6 +165,8 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
     if marks.routed and plan.mode == "history":
         matches, same = unchanged_snapshot_versions(epoch_changes, matches, list(plan.data_columns),
                                                     plan.table_schema, read)
+    same = absorb_untracked(epoch_changes, matches, read, same,  # trackHistoryColumns (a truncate closed the rows)
+                            table_rows=marks.close_by_us < 0 and not marks.rest_gone)
     close_by = None if marks.close_by_us < 0 else pa.scalar(marks.close_by_us, pa.int64())
     snapshot_from = pa.scalar(marks.close_us, pa.int64()) if marks.routed and marks.close_us >= 0 else None
     applied = epoch_changes.apply(matches, close_by, snapshot_from)

@@ -36,6 +36,9 @@
   (:func:`~flinkish_spark.connectors.lakehouse.routed_modes.check_mode_columns`); a truncate or a
   re-snapshot's end marks, closes or keeps the rows it takes by the table's mode
   (:class:`~flinkish_spark.connectors.lakehouse.routed_modes.GoneMarks`, in the epoch's one snapshot).
+* **Partitions** (a ``tableModes`` rule's ``partitionBy``): the target is created with identity partitions
+  on those columns and written per partition (tasks, copies, rewrites, compaction); an existing target whose
+  partitioning differs is refused before anything is written, never changed.
 * **Compaction** (``compactEvery`` = N, mergeOnRead; default 0: off): right after the epoch's
   snapshot that brings a table's sequence number s to (s + offset) % N == 0 -- about every N of its
   own snapshots, at an offset of its own (crc32 of the identifier mod N), so tables changing together
@@ -69,6 +72,8 @@ from flinkish_spark.connectors.iceberg.routed_target import (
     KEY_PROPERTY,
     SOURCE_PROPERTY,
     check_promotions,
+    identity_spec,
+    partitioning,
     evolve_table,
     fitted_schema,
     iceberg_arrow,
@@ -131,12 +136,6 @@ class RoutedCommittable:
     parts: tuple[RoutedPart, ...]
 
 
-def _unpartitioned() -> str:
-    from pyiceberg.partitioning import PartitionSpec
-
-    return PartitionSpec().model_dump_json()
-
-
 class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
     def __init__(self, catalog_properties: dict[str, str], route: Route, uid: str, options: Mapping[str, str] | None = None,
                  merge_mode: MergeMode = "mergeOnRead", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
@@ -185,7 +184,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None,
                               earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us)
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
-            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
+            changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name).shape != UPSERT.shape
                        else data.changes)
             if changes.num_rows:
                 part = self._prepare_table(part, schema.key, changes, ctx)
@@ -199,6 +198,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         table = self.load_target(identifier)
         mode = self.modes.of(part.table)
         columns = pa.schema([f for f in changes.schema if f.name not in (OP, LSN, COMMIT_TS, UNCHANGED)])
+        mode.check_partitions(columns.names, part.table)
         extra = [f for f in table_plan(columns, key, self.merge_mode, mode, part.table).table_schema
                  if f.name in mode.extra_columns]
         schema = write_schema(table, pa.schema(list(columns) + extra))  # the files hold the mode's columns too
@@ -207,11 +207,13 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                           mode, part.table)
         changes = changes.cast(plan.input_schema)
         if table is None:
-            info = TableInfo(self.default_location(identifier), schema.model_dump_json(), _unpartitioned(),
+            info = TableInfo(self.default_location(identifier), schema.model_dump_json(),
+                             identity_spec(schema, mode.partition_by).model_dump_json(),
                              tuple(sorted(self._created_properties(key, part.table).items())))
         else:
             info = dataclasses.replace(info_of(table), schema_json=schema.model_dump_json())
-        target = Target(self.io_for(info.location), info, self.uid, plan, (), self.rows_per_file, self.target_file_size)
+        target = Target(self.io_for(info.location), info, self.uid, plan, mode.partition_by, self.rows_per_file,
+                        self.target_file_size)
         keyed = prepare(target, iter(changes.to_batches()), ctx, f"{COMPONENT} uid {self.uid!r} (source table {part.table})")
         return dataclasses.replace(part, keyed=keyed, location=info.location, files_schema=schema.model_dump_json())
 
@@ -275,6 +277,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                                   for s in steps],
                                  fix, key_fix, ahead)
         check_promotions(t.table, name, evolution)
+        mode.check_partitions(evolution.schema.names, t.table)  # before anything of the epoch is written
         if table is None and mode.extra_columns:  # created with the mode's columns, after the source's
             plan = table_plan(pa.schema([]), key or (), self.merge_mode, mode, t.table)
             evolution = dataclasses.replace(evolution, schema=iceberg_arrow(pa.schema(list(evolution.schema) + [
@@ -285,9 +288,11 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         """The target, created with the evolved schema or its schema updated to it."""
         from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
         from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+        from pyiceberg.schema import assign_fresh_schema_ids
 
+        mode = self.modes.of(t.table)
         if table is not None:
-            self._check_target(identifier, table)
+            self._check_target(identifier, table, t.table)
             return evolve_table(table, evolution)
         if not self.create_table:
             raise TableMismatchError(
@@ -300,21 +305,27 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             pass
         key = t.schemas()[-1].key
         ahead = ahead_property(evolution)
+        schema = assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(evolution.schema))
         try:
-            return catalog.create_table(identifier, schema=_pyarrow_to_schema_without_ids(evolution.schema),
+            return catalog.create_table(identifier, schema=schema, partition_spec=identity_spec(schema, mode.partition_by),
                                         location=self.default_location(identifier),
                                         properties={**self._created_properties(key, t.table),
                                                     **({AHEAD_PROPERTY: ahead} if ahead else {})})
         except TableAlreadyExistsError:  # our earlier attempt, or another writer: checked as an existing target
             table = catalog.load_table(identifier)
-            self._check_target(identifier, table)
+            self._check_target(identifier, table, t.table)
             return evolve_table(table, self.evolution(t, identifier, table))
 
-    def _check_target(self, identifier: str, table: Any) -> None:
-        if table.spec().fields:
+    def _check_target(self, identifier: str, table: Any, source_table: str) -> None:
+        have, want = partitioning(table), self.modes.of(source_table).partition_by
+        if have != want:  # never changed by the sink: a target's files would mix two layouts
             raise TableMismatchError(
-                f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} is partitioned; routing writes "
-                "unpartitioned targets. Mirror the table to a new target, or write it with a sink of its own.")
+                f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} is "
+                f"{'partitioned by ' + ', '.join(have) if have else 'unpartitioned'}, but the sink's tableModes give "
+                f"source table {source_table} {'partitionBy ' + ', '.join(want) if want else 'no partitionBy'}; nothing "
+                "was written. Give the table's rule its partitioning (partitionBy: "
+                f"{list(have)}), or mirror the table to a new target (a new sink uid, or drop the target and restart "
+                "with a new uid); the sink never changes a target's partitioning.")
         if self.merge_mode == "mergeOnRead" and table.metadata.format_version < 2:
             raise TableMismatchError(
                 f"{COMPONENT} uid {self.uid!r}: the Iceberg table {identifier!r} has format version "
@@ -327,7 +338,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
         table = self.catalog().load_table(identifier)
         key = t.schemas()[-1].key
-        keyed = [self._fitted(p, table, epoch) for p in t.counted() if p.keyed is not None]
+        keyed = [self._fitted(p, table, epoch, self.modes.of(t.table).partition_by) for p in t.counted()
+                 if p.keyed is not None]
         marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         io = self.io_for(table.location())
         mode = self.modes.of(t.table)
@@ -337,7 +349,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             if committed_epoch(table, self.uid) >= epoch:
                 return "ALREADY_COMMITTED"
             plan = table_plan(source_columns(table_arrow(table.schema()), mode), key, self.merge_mode, mode, t.table)
-            target = Target(io, info_of(table), self.uid, plan, (), self.rows_per_file, self.target_file_size)
+            target = Target(io, info_of(table), self.uid, plan, mode.partition_by, self.rows_per_file,
+                            self.target_file_size)
             written: list[str] = []
             try:
                 gone = None
@@ -382,7 +395,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         except Exception as exc:  # noqa: BLE001 - see above
             log.warning("flinkish.iceberg: compaction of %s after epoch %d failed: %s", identifier, epoch, exc)
 
-    def _fitted(self, part: RoutedPart, table: Any, epoch: int) -> KeyedCommittable:
+    def _fitted(self, part: RoutedPart, table: Any, epoch: int, partition_by: tuple[str, ...]) -> KeyedCommittable:
         """The part's files, rewritten when their field ids or types are not the target's (see :mod:`.routed_target`)."""
         from pyiceberg.schema import Schema
 
@@ -397,7 +410,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         for f in part.keyed.files:
             rows = read_file(io, f.path)
             new = write_data_files(io, info, self.uid, iter(rows.to_batches()),
-                                   PrepareContext(self.uid, epoch, DRIVER_PARTITION, 1), (), _WHOLE_FILE, _WHOLE_FILE)
+                                   PrepareContext(self.uid, epoch, DRIVER_PARTITION, 1), partition_by, _WHOLE_FILE,
+                                   _WHOLE_FILE)
             assert len(new) == 1, "a rewritten file is one file"
             files.append(new[0])
         log.info("flinkish.iceberg: %d file(s) of %s rewritten with the target's field ids", len(files), part.table)

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, widens
+from flinkish_spark.connectors.iceberg.table import PARTITION_FIELD_ID_START
 from flinkish_spark.errors import SchemaChangeError
 
 KEY_PROPERTY = "flinkish.primary-key"
@@ -150,3 +151,19 @@ def evolve_table(table: Any, evolution: Evolution) -> Any:
         elif AHEAD_PROPERTY in table.properties:
             tx.remove_properties(AHEAD_PROPERTY)
     return table
+
+
+def identity_spec(schema: Any, partition_by: tuple[str, ...]) -> Any:
+    """The identity partition spec of ``partition_by`` over ``schema`` (with field ids; none: unpartitioned)."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    return PartitionSpec(*[PartitionField(schema.find_field(c).field_id, PARTITION_FIELD_ID_START + i,
+                                          IdentityTransform(), c) for i, c in enumerate(partition_by)])
+
+
+def partitioning(table: Any) -> tuple[str, ...]:
+    """A table's partition columns as a rule names them (a transform other than identity as ``transform(column)``)."""
+    schema = table.schema()
+    return tuple(schema.find_column_name(f.source_id) if str(f.transform) == "identity"
+                 else f"{f.transform}({schema.find_column_name(f.source_id)})" for f in table.spec().fields)

@@ -86,7 +86,7 @@ from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEF
 from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
-from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.table_modes import TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
@@ -358,7 +358,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
                                                 "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
-                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes")
+                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes", TRACK, TRACK_EXCEPT)
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
@@ -366,8 +366,8 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
         if self.route is not None:
             refuse_keyed_options(opts.has, component, "table")
-        elif opts.has("tableModes"):
-            raise ConfigError(f"{component}: option 'tableModes' gives the tables of a routing sink their modes "
+        elif routing_only := [o for o in ("tableModes", TRACK, TRACK_EXCEPT) if opts.has(o)]:
+            raise ConfigError(f"{component}: option '{routing_only[0]}' gives the tables of a routing sink their modes "
                               "('{table}' in 'table'); one table's sink has 'mode' and 'deletes'. Drop it.")
         self.modes = parse_table_modes(opts.get, component) if self.route is not None else TableModes()
         # A template is checked as a name it makes (each placeholder one part of a name).

@@ -101,6 +101,9 @@ class ChangePlan:
     merge_mode: MergeMode
     input_schema: pa.Schema  # the stream's columns, change columns included
     table_schema: pa.Schema  # the table's columns
+    #: history: the columns whose change makes a new version; a change of only others updates the key's current
+    #: version in place (:mod:`.tracked`). None: every column (a plan pickled before the field reads the default)
+    track: tuple[str, ...] | None = None
 
     @property
     def has_op(self) -> bool:

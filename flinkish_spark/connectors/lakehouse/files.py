@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -118,8 +119,35 @@ def write_files(
     return [f for f in done if f.rows > 0]
 
 
+def write_grouped(io: FileIO, directory: str, table: pa.Table, names: Callable[[int], str], partition_by: tuple[str, ...],
+                  rows_per_file: int = DEFAULT_ROWS_PER_FILE, target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+                  ) -> tuple[list[tuple[WrittenFile, int]], np.ndarray | None]:
+    """:func:`write_table` per partition of ``partition_by`` (below ``k=v/``; the partition columns stay in the
+    files): the rows grouped by partition -- a stable sort, each partition's rows in their order -- and written
+    group after group. Returns the files with the index of their first row among the *grouped* rows, and the
+    grouping (grouped row i is ``table`` row ``order[i]``; None: no partitions, the table's own order)."""
+    if not partition_by or table.num_rows == 0:
+        return write_table(io, directory, table, names, rows_per_file, target_file_size), None
+    order = pc.sort_indices(table, sort_keys=[(c, "ascending", "at_start") for c in partition_by])  # stable
+    grouped = table.take(order)
+    values = list(zip(*[grouped.column(c).to_pylist() for c in partition_by]))
+    out: list[tuple[WrittenFile, int]] = []
+    start, n = 0, 0
+    for end in range(1, len(values) + 1):
+        if end < len(values) and values[end] == values[start]:
+            continue
+        key = tuple(zip(partition_by, values[start]))
+        for w, first in write_table(io, directory, grouped.slice(start, end - start), lambda i: names(n + i),
+                                    rows_per_file, target_file_size, partition=key):
+            out.append((w, start + first))
+            n += 1
+        start = end
+    return out, np.asarray(order.to_numpy(), dtype=np.int64)
+
+
 def write_table(io: FileIO, directory: str, table: pa.Table, names: Callable[[int], str], rows_per_file: int = DEFAULT_ROWS_PER_FILE,
-                target_file_size: int = DEFAULT_TARGET_FILE_SIZE, compression: str = "snappy") -> list[tuple[WrittenFile, int]]:
+                target_file_size: int = DEFAULT_TARGET_FILE_SIZE, compression: str = "snappy",
+                partition: tuple[tuple[str, Any], ...] = ()) -> list[tuple[WrittenFile, int]]:
     """Write ``table`` (unpartitioned) in its row order as consecutive files ``directory/names(i)``.
 
     Returns each file with the index of its first row in ``table``: row ``r`` of ``table``
@@ -133,7 +161,9 @@ def write_table(io: FileIO, directory: str, table: pa.Table, names: Callable[[in
     row_bytes = max(1, table.nbytes // table.num_rows)
     per_file = max(1, min(rows_per_file, target_file_size // row_bytes))
     for i, start in enumerate(range(0, table.num_rows, per_file)):
-        w = _FileWriter(io, f"{directory}/{names(i)}", (), compression, None)
+        sub = "/".join(f"{c}={_path_value(v)}" for c, v in partition)  # rows of one partition (write_grouped)
+        w = _FileWriter(io, f"{directory}/{sub}/{names(i)}" if sub else f"{directory}/{names(i)}", partition,
+                        compression, None)
         piece = table.slice(start, per_file)
         for offset in range(0, piece.num_rows, ROW_GROUP_ROWS):
             w.write(piece.slice(offset, ROW_GROUP_ROWS))

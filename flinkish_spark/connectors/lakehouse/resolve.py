@@ -22,7 +22,10 @@ read precedes the changes), then Spark partition, then row -- on top of what the
 * ``history`` (SCD type 2): one row per version: ``_valid_from`` = its ``_commit_ts``,
   ``_valid_to`` = the next change's ``_commit_ts`` (null while current), ``_current``.
   The table's current row of a changed key is closed (``_valid_to`` = the epoch's first
-  change of the key, ``_current = false``); a delete closes without a new version.
+  change of the key, ``_current = false``); a delete closes without a new version. With tracked columns
+  (``trackHistoryColumns``, :mod:`.tracked`) a version equal to its predecessor in them absorbs it
+  (:meth:`EpochChanges.absorb`: the predecessor's row dropped, its ``_valid_from`` taken; a table row
+  absorbed is deleted instead of closed).
 
 **Task** (executor, :mod:`.resolve_task`): the task's rows are sorted by key and order; it writes
 the rows the table will hold (its winners, or all versions) sorted by key -- so data files are key-
@@ -130,8 +133,11 @@ class EpochChanges:
             self.group = np.zeros(0, dtype=np.int64)
             self.starts = np.zeros(0, dtype=np.int64)
             return
-        self.entries = self.entries.take(change_order(self.entries, plan.key, [E_LSN, E_PART, E_ROW]))
-        diff = key_changes([self.entries.column(k) for k in plan.key])
+        self._index(self.entries.take(change_order(self.entries, plan.key, [E_LSN, E_PART, E_ROW])))
+
+    def _index(self, entries: pa.Table) -> None:
+        self.entries = entries
+        diff = key_changes([self.entries.column(k) for k in self.plan.key])
         first = np.insert(diff, 0, True)
         self.starts = np.flatnonzero(first)
         self.group = np.cumsum(first) - 1  # entry -> key index
@@ -139,6 +145,24 @@ class EpochChanges:
         self.task = np.asarray(self.entries.column(E_TASK).to_numpy(), dtype=np.int64)
         self.kind = np.asarray(self.entries.column(E_KIND).to_numpy(), dtype=np.int8)
         self.pos = np.asarray(self.entries.column(E_POS).to_numpy(), dtype=np.int64)
+
+    #: history with tracked columns (:mod:`.tracked`): rows of absorbed versions (task, position), the versions
+    #: whose ``_valid_from`` is an absorbed one's, and the keys whose table row a version absorbed
+    absorbed: tuple[np.ndarray, np.ndarray] | None = None
+    moved_from: np.ndarray | None = None
+    table_absorbed: np.ndarray | None = None
+
+    def absorb(self, removed: np.ndarray, ts: pa.Array, moved_from: np.ndarray, table_absorbed: np.ndarray) -> None:
+        """Take the ``removed`` entries out (versions a later one of their key absorbed: their rows are dropped),
+        give the entries the times ``ts`` (``moved_from``: changed ones, copied with it as ``_valid_from``) and
+        mark the keys whose table row is replaced instead of closed (``table_absorbed``). Keys stay as they are."""
+        assert self.entries is not None
+        self.absorbed = (self.task[removed], self.pos[removed])
+        keep = ~removed
+        entries = self.entries.set_column(self.entries.schema.get_field_index(E_TS), E_TS, ts).filter(pa.array(keep))
+        self._index(entries)
+        self.moved_from = moved_from[keep]
+        self.table_absorbed = table_absorbed
 
     def keys(self) -> pa.Table:
         """The epoch's changed keys, unique and sorted: what the lookup searches in the table."""
@@ -154,6 +178,11 @@ class EpochChanges:
         out = Apply()
         if self.entries is None:
             return out
+        if self.absorbed is not None:
+            for task in np.unique(self.absorbed[0]):
+                pos = self.absorbed[1][self.absorbed[0] == task]
+                prev = out.new_deletes.get(int(task))
+                out.new_deletes[int(task)] = np.unique(pos if prev is None else np.concatenate([prev, pos]))
         if self.plan.mode == "history":
             self._history(matches, out, close_by, snapshot_from)
         else:
@@ -315,6 +344,10 @@ class EpochChanges:
         fills = self._fill_sources(matches, np.flatnonzero(self.kind == KIND_VERSION))
         copy = np.union1d(fix, np.asarray(sorted(fills), dtype=np.int64)) if fills else fix
         overrides = {VALID_TO: want_to, CURRENT: pa.array(want_current)}
+        if self.moved_from is not None:  # versions that took an absorbed one's _valid_from
+            copy = np.union1d(copy, np.flatnonzero(self.moved_from))
+            overrides[VALID_FROM] = ts
+        absorbed = self.table_absorbed if self.table_absorbed is not None else np.zeros(len(self.starts), np.bool_)
         first_ts = ts.take(pa.array(self.starts))
         if snapshot_from is not None and matches.by_file:
             # A key's only change a snapshot row (no commit time) replacing a version the table holds: a re-snapshot's
@@ -323,7 +356,7 @@ class EpochChanges:
             for _, key_index in matches.by_file.values():
                 matched[key_index] = True
             lsn = np.asarray(self.entries.column(E_LSN).to_numpy(), dtype=np.int64)
-            alone = (self.ends - self.starts == 1) & matched
+            alone = (self.ends - self.starts == 1) & matched & ~absorbed
             snap = self.starts[alone & (lsn[self.starts] == NO_LSN) & (self.kind[self.starts] == KIND_VERSION)]
             if len(snap):
                 is_snap = np.zeros(n, dtype=np.bool_)
@@ -340,10 +373,12 @@ class EpochChanges:
             first_ts = us.cast(TIMESTAMP)
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
-            out.copies.append(RowCopy(path, -1, positions, {
-                VALID_TO: first_ts.take(pa.array(key_index)),
-                CURRENT: pa.array(np.zeros(len(positions), dtype=np.bool_)),
-            }))
+            closed = ~absorbed[key_index]  # an absorbed table row is replaced by its key's version, not closed
+            if closed.any():
+                out.copies.append(RowCopy(path, -1, positions[closed], {
+                    VALID_TO: first_ts.take(pa.array(key_index[closed])),
+                    CURRENT: pa.array(np.zeros(int(closed.sum()), dtype=np.bool_)),
+                }))
 
 
 def resolve_epoch(plan: ChangePlan, tasks: list[tuple[int, pa.Table | None]]) -> EpochChanges:

@@ -157,7 +157,8 @@ def table_plan(data: pa.Schema, key: tuple[str, ...], merge_mode: MergeMode, mod
     input_schema = pa.schema(list(data) + [pa.field(OP, pa.string()), pa.field(LSN, pa.int64()),
                                            pa.field(COMMIT_TS, TIMESTAMP), pa.field(UNCHANGED, pa.list_(pa.string()))])
     return ChangePlan(mode.mode, tuple(key), mode.deletes, merge_mode, input_schema,
-                      pa.schema(list(data) + mode_fields(mode.mode, mode.deletes)))
+                      pa.schema(list(data) + mode_fields(mode.mode, mode.deletes)),
+                      mode.tracked(data.names, tuple(key), table) if len(data) else None)
 
 
 def source_columns(schema: pa.Schema, mode: TableMode) -> pa.Schema:

@@ -370,13 +370,14 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         snapshot_at = close_us if not truncates else None
         source = {c.name for c in announced[-1][0].columns} if announced else set(data)
         compared = [n for n in data if n in source]  # a column the source dropped (the target keeps it) is not compared
+        tracked = mode.tracked(list(data), tuple(key), t.table)  # trackHistoryColumns (None: every column)
         try:
             for after, upto in segments(truncates, mode):
                 if after is not None and (mode.mode, mode.deletes) == ("upsert", "true"):
                     c.execute(f"DELETE FROM {qualified_target}")  # the last truncate empties it, then the rows after it
                 if mode.mode == "history":
                     for sql, takes in history_statements(plan.staging, qualified_target, data, key, mode, unchanged,
-                                                         after, upto, snapshot_at, compared):
+                                                         after, upto, snapshot_at, compared, tracked):
                         c.execute(sql, params if takes else None)
                 else:
                     c.execute(upsert_sql(plan.staging, qualified_target, data, key, mode, unchanged, after, upto), params)

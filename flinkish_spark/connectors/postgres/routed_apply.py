@@ -52,6 +52,9 @@ OP = "_flinkish_op"
 FIRST = "_flinkish_first"
 SNAP = "_flinkish_snap"  # a version that is a snapshot row (no _lsn), its key's only change in the epoch
 SAME = "_flinkish_same"  # such a row equal to the key's current target row: no new version
+NTH = "_flinkish_n"  # the version's place among its key's (1, 2, ...)
+ABSORB = "_flinkish_absorb"  # tracked columns: equal to its predecessor's, which it replaces (_valid_from kept)
+DROPPED = "_flinkish_dropped"  # tracked columns: a version the next one absorbed (not inserted)
 #: Types whose ``=`` is not "the same value" (json, xml, the geometric types have none or compare areas) or unknown
 #: to be: compared by their text output instead -- anything but the common built-in types below.
 _EQUALITY = frozenset((
@@ -175,13 +178,19 @@ def upsert_sql(staging: str, target: str, columns: dict[str, str], key: tuple[st
 
 def history_statements(staging: str, target: str, columns: dict[str, str], key: tuple[str, ...], mode: TableMode,
                        unchanged: list[str], after: Position | None = None, upto: Position | None = None,
-                       snapshot_at: int | None = None, compared: list[str] | None = None) -> list[tuple[str, bool]]:
+                       snapshot_at: int | None = None, compared: list[str] | None = None,
+                       tracked: tuple[str, ...] | None = None) -> list[tuple[str, bool]]:
     """The statements (each with whether it takes the params epoch, attempt ids, source table) adding the range's
     versions and closing the current rows they replace.
 
     ``snapshot_at`` (µs; None: every snapshot row is a version without times): a snapshot row that is its key's only
     change and equal in ``compared`` (default: every column) to the key's current row adds no version; a different
-    one closes the current row and starts its version at this time (its change's own time is not known)."""
+    one closes the current row and starts its version at this time (its change's own time is not known).
+
+    ``tracked`` (``trackHistoryColumns``; None: every column): a version equal in these to its predecessor -- the
+    key's previous version in the epoch (no delete between), or for its first the key's current row -- absorbs it:
+    the predecessor is not inserted (the current row is deleted, not closed) and the version takes its
+    ``_valid_from`` (:mod:`flinkish_spark.connectors.lakehouse.tracked`, the lakehouse sinks' rule)."""
     keys = ", ".join(quote_ident(k) for k in key)
     cols = ", ".join(quote_ident(n) for n in columns)
     hist = ", ".join(quote_ident(c) for c in (VALID_FROM, VALID_TO, CURRENT))
@@ -195,9 +204,10 @@ def history_statements(staging: str, target: str, columns: dict[str, str], key: 
     out = [
         (f"CREATE TEMPORARY TABLE {VERSIONS} ({temp}, {OP} text, {quote_ident(VALID_FROM)} timestamptz, "
          f"{quote_ident(VALID_TO)} timestamptz, {quote_ident(CURRENT)} boolean, {FIRST} boolean, {SNAP} boolean, "
-         f"{SAME} boolean) ON COMMIT DROP", False),
+         f"{SAME} boolean, {NTH} bigint, {ABSORB} boolean, {DROPPED} boolean) ON COMMIT DROP", False),
         (f"INSERT INTO {VERSIONS} SELECT {values}, l.{OP}, l._commit_ts, lead(l._commit_ts) OVER w, "
-         f"lead(true) OVER w IS NULL, row_number() OVER w = 1, {snap}, false FROM ({src}) l "
+         f"lead(true) OVER w IS NULL, row_number() OVER w = 1, {snap}, false, row_number() OVER w, false, false "
+         f"FROM ({src}) l "
          f"WINDOW w AS (PARTITION BY {by_key} ORDER BY {_ORDER}), k AS (PARTITION BY {by_key})", True),
         (f"ANALYZE {VERSIONS}", False),  # a temporary table has no statistics: the close below finds rows by index
     ]
@@ -208,12 +218,46 @@ def history_statements(staging: str, target: str, columns: dict[str, str], key: 
                             for n in (compared if compared is not None else list(columns))) or "true"
         out.append((f"UPDATE {VERSIONS} v SET {SAME} = ({same}), {quote_ident(VALID_FROM)} = {timestamp_sql(snapshot_at)} "
                     f"FROM {target} t WHERE v.{SNAP} AND {match} AND t.{quote_ident(CURRENT)}", False))
+    if tracked is not None:
+        out += _absorb_statements(target, columns, key, tracked)
     return out + [
         (f"UPDATE {target} t SET {quote_ident(VALID_TO)} = v.{quote_ident(VALID_FROM)}, {quote_ident(CURRENT)} = false "
-         f"FROM {VERSIONS} v WHERE v.{FIRST} AND NOT v.{SAME} AND {match} AND t.{quote_ident(CURRENT)}", False),
+         f"FROM {VERSIONS} v WHERE v.{FIRST} AND NOT v.{SAME} AND NOT v.{ABSORB} AND {match} AND t.{quote_ident(CURRENT)}",
+         False),
         (f"INSERT INTO {target} ({cols}, {hist}) SELECT {cols}, {hist} FROM {VERSIONS} WHERE {OP} <> 'd' "
-         f"AND NOT {SAME} ORDER BY {keys}", False),
+         f"AND NOT {SAME} AND NOT {DROPPED} ORDER BY {keys}", False),
         (f"DROP TABLE {VERSIONS}", False),
+    ]
+
+
+def _absorb_statements(target: str, columns: dict[str, str], key: tuple[str, ...],
+                       tracked: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """Tracked columns: mark the versions equal to their predecessor in ``tracked`` (ABSORB), give each run of them
+    its first one's ``_valid_from`` (the current row's, when the first absorbs it), mark the absorbed versions
+    (DROPPED) and delete the current rows absorbed."""
+    def same(a: str, b: str) -> str:
+        return " AND ".join(same_value_sql(f"{a}.{quote_ident(n)}", f"{b}.{quote_ident(n)}", columns[n])
+                            for n in tracked) or "true"
+
+    def on(a: str, b: str) -> str:
+        return " AND ".join(f"{a}.{quote_ident(k)} = {b}.{quote_ident(k)}" for k in key)
+
+    keys = ", ".join(quote_ident(k) for k in key)
+    fr, cur = quote_ident(VALID_FROM), quote_ident(CURRENT)
+    runs = (f"SELECT {keys}, {NTH}, first_value({fr}) OVER (PARTITION BY {keys}, _run ORDER BY {NTH}) AS _f FROM "
+            f"(SELECT {keys}, {NTH}, {fr}, sum(CASE WHEN {ABSORB} THEN 0 ELSE 1 END) OVER (PARTITION BY {keys} "
+            f"ORDER BY {NTH}) AS _run FROM {VERSIONS}) q")
+    return [
+        (f"UPDATE {VERSIONS} v SET {ABSORB} = true FROM {VERSIONS} p WHERE {on('p', 'v')} AND p.{NTH} = v.{NTH} - 1 "
+         f"AND p.{OP} <> 'd' AND v.{OP} <> 'd' AND {same('p', 'v')}", False),
+        (f"UPDATE {VERSIONS} v SET {ABSORB} = true, {fr} = t.{fr} FROM {target} t WHERE v.{FIRST} AND v.{OP} <> 'd' "
+         f"AND NOT v.{SAME} AND {on('t', 'v')} AND t.{cur} AND {same('t', 'v')}", False),
+        (f"UPDATE {VERSIONS} v SET {fr} = r._f FROM ({runs}) r WHERE v.{ABSORB} AND {on('r', 'v')} "
+         f"AND r.{NTH} = v.{NTH}", False),
+        (f"UPDATE {VERSIONS} p SET {DROPPED} = true FROM {VERSIONS} v WHERE v.{ABSORB} AND {on('p', 'v')} "
+         f"AND v.{NTH} = p.{NTH} + 1", False),
+        (f"DELETE FROM {target} t USING {VERSIONS} v WHERE v.{FIRST} AND v.{ABSORB} AND {on('t', 'v')} AND t.{cur}",
+         False),
     ]
 
 

@@ -247,7 +247,7 @@ def evolve(c: Any, schema: str, table: str, source_table: str, steps: list[Schem
             c.execute(f"CREATE UNIQUE INDEX ON {name} ({', '.join(map(quote_ident, newest.key))}) "
                       f"WHERE {quote_ident(CURRENT)}")
         columns.update({n: EXTRA_TYPES[n] for n in extra})
-        what = f" ({mode.describe()})" if mode != UPSERT else ""
+        what = f" ({mode.describe()})" if mode.shape != UPSERT.shape else ""
         c.execute(f"COMMENT ON TABLE {name} IS 'flinkish.postgres mirror of {_literal_safe(source_table)}{what}'")
     before = {} if current is None else current.ahead
     for col_name in sorted(set(before) | set(ahead)):

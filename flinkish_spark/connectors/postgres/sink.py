@@ -52,7 +52,7 @@ from flinkish_spark.connectors.postgres.prepared import (
     GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
 )
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, refuse_keyed_options
-from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.table_modes import TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.connectors.postgres.routed import RoutedPlan, RoutedPostgresSink, check_template, resolve_routed_plan
 from flinkish_spark.connectors.postgres.staging import (
@@ -494,7 +494,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("url", "table", "mode", "key", "createTable", "commitMode", "deletes", "passwordEnv",
-                                                "lockTimeout", "tableModes")
+                                                "lockTimeout", "tableModes", TRACK, TRACK_EXCEPT)
 
     def configure(self, opts: Options) -> None:
         self.conn = parse_url(opts.required("url", "a libpq URI such as postgresql://user@host:5432/db"), opts.get("passwordEnv"))
@@ -507,6 +507,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
             # key and partitionBy stay refused (every table is keyed by its primary key)
             refuse_keyed_options(opts.has, opts.component, "table")
             self.modes = parse_table_modes(opts.get, opts.component)
+            self.modes.refuse_partitions(opts.component, "postgres")
             if opts.get("commitMode") == "prepared":
                 raise ConfigError(f"{opts.component}: commitMode 'prepared' cannot be used with routing ('{{table}}' in "
                                   "'table'): every epoch commits in one driver transaction (staged). Drop the option")

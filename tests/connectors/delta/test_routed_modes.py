@@ -24,11 +24,24 @@ deltalake = pytest.importorskip("deltalake")
 COLUMNS = [("id", "bigint"), ("v", "text"), ("n", "int")]
 SHAPES = {"public.h": ("history", "true"), "public.hf": ("history", "false"), "public.s": ("upsert", "soft"),
           "public.f": ("upsert", "false"), "public.u": ("upsert", "true")}
-RULES = json.dumps([{"tables": t, "mode": m, "deletes": d} for t, (m, d) in SHAPES.items() if t != "public.u"])
+#: history tracking only 'n' (a change of only 'v' updates the current version in place), as a list and as except
+TRACKED = {"public.ht": {"trackHistoryColumns": ["n"]}, "public.hx": {"trackHistoryColumns.except": "v"}}
+RULES = json.dumps([{"tables": t, "mode": "history", **o} for t, o in TRACKED.items()]
+                   + [{"tables": t, "mode": m, "deletes": d} for t, (m, d) in SHAPES.items() if t != "public.u"])
+
+
+#: targets partitioned by 'n' (a rule's partitionBy): a key moves between partitions when 'n' changes
+PARTITIONED = {"public.up": ("upsert", "true"), "public.hp": ("history", "true")}
 
 
 def modes(**options: str):
     return parse_table_modes({"tableModes": RULES, **options}.get, "test")
+
+
+def all_modes():
+    """:func:`modes` and the partitioned tables' rules."""
+    rules = [{"tables": t, "mode": m, "deletes": d, "partitionBy": ["n"]} for t, (m, d) in PARTITIONED.items()]
+    return parse_table_modes({"tableModes": json.dumps(rules + json.loads(RULES))}.get, "test")
 
 
 def ts(seconds: int | None) -> dt.datetime | None:
@@ -65,11 +78,13 @@ def feed(s: StreamBuilder, schemas: dict, epoch: list[Change]) -> list[At]:
 
 @pytest.mark.parametrize("compact_every", [0, 2])
 def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path, compact_every: int) -> None:
-    """Five tables, one change stream: history (deletes true / false), upsert with soft / ignored / applied deletes.
-    Every epoch every target equals the model of its mode; with compactEvery the compacted targets too."""
-    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in SHAPES}
-    m = Mirror(tmp_path, modes=modes(), compact_every=compact_every)
-    models = {t: Model(*shape) for t, shape in SHAPES.items()}
+    """Nine tables, one change stream: history (deletes true / false; tracking 'n' only, given as the list and as
+    'except'), upsert with soft / ignored / applied deletes, upsert and history partitioned by 'n'. Every epoch every
+    target equals the model of its mode; with compactEvery the compacted targets too (per partition)."""
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED, *PARTITIONED]}
+    m = Mirror(tmp_path, modes=all_modes(), compact_every=compact_every)
+    models = {t: Model(*shape) for t, shape in {**SHAPES, **PARTITIONED}.items()}
+    models.update({t: Model("history", "true", ("n",)) for t in TRACKED})
     s = StreamBuilder()
     for epoch in random_epochs(seed=7, epochs=6, keys=12, per_epoch=25, tasks=1):
         changes = feed(s, schemas, epoch)
@@ -77,6 +92,15 @@ def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path
         for t, model in models.items():
             model.apply(changes)
             assert rows(m, t) == model.table(), t
+    assert len(rows(m, "public.ht")) < len(rows(m, "public.h")) - 10  # many changes of 'v' alone: no version
+    for t in PARTITIONED:
+        table = deltalake.DeltaTable(m.path(t))
+        assert table.metadata().partition_columns == ["n"]
+        adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        assert {int(a["partition.n"]) for a in adds} == {r["n"] for r in rows(m, t)}  # the files' partitions
+        assert all(f"/n={a['partition.n']}/" in f"/{a['path']}" for a in adds)
+        log = table.history()
+        assert any(c.get("operation") == "OPTIMIZE" for c in log) == (compact_every > 0)
     log = deltalake.DeltaTable(m.path("public.h")).history()
     assert any(c.get("operation") == "OPTIMIZE" for c in log) == (compact_every > 0)
 
@@ -106,6 +130,36 @@ def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row_in_histor
     else:
         assert sorted((r["id"], r["n"], r["body"], r["_deleted"]) for r in got) == [(1, 2, "one", False),
                                                                                     (2, 2, "new", False)]
+
+
+def tracked_toast_case(m, read) -> None:
+    """History tracking 'n' only (``public.ht``), with unchanged TOAST values: an untracked change updates the current
+    version in place, a tracked one opens a version (its unchanged 'body' filled), an untracked one after it in the same
+    epoch updates that new version, and one in the next epoch updates the table's current row (``_valid_from`` kept).
+    ``read(m, table)``: the target's rows."""
+    from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD
+
+    d = table_schema("public.ht", [("id", "int"), ("n", "int"), ("body", "text")], ("id",))
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "n": 0, "body": "one"}, {"id": 2, "n": 0, "body": "two"}])
+    m.epoch(s.batch())
+    s.transaction((d, "u", {"id": 1, "n": 0, "body": "uno"}))  # untracked: in place
+    s.transaction((d, "u", {"id": 1, "n": 1, UNCHANGED_FIELD: ["body"]}))  # tracked: a version, body 'uno'
+    opened = ts(s.lsn)
+    s.transaction((d, "u", {"id": 1, "n": 1, "body": "eins"}))  # untracked: the new version, in place
+    s.transaction((d, "d", {"id": 2}), (d, "c", {"id": 2, "n": 0, "body": "two"}))  # after a delete: a version
+    again = ts(s.lsn)
+    m.epoch(s.batch())
+    s.transaction((d, "u", {"id": 1, "n": 1, "body": "un"}))  # untracked, next epoch: the table's row in place
+    s.transaction((d, "u", {"id": 2, "n": 0, UNCHANGED_FIELD: ["body"]}))  # nothing tracked changed
+    m.epoch(s.batch())
+    got = [(r["id"], r["n"], r["body"], r["_valid_from"], r["_valid_to"], r["_current"]) for r in read(m, "public.ht")]
+    assert sorted(got, key=str) == sorted([(1, 0, "uno", None, opened, False), (1, 1, "un", opened, None, True),
+                                           (2, 0, "two", None, again, False), (2, 0, "two", again, None, True)], key=str)
+
+
+def test_history_tracking_columns_updates_the_current_version_in_place_for_untracked_changes(tmp_path: Path) -> None:
+    tracked_toast_case(Mirror(tmp_path, modes=modes()), rows)
 
 
 def test_a_truncate_marks_closes_or_keeps_the_rows_by_the_tables_mode(tmp_path: Path) -> None:
@@ -245,3 +299,60 @@ def test_a_source_column_named_like_a_mode_column_is_refused_naming_the_table(tm
     m = Mirror(tmp_path, modes=modes())
     m.epoch(s.batch())  # upsert: the source's own column
     assert rows(m, "public.u") == [{"id": 1, "_deleted": True}]
+
+
+@pytest.mark.parametrize("track", [None, "n"])
+def test_history_over_three_tasks_per_epoch_equals_the_reference_model(tmp_path: Path, track: str | None) -> None:
+    """A key's changes spread over three tasks (a chain continued, a version absorbed across tasks): the target equals
+    the model every epoch, tracking every column or only 'n'."""
+    from tests.connectors.postgres.test_routed_modes import tasks
+
+    m = Mirror(tmp_path, modes=parse_table_modes({"mode": "history", **({"trackHistoryColumns": track} if track else {})}.get,
+                                                 "test"))
+    model = Model("history", "true", (track,) if track else None)
+    for changes in random_epochs(seed=31, epochs=5, keys=10, per_epoch=40, tasks=3):
+        m.epoch(*tasks(changes))
+        model.apply(changes)
+        assert rows(m, "public.t") == model.table()
+
+
+def test_history_tracking_columns_does_not_update_a_version_a_truncate_closed(tmp_path: Path) -> None:
+    tracked_truncate_case(Mirror(tmp_path, modes=modes()), rows)
+
+
+def tracked_truncate_case(m, read) -> None:
+    """A truncate closes every current version; a change after it in the same epoch, equal in the tracked columns,
+    opens a version of its own (the closed one is not updated in place)."""
+    d = table_schema("public.ht", COLUMNS, ("id",))
+    s = StreamBuilder()
+    s.snapshot(d, [{"id": 1, "v": "a", "n": 1}])
+    m.epoch(s.batch())
+    s.transaction((d, "t", None))
+    truncated = ts(s.lsn)
+    s.transaction((d, "c", {"id": 1, "v": "b", "n": 1}))
+    m.epoch(s.batch())
+    assert sorted(((r["v"], r["_valid_from"], r["_valid_to"], r["_current"]) for r in read(m, "public.ht")), key=str) == [
+        ("a", None, truncated, False), ("b", ts(s.lsn), None, True)]
+
+
+def test_a_partitioned_target_is_never_repartitioned_and_a_partition_column_must_exist(tmp_path: Path) -> None:
+    from flinkish_spark.errors import ConfigError, TableMismatchError
+
+    t = table_schema("public.up", COLUMNS, ("id",))
+    s = StreamBuilder()
+    s.snapshot(t, [{"id": 1, "v": "a", "n": 1}])
+    Mirror(tmp_path).epoch(s.batch())  # created unpartitioned
+    m = Mirror(tmp_path, modes=all_modes())
+    m.epochs = 1
+    version = m.version("public.up")
+    s.transaction((t, "u", {"id": 1, "v": "b", "n": 1}))
+    with pytest.raises(TableMismatchError, match=r"the Delta table .*public/up is unpartitioned, but the sink's "
+                                                 r"tableModes give source table public.up partitionBy n; nothing was "
+                                                 r"written.*never changes a target's partitioning"):
+        m.epoch(s.batch())
+    assert m.version("public.up") == version
+    wrong = parse_table_modes({"tableModes": '[{"tables": "public.x", "partitionBy": "day"}]'}.get, "test")
+    s.snapshot(table_schema("public.x", COLUMNS, ("id",)), [{"id": 1, "v": "a", "n": 1}])
+    with pytest.raises(ConfigError, match=r"source table public.x: the tableModes rule's partitionBy names 'day', which "
+                                          r"the table does not have \(its columns: id, v, n"):
+        Mirror(tmp_path / "x", modes=wrong).epoch(s.batch())

@@ -29,6 +29,7 @@ def source(tmp_path: Path, **options: str) -> DeltaSinkDataSource:
     ({"mode": "history", "deletes": "soft"}, r"deletes 'soft' is for mode 'upsert'"),
     ({"tableModes": '[{"tables": "public.x", "mode": "scd2"}]'}, r"tableModes rule 1 \('public.x'\): mode 'scd2'"),
     ({"partitionBy": "v"}, r"option 'partitionBy' cannot be combined with routing"),
+    ({"trackHistoryColumns": "v"}, r"option trackHistoryColumns is for mode 'history'"),
     ({"path": "{schema}/{table}"}, r"needs a folder before its first placeholder"),
     ({"path": "/lake/{db}/{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
 ])
@@ -59,3 +60,9 @@ def test_mode_deletes_and_table_modes_give_each_routed_table_its_shape(tmp_path:
     with pytest.raises(ConfigError, match=r"'tableModes' gives the tables of a routing sink their modes"):
         DeltaSinkDataSource({"uid": "m", "checkpoint": str(tmp_path / "meta"), "path": str(tmp_path / "one"),
                              "mode": "upsert", "tableModes": "[]"})
+
+
+def test_a_one_table_sink_refuses_the_tracked_columns_of_a_routing_sink(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"option 'trackHistoryColumns' gives the tables of a routing sink"):
+        DeltaSinkDataSource({"uid": "m", "checkpoint": str(tmp_path / "meta"), "path": str(tmp_path / "t"),
+                             "mode": "history", "trackHistoryColumns": "v"})

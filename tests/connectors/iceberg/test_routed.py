@@ -426,7 +426,8 @@ def test_an_existing_target_is_used_with_its_own_field_ids_and_one_that_does_not
 
     catalog.create_table("mirror.public_b", Schema(NestedField(1, "k", StringType())),
                          partition_spec=PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "k")))
-    with pytest.raises(TableMismatchError, match=r"'mirror\.public_b' is partitioned; routing writes unpartitioned targets"):
+    with pytest.raises(TableMismatchError, match=r"'mirror\.public_b' is partitioned by k, but the sink's tableModes "
+                                                 r"give source table public.b no partitionBy; nothing was written"):
         m.epoch(s.snapshot(B, [{"k": "x", "n": 1}]).batch())
 
 

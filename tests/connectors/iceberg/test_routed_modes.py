@@ -14,7 +14,7 @@ from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.testing.changes import Model, normalized, random_epochs
 from flinkish_spark.testing.stream_rows import StreamBuilder, table_schema
 
-from tests.connectors.delta.test_routed_modes import COLUMNS, SHAPES, feed, modes, ts
+from tests.connectors.delta.test_routed_modes import COLUMNS, PARTITIONED, SHAPES, TRACKED, all_modes, feed, modes, tracked_toast_case, tracked_truncate_case, ts
 from tests.connectors.iceberg.test_routed import Mirror
 
 pytest.importorskip("pyiceberg")
@@ -27,9 +27,14 @@ def rows(m: Mirror, table: str) -> list[dict]:
 @pytest.mark.parametrize("merge_mode, compact_every", [("mergeOnRead", 2), ("copyOnWrite", 0)])
 def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path, merge_mode: str,
                                                                   compact_every: int) -> None:
-    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in SHAPES}
-    m = Mirror(tmp_path, merge_mode=merge_mode, modes=modes(), compact_every=compact_every)
-    models = {t: Model(*shape) for t, shape in SHAPES.items()}
+    """The Delta test's tables, and two partitioned by a rule's partitionBy, compacted with compactEvery (position
+    deletes and small files merged per partition)."""
+    from flinkish_spark.connectors.iceberg.routed_target import partitioning
+
+    schemas = {t: table_schema(t, COLUMNS, ("id",)) for t in [*SHAPES, *TRACKED, *PARTITIONED]}
+    m = Mirror(tmp_path, merge_mode=merge_mode, modes=all_modes(), compact_every=compact_every)
+    models = {t: Model(*shape) for t, shape in {**SHAPES, **PARTITIONED}.items()}
+    models.update({t: Model("history", "true", ("n",)) for t in TRACKED})  # a change of 'v' alone: in place
     s = StreamBuilder()
     for epoch in random_epochs(seed=11, epochs=5, keys=10, per_epoch=20, tasks=1):
         changes = feed(s, schemas, epoch)
@@ -37,6 +42,37 @@ def test_each_table_is_applied_in_its_mode_as_the_reference_model(tmp_path: Path
         for t, model in models.items():
             model.apply(changes)
             assert rows(m, t) == model.table(), t
+    for t in PARTITIONED:
+        table = m.table(t)
+        assert partitioning(table) == ("n",)
+        files = [task.file for task in table.scan().plan_files()]
+        assert {f.partition[0] for f in files} == {r["n"] for r in rows(m, t)}  # the files' partitions: the rows' n
+        compacted = any(s.summary is not None and s.summary.additional_properties.get("flinkish.compaction") == "true"
+                        for s in table.snapshots())
+        assert compacted == (compact_every > 0), t
+
+
+def test_a_partitioned_target_is_never_repartitioned_and_a_partition_column_must_exist(tmp_path: Path) -> None:
+    from flinkish_spark.errors import ConfigError, TableMismatchError
+
+    t = table_schema("public.up", COLUMNS, ("id",))
+    s = StreamBuilder()
+    s.snapshot(t, [{"id": 1, "v": "a", "n": 1}])
+    Mirror(tmp_path).epoch(s.batch())  # created unpartitioned
+    m = Mirror(tmp_path, modes=all_modes())
+    m.epochs = 1
+    snapshot = m.table("public.up").current_snapshot().snapshot_id
+    s.transaction((t, "u", {"id": 1, "v": "b", "n": 1}))
+    with pytest.raises(TableMismatchError, match=r"the Iceberg table 'mirror.public_up' is unpartitioned, but the sink's "
+                                                 r"tableModes give source table public.up partitionBy n; nothing was "
+                                                 r"written.*never changes a target's partitioning"):
+        m.epoch(s.batch())
+    assert m.table("public.up").current_snapshot().snapshot_id == snapshot
+    wrong = parse_table_modes({"tableModes": '[{"tables": "public.x", "partitionBy": "day"}]'}.get, "test")
+    s.snapshot(table_schema("public.x", COLUMNS, ("id",)), [{"id": 1, "v": "a", "n": 1}])
+    with pytest.raises(ConfigError, match=r"source table public.x: the tableModes rule's partitionBy names 'day', which "
+                                          r"the table does not have \(its columns: id, v, n"):
+        Mirror(tmp_path / "x", modes=wrong).epoch(s.batch())
 
 
 @pytest.mark.parametrize("table, mode", [("public.h", "history"), ("public.s", "upsert")])
@@ -52,6 +88,16 @@ def test_an_unchanged_toast_value_is_taken_from_the_tables_current_row(tmp_path:
     m.epoch(s.batch())
     got = sorted((r["id"], r["n"], r["body"]) for r in rows(m, table))
     assert got == ([(1, 0, "one"), (1, 1, "one")] if mode == "history" else [(1, 1, "one")])
+
+
+@pytest.mark.parametrize("merge_mode", ["mergeOnRead", "copyOnWrite"])
+def test_history_tracking_columns_updates_the_current_version_in_place_for_untracked_changes(
+        tmp_path: Path, merge_mode: str) -> None:
+    tracked_toast_case(Mirror(tmp_path, merge_mode=merge_mode, modes=modes()), rows)
+
+
+def test_history_tracking_columns_does_not_update_a_version_a_truncate_closed(tmp_path: Path) -> None:
+    tracked_truncate_case(Mirror(tmp_path, modes=modes()), rows)
 
 
 @pytest.mark.parametrize("merge_mode", ["mergeOnRead", "copyOnWrite"])
@@ -111,3 +157,48 @@ def test_a_history_target_keeps_its_columns_through_schema_evolution(tmp_path: P
     assert sorted((r["v"], r["w"], r["_current"]) for r in m.rows("public.h", "v")) == [("x", None, False), ("y", 5, True)]
     assert any(sn.summary.additional_properties.get("flinkish.compaction") == "true"
                for sn in m.table("public.h").snapshots())
+
+
+def test_history_tracking_over_three_tasks_per_epoch_equals_the_reference_model(tmp_path: Path) -> None:
+    """The Delta case (a version absorbed across tasks) on Iceberg, position deletes and copies."""
+    from tests.connectors.postgres.test_routed_modes import tasks
+
+    m = Mirror(tmp_path, modes=parse_table_modes({"mode": "history", "trackHistoryColumns": "n"}.get, "test"))
+    model = Model("history", "true", ("n",))
+    for changes in random_epochs(seed=31, epochs=5, keys=10, per_epoch=40, tasks=3):
+        m.epoch(*tasks(changes))
+        model.apply(changes)
+        assert rows(m, "public.t") == model.table()
+
+
+def test_a_crash_at_a_partitioned_targets_compaction_is_replayed_and_it_goes_on(tmp_path: Path, monkeypatch) -> None:
+    """A target partitioned by a rule's partitionBy, compactEvery=2: a kill right before a compaction's snapshot,
+    the restart commits the epoch again; every epoch the rows equal the model, later compactions go on."""
+    from flinkish_spark.connectors.iceberg import compact
+    from flinkish_spark.testing.kills import Killed
+
+    schemas = {"public.up": table_schema("public.up", COLUMNS, ("id",))}
+    m = Mirror(tmp_path, modes=all_modes(), compact_every=2)
+    model = Model("upsert", "true")
+    killed: list[int] = []
+
+    def crash(name: str) -> None:
+        if name == "iceberg.compaction.before_snapshot" and not killed and m.epochs >= 3:
+            killed.append(m.epochs)
+            raise Killed
+
+    monkeypatch.setattr(compact, "crash_point", crash)
+    s = StreamBuilder()
+    for epoch in random_epochs(seed=5, epochs=8, keys=10, per_epoch=20, tasks=1):
+        changes = feed(s, schemas, epoch)
+        batch = s.batch()
+        try:
+            m.epoch(batch)
+        except Killed:
+            m.epoch(batch)  # the restart: the decided epoch again
+        model.apply(changes)
+        assert rows(m, "public.up") == model.table()
+    table = m.table("public.up")
+    compactions = [s.snapshot_id for s in table.snapshots()
+                   if s.summary is not None and s.summary.additional_properties.get("flinkish.compaction") == "true"]
+    assert killed and len(compactions) >= 2

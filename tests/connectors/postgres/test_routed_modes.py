@@ -65,12 +65,15 @@ def tasks(changes: list[Change]) -> list[pa.Table]:
     return out
 
 
-@pytest.mark.parametrize("mode, deletes", [("upsert", "soft"), ("upsert", "false"), ("history", "true"),
-                                           ("history", "false")])
+@pytest.mark.parametrize("mode, deletes, track", [("upsert", "soft", None), ("upsert", "false", None),
+                                                  ("history", "true", None), ("history", "false", None),
+                                                  ("history", "true", "n")])
 def test_each_mode_leaves_what_the_reference_model_does_and_a_replay_adds_nothing(pg_url, tmp_path: Path, mode: str,
-                                                                                   deletes: str) -> None:
-    m = Mirror(tmp_path, pg_url, modes=modes(mode=mode, deletes=deletes))
-    model = Model(mode, deletes)
+                                                                                   deletes: str, track: str | None) -> None:
+    """Three tasks per epoch; ``track``: history tracking 'n' only (a change of 'v' alone updates in place)."""
+    m = Mirror(tmp_path, pg_url, modes=modes(mode=mode, deletes=deletes,
+                                             **({"trackHistoryColumns": track} if track else {})))
+    model = Model(mode, deletes, (track,) if track else None)
     extra = HISTORY if mode == "history" else ("_deleted",) if deletes == "soft" else ()
     epochs = random_epochs(seed=30, epochs=6, keys=12, per_epoch=40, tasks=3)
     for changes in epochs:
@@ -263,3 +266,19 @@ def test_a_target_of_another_mode_is_refused_naming_table_and_fix_and_history_ta
     with pytest.raises(SchemaChangeError, match=r"public.c has the column\(s\) _deleted, which its mode \(upsert, "
                                                 r"deletes soft\) writes itself.*mode upsert, deletes true"):
         m.epoch(StreamBuilder().snapshot(clash, [{"id": 1, "_deleted": False}]).batch())
+
+
+def test_history_tracking_columns_updates_the_current_version_in_place_for_untracked_changes(pg_url, tmp_path: Path) -> None:
+    """The Delta and Iceberg case (tests/connectors/delta/test_routed_modes.py): in place within an epoch, after a
+    tracked change, and across epochs (the current row replaced, its _valid_from kept), TOAST values filled."""
+    from tests.connectors.delta.test_routed_modes import modes as shapes, tracked_toast_case
+
+    tracked_toast_case(Mirror(tmp_path, pg_url, modes=shapes()),
+                       lambda m, table: read(pg_url, table.replace(".", "_"), ("id", "n", "body") + HISTORY))
+
+
+def test_history_tracking_columns_does_not_update_a_version_a_truncate_closed(pg_url, tmp_path: Path) -> None:
+    from tests.connectors.delta.test_routed_modes import modes as shapes, tracked_truncate_case
+
+    tracked_truncate_case(Mirror(tmp_path, pg_url, modes=shapes()),
+                          lambda m, table: read(pg_url, table.replace(".", "_"), ("id", "v", "n") + HISTORY))

@@ -33,6 +33,8 @@ def schemas(url: str) -> list[str]:
     ({"mode": "history", "deletes": "soft"}, r"deletes 'soft' is for mode 'upsert'"),
     ({"tableModes": '[{"tables": "public.*", "mode": "scd2"}]'}, r"tableModes rule 1 \('public.\*'\): mode 'scd2'"),
     ({"commitMode": "prepared"}, r"commitMode 'prepared' cannot be used with routing"),
+    ({"tableModes": '[{"tables": "public.e", "partitionBy": "day"}]'},
+     r"give partitionBy, which this sink's routed targets do not take \(a partitioned PostgreSQL table needs"),
     ({"table": "mirror.{db}_{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
     ({"table": "a.b.{table}"}, r"must be 'schema.table'"),
 ])
