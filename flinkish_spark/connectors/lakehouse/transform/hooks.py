@@ -69,3 +69,11 @@ def transform_stream(transforms: Transforms, stream: pa.Table) -> pa.Table:
             "_schema_id": pa.repeat(pa.scalar(newest.schema_id), n) if n else pa.array([], pa.string()),
             "row": pa.array(texts, pa.string())}, schema=stream.schema))
     return pa.concat_tables(out)
+
+
+def transformed(transforms: Transforms,
+                tables: list[tuple[str, TableSchema, TableInput]]) -> list[tuple[str, TableSchema, TableInput]]:
+    """:func:`~flinkish_spark.connectors.lakehouse.routing.task_tables`' result with every ruled table transformed."""
+    if not transforms:
+        return tables
+    return [(name, *transform_input(transforms, name, schema, data)) for name, schema, data in tables]

@@ -322,3 +322,15 @@ def parse_transforms(get: Callable[[str], str | None], component: str) -> Transf
 
 def transforms_option(rules: list[dict[str, Any]]) -> str:
     return json.dumps(rules, separators=(",", ":"))
+
+
+def sink_transforms(get: Callable[[str], str | None], routed: bool, component: str, option: str) -> Transforms:
+    """A routing sink's transforms; the option is refused on a sink of one target (its query chooses its columns and
+    rows itself: ``select``, ``where``)."""
+    if not routed:
+        if get(TRANSFORM_OPTION):
+            raise ConfigError(f"{component}: option {TRANSFORM_OPTION!r} transforms the tables of a routing sink "
+                              f"('{{table}}' in {option!r}); a sink of one target writes what its query selects "
+                              "(select, where, withColumn). Drop the option.")
+        return Transforms()
+    return parse_transforms(get, component)
