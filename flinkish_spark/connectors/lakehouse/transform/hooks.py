@@ -26,11 +26,12 @@ def transform_input(transforms: Transforms, table: str, schema: TableSchema,
     rule = transforms.of(table)
     if rule is None:
         return schema, data
+    target = rule.schema(schema)  # first: a column the rule names that the table lacks is one clear error
     changes = rule.rows(schema, data.changes)
     whole = None if data.whole is None else rule.rows(schema, data.whole)
     lsn = pc.max(changes.column("_lsn")).as_py() if changes.num_rows else None
     earlier = tuple(rule.schema(TableSchema.from_json(e), strict=False).to_json() for e in data.earlier)
-    return rule.schema(schema), replace(data, changes=changes, whole=whole, earlier=earlier,
+    return target, replace(data, changes=changes, whole=whole, earlier=earlier,
                                         lsn=max(data.lsn, -1 if lsn is None else int(lsn)))
 
 
