@@ -168,3 +168,21 @@ def test_a_key_column_cannot_be_excluded_and_a_missing_column_stops_naming_the_t
             Target("delta", tmp_path / "2", request).epoch(tasks([Change(1, "r", "s1", None)], (T,)))
     finally:
         RULES = saved
+
+
+def _markers(op: str) -> pa.Table:
+    return pa.Table.from_pylist([{"_table": T.table, "_op": "s", "_schema_id": T.schema_id, "row": T.to_json()},
+                                 {"_table": T.table, "_op": op, "_schema_id": T.schema_id}], schema=ARROW)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "postgres"])
+def test_a_resnapshot_removes_the_rows_that_stopped_matching(fmt: str, tmp_path: Path,
+                                                             request: pytest.FixtureRequest) -> None:
+    """Rows changed while no slot kept the WAL: the re-snapshot delivers only the matching ones, its end removes the
+    others -- also a row that stopped matching (s2 -> x2) and one deleted."""
+    target = Target(fmt, tmp_path, request)
+    target.epoch(tasks([Change(k, "r", f"s{k}", None) for k in (1, 2, 3)], (T,)))
+    assert [r["v"] for r in target.rows("public.t")] == ["s1", "s2", "s3"]
+    resnapshot = tasks([Change(1, "r", "s1", None), Change(2, "r", "x2", None), Change(4, "r", "5x", None)], (T,))
+    target.epoch([pa.concat_tables([_markers("B"), *resnapshot, _markers("E")])])
+    assert [(r["id"], r["v"], r["big"]) for r in target.rows("public.t")] == [(1, "s1", "S1#r"), (4, "5x", "5X#r")]
