@@ -78,3 +78,26 @@ def transformed(transforms: Transforms,
     if not transforms:
         return tables
     return [(name, *transform_input(transforms, name, schema, data)) for name, schema, data in tables]
+
+
+#: Change metadata a table's current rows cannot tell: a computed column reading it is not compared.
+_PER_CHANGE = ("_op", "_commit_ts", "_lsn")
+
+
+def as_target(transforms: Transforms, table: str, schema: TableSchema, rows: pa.Table) -> tuple[TableSchema, pa.Table]:
+    """A source table's current rows (typed, ``schema``'s columns) as its target must hold them now: the rule applied
+    as to a snapshot -- the matching rows, the kept and computed columns -- without the computed columns that read the
+    change's own metadata (``_op``, ``_commit_ts``, ``_lsn``: known per change, not from the table). What ``flinkish
+    mirror compare`` and the tests compare a transformed target with."""
+    rule = transforms.of(table)
+    if rule is None:
+        return schema, rows
+    target = rule.schema(schema)
+    snapshot = rows.append_column("_op", pa.repeat(pa.scalar("r"), rows.num_rows) if rows.num_rows
+                                  else pa.array([], pa.string()))
+    out = rule.rows(schema, snapshot).drop_columns(["_op"])
+    unknown = {n for n, e in rule.computed if set(e.metadata) & set(_PER_CHANGE)}
+    if unknown:
+        target = TableSchema(target.table, tuple(c for c in target.columns if c.name not in unknown), target.key)
+        out = out.drop_columns(sorted(unknown))
+    return target, out
