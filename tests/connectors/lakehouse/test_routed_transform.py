@@ -186,3 +186,29 @@ def test_a_resnapshot_removes_the_rows_that_stopped_matching(fmt: str, tmp_path:
     resnapshot = tasks([Change(1, "r", "s1", None), Change(2, "r", "x2", None), Change(4, "r", "5x", None)], (T,))
     target.epoch([pa.concat_tables([_markers("B"), *resnapshot, _markers("E")])])
     assert [(r["id"], r["v"], r["big"]) for r in target.rows("public.t")] == [(1, "s1", "S1#r"), (4, "5x", "5X#r")]
+
+
+def test_the_option_on_each_routing_sink_and_its_refusals(tmp_path: Path) -> None:
+    """Compiled at start (a bad rule: the sink does not start), refused on a sink of one target; the mirror's
+    --sink-option and pipeline file go through the same check."""
+    from flinkish_spark.connectors.delta.sink import DeltaSinkDataSource
+    from flinkish_spark.connectors.iceberg.sink import IcebergSinkDataSource
+    from flinkish_spark.connectors.postgres.sink import PostgresSinkDataSource
+    from flinkish_spark.mirror.shapes import check_modes
+
+    option = json.dumps(RULES)
+    base = {"uid": "m", "checkpoint": str(tmp_path / "meta")}
+    delta = DeltaSinkDataSource({**base, "path": str(tmp_path / "lake" / "{schema}" / "{table}"), "transforms": option})
+    iceberg = IcebergSinkDataSource({**base, "table": "mirror.{schema}_{table}", "transforms": option})
+    pg = PostgresSinkDataSource({**base, "url": "postgresql://u@localhost/db", "table": "m.{schema}_{table}",
+                                 "transforms": option})
+    for ds in (delta, iceberg, pg):
+        assert ds.transforms.of("public.t") is not None and ds.transforms.of("public.u") is None
+    with pytest.raises(ConfigError, match=r"option 'transforms' transforms the tables of a routing sink"):
+        DeltaSinkDataSource({**base, "path": str(tmp_path / "one"), "transforms": option})
+    with pytest.raises(ConfigError, match=r"transforms rule 1 \('public.t'\): filter: 'v LIKE' is not a Spark SQL "
+                                          "expression"):
+        PostgresSinkDataSource({**base, "url": "postgresql://u@localhost/db", "table": "m.{schema}_{table}",
+                                "transforms": json.dumps([{"tables": "public.t", "filter": "v LIKE"}])})
+    with pytest.raises(ConfigError, match=r"--sink-option: transforms rule 1 .*is not deterministic"):
+        check_modes({"transforms": json.dumps([{"tables": "public.t", "computed": {"at": "now()"}}])}, "--sink-option")

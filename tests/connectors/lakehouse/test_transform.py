@@ -195,3 +195,29 @@ def test_a_tables_current_rows_as_its_transformed_target_must_hold_them() -> Non
     schema, got = as_target(t, "public.users", SCHEMA, rows)
     assert schema.names == ("id", "name", "u", "src") and got.to_pylist() == [{"id": 1, "name": "a", "u": "A", "src": "users"}]
     assert as_target(t, "public.other", SCHEMA, rows) == (SCHEMA, rows)
+
+
+def test_a_column_added_within_a_task_and_read_by_a_computed_column() -> None:
+    """The older schema of the task lacks the column the computed column reads: it takes the newest's computed
+    columns (its rows are typed in the newest schema), in the Delta/Iceberg path and in PostgreSQL's stream alike."""
+    from flinkish_spark.connectors.lakehouse.routing import task_tables
+    from flinkish_spark.connectors.postgres.rows.packed import _row_json
+    from flinkish_spark.connectors.postgres.source.stream_rows import STREAM_ARROW
+
+    v1 = TableSchema("public.users", SCHEMA.columns[:2], ("id",))
+    v2 = TableSchema("public.users", (*SCHEMA.columns[:2], make_column("extra", "integer", "int4", -1, None)), ("id",))
+    rows = [{"_table": "public.users", "_op": "s", "_lsn": 1, "_seq": 0, "_schema_id": v1.schema_id, "row": v1.to_json()},
+            {"_table": "public.users", "_op": "u", "_lsn": 1, "_seq": 1, "_schema_id": v1.schema_id,
+             "row": _row_json(v1, {"_op": "u", "id": 1, "name": "a"})},
+            {"_table": "public.users", "_op": "s", "_lsn": 2, "_seq": 0, "_schema_id": v2.schema_id, "row": v2.to_json()},
+            {"_table": "public.users", "_op": "u", "_lsn": 2, "_seq": 1, "_schema_id": v2.schema_id,
+             "row": _row_json(v2, {"_op": "u", "id": 1, "name": "b", "extra": 4})}]
+    stream = pa.Table.from_pylist(rows, schema=STREAM_ARROW)
+    t = rules({"tables": "public.users", "computed": {"more": "extra + 1"}, "columns.exclude": "name"})
+    [(name, schema, data)] = task_tables(stream.to_batches())
+    schema, data = transform_input(t, name, schema, data)
+    assert schema.names == ("id", "extra", "more") and data.changes.column("more").to_pylist() == [None, 5]
+    assert [TableSchema.from_json(e).names for e in data.earlier] == [("id", "more")]
+    again = split_tables(transform_stream(t, stream))["public.users"]
+    assert [s.names for s in again.schemas] == [("id", "more"), ("id", "extra", "more")]
+    assert again.rows.column("more").to_pylist() == [None, 5]

@@ -35,6 +35,9 @@ Value = Union[pa.Array, pa.ChunkedArray, pa.Scalar]
 Evaluator = Callable[[pa.Table], Value]
 
 _NON_DETERMINISTIC = (exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Rand, exp.Uuid)
+#: Functions sqlglot leaves unparsed (``exp.Anonymous``) whose value is not one of the row.
+_VOLATILE = {"now", "random", "randn", "uuid", "localtimestamp", "current_timezone", "monotonically_increasing_id",
+             "spark_partition_id", "input_file_name", "shuffle"}
 _COMPARE: dict[type, str] = {exp.EQ: "equal", exp.NEQ: "not_equal", exp.GT: "greater", exp.GTE: "greater_equal",
                              exp.LT: "less", exp.LTE: "less_equal"}
 _ARITH: dict[type, str] = {exp.Add: "add_checked", exp.Sub: "subtract_checked", exp.Mul: "multiply_checked"}
@@ -327,7 +330,7 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
         pattern = _strftime(node, where)
         inner = c(node.this.this if isinstance(node.this, exp.TimeStrToTime) else node.this)
         return lambda t: pc.strftime(inner(t), format=pattern)
-    if isinstance(node, _NON_DETERMINISTIC):
+    if isinstance(node, _NON_DETERMINISTIC) or (isinstance(node, exp.Anonymous) and node.name.lower() in _VOLATILE):
         raise ConfigError(f"{where}: {node.sql('spark')!r} is not deterministic: a replayed epoch would write other "
                           "values (use _commit_ts, the change's commit time)")
     shown = node.sql("spark")

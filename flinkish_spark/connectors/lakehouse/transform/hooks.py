@@ -30,7 +30,7 @@ def transform_input(transforms: Transforms, table: str, schema: TableSchema,
     changes = rule.rows(schema, data.changes)
     whole = None if data.whole is None else rule.rows(schema, data.whole)
     lsn = pc.max(changes.column("_lsn")).as_py() if changes.num_rows else None
-    earlier = tuple(rule.schema(TableSchema.from_json(e), strict=False).to_json() for e in data.earlier)
+    earlier = tuple(rule.schema(TableSchema.from_json(e), target).to_json() for e in data.earlier)
     return target, replace(data, changes=changes, whole=whole, earlier=earlier,
                                         lsn=max(data.lsn, -1 if lsn is None else int(lsn)))
 
@@ -50,7 +50,7 @@ def transform_stream(transforms: Transforms, stream: pa.Table) -> pa.Table:
         rule = transforms.of(name)
         assert rule is not None
         newest = rule.schema(typed.schema)
-        by_id = {s.schema_id: rule.schema(s, strict=False) for s in typed.schemas[:-1]}
+        by_id = {s.schema_id: rule.schema(s, newest) for s in typed.schemas[:-1]}
         by_id[typed.schema.schema_id] = newest
         own = stream.filter(pc.equal(stream.column("_table"), name))
         schema_rows = own.filter(pc.equal(own.column("_op"), "s"))

@@ -120,17 +120,21 @@ class Transform:
         chosen = None if self.columns is None else {resolve(c, names) for c in self.columns}
         return [n for n in names if n not in excluded and (chosen is None or n in chosen)]
 
-    def schema(self, source: TableSchema, strict: bool = True) -> TableSchema:
-        """The target's view of ``source``: the kept columns, then the computed ones. ``strict``: a column the rule
-        names that the table lacks, or a key column left out, is an error (an older schema within a task is not
-        checked: its rows are the newest schema's)."""
+    def schema(self, source: TableSchema, newest: TableSchema | None = None) -> TableSchema:
+        """The target's view of ``source``: the kept columns, then the computed ones. A column the rule names that
+        the table lacks, or a key column left out, is an error -- unless ``source`` is an older schema of a task whose
+        newest (transformed) is ``newest``: its rows are typed in the newest schema, whose computed columns it takes."""
         names = source.names
-        if strict:
+        if newest is None:
             self.check(source)
         kept = set(self._kept(names))
         columns = [c for c in source.columns if c.name in kept]
-        for name, expr in self.computed:
-            columns.append(computed_column(name, self._type(expr, source), f"source table {source.table}: {self.where}"))
+        if newest is not None:
+            computed = {n for n, _ in self.computed}
+            columns += [c for c in newest.columns if c.name in computed]
+        else:
+            columns += [computed_column(name, self._type(expr, source), f"source table {source.table}: {self.where}")
+                        for name, expr in self.computed]
         return TableSchema(source.table, tuple(columns), source.key)
 
     def check(self, source: TableSchema) -> None:
