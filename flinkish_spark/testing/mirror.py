@@ -100,6 +100,16 @@ with psycopg.connect(url, autocommit=True) as conn:
 '''
 
 
+#: Columns and rows chosen for :data:`SETUP`'s tables under :data:`WRITER` (a routing sink's ``transforms``, issue 30
+#: item 2): m_a never gets b nor the column the writer adds (extra); m_c's rows enter as the writer divides f
+#: (``amount > f``), without f, with computed columns; m_new's rows leave as the writer doubles f and enter as it
+#: inserts, without iv.
+WORKLOAD_TRANSFORMS = json.dumps([
+    {"tables": "public.m_a", "columns.exclude": ["b", "extra"]},
+    {"tables": "public.m_c", "columns.exclude": "f", "filter": "amount > f",
+     "computed": {"cents": "CAST(amount * 100 AS bigint)", "src": "_source_table"}},
+    {"tables": "public.m_new", "projection": "* EXCEPT (iv), concat('n', CAST(id AS string)) AS tag", "filter": "f < 100"}])
+
 
 def _key(row: dict[str, Any], key: Iterable[str]) -> tuple[Any, ...]:
     return tuple(json.dumps(row.get(k)) for k in key)

@@ -15,7 +15,6 @@ later), row filters rows enter and leave, computed columns -- each target equals
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import pytest
 
 from flinkish_spark.mirror.compare import delta_storage
 from flinkish_spark.testing.mirror import (
-    delta_differences, history_problems, run_workload, slots_and_publications, table_states,
+    WORKLOAD_TRANSFORMS, delta_differences, history_problems, run_workload, slots_and_publications, table_states,
 )
 
 deltalake = pytest.importorskip("deltalake")
@@ -37,13 +36,7 @@ SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 LAKE = "s3://test/lake"
 META = "s3://test/meta"
 MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
-#: Columns and rows chosen (issue 30 item 2): m_a never gets b nor the column the writer adds (extra); m_c's rows enter
-#: as the writer divides f (amount > f), without f, with computed columns; m_new's rows leave as it doubles f.
-TRANSFORMS = json.dumps([
-    {"tables": "public.m_a", "columns.exclude": ["b", "extra"]},
-    {"tables": "public.m_c", "columns.exclude": "f", "filter": "amount > f",
-     "computed": {"cents": "CAST(amount * 100 AS bigint)", "src": "_source_table"}},
-    {"tables": "public.m_new", "projection": "* EXCEPT (iv), concat('n', CAST(id AS string)) AS tag", "filter": "f < 100"}])
+TRANSFORMS = WORKLOAD_TRANSFORMS  # excluded columns (one added later), filters crossed both ways, computed
 
 
 def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:

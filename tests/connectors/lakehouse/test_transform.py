@@ -221,3 +221,12 @@ def test_a_column_added_within_a_task_and_read_by_a_computed_column() -> None:
     again = split_tables(transform_stream(t, stream))["public.users"]
     assert [s.names for s in again.schemas] == [("id", "more"), ("id", "extra", "more")]
     assert again.rows.column("more").to_pylist() == [None, 5]
+
+
+def test_a_value_an_expression_cannot_compute_stops_naming_the_table_and_rule() -> None:
+    from flinkish_spark.errors import ChangeDataError
+
+    t = rules({"tables": "public.users", "computed": {"n": "CAST(name AS int)"}})
+    with pytest.raises(ChangeDataError, match=r"source table public.users: transforms rule for 'public.users' cannot "
+                                              r"compute a row's value: .*abc"):
+        t.of("public.users").rows(SCHEMA, _changes([{"_op": "r", "id": 1, "name": "abc"}]))

@@ -43,7 +43,7 @@ from flinkish_spark.connectors.lakehouse.transform.parse import (
 )
 from flinkish_spark.connectors.postgres.rows import Column, TableSchema
 from flinkish_spark.connectors.postgres.rows.schema import arrow_type
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ChangeDataError, ConfigError
 
 #: The sink option this module reads.
 TRANSFORM_OPTION = "transforms"
@@ -163,7 +163,16 @@ class Transform:
         return _broadcast(expr.evaluate(_context(empty, source.table, expr)), 0).type
 
     def rows(self, source: TableSchema, rows: pa.Table) -> pa.Table:
-        """A table's rows (its data columns and the change's, in stream order) as its target gets them."""
+        """A table's rows (its data columns and the change's, in stream order) as its target gets them. A value an
+        expression cannot compute (a cast of ``'abc'`` to int, an overflow) stops the query naming the table and the
+        rule (:class:`~flinkish_spark.errors.ChangeDataError`), nothing of the epoch written."""
+        try:
+            return self._rows(source, rows)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise ChangeDataError(f"source table {source.table}: {self.where} cannot compute a row's value: {e}. "
+                                  "Change the rule (a CAST of a value that does not fit, an overflow?)") from None
+
+    def _rows(self, source: TableSchema, rows: pa.Table) -> pa.Table:
         n = rows.num_rows
         names = [c for c in rows.column_names if c not in _CHANGE]
         ops = rows.column("_op")
