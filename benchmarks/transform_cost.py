@@ -10,7 +10,7 @@ be shared: compare the ratios, the load average is recorded beside them):
   a rule excluding a column, filtering (``country IN ('DE', 'AT') AND amount > 10``) and computing two columns
   (``upper(name) || '-' || _op``, ``CAST(amount * 100 AS bigint)``);
 * ``stream transform`` (PostgreSQL targets): :func:`~...hooks.transform_stream` of the JSON stream (decode, transform,
-  JSON written again), beside the staging's own per-row work it precedes.
+  JSON written again), beside the staging's own per-row work it precedes (``stage_rows``, of the untransformed rows).
 
     python benchmarks/transform_cost.py [--rows 500000] [--repeats 3]
 """
@@ -32,7 +32,9 @@ from benchmarks._common import print_table, write_results  # noqa: E402
 from flinkish_spark.connectors.lakehouse.routing import task_tables  # noqa: E402
 from flinkish_spark.connectors.lakehouse.transform.hooks import transform_stream, transformed  # noqa: E402
 from flinkish_spark.connectors.lakehouse.transform.rules import parse_transforms  # noqa: E402
+from flinkish_spark.connectors.postgres.routed import stage_rows  # noqa: E402
 from flinkish_spark.connectors.postgres.rows.packed import _row_json  # noqa: E402
+from flinkish_spark.sink.protocol import PrepareContext  # noqa: E402
 from flinkish_spark.connectors.postgres.source.stream_rows import STREAM_ARROW  # noqa: E402
 from flinkish_spark.testing.stream_rows import table_schema  # noqa: E402
 
@@ -84,10 +86,13 @@ def main() -> None:
         decode = timed(lambda: task_tables(iter(batches)), args.repeats)
         both = timed(lambda: transformed(rules, task_tables(iter(batches))), args.repeats)
         pg = timed(lambda: transform_stream(rules, s), args.repeats)
+        ctx = PrepareContext("bench", 0, 0, 0)
+        staging = timed(lambda: stage_rows(s, ctx, "a"), args.repeats)  # the PostgreSQL sink's own work per task
         kept = transformed(rules, task_tables(iter(batches)))[0][2].changes.num_rows
         out.append({"op": op, "rows": args.rows, "kept": kept, "decode_s": round(decode, 3),
                     "decode_transform_s": round(both, 3), "transform_share": round((both - decode) / both, 3),
-                    "stream_transform_s": round(pg, 3), "load_avg_1m": round(load, 2)})
+                    "stream_transform_s": round(pg, 3), "staging_rows_s": round(staging, 3),
+                    "load_avg_1m": round(load, 2)})
     print_table(list(out[0]), [list(r.values()) for r in out])
     print(write_results("transform_cost", {"args": vars(args), "rule": RULE, "results": out}))
 
