@@ -230,3 +230,24 @@ def test_a_value_an_expression_cannot_compute_stops_naming_the_table_and_rule() 
     with pytest.raises(ChangeDataError, match=r"source table public.users: transforms rule for 'public.users' cannot "
                                               r"compute a row's value: .*abc"):
         t.of("public.users").rows(SCHEMA, _changes([{"_op": "r", "id": 1, "name": "abc"}]))
+
+
+def test_the_column_wise_json_writer_writes_what_the_stream_writer_does() -> None:
+    from flinkish_spark.connectors.lakehouse.transform.json_rows import json_rows
+    from flinkish_spark.connectors.postgres.rows.packed import _row_json
+    from flinkish_spark.testing.stream_rows import table_schema
+
+    schema = table_schema("public.x", [("id", "bigint"), ("s", "text"), ("n", "numeric(12,2)"), ("f", "float8"),
+                                       ("ok", "bool")], ("id",))
+    schema = TableSchema(schema.table, (*schema.columns, make_column("d", "date", "date", -1, None),
+                                        make_column("ts", "timestamp with time zone", "timestamptz", -1, None),
+                                        make_column("b", "bytea", "bytea", -1, None),
+                                        make_column("tags", "text[]", "_text", -1, "text")), schema.key)
+    rows = [{"_op": "r", "id": 1, "s": 'q"é\n', "n": Decimal("-1.50"), "f": 0.1, "ok": True, "d": date(2026, 1, 2),
+             "ts": datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC), "b": b"\x00\xff", "tags": ["a", None]},
+            {"_op": "u", "id": 2, "s": None, "n": None, "f": float("nan"), "ok": False, "_unchanged": ["b", "tags"]},
+            {"_op": "d", "id": 3}, {"_op": "t"}]
+    typed = pa.Table.from_pylist([{c: r.get(c) for c in (*schema.names, "_op", "_unchanged")} for r in rows],
+                                 schema=pa.schema([*schema.arrow_schema(), pa.field("_op", pa.string()),
+                                                   pa.field("_unchanged", pa.list_(pa.string()))]))
+    assert json_rows(schema, typed) == [_row_json(schema, r) for r in typed.to_pylist()]

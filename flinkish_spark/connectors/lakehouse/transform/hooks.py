@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from flinkish_spark.connectors.lakehouse.routing import TableInput
 from flinkish_spark.connectors.lakehouse.transform.rules import Transforms
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
-from flinkish_spark.connectors.postgres.rows.packed import _row_json
+from flinkish_spark.connectors.lakehouse.transform.json_rows import json_rows
 
 
 def transform_input(transforms: Transforms, table: str, schema: TableSchema,
@@ -60,7 +60,7 @@ def transform_stream(transforms: Transforms, stream: pa.Table) -> pa.Table:
                    .set_column(schema_rows.schema.get_field_index("row"), "row",
                                pa.array([by_id[i].to_json() for i in ids], pa.string())))
         rows = rule.rows(typed.schema, typed.rows)
-        texts = [_row_json(newest, r) for r in rows.to_pylist()]
+        texts = json_rows(newest, rows)
         n = rows.num_rows
         out.append(pa.table({
             "_table": pa.repeat(pa.scalar(name), n) if n else pa.array([], pa.string()),
