@@ -99,7 +99,7 @@ class Model:
 
     def _row(self, c: Change) -> dict[str, Any]:
         row = {k: v for k, v in c.row_dict().items() if k not in self.exclude}
-        return {**row, **{name: f(c) for name, f in self.computed.items()}}
+        return {**row, **{name: None if c.op == "d" else f(c) for name, f in self.computed.items()}}
 
     def apply(self, changes: list[Change]) -> None:
         for c in (t for t in map(self._transformed, ordered(changes)) if t is not None):
@@ -109,7 +109,8 @@ class Model:
                 if self.deletes == "true":
                     self.rows.pop(c.key, None)
                 elif self.deletes == "soft":
-                    last = self.rows.get(c.key, self._row(c))
+                    # a key the target lacks: the delete's row (its key; computed columns null, as a delete's)
+                    last = self.rows.get(c.key) or self._row(c)
                     self.rows[c.key] = {**last, "_deleted": True}
             else:
                 self.rows[c.key] = {**self._row(c), **({"_deleted": False} if self.deletes == "soft" else {})}
