@@ -43,6 +43,8 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED
 from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableMode, TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.transform.hooks import as_target
+from flinkish_spark.connectors.lakehouse.transform.rules import Transforms, parse_transforms
 from flinkish_spark.connectors.postgres.rows import TableSchema, decode_rows, row_sql
 
 #: A row's primary key values, in key order.
@@ -265,10 +267,13 @@ def _matching_tables(conn: Any, tables: str) -> list[str]:
 
 
 def compare_tables(source_url: str, tables: str, read: Callable[[str], pa.Table | None],
-                   password_env: str | None = None, modes: TableModes = TableModes()) -> list[TableComparison]:
+                   password_env: str | None = None, modes: TableModes = TableModes(),
+                   transforms: Transforms = Transforms()) -> list[TableComparison]:
     """Each table of ``source_url`` that matches ``tables`` (the mirror's ``--tables``) against ``read(table)`` (its
     target's rows as a reader of the format sees them, None: no target), in name order, one table at a time;
-    ``modes``: each target's shape (the sink's ``mode`` / ``deletes`` / ``tableModes``).
+    ``modes``: each target's shape (the sink's ``mode`` / ``deletes`` / ``tableModes``); ``transforms``: the sink's
+    columns and rows chosen (a transformed table is compared as its target must hold it now:
+    :func:`~flinkish_spark.connectors.lakehouse.transform.hooks.as_target`).
 
     The password: in the URL, from the variable ``password_env`` names, ``PGPASSWORD`` or ``~/.pgpass`` (as
     libpq)."""
@@ -278,7 +283,8 @@ def compare_tables(source_url: str, tables: str, read: Callable[[str], pa.Table 
     with connect(parse_url(source_url, password_env, "compare: source"), autocommit=True) as conn:
         for name in _matching_tables(conn, tables):
             schema, rows = source_rows(conn, name)
-            out.append(compare_rows(name, schema, decode_rows(rows, schema), read(name), modes.of(name)))
+            schema, typed = as_target(transforms, name, schema, decode_rows(rows, schema))
+            out.append(compare_rows(name, schema, typed, read(name), modes.of(name)))
     return out
 
 
@@ -286,7 +292,8 @@ def compare_delta(source_url: str, tables: str, target: str, options: Mapping[st
                   password_env: str | None = None) -> list[TableComparison]:
     """:func:`compare_tables` against the Delta targets of ``target`` (the mirror's ``--to``, a path with
     ``{schema}``/``{table}`` or a folder); ``options``: the sink's storage options for ``s3://`` targets."""
-    return compare_tables(source_url, tables, delta_reader(target, options), password_env, _modes(options))
+    return compare_tables(source_url, tables, delta_reader(target, options), password_env, _modes(options),
+                          _transforms(options))
 
 
 def compare_iceberg(source_url: str, tables: str, target: str, options: Mapping[str, str], checkpoint: str,
@@ -294,7 +301,7 @@ def compare_iceberg(source_url: str, tables: str, target: str, options: Mapping[
     """:func:`compare_tables` against the Iceberg targets of the ``table`` template ``target`` (see
     :func:`iceberg_reader`)."""
     return compare_tables(source_url, tables, iceberg_reader(target, options, checkpoint), password_env,
-                          _modes(options))
+                          _modes(options), _transforms(options))
 
 
 def compare_postgres(source_url: str, tables: str, target_url: str, template: str = "{schema}.{table}",
@@ -305,11 +312,16 @@ def compare_postgres(source_url: str, tables: str, target_url: str, template: st
     from flinkish_spark.connectors.postgres.connection import connect, parse_url
 
     with connect(parse_url(target_url, target_password_env, "compare: target"), autocommit=True) as conn:
-        return compare_tables(source_url, tables, postgres_reader(conn, template), password_env, _modes(options))
+        return compare_tables(source_url, tables, postgres_reader(conn, template), password_env, _modes(options),
+                              _transforms(options))
 
 
 def _modes(options: Mapping[str, str] | None) -> TableModes:
     return parse_table_modes((options or {}).get, "compare")
+
+
+def _transforms(options: Mapping[str, str] | None) -> Transforms:
+    return parse_transforms((options or {}).get, "compare")
 
 
 def compare_mirror(config: Any) -> list[TableComparison]:

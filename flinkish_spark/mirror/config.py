@@ -72,9 +72,10 @@ DEFAULT_PARALLELISM = 2
 _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of every routing sink a mirror may set: the storage ones and keepSparkCheckpoint (a copy of Spark's
 #: checkpoint with the metadata also for a local --checkpoint, e.g. a shared folder a new machine sees).
-#: Also each table's shape (mode/deletes/tableModes: :mod:`flinkish_spark.mirror.shapes`).
+#: Also each table's shape (mode/deletes/tableModes: :mod:`flinkish_spark.mirror.shapes`) and its columns and rows
+#: chosen (transforms: :mod:`flinkish_spark.connectors.lakehouse.transform.rules`).
 _COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint", "mode", "deletes", "tableModes", "trackHistoryColumns",
-                "trackHistoryColumns.except")
+                "trackHistoryColumns.except", "transforms")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
                   "rowFormat", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
@@ -90,7 +91,7 @@ SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
                 "retainSnapshots", "compactEvery", "mergeMode", *_COMMON_SINK),
     "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint", "mode", "deletes", "tableModes",
-                 "trackHistoryColumns", "trackHistoryColumns.except"),
+                 "trackHistoryColumns", "trackHistoryColumns.except", "transforms"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.
 TARGET_OPTION: dict[Format, str] = {"delta": "path", "iceberg": "table", "postgres": "table"}

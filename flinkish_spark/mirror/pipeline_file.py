@@ -6,7 +6,8 @@ Sections ``source`` (``type: postgres``, ``hostname`` / ``port`` / ``username`` 
 ``type: mysql`` with the keys of Flink CDC's MySQL pipeline connector: :mod:`flinkish_spark.mirror.mysql_options`),
 ``sink`` (``type: delta|iceberg|postgres``, the sink's options, each table's shape: ``mode``, ``deletes`` and the rule list
 ``table-modes``, :mod:`flinkish_spark.mirror.shapes`), ``route`` (one rule:
-``source-table``, ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``uid``,
+``source-table``, ``sink-table``, ``replace-symbol``), ``transform`` (Flink CDC's rules: ``source-table``,
+``projection``, ``filter``; :func:`flinkish_spark.mirror.shapes.yaml_transforms`) and ``pipeline`` (``name``, ``uid``,
 ``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``, and where
 it runs: ``master`` or ``remote`` with ``server-timeout``, as the flags --master, --remote, --server-timeout;
 :mod:`flinkish_spark.mirror.cluster`).
@@ -50,7 +51,7 @@ from flinkish_spark.mirror.config import (
     unknown_key,
 )
 
-_TOP = ("source", "sink", "route", "pipeline")
+_TOP = ("source", "sink", "route", "pipeline", "transform")
 _CONNECTION = ("hostname", "port", "username", "password", "database-name", "url")
 _SOURCE_KEYS = ("type", "name", "tables", "tables.exclude", *_CONNECTION, *SOURCE_OPTIONS, *SOURCE_FLINK_NAMES)
 _PIPELINE_KEYS = ("name", "uid", "checkpoint", "spark-checkpoint", "trigger", "parallelism", "schema.change.behavior",
@@ -184,9 +185,6 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
     if not isinstance(doc, dict):
         raise ConfigError("pipeline file: the top level must be a mapping with source, sink, route and pipeline")
     for key in doc:
-        if key == "transform":
-            raise ConfigError("pipeline file: 'transform' is not supported: a mirror copies tables as they are "
-                              "(project and filter the mirrored tables with Spark SQL, or write the pipeline in Python)")
         if key not in _TOP:
             raise unknown_key(str(key), _TOP, "pipeline file")
     src, sink, pipe = _section(doc, "source", True), _section(doc, "sink", True), _section(doc, "pipeline", True)
@@ -239,6 +237,10 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
                            f"{target_key!r} or by route[0].sink-table; uid and checkpoint are the pipeline's.")
     sink_extra = {k: _text(sink, k, "sink") or "" for k in SINK_OPTIONS[fmt] if k in sink and k not in TABLE_MODE_OPTIONS}
     sink_extra.update(shapes.yaml_modes(sink))
+    if doc.get("transform") is not None:  # Flink CDC's transform block: the routing sinks' option 'transforms'
+        if "transforms" in sink_extra:
+            raise ConfigError("pipeline file: give the transforms in 'transform' or in sink.transforms, not both")
+        sink_extra["transforms"] = shapes.yaml_transforms(doc["transform"])
     shapes.check_modes(sink_extra, "pipeline file: sink", fmt)
     sink_password = None
     if fmt == "postgres":

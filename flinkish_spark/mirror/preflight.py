@@ -113,6 +113,33 @@ def _source_problems(config: MirrorConfig, source: Any, warnings: list[str]) -> 
             out += _publication_problems(conn, source, followed, user)
         if config.format == "postgres":
             out += _target_is_source(config, conn, tables, source.patterns)
+        out += _transform_problems(config, conn, followed)
+    return out
+
+
+#: Tables whose schema the preflight checks against their transform rule at most (the others: when their schema
+#: first reaches the sink, which checks every table).
+TRANSFORM_CHECKS = 200
+
+
+def _transform_problems(config: MirrorConfig, conn: Any, tables: list[Any]) -> list[str]:
+    """Each followed table a transform rule matches, against its schema now: a column the rule names that the table
+    lacks, a key column left out, a computed column's name or type (the sink checks the same when a table's schema
+    arrives; here it is known before anything starts)."""
+    from flinkish_spark.connectors.lakehouse.transform.rules import parse_transforms
+    from flinkish_spark.connectors.postgres.source.catalog import load_table_schema, psycopg_query
+
+    transforms = parse_transforms(config.sink_options().get, "--sink-option")
+    out = []
+    for t in [t for t in tables if transforms.of(t.name) is not None][:TRANSFORM_CHECKS]:
+        rule = transforms.of(t.name)
+        schema = load_table_schema(psycopg_query(conn), t.oid)
+        if rule is None or schema is None:
+            continue
+        try:
+            rule.schema(schema)
+        except FlinkishError as e:
+            out.append(str(e))
     return out
 
 

@@ -12,7 +12,7 @@ import collections
 import datetime as dt
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
@@ -78,26 +78,44 @@ def ordered(changes: list[Change]) -> list[Change]:
 
 
 class Model:
-    """What the table must hold after each epoch."""
+    """What the table must hold after each epoch.
 
-    def __init__(self, mode: str, deletes: str, track: tuple[str, ...] | None = None) -> None:
+    With a transform (a routing sink's ``transforms``, written here in Python, independently of its SQL): ``keep``
+    the filter on the source row, ``computed`` the computed columns (of the change), ``exclude`` the columns the
+    target never gets. A snapshot row not kept is skipped; an insert or update not kept is a delete of its key."""
+
+    def __init__(self, mode: str, deletes: str, track: tuple[str, ...] | None = None,
+                 keep: Callable[[dict[str, Any]], bool] | None = None,
+                 computed: dict[str, Callable[[Change], Any]] | None = None, exclude: tuple[str, ...] = ()) -> None:
         """``track`` (history): the tracked columns -- a change of only others updates the current version."""
         self.mode, self.deletes, self.track = mode, deletes, track
         self.rows: dict[int, dict[str, Any]] = {}
         self.history: list[dict[str, Any]] = []
+        self.keep, self.computed, self.exclude = keep, computed or {}, exclude
+
+    def _transformed(self, c: Change) -> Change | None:
+        """``c`` as the target gets it (None: skipped)."""
+        if self.keep is None or c.op == "d" or self.keep(c.row_dict()):
+            return c
+        return None if c.op == "r" else Change(c.key, "d", None, c.lsn, c.part, c.row)
+
+    def _row(self, c: Change) -> dict[str, Any]:
+        row = {k: v for k, v in c.row_dict().items() if k not in self.exclude}
+        return {**row, **{name: None if c.op == "d" else f(c) for name, f in self.computed.items()}}
 
     def apply(self, changes: list[Change]) -> None:
-        for c in ordered(changes):
+        for c in (t for t in map(self._transformed, ordered(changes)) if t is not None):
             if self.mode == "history":
                 self._history(c)
             elif c.op == "d":
                 if self.deletes == "true":
                     self.rows.pop(c.key, None)
                 elif self.deletes == "soft":
-                    last = self.rows.get(c.key, c.row_dict())
+                    # a key the target lacks: the delete's row (its key; computed columns null, as a delete's)
+                    last = self.rows.get(c.key) or self._row(c)
                     self.rows[c.key] = {**last, "_deleted": True}
             else:
-                self.rows[c.key] = {**c.row_dict(), **({"_deleted": False} if self.deletes == "soft" else {})}
+                self.rows[c.key] = {**self._row(c), **({"_deleted": False} if self.deletes == "soft" else {})}
 
     def _history(self, c: Change) -> None:
         if c.op == "d" and self.deletes == "false":
@@ -112,7 +130,7 @@ class Model:
             if version["id"] == c.key and version["_current"]:
                 version["_valid_to"], version["_current"] = c.ts, False
         if c.op != "d":
-            self.history.append({**c.row_dict(), "_valid_from": c.ts, "_valid_to": None, "_current": True})
+            self.history.append({**self._row(c), "_valid_from": c.ts, "_valid_to": None, "_current": True})
 
     def table(self) -> list[dict[str, Any]]:
         rows = self.history if self.mode == "history" else list(self.rows.values())

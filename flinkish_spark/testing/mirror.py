@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.transform.hooks import as_target
+from flinkish_spark.connectors.lakehouse.transform.rules import Transforms, parse_transforms
 from flinkish_spark.connectors.postgres.rows import UNCHANGED_FIELD, TableSchema
 from flinkish_spark.mirror.compare import compare_rows, current_rows, delta_reader, rows_by_key, source_rows
 from flinkish_spark.testing.spark_log import committed_batches
@@ -97,6 +99,16 @@ with psycopg.connect(url, autocommit=True) as conn:
         time.sleep(0.004)
 '''
 
+
+#: Columns and rows chosen for :data:`SETUP`'s tables under :data:`WRITER` (a routing sink's ``transforms``, issue 30
+#: item 2): m_a never gets b nor the column the writer adds (extra); m_c's rows enter as the writer divides f
+#: (``amount > f``), without f, with computed columns; m_new's rows leave as the writer doubles f and enter as it
+#: inserts, without iv.
+WORKLOAD_TRANSFORMS = json.dumps([
+    {"tables": "public.m_a", "columns.exclude": ["b", "extra"]},
+    {"tables": "public.m_c", "columns.exclude": "f", "filter": "amount > f",
+     "computed": {"cents": "CAST(amount * 100 AS bigint)", "src": "_source_table"}},
+    {"tables": "public.m_new", "projection": "* EXCEPT (iv), concat('n', CAST(id AS string)) AS tag", "filter": "f < 100"}])
 
 
 def _key(row: dict[str, Any], key: Iterable[str]) -> tuple[Any, ...]:
@@ -181,17 +193,18 @@ def differences(replayed: State, source: State, schemas: dict[str, TableSchema])
 
 
 def target_differences(read: Callable[[str], Any], source: State, schemas: dict[str, TableSchema],
-                       modes: TableModes = TableModes()) -> dict[str, Any]:
+                       modes: TableModes = TableModes(), transforms: Transforms = Transforms()) -> dict[str, Any]:
     """Per source table, what differs between its routed target (``read(table)``: its rows as an Arrow table
     as a reader of the format sees them, None when there is no target) and the server's rows decoded to the
     stream's Arrow types (:func:`flinkish_spark.mirror.compare.compare_rows`; ``modes``: each target's shape, whose
-    current rows are compared); empty when every target is equal."""
+    current rows are compared; ``transforms``: the columns and rows each target gets, ``as_target``); empty when
+    every target is equal."""
     from flinkish_spark.connectors.postgres.rows import decode_rows
 
     out: dict[str, Any] = {}
     for table, rows in source.items():
-        schema = schemas[table]
-        theirs = decode_rows([json.dumps(r) for r in rows.values()], schema)
+        schema, theirs = as_target(transforms, table, schemas[table],
+                                   decode_rows([json.dumps(r) for r in rows.values()], schemas[table]))
         mode = modes.of(table)
         target = read(table)
         result = compare_rows(table, schema, theirs, target, mode)
@@ -212,7 +225,7 @@ def delta_differences(root: str, source: State, schemas: dict[str, TableSchema],
     deletion vectors applied); ``options``: the sink's storage options for an ``s3://`` root (``endpointUrl``)
     and its table modes."""
     return target_differences(delta_reader(root, options), source, schemas,
-                              parse_table_modes((options or {}).get, "test"))
+                              parse_table_modes((options or {}).get, "test"), parse_transforms((options or {}).get, "test"))
 
 
 def slots_and_publications(url: str) -> tuple[int, list[str]]:

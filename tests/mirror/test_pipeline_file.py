@@ -88,6 +88,14 @@ pipeline:
     assert_no_secret(c)
 
 
+def test_a_flink_cdc_transform_block_is_the_sinks_transforms() -> None:
+    c = from_document(doc(transform=[{"source-table": "public.users", "projection": "* EXCEPT (password_hash), "
+                                      "__table_name__ AS source", "filter": "active", "description": "no secrets"}]))
+    assert json.loads(c.sink_options()["transforms"]) == [
+        {"tables": "public.users", "projection": "* EXCEPT (password_hash), __table_name__ AS source",
+         "filter": "active", "description": "no secrets"}]
+
+
 def test_pipeline_file_defaults_and_other_sinks() -> None:
     c = from_document(doc(sink={"type": "delta", "path": "/lake"}, pipeline={"trigger": None}))
     assert c.target == "/lake/{schema}/{table}" and c.trigger_s == 10.0
@@ -109,7 +117,10 @@ def test_pipeline_file_defaults_and_other_sinks() -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"transform": [{"source-table": "a.b"}]}, "'transform' is not supported"),
+    ({"transform": [{"source-table": "a.b", "primary-keys": "id"}]}, r"transform\[0\].primary-keys is not supported"),
+    ({"transform": [{"source-table": "a.b", "filtr": "id > 1"}]}, r"transform\[0\]: unknown key 'filtr'"),
+    ({"transform": [{"source-table": "a.b", "filter": "rand() > 0.5"}]}, "is not deterministic"),
+    ({"transform": {"source-table": "a.b"}}, "'transform' must be a list of rules"),
     ({"sourse": {}}, "pipeline file: unknown key 'sourse'. Did you mean 'source'"),
     ({"pipeline": None}, "section 'pipeline' missing"),
     ({"source": {"type": "oracle"}}, "source.type 'oracle' is not supported; use 'postgres' or 'mysql'"),

@@ -119,6 +119,10 @@ def sink_option_the_sink_refuses(conn: Any, url: str, db: str) -> dict[str, Any]
     return {"extra": ("--sink-option", "mergeMode=sometimes")}
 
 
+def transform_naming_a_missing_column(conn: Any, url: str, db: str) -> dict[str, Any]:
+    return {"extra": ("--sink-option", 'transforms=[{"tables": "public.fh_a", "filter": "nope > 1"}]')}
+
+
 def unreachable_source_with_a_password(conn: Any, url: str, db: str) -> dict[str, Any]:
     return {"source": f"postgresql://postgres:{SECRET}@127.0.0.1:1/{db}"}
 
@@ -143,6 +147,8 @@ CASES: list[tuple[Case, list[str]]] = [
     (to_under_a_file, ["is not writable"]),
     (to_the_source_database, ["--to names the source database itself"]),
     (sink_option_the_sink_refuses, ["mergeMode", "sometimes"]),
+    (transform_naming_a_missing_column, ["source table public.fh_a: transforms rule for 'public.fh_a' names column(s) "
+                                         "nope (in the filter 'nope > 1') the table does not have (its columns: id, v)"]),
     (unreachable_source_with_a_password, ["is unreachable"]),
 ]
 

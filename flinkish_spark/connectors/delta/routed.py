@@ -77,6 +77,8 @@ from flinkish_spark.connectors.lakehouse.routing import (
     Route, TableEpoch, TablePart, table_plan, tables_of, task_tables, truncates_as_deletes,
 )
 from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableModes
+from flinkish_spark.connectors.lakehouse.transform.hooks import transformed
+from flinkish_spark.connectors.lakehouse.transform.rules import Transforms
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO
@@ -131,6 +133,9 @@ def checkpoint_offset(path: str, interval: int) -> int:
 
 
 class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
+    #: Columns and rows chosen per table (option ``transforms``), applied to each task's rows before anything else.
+    transforms: Transforms = Transforms()
+
     def __init__(self, io: FileIO, route: Route, uid: str, merge_mode: MergeMode = "mergeOnRead",
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
@@ -162,7 +167,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
         parts = []
-        for name, schema, data in task_tables(batches):
+        for name, schema, data in transformed(self.transforms, task_tables(batches)):
             keyed = None
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
             changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name).shape != UPSERT.shape

@@ -59,6 +59,7 @@ from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
 from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.transform.rules import TRANSFORM_OPTION, sink_transforms
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError
@@ -158,7 +159,8 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.delta"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("partitionBy", "createTable", "checkpointInterval", "compactEvery",
-                                                "rowsPerFile", "targetFileSize", *KEYED_SINK_OPTIONS, *TABLE_MODE_OPTIONS)
+                                                "rowsPerFile", "targetFileSize", *KEYED_SINK_OPTIONS, *TABLE_MODE_OPTIONS,
+                                                TRANSFORM_OPTION)
 
     def configure(self, opts: Options) -> None:
         self.path = opts.required("path", "the Delta table's folder, e.g. .option('path', 's3://b/tables/orders')").rstrip("/")
@@ -169,6 +171,7 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
             raise ConfigError(f"{opts.component}: option '{routing_only[0]}' gives the tables of a routing sink their modes "
                               "('{table}' in 'path'); one table's sink has 'mode' and 'deletes'. Drop it.")
         self.modes = parse_table_modes(opts.get, opts.component) if self.route is not None else TableModes()
+        self.transforms = sink_transforms(opts.get, self.route is not None, opts.component, "path")
         raw = opts.get("partitionBy") or ""
         self.partition_by = tuple(c.strip() for c in raw.split(",") if c.strip())
         self.create_table = opts.boolean("createTable", True)
@@ -190,10 +193,12 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         component = f"{self.name()} sink uid {self.uid!r}"
         if self.route is not None:
             check_stream(schema.fieldNames(), component, "path")
-            return RoutedDeltaSink(self.data_io, self.route, self.uid, self.keyed.merge_mode,
-                                   DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval,
-                                   self.rows_per_file, self.target_file_size, self.create_table,
-                                   self.io, self.decision_log().directory, self.compact_every, self.modes)
+            routed = RoutedDeltaSink(self.data_io, self.route, self.uid, self.keyed.merge_mode,
+                                     DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval,
+                                     self.rows_per_file, self.target_file_size, self.create_table,
+                                     self.io, self.decision_log().directory, self.compact_every, self.modes)
+            routed.transforms = self.transforms
+            return routed
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")

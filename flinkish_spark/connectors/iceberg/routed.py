@@ -110,6 +110,8 @@ from flinkish_spark.connectors.lakehouse.routing import (
     truncates_as_deletes,
 )
 from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableModes
+from flinkish_spark.connectors.lakehouse.transform.hooks import transformed
+from flinkish_spark.connectors.lakehouse.transform.rules import Transforms
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO, storage_options_from
@@ -137,6 +139,9 @@ class RoutedCommittable:
 
 
 class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
+    #: Columns and rows chosen per table (option ``transforms``), applied to each task's rows before anything else.
+    transforms: Transforms = Transforms()
+
     def __init__(self, catalog_properties: dict[str, str], route: Route, uid: str, options: Mapping[str, str] | None = None,
                  merge_mode: MergeMode = "mergeOnRead", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, retain_snapshots: int = 100,
@@ -180,7 +185,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
         parts = []
-        for name, schema, data in task_tables(batches):
+        for name, schema, data in transformed(self.transforms, task_tables(batches)):
             part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None,
                               earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us)
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.

@@ -87,6 +87,7 @@ from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
 from flinkish_spark.connectors.lakehouse.table_modes import TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.transform.rules import TRANSFORM_OPTION, sink_transforms
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
 from flinkish_spark.faults import crash_point
@@ -358,7 +359,8 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
                                                 "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
-                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes", TRACK, TRACK_EXCEPT)
+                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes", TRACK, TRACK_EXCEPT,
+                                                TRANSFORM_OPTION)
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
@@ -370,6 +372,7 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
             raise ConfigError(f"{component}: option '{routing_only[0]}' gives the tables of a routing sink their modes "
                               "('{table}' in 'table'); one table's sink has 'mode' and 'deletes'. Drop it.")
         self.modes = parse_table_modes(opts.get, component) if self.route is not None else TableModes()
+        self.transforms = sink_transforms(opts.get, self.route is not None, component, "table")
         # A template is checked as a name it makes (each placeholder one part of a name).
         identifier(table.replace("{schema}", "s").replace("{table}", "t"), component)
         self.identifier = table
@@ -394,10 +397,12 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     def sink(self, schema: StructType) -> Any:
         if self.route is not None:
             check_stream(schema.fieldNames(), f"{self.name()} sink uid {self.uid!r}", "table")
-            return RoutedIcebergSink(self.catalog_props, self.route, self.uid, self.raw_options, self.keyed.merge_mode,
-                                     self.rows_per_file, self.target_file_size, self.retain_snapshots,
-                                     self.create_table, self.io, self.decision_log().directory, self.compact_every,
-                                     self.modes)
+            routed = RoutedIcebergSink(self.catalog_props, self.route, self.uid, self.raw_options, self.keyed.merge_mode,
+                                       self.rows_per_file, self.target_file_size, self.retain_snapshots,
+                                       self.create_table, self.io, self.decision_log().directory, self.compact_every,
+                                       self.modes)
+            routed.transforms = self.transforms
+            return routed
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]
         if missing:
             raise ConfigError(f"{self.name()} sink: option 'partitionBy' names {missing}, which the query does not have ({schema.simpleString()})")

@@ -43,6 +43,8 @@ from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures, 
 from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us
 from flinkish_spark.connectors.lakehouse.routing import Route, TableEpoch, TablePart, require_key, tables_of
 from flinkish_spark.connectors.lakehouse.table_modes import TableModes
+from flinkish_spark.connectors.lakehouse.transform.hooks import transform_stream
+from flinkish_spark.connectors.lakehouse.transform.rules import Transforms
 from flinkish_spark.connectors.postgres.connection import (
     ConnectionInfo, adbc_connect, check_server_version, connect, qualified, quote_ident, require_psycopg, split_table,
 )
@@ -268,6 +270,9 @@ def decode_staged(data: bytes) -> RoutedStaged:
 
 
 class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
+    #: Columns and rows chosen per table (option ``transforms``), applied to each task's rows before they are staged.
+    transforms: Transforms = Transforms()
+
     def __init__(self, plan: RoutedPlan, uid: str, lock_timeout_s: int) -> None:
         self.plan, self.uid, self.lock_timeout_s = plan, uid, lock_timeout_s
 
@@ -282,6 +287,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         stream = pa.Table.from_batches(got)
         if is_packed(stream.column_names):  # rowFormat=arrow: back to JSON rows, which staging holds
             stream = unpack_json(stream)
+        stream = transform_stream(self.transforms, stream)  # columns and rows chosen: before anything is staged
         staged, parts = stage_rows(stream, ctx, attempt_id)
         if not parts:
             return None

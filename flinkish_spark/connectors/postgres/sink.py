@@ -53,6 +53,7 @@ from flinkish_spark.connectors.postgres.prepared import (
 )
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, refuse_keyed_options
 from flinkish_spark.connectors.lakehouse.table_modes import TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
+from flinkish_spark.connectors.lakehouse.transform.rules import TRANSFORM_OPTION, sink_transforms
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
 from flinkish_spark.connectors.postgres.routed import RoutedPlan, RoutedPostgresSink, check_template, resolve_routed_plan
 from flinkish_spark.connectors.postgres.staging import (
@@ -494,7 +495,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("url", "table", "mode", "key", "createTable", "commitMode", "deletes", "passwordEnv",
-                                                "lockTimeout", "tableModes", TRACK, TRACK_EXCEPT)
+                                                "lockTimeout", "tableModes", TRACK, TRACK_EXCEPT, TRANSFORM_OPTION)
 
     def configure(self, opts: Options) -> None:
         self.conn = parse_url(opts.required("url", "a libpq URI such as postgresql://user@host:5432/db"), opts.get("passwordEnv"))
@@ -514,6 +515,7 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
         else:
             split_table(self.table)
         routed = self.route is not None
+        self.transforms = sink_transforms(opts.get, routed, opts.component, "table")
         # routed: mode / deletes are each table's (self.modes); these are the single-target sink's
         self.mode: Mode = "append" if routed else opts.choice("mode", ("append", "upsert"), "append")
         raw_key = opts.get("key") or ""
@@ -546,7 +548,9 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
 
     def sink(self, schema: StructType) -> Any:
         if self.route is not None:
-            return RoutedPostgresSink(self.routed_plan(schema), self.uid, self.lock_timeout_s or 0)
+            routed = RoutedPostgresSink(self.routed_plan(schema), self.uid, self.lock_timeout_s or 0)
+            routed.transforms = self.transforms
+            return routed
         return PostgresSink(self.plan(schema), self.uid, self.run_id[:8], self.lock_timeout_s or 0)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:

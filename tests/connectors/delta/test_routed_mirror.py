@@ -9,7 +9,8 @@ numeric(14,2)`` on m_c, a new table m_new, ``DROP TABLE m_drop``), but into the 
 equals its source table (new column and new table included), no table outside the pattern
 has a target, and no slot or publication is left. m_a keeps soft deletes and m_b its history
 (``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat, also
-through the compactions.
+through the compactions. Three tables have transforms (``transforms``): excluded columns (one the writer adds
+later), row filters rows enter and leave, computed columns -- each target equals what its rule makes of its table.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 
 from flinkish_spark.mirror.compare import delta_storage
 from flinkish_spark.testing.mirror import (
-    delta_differences, history_problems, run_workload, slots_and_publications, table_states,
+    WORKLOAD_TRANSFORMS, delta_differences, history_problems, run_workload, slots_and_publications, table_states,
 )
 
 deltalake = pytest.importorskip("deltalake")
@@ -35,6 +36,7 @@ SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 LAKE = "s3://test/lake"
 META = "s3://test/meta"
 MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
+TRANSFORMS = WORKLOAD_TRANSFORMS  # excluded columns (one added later), filters crossed both ways, computed
 
 
 def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
@@ -46,7 +48,7 @@ def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": META, "endpointUrl": endpoint, "path": LAKE + "/{schema}/{table}",
             "compactEvery": 3,  # each target compacted every 3 of its versions, through the kills too
-            "tableModes": MODES}},
+            "tableModes": MODES, "transforms": TRANSFORMS}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -65,13 +67,17 @@ def test_pattern_mirror_into_routed_delta_through_kills_schema_changes_and_new_t
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, tables)
     assert "extra" in schemas["public.m_a"].names
-    assert delta_differences(LAKE, source, schemas, {"endpointUrl": s3_proc, "tableModes": MODES}) == {}
+    assert delta_differences(LAKE, source, schemas, {"endpointUrl": s3_proc, "tableModes": MODES,
+                                                     "transforms": TRANSFORMS}) == {}
     storage = delta_storage(LAKE, {"endpointUrl": s3_proc})
     m_b = deltalake.DeltaTable(LAKE + "/public/m_b", storage_options=storage)
     versions = pa.table(m_b.scan())
     assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
     m_a = pa.table(deltalake.DeltaTable(LAKE + "/public/m_a", storage_options=storage).scan())
     assert pc.sum(m_a["_deleted"]).as_py() > 0  # the deleted keys kept
+    assert "b" not in m_a.column_names and "extra" not in m_a.column_names  # excluded, also once the source added it
+    m_new = pa.table(deltalake.DeltaTable(LAKE + "/public/m_new", storage_options=storage).scan())
+    assert 0 < m_new.num_rows < len(source["public.m_new"]) and "iv" not in m_new.column_names  # the filter's rows
     targets = s3fs.S3FileSystem(endpoint_url=s3_proc).ls("test/lake/public", refresh=True)
     assert sorted(p.rsplit("/", 1)[-1] for p in targets) == ["m_a", "m_b", "m_c", "m_drop", "m_new"]  # never 'other'
     m_c = deltalake.DeltaTable(LAKE + "/public/m_c", storage_options=delta_storage(LAKE, {"endpointUrl": s3_proc}))

@@ -7,7 +7,8 @@ m_c, a new table m_new, ``DROP TABLE m_drop``), into the routed ``flinkish.icebe
 catalog on SQLite, tables on local disk): after the kills and the drain every Iceberg target read by
 pyiceberg equals its source table (new column and new table included), no table outside the pattern
 has a target, and no slot or publication is left. m_a keeps soft deletes and m_b its history
-(``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat.
+(``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat. Three tables
+have the Delta test's transforms: each target equals what its rule makes of its table.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import pytest
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+from flinkish_spark.connectors.lakehouse.transform.rules import parse_transforms
 from flinkish_spark.testing.mirror import (
-    history_problems, run_workload, slots_and_publications, table_states, target_differences,
+    WORKLOAD_TRANSFORMS, history_problems, run_workload, slots_and_publications, table_states, target_differences,
 )
 
 pyiceberg = pytest.importorskip("pyiceberg")
@@ -33,6 +35,7 @@ KILLS = 2
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 #: m_a keeps soft deletes, m_b its history; the others mirrored.
 MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
+TRANSFORMS = WORKLOAD_TRANSFORMS  # columns and rows chosen (issue 30 item 2)
 
 
 def spec(tmp_path: Path, url: str, **extra: object) -> dict:
@@ -44,7 +47,7 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
             "uid": "lake", "checkpoint": str(tmp_path / "meta"), "table": "mirror.{schema}_{table}",
             "catalogUri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh",
             "compactEvery": 3,  # each target's files with deletes rewritten every 3 of its snapshots, through the kills
-            "tableModes": MODES}},
+            "tableModes": MODES, "transforms": TRANSFORMS}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -69,7 +72,11 @@ def test_pattern_mirror_into_routed_iceberg_through_kills_schema_changes_and_new
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, tables)
     assert "extra" in schemas["public.m_a"].names
-    assert target_differences(read, source, schemas, parse_table_modes({"tableModes": MODES}.get, "test")) == {}
+    assert target_differences(read, source, schemas, parse_table_modes({"tableModes": MODES}.get, "test"),
+                              parse_transforms({"transforms": TRANSFORMS}.get, "test")) == {}
+    m_a, m_new = read("public.m_a"), read("public.m_new")
+    assert "b" not in m_a.column_names and "extra" not in m_a.column_names  # excluded, also once the source added it
+    assert 0 < m_new.num_rows < len(source["public.m_new"]) and "iv" not in m_new.column_names  # the filter's rows
     versions = read("public.m_b")
     assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
     assert pc.sum(read("public.m_a")["_deleted"]).as_py() > 0  # the deleted keys kept

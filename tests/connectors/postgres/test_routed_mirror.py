@@ -13,11 +13,14 @@ source's column types (m_c.amount widened in place); no table outside the patter
 there was one slot while running and none after the drain. Two tables have a shape of their own
 (``tableModes``): m_a keeps soft deletes (its deletes and key changes), m_b its history (SCD2): what
 they hold now equals their table (``flinkish mirror compare``'s view) and m_b's versions never overlap or
-repeat through the kills.
+repeat through the kills. Two have transforms (``transforms``): m_c without a column, its rows entering a filter,
+with computed columns; m_new's rows entering and leaving a filter, with a computed column -- each equal to what its
+rule makes of its table.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -37,6 +40,12 @@ TABLES = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
 #: m_a with soft deletes, m_b's history; the others mirrored.
 MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
 EXTRA = {"mirror.m_a": ["_deleted"], "mirror.m_b": ["_valid_from", "_valid_to", "_current"]}
+#: Columns and rows chosen (issue 30 item 2): m_c's rows enter as the writer divides f (amount > f), without f, with
+#: computed columns; m_new's rows leave as the writer doubles f (and enter as it inserts), with a computed column.
+TRANSFORMS = json.dumps([
+    {"tables": "public.m_c", "columns.exclude": "f", "filter": "amount > f",
+     "computed": {"cents": "CAST(amount * 100 AS bigint)", "src": "_source_table"}},
+    {"tables": "public.m_new", "projection": "*, concat('n', CAST(id AS string)) AS tag", "filter": "f < 100"}])
 
 
 def spec(tmp_path: Path, url: str, sink_options: dict[str, str] | None = None, **extra: object) -> dict:
@@ -57,13 +66,12 @@ def spec(tmp_path: Path, url: str, sink_options: dict[str, str] | None = None, *
 
 def test_pattern_mirror_into_routed_postgres_through_kills_schema_changes_and_new_tables(pg_url, run_pipeline,
                                                                                          tmp_path: Path) -> None:
-    run_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, {"tableModes": MODES}, **extra), pg_url,
+    options = {"tableModes": MODES, "transforms": TRANSFORMS}
+    run_workload(run_pipeline, lambda **extra: spec(tmp_path, pg_url, options, **extra), pg_url,
                  str(tmp_path / "cp"), str(tmp_path), KILLS, SEED, crash_at="sink.between_tables:3")
 
-    compared = {c.table: c for c in compare_postgres(pg_url, "public.m_*", pg_url, "mirror.{table}",
-                                                     options={"tableModes": MODES})}
-    assert compared["public.m_a"].equal and compared["public.m_b"].equal, \
-        (compared["public.m_a"].summary(), compared["public.m_b"].summary())
+    compared = {c.table: c for c in compare_postgres(pg_url, "public.m_*", pg_url, "mirror.{table}", options=options)}
+    assert all(compared[t].equal for t in TABLES), [compared[t].summary() for t in TABLES]  # m_c, m_new: their rules'
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
         target, target_schemas = table_states(conn, ["mirror.m_a", "mirror.m_c", "mirror.m_new"])
@@ -74,13 +82,15 @@ def test_pattern_mirror_into_routed_postgres_through_kills_schema_changes_and_ne
             "SELECT tablename FROM pg_tables WHERE schemaname = 'mirror' AND tablename NOT LIKE 'flinkish%'").fetchall()}
         epochs = conn.execute("SELECT count(*), count(DISTINCT (epoch, target)) FROM mirror.flinkish_commits").fetchone()
     assert "extra" in schemas["public.m_a"].names
-    mirrored_as_is = ["public.m_c", "public.m_new"]
-    replica = {t: target[t.replace("public.", "mirror.")] for t in mirrored_as_is}
-    assert differences(replica, {t: source[t] for t in mirrored_as_is}, schemas) == {}
-    for t in ["public.m_a", *mirrored_as_is]:  # the source's own column types (and the shape's own columns)
-        got = [(c.name, c.type) for c in target_schemas[t.replace("public.", "mirror.")].columns]
-        assert [g for g in got if g[0] not in EXTRA.get(t.replace("public.", "mirror."), [])] == \
-               [(c.name, c.type) for c in schemas[t].columns], t
+    got = [(c.name, c.type) for c in target_schemas["mirror.m_a"].columns]  # the source's own column types
+    assert [g for g in got if g[0] != "_deleted"] == [(c.name, c.type) for c in schemas["public.m_a"].columns]
+    assert [(c.name, c.type) for c in target_schemas["mirror.m_c"].columns] == [
+        ("id", "integer"), ("amount", "numeric(14,2)"), ("cents", "bigint"), ("src", "text")]  # without f
+    assert [(c.name, c.type) for c in target_schemas["mirror.m_new"].columns] == [
+        *[(c.name, c.type) for c in schemas["public.m_new"].columns], ("tag", "text")]
+    kept = {k: r for k, r in source["public.m_new"].items() if r["f"] < 100}  # exactly the filter's rows, each value
+    assert 0 < len(kept) < len(source["public.m_new"])                        # as the server's own text
+    assert differences({"public.m_new": target["mirror.m_new"]}, {"public.m_new": kept}, schemas) == {}
     assert history_problems(history, ["k"]) == []
     assert history.num_rows > len(source["public.m_b"]) and soft_deleted > 0  # versions kept, deletes kept
     assert dict((c.name, c.type) for c in target_schemas["mirror.m_c"].columns)["amount"] == "numeric(14,2)"
