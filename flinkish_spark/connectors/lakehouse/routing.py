@@ -104,6 +104,10 @@ class Route:
                         for piece in re.split("(\\{schema\\}|\\{table\\})", self.template))
         return re.fullmatch(regex, name) is not None
 
+    def merged(self, source_table: str) -> Any:
+        """The rule merging ``source_table`` with other shards into one target (:mod:`.routes`); None here."""
+        return None
+
     def _invalid(self, part: str) -> str | None:
         if self.kind == "iceberg" and "." in part:
             return f"{part!r} holds a '.', which would be another Iceberg namespace level"
@@ -401,7 +405,7 @@ def tables_of(parts: Iterable[P], route: Route, option: str) -> list[TableEpoch[
     for name in by_table:
         by_target.setdefault(route.target(name), []).append(name)
     for target, names in by_target.items():
-        if len(names) > 1:
+        if len(names) > 1 and not all(route.merged(n) for n in names):  # shards of a merging rule share it
             raise routed_twice(sorted(names), target, option)
     return [by_table[t] for t in sorted(by_table)]
 
