@@ -73,7 +73,7 @@ _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of every routing sink a mirror may set: the storage ones and keepSparkCheckpoint (a copy of Spark's
 #: checkpoint with the metadata also for a local --checkpoint, e.g. a shared folder a new machine sees).
 #: Also each table's shape (mode/deletes/tableModes: :mod:`flinkish_spark.mirror.shapes`).
-_COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint", "mode", "deletes", "tableModes")
+_COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint", "mode", "deletes", "tableModes", "routes", "keysUniqueAcrossShards")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
                   "rowFormat", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
@@ -88,7 +88,8 @@ SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
               *_COMMON_SINK),
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
                 "retainSnapshots", "compactEvery", "mergeMode", *_COMMON_SINK),
-    "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint", "mode", "deletes", "tableModes"),
+    "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint", "mode", "deletes", "tableModes",
+                 "routes", "keysUniqueAcrossShards"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.
 TARGET_OPTION: dict[Format, str] = {"delta": "path", "iceberg": "table", "postgres": "table"}
@@ -388,7 +389,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
               trigger: str | None = None, stop_after_snapshot: bool = False, uid: str | None = None,
               spark_checkpoint: str | None = None, source_option: Sequence[str] = (),
               sink_option: Sequence[str] = (), master: str | None = None, remote: str | None = None,
-              server_timeout: str | None = None, parallelism: int | None = None) -> MirrorConfig:
+              server_timeout: str | None = None, parallelism: int | None = None, route: Sequence[str] = ()) -> MirrorConfig:
     """The configuration of ``flinkish mirror --from ... --tables ... --to ... --checkpoint ...``."""
     missing = [flag for flag, v in (("--from", source), ("--tables", tables), ("--to", to), ("--checkpoint", checkpoint))
                if not v]
@@ -413,6 +414,9 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         src_given["startup"] = startup_mode(src_given["startup"], "--source-option startup")
     stop_after_snapshot = bounded(src_given, stop_after_snapshot, "--source-option startup")
     sink_given = _key_values(sink_option, "--sink-option")
+    from flinkish_spark.mirror import route_rules
+
+    route_rules.cli_routes(route, sink_given)  # --route: the routing sinks' 'routes' (mirror.route_rules)
     sink_password = None
     target_key = TARGET_OPTION[form]
     if form == "postgres":
@@ -428,6 +432,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
 
     sink_extra = _extra(sink_given, allowed, f"--sink-option (format {form})")
     check_modes(dict(sink_extra), "--sink-option")
+    route_rules.check_routes(_ROUTE_KIND[form], target, TARGET_OPTION[form], dict(sink_extra), "--route")
     from flinkish_spark.mirror.cluster import placement
 
     timeout = parse_trigger(server_timeout, "--server-timeout", "a duration") if server_timeout else None

@@ -72,6 +72,7 @@ from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us, gone
 from flinkish_spark.connectors.lakehouse.routing import (
     Route, TableEpoch, TablePart, table_plan, tables_of, task_tables, truncates_as_deletes,
 )
+from flinkish_spark.connectors.lakehouse.routes import Routes
 from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableModes
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
@@ -254,12 +255,12 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         """The newest epoch of this uid in any target the route can name (-1: none): each Delta table below
         the route's pattern is read (delta-rs, its txn of the uid). Asked only at a query's start when the
         sink's metadata is missing or belongs to another Spark query (:mod:`flinkish_spark.sink.incarnation`)."""
-        stripped = Route(self.io.strip(self.route.template), self.route.kind)
-        pattern = self.route.template.replace("{schema}", "*").replace("{table}", "*")
-        logs = {p.rsplit("/_delta_log/", 1)[0] for name in ("_last_checkpoint", "0" * 20 + ".json")
-                for p in self.io.glob(f"{pattern}/_delta_log/{name}")}
+        templates = self.route.templates() if isinstance(self.route, Routes) else (self.route.template,)
+        stripped = [Route(self.io.strip(t), self.route.kind) for t in templates]
+        logs = {p.rsplit("/_delta_log/", 1)[0] for t in templates for name in ("_last_checkpoint", "0" * 20 + ".json")
+                for p in self.io.glob(f"{t.replace('{schema}', '*').replace('{table}', '*')}/_delta_log/{name}")}
         epochs = [DeltaTarget(self.io, self.io.url(p), self.uid, pa.schema([]), ()).last_committed_epoch()
-                  for p in sorted(logs) if stripped.matches(p)]
+                  for p in sorted(logs) if any(r.matches(p) for r in stripped)]
         return max(epochs, default=-1)
 
     def figures(self, committables: list[RoutedCommittable]) -> dict[str, Any]:

@@ -93,6 +93,7 @@ from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEF
 from flinkish_spark.connectors.lakehouse.figures import epoch_figures
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
 from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, check_mode_columns, close_time_us, gone_rows_as
+from flinkish_spark.connectors.lakehouse.routes import Routes
 from flinkish_spark.connectors.lakehouse.routing import (
     Route,
     TableEpoch,
@@ -422,8 +423,10 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         catalog = self.catalog()
-        depth = self.route.template.count(".")  # namespace levels: every dot but the name's
+        templates = self.route.templates() if isinstance(self.route, Routes) else (self.route.template,)
+        depth = max(t.count(".") for t in templates)  # namespace levels: every dot but the name's (route rules too)
         namespaces: list[tuple[str, ...]] = [()]
+        every: list[tuple[str, ...]] = []
         for _ in range(depth):
             below: list[tuple[str, ...]] = []
             for ns in namespaces:
@@ -432,8 +435,9 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                 except NoSuchNamespaceError:
                     continue
             namespaces = below
+            every += below
         best = -1
-        for ns in namespaces:
+        for ns in every:
             try:
                 identifiers = catalog.list_tables(ns)
             except NoSuchNamespaceError:

@@ -86,6 +86,7 @@ from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEF
 from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
+from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, refuse_merging, sink_routes
 from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
@@ -358,12 +359,14 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     KIND = "flinkish.iceberg"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
                                                 "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
-                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes")
+                                                *KEYED_SINK_OPTIONS, "compactEvery", "tableModes", *ROUTE_OPTIONS)
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
         table = opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'")
-        self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
+        self.route = sink_routes(parse_route(table, "iceberg", "table", component) if is_routed(table) else None,
+                                 opts.has, opts.get, component, "table")
+        refuse_merging(self.route, component, "flinkish.iceberg")
         if self.route is not None:
             refuse_keyed_options(opts.has, component, "table")
         elif opts.has("tableModes"):

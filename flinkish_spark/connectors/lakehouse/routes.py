@@ -236,3 +236,29 @@ def sink_routes(route: Route | None, has: Callable[[str], bool], get: Callable[[
                               f"{{schema}}/{{table}} in {option!r}")
         return None
     return parse_routes(route, get, component, resolve)
+
+
+def path_resolver(template: str, component: str) -> Callable[[str], str]:
+    """How a Delta sink makes a rule's ``sink-table`` whole: relative to the folder before the first placeholder of
+    its ``path`` (``s3://lake/{schema}/{table}`` -> ``s3://lake``); an absolute one must lie below that folder (one
+    storage, and the folder the sink looks for its targets in)."""
+    root = template[:template.index("{")].rstrip("/") if "{" in template else template.rstrip("/")
+
+    def resolve(sink_table: str) -> str:
+        if "://" not in sink_table and not sink_table.startswith("/"):
+            return f"{root}/{sink_table.lstrip('./')}"
+        if not sink_table.startswith(root + "/"):
+            raise ConfigError(f"{component}: route sink-table {sink_table!r} is not below {root!r}, the folder of the "
+                              "sink's path: give it relative to that folder (e.g. 'orders' or 'raw/{table}')")
+        return sink_table
+
+    return resolve
+
+
+def refuse_merging(routes: Routes | None, component: str, sink: str) -> None:
+    """Refuse merging rules on a sink that does not write merged shards (``sink``: its name)."""
+    if routes is not None and routes.merging:
+        raise ConfigError(
+            f"{component}: route rule(s) {', '.join(repr(r.source_table) for r in routes.rules if r.merges)} merge "
+            f"several tables into one target, which {sink} does not write yet (PostgreSQL targets do: docs/mirror.md, "
+            "'Routes and merged shards'). Give the rule {table} in its sink-table, or mirror the shards into PostgreSQL")
