@@ -63,6 +63,6 @@ def check_routes(kind: str, target: str, option: str, sink: dict[str, str], what
     """The rules as the sink will read them: every bad rule is one error before anything starts."""
     resolve = path_resolver(target, what) if kind == "path" else (lambda t: t)
     routes = parse_routes(Route(target, kind), sink.get, what, resolve)
-    if kind != "postgres":
-        refuse_merging(routes, what, {"path": "flinkish.delta", "iceberg": "flinkish.iceberg"}[kind])
+    if kind == "iceberg":
+        refuse_merging(routes, what, "flinkish.iceberg")
     del option

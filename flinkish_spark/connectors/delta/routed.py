@@ -58,6 +58,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from flinkish_spark.connectors.delta import routed_shards
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
 from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
@@ -148,7 +149,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         plan = table_plan(schema.arrow_schema() if columns is None else columns, schema.key, self.merge_mode, mode, table)
         target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, (), plan,
                                    self.checkpoint_interval, self.compact_every, self.rows_per_file,
-                                   self.target_file_size, source_table=table, mode=mode)
+                                   self.target_file_size, source_table=routed_shards.label(self.route, table), mode=mode)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
         if self.compact_every:  # counted in the table's versions, at its own offset (module docstring)
             target.compact_offset = checkpoint_offset(target.path, self.compact_every)
@@ -158,7 +159,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
         parts = []
-        for name, schema, data in task_tables(batches):
+        for name, schema, data in routed_shards.shard_tables(task_tables(batches), self.route):  # merged: + _source_table
             keyed = None
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
             changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name) != UPSERT
@@ -174,7 +175,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     # -- commit (driver) -------------------------------------------------------------------------
 
     def _tables(self, committables: list[RoutedCommittable]) -> list[TableEpoch[RoutedPart]]:
-        return tables_of((p for c in committables for p in c.parts), self.route, "path")
+        tables = tables_of((p for c in committables for p in c.parts), self.route, "path")
+        return routed_shards.merged_tables(tables, self.route, self.modes.of)  # one commit per merged target
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         pending = []
@@ -210,9 +212,13 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         self._committed_here[t.table] = target._committed_here  # the files its version named: cleanup spares them
         if t.end and self.resnapshots is not None:
             self.resnapshots.finish(target.path)
+        if isinstance(t, routed_shards.MergedEpoch):
+            routed_shards.finish_resnapshots(t, target, self.resnapshots)
         return "COMMITTED"
 
     def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
+        if isinstance(t, routed_shards.MergedEpoch):  # each shard's truncate / re-snapshot takes only its rows
+            return routed_shards.merged_extra(t, target, evolution, created, epoch, self.resnapshots)
         how = gone_rows_as(target.mode)
         truncate = t.truncate and not created
 

@@ -58,7 +58,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
-from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, path_resolver, refuse_merging, sink_routes
+from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, path_resolver, sink_routes
 from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TableModes, parse_table_modes
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.parquet_sink import parse_size
@@ -166,7 +166,6 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         self.path = opts.required("path", "the Delta table's folder, e.g. .option('path', 's3://b/tables/orders')").rstrip("/")
         self.route = sink_routes(parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None,
                                  opts.has, opts.get, opts.component, "path", path_resolver(self.path, opts.component))
-        refuse_merging(self.route, opts.component, "flinkish.delta")
         if self.route is not None:
             refuse_keyed_options(opts.has, opts.component, "path")
         elif opts.has("tableModes"):

@@ -260,5 +260,6 @@ def refuse_merging(routes: Routes | None, component: str, sink: str) -> None:
     if routes is not None and routes.merging:
         raise ConfigError(
             f"{component}: route rule(s) {', '.join(repr(r.source_table) for r in routes.rules if r.merges)} merge "
-            f"several tables into one target, which {sink} does not write yet (PostgreSQL targets do: docs/mirror.md, "
-            "'Routes and merged shards'). Give the rule {table} in its sink-table, or mirror the shards into PostgreSQL")
+            f"several tables into one target, which {sink} does not write yet (Delta and PostgreSQL targets do: "
+            "docs/mirror.md, 'Routes and merged shards'). Give the rule {table} in its sink-table, or mirror the shards "
+            "into Delta or PostgreSQL")
