@@ -28,7 +28,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from flinkish_spark.connectors.cdc.patterns import TablePatterns
 from flinkish_spark.connectors.lakehouse.routing import PLACEHOLDERS, Route
@@ -263,3 +266,19 @@ def refuse_merging(routes: Routes | None, component: str, sink: str) -> None:
             f"several tables into one target, which {sink} does not write yet (Delta and PostgreSQL targets do: "
             "docs/mirror.md, 'Routes and merged shards'). Give the rule {table} in its sink-table, or mirror the shards "
             "into Delta or PostgreSQL")
+
+
+def shard_rows(route: Route, table: str, rows: Any) -> Any:
+    """What a reader of ``table``'s target sees of the table (``rows``: the target's Arrow table, or None): a merged
+    target's rows of that shard, without ``_source_table`` -- how ``flinkish mirror compare`` compares a shard."""
+    if rows is None or route.merged(table) is None or SOURCE_TABLE not in rows.column_names:
+        return rows
+    # delta-rs reads text as string_view, which filter/take do not take (pyarrow 18): as plain string first
+    views = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    rows = rows.cast(pa.schema([f.with_type(views.get(f.type, f.type)) for f in rows.schema]))
+    return rows.filter(pc.equal(rows.column(SOURCE_TABLE), table)).drop_columns([SOURCE_TABLE])
+
+
+def compare_routes(route: Route, options: Any, resolve: Callable[[str], str] = lambda t: t) -> Routes:
+    """The routes of a sink's ``options`` (a mapping, or None) over ``route``, for a reader of its targets."""
+    return parse_routes(route, (options or {}).get, "compare", resolve)
