@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from flinkish_spark.connectors.lakehouse.routes import (
-    RULE_KEYS, cli_rule, parse_routes, path_resolver, refuse_merging, routes_option,
+    RULE_KEYS, cli_rule, parse_routes, path_resolver, routes_option,
 )
 from flinkish_spark.connectors.lakehouse.routing import Route
 from flinkish_spark.errors import ConfigError
@@ -62,7 +62,5 @@ def cli_routes(given: Sequence[str], sink: dict[str, str]) -> None:
 def check_routes(kind: str, target: str, option: str, sink: dict[str, str], what: str) -> None:
     """The rules as the sink will read them: every bad rule is one error before anything starts."""
     resolve = path_resolver(target, what) if kind == "path" else (lambda t: t)
-    routes = parse_routes(Route(target, kind), sink.get, what, resolve)
-    if kind == "iceberg":
-        refuse_merging(routes, what, "flinkish.iceberg")
+    parse_routes(Route(target, kind), sink.get, what, resolve)
     del option

@@ -33,8 +33,8 @@ def test_route_flags_become_the_sinks_rules_over_its_template() -> None:
         from_args(**args(route=["a.*=x"], sink_option=["routes=[]"]))
     with pytest.raises(ConfigError, match=r"--route: route sink-table '/elsewhere/o' is not below '/lake'"):
         from_args(**args(route=["shop_*.orders=/elsewhere/o"]))
-    with pytest.raises(ConfigError, match=r"merge several tables into one target, which flinkish.iceberg does not"):
-        from_args(**args(to="mirror.{schema}_{table}", fmt="iceberg", route=["shop_*.orders=mirror.orders"]))
+    with pytest.raises(ConfigError, match=r"--route: route rule 1: sink-table 'orders' is not namespace.table"):
+        from_args(**args(to="mirror.{schema}_{table}", fmt="iceberg", route=["shop_*.orders=orders"]))
 
 
 def test_a_pipeline_files_route_list_is_the_sinks_rules_and_its_one_template_rule_stays_the_template() -> None:

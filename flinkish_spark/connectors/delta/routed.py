@@ -176,7 +176,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def _tables(self, committables: list[RoutedCommittable]) -> list[TableEpoch[RoutedPart]]:
         tables = tables_of((p for c in committables for p in c.parts), self.route, "path")
-        return routed_shards.merged_tables(tables, self.route, self.modes.of)  # one commit per merged target
+        return routed_shards.merged_tables(tables, self.route, self.modes.of, "Delta")  # one commit per merged target
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         pending = []

@@ -24,8 +24,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generic, Iterable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -37,93 +36,12 @@ from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_act
 from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
-from flinkish_spark.connectors.lakehouse.changes import OP
 from flinkish_spark.connectors.lakehouse.resnapshot import positions_not_in
 from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us, gone_rows_as
-from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE, Routes, check_shard_keys, shard_schema
-from flinkish_spark.connectors.lakehouse.routing import P, Route, SchemaStep, TableEpoch, TableInput
-from flinkish_spark.connectors.postgres.rows import TableSchema
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE
+from flinkish_spark.connectors.lakehouse.shards import MergedEpoch, label, merged_tables, shard_tables
 
-
-def label(route: Route, table: str) -> str:
-    """What a target records as its source: the table, or for a merged target its rule's patterns (the same for
-    every shard, so a shard's commit is never taken for another table's target)."""
-    rule = route.merged(table)
-    return table if rule is None else f"{rule.source_table} (merged)"
-
-
-def _tag(rows: pa.Table | None, table: str) -> pa.Table | None:
-    if rows is None:
-        return None
-    at = rows.schema.get_field_index(OP)  # after the data columns, before _op, _lsn, ...
-    return rows.add_column(at, SOURCE_TABLE, pa.array([table] * rows.num_rows, pa.string()))
-
-
-def shard_tables(tables: Iterable[tuple[str, TableSchema, TableInput]], route: Route
-                 ) -> Iterator[tuple[str, TableSchema, TableInput]]:
-    """A task's tables with each merged shard's rows tagged with ``_source_table`` and its schema the shard schema."""
-    for name, schema, data in tables:
-        rule = route.merged(name)
-        if rule is None:
-            yield name, schema, data
-            continue
-        earlier = tuple(shard_schema(TableSchema.from_json(e), rule).to_json() for e in data.earlier)
-        changes = _tag(data.changes, name)
-        assert changes is not None
-        yield name, shard_schema(schema, rule), replace(data, changes=changes, whole=_tag(data.whole, name),
-                                                        earlier=earlier)
-
-
-@dataclass
-class MergedEpoch(TableEpoch[P], Generic[P]):
-    """Every shard's parts of one merged target in one epoch; ``table`` is the first shard (it names the target and
-    the mode, the same for all). Its own truncate / re-snapshot flags are none: each shard's are its own."""
-
-    shards: dict[str, TableEpoch[P]] = field(default_factory=dict)
-
-    def steps(self) -> list[SchemaStep]:
-        return [s._replace(announced=False) for t in self.shards.values() for s in t.steps()]
-
-    @property
-    def begin(self) -> bool:
-        return False
-
-    @property
-    def end(self) -> bool:
-        return False
-
-    @property
-    def truncate(self) -> bool:
-        return False
-
-    def counted(self) -> list[P]:
-        return [p for t in self.shards.values() for p in t.counted()]
-
-
-def merged_tables(tables: list[TableEpoch[P]], route: Route, mode_of: Callable[[str], Any]) -> list[TableEpoch[P]]:
-    """The epoch's tables with the shards of each merged target as one :class:`MergedEpoch` (after the others'
-    order: by its first shard's name); shards of different keys or modes refused before anything is written."""
-    if not isinstance(route, Routes) or not route.merging:
-        return tables
-    out: list[TableEpoch[P]] = []
-    groups: dict[str, list[TableEpoch[P]]] = {}
-    for t in tables:
-        if route.merged(t.table) is None:
-            out.append(t)
-        else:
-            groups.setdefault(route.target(t.table), []).append(t)
-    for target, shards in groups.items():
-        check_shard_keys(target, [(t.table, t.schemas()[-1].key) for t in shards if t.schemas()])
-        modes = {t.table: mode_of(t.table) for t in shards}
-        if len(set(modes.values())) > 1 or any(m.mode == "history" for m in modes.values()):
-            shown = ", ".join(f"{n} ({m.describe()})" for n, m in sorted(modes.items()))
-            raise ConfigError(f"the shards merged into {target} are {shown}: a merged Delta target takes one mode, "
-                              "upsert (deletes true, soft or false). Give the shards one such mode (the sink's "
-                              "'tableModes'), or route them to targets of their own")
-        first = min(t.table for t in shards)
-        out.append(MergedEpoch(first, [p for t in shards for p in t.parts], {t.table: t for t in shards}))
-    return sorted(out, key=lambda t: t.table)
+__all__ = ["MergedEpoch", "finish_resnapshots", "label", "merged_extra", "merged_tables", "shard_tables"]
 
 
 def _shard_positions(target: RoutedDeltaTarget, state: DeltaState, shard: str, seen: pa.Table | None) -> dict[str, np.ndarray]:
@@ -165,9 +83,9 @@ def merged_extra(t: MergedEpoch[Any], target: RoutedDeltaTarget, evolution: Any,
     def extra(state: DeltaState) -> EpochExtra:
         before = () if created else schema_actions(target, state, evolution)
         gone: dict[str, np.ndarray] = {}
-        if how != "keep" and not created:
+        if how != "keep":
             for shard, st in t.shards.items():
-                if st.truncate:
+                if st.truncate and not created:  # a target created now holds nothing to truncate
                     _union(gone, _shard_positions(target, state, shard, None))
                 name = resnapshot_key(target, shard)
                 if resnapshots is not None and (st.begin or st.end or resnapshots.active(name)):

@@ -86,7 +86,7 @@ from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEF
 from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
-from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, refuse_merging, sink_routes
+from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, sink_routes
 from flinkish_spark.connectors.lakehouse.table_modes import TableModes, parse_table_modes
 from flinkish_spark.connectors.parquet_sink import parse_size
 from flinkish_spark.errors import ConfigError, TableMismatchError
@@ -366,7 +366,6 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
         table = opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'")
         self.route = sink_routes(parse_route(table, "iceberg", "table", component) if is_routed(table) else None,
                                  opts.has, opts.get, component, "table")
-        refuse_merging(self.route, component, "flinkish.iceberg")
         if self.route is not None:
             refuse_keyed_options(opts.has, component, "table")
         elif opts.has("tableModes"):

@@ -258,16 +258,6 @@ def path_resolver(template: str, component: str) -> Callable[[str], str]:
     return resolve
 
 
-def refuse_merging(routes: Routes | None, component: str, sink: str) -> None:
-    """Refuse merging rules on a sink that does not write merged shards (``sink``: its name)."""
-    if routes is not None and routes.merging:
-        raise ConfigError(
-            f"{component}: route rule(s) {', '.join(repr(r.source_table) for r in routes.rules if r.merges)} merge "
-            f"several tables into one target, which {sink} does not write yet (Delta and PostgreSQL targets do: "
-            "docs/mirror.md, 'Routes and merged shards'). Give the rule {table} in its sink-table, or mirror the shards "
-            "into Delta or PostgreSQL")
-
-
 def shard_rows(route: Route, table: str, rows: Any) -> Any:
     """What a reader of ``table``'s target sees of the table (``rows``: the target's Arrow table, or None): a merged
     target's rows of that shard, without ``_source_table`` -- how ``flinkish mirror compare`` compares a shard."""

@@ -14,7 +14,8 @@ Format-independent (``flinkish.delta``, ``flinkish.iceberg`` and ``flinkish.post
   :class:`~flinkish_spark.connectors.lakehouse.table_modes.TableMode` (upsert or history, deletes
   applied, soft or ignored);
 * :func:`tables_of` / :class:`TableEpoch` -- a decided epoch's parts per source table (what the
-  commit applies to each target), two tables routed to one target refused.
+  commit applies to each target), two tables routed to one target refused -- unless a merging route rule
+  makes them shards of it (:mod:`.routes`, :mod:`.shards`).
 
 The guarantee it serves: applying a table's rows by key in stream order -- snapshot rows
 first, then changes in ``(_lsn, _seq)`` order, a truncate emptying the target -- leaves the
