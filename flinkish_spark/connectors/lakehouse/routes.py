@@ -176,6 +176,12 @@ def parse_routes(default: Route, get: Callable[[str], str | None], component: st
     if not isinstance(parsed, list):
         raise ConfigError(f"{component}: option 'routes' is a JSON {type(parsed).__name__}; {_HINT}")
     rules = tuple(parse_rule(r, i, default, resolve, unique, component) for i, r in enumerate(parsed, start=1))
+    for i, rule in enumerate(rules):
+        same = next((j for j in range(i) if rules[j].source_table.replace(" ", "") == rule.source_table.replace(" ", "")),
+                    None)
+        if same is not None:  # the first match wins: this one would never route a table
+            raise ConfigError(f"{component}: route rule {i + 1} has the source-table of rule {same + 1} "
+                              f"({rule.source_table!r}) and would never match; drop one of them")
     return Routes(default.template, default.kind, rules)
 
 

@@ -76,6 +76,8 @@ def test_shards_with_different_keys_are_one_stop_naming_them() -> None:
     ('[{"source-table": "a.*", "sink-table": "l.{name}"}]', r"route rule 1: sink-table 'l.\{name\}' has a placeholder"),
     ('[{"source-table": "a.*", "sink-table": "x_{table}"}]', r"route rule 1: sink-table 'x_\{table\}' is not schema.table"),
     ('[{"source-table": "a.*", "sink-table": "l.x", "keys-unique-across-shards": "maybe"}]', r"must be true or false"),
+    ('[{"source-table": "a.*", "sink-table": "l.x"}, {"source-table": "a.*", "sink-table": "l.y"}]',
+     r"route rule 2 has the source-table of rule 1 \('a.\*'\) and would never match"),
 ])
 def test_each_bad_rule_is_one_config_error_naming_it(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
