@@ -207,7 +207,9 @@ def _target_is_source(config: MirrorConfig, source_conn: Any, tables: list[Any],
         same = target.execute(identity).fetchone() == source_conn.execute(identity).fetchone()
     if not same:
         return []
-    route = parse_route(config.target, "postgres", "table", "--sink-option table")
+    from flinkish_spark.connectors.lakehouse.routes import parse_routes
+
+    route = parse_routes(parse_route(config.target, "postgres", "table", "--sink-option table"), sink.get, "--route")
     for t in tables:
         try:
             name = route.target(t.name)

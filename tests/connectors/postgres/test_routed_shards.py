@@ -30,8 +30,9 @@ RULES = [{"source-table": "shop_*.orders", "sink-table": "mirror.orders"}]
 class Shards(Mirror):
     """:class:`Mirror` with route rules over its template ``mirror.{schema}_{table}``."""
 
-    def __init__(self, tmp_path: Path, url: str, rules: list[dict[str, Any]] = RULES, **options: str) -> None:
-        super().__init__(tmp_path, url)
+    def __init__(self, tmp_path: Path, url: str, rules: list[dict[str, Any]] = RULES, modes: Any = None,
+                 **options: str) -> None:
+        super().__init__(tmp_path, url, **({"modes": modes} if modes is not None else {}))
         self.route = parse_routes(Route("mirror.{schema}_{table}", "postgres"),
                                   {"routes": json.dumps(rules), **options}.get, "test")
 
@@ -39,7 +40,8 @@ class Shards(Mirror):
         from flinkish_spark.connectors.postgres.connection import parse_url
         from flinkish_spark.connectors.postgres.routed import RoutedPostgresSink, resolve_routed_plan
 
-        return RoutedPostgresSink(resolve_routed_plan(parse_url(self.url), self.route, self.uid, True, "test"), self.uid, 60)
+        plan = resolve_routed_plan(parse_url(self.url), self.route, self.uid, True, "test", self.modes)
+        return RoutedPostgresSink(plan, self.uid, 60)
 
     def read(self, table: str, columns: tuple[str, ...]) -> list[dict[str, Any]]:
         with psycopg.connect(self.url) as c:
@@ -162,3 +164,19 @@ def test_keys_unique_across_shards_key_the_target_by_the_key_alone(pg_url, tmp_p
     s.transaction((a, "t", None))  # a truncate of shop_a takes the rows shop_a wrote last
     m.epoch(s.batch())
     assert m.rows("orders", "id") == [(2, "b2", 2, "shop_b.orders")]
+
+
+def test_history_in_a_merged_target_keeps_each_shards_versions_and_a_truncate_closes_only_its_own(pg_url, tmp_path: Path) -> None:
+    from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+
+    a, b = SHARDS[:2]
+    m = Shards(tmp_path, pg_url, modes=parse_table_modes({"mode": "history"}.get, "test"))
+    s = StreamBuilder()
+    s.snapshot(a, [{"id": 1, "v": "a1", "n": 1}]).snapshot(b, [{"id": 1, "v": "b1", "n": 1}])
+    m.epoch(s.batch())
+    s.transaction((a, "u", {"id": 1, "v": "a1'", "n": 1}), (b, "t", None))
+    m.epoch(s.batch())
+    with psycopg.connect(pg_url) as c:
+        rows = c.execute("SELECT _source_table, v, _current FROM mirror.orders ORDER BY 1, 2").fetchall()
+    assert rows == [("shop_a.orders", "a1", False), ("shop_a.orders", "a1'", True), ("shop_b.orders", "b1", False)]
+
