@@ -71,6 +71,11 @@ def test_three_shards_merge_into_one_target_one_version_per_epoch_and_a_replay_a
     m.epochs -= 1
     m.epoch(*tasks({n: epochs[n][-1] for n in names}))  # a replay of the last epoch: nothing added
     assert m.version("orders") == 5
+    # a reset checkpoint is recognised by the merged target too (a rule's target has no placeholder)
+    import shutil
+
+    shutil.rmtree(m.path("shop_a.items"))
+    assert m.sink().last_committed_epoch() == 4
     assert m.read("orders", ("id", "v", "n", "_source_table")) == merged_table({n: models[n] for n in names[:3]})
 
 

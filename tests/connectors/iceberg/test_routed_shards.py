@@ -66,6 +66,8 @@ def test_three_shards_merge_into_one_target_one_snapshot_per_epoch_and_a_replay_
     m.epochs -= 1
     m.epoch(*tasks({n: epochs[n][-1] for n in names}))  # a replay of the last epoch: nothing added
     assert m.snapshots("mirror.orders") == 4
+    m.catalog().drop_table("mirror.shop_a_items")
+    assert m.sink().last_committed_epoch() == 3  # found in the merged target (a rule's target)
 
 
 @pytest.mark.parametrize("deletes", ["true", "soft"])
