@@ -9,8 +9,8 @@ database):
 * a pipeline file in Flink CDC 3's YAML shape -- ``source`` (``type: postgres``, ``hostname`` /
   ``port`` / ``username`` / ``password`` / ``database-name`` or ``url``, ``tables``; ``type: mysql`` with
   Flink CDC's MySQL pipeline connector keys, :mod:`flinkish_spark.mirror.mysql_options`), ``sink``
-  (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (one rule: ``source-table``,
-  ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``checkpoint``, ``trigger``, ...)
+  (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (rules: ``source-table``,
+  ``sink-table``, ``replace-symbol``: :mod:`flinkish_spark.mirror.route_rules`; the flag ``--route``) and ``pipeline`` (``name``, ``checkpoint``, ``trigger``, ...)
   (:func:`flinkish_spark.mirror.pipeline_file.from_yaml`).
 
 Where it runs (:mod:`flinkish_spark.mirror.cluster`): ``--master URL`` / ``pipeline.master`` (a local or

@@ -5,8 +5,8 @@ Sections ``source`` (``type: postgres``, ``hostname`` / ``port`` / ``username`` 
 ``scan.startup.mode``, ``scan.incremental.snapshot.chunk.size`` and the source's own options; or
 ``type: mysql`` with the keys of Flink CDC's MySQL pipeline connector: :mod:`flinkish_spark.mirror.mysql_options`),
 ``sink`` (``type: delta|iceberg|postgres``, the sink's options, each table's shape: ``mode``, ``deletes`` and the rule list
-``table-modes``, :mod:`flinkish_spark.mirror.shapes`), ``route`` (one rule:
-``source-table``, ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``uid``,
+``table-modes``, :mod:`flinkish_spark.mirror.shapes`), ``route`` (rules:
+``source-table``, ``sink-table``, ``replace-symbol``, first match wins; :mod:`flinkish_spark.mirror.route_rules`) and ``pipeline`` (``name``, ``uid``,
 ``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``, and where
 it runs: ``master`` or ``remote`` with ``server-timeout``, as the flags --master, --remote, --server-timeout;
 :mod:`flinkish_spark.mirror.cluster`).
