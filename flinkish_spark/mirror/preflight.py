@@ -113,6 +113,9 @@ def _source_problems(config: MirrorConfig, source: Any, warnings: list[str]) -> 
             out += _publication_problems(conn, source, followed, user)
         if config.format == "postgres":
             out += _target_is_source(config, conn, tables, source.patterns)
+        from flinkish_spark.mirror.route_rules import shard_problems
+
+        out += shard_problems(config.format, config.target, dict(config.sink_extra), [t.name for t in followed])
     return out
 
 

@@ -64,3 +64,31 @@ def check_routes(kind: str, target: str, option: str, sink: dict[str, str], what
     resolve = path_resolver(target, what) if kind == "path" else (lambda t: t)
     parse_routes(Route(target, kind), sink.get, what, resolve)
     del option
+
+
+def shard_problems(fmt: str, target: str, sink: dict[str, str], tables: list[str]) -> list[str]:
+    """What the preflight finds of the merged shards among the source's ``tables`` (names): shards of one target in
+    different modes, or in history on a Delta or Iceberg target -- each one error before anything starts (the
+    sinks refuse them at their first commit too)."""
+    from flinkish_spark.connectors.lakehouse.shards import check_shard_modes
+    from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+    from flinkish_spark.errors import FlinkishError
+
+    kind = {"delta": "path", "iceberg": "iceberg", "postgres": "postgres"}[fmt]
+    try:
+        routes = parse_routes(Route(target, kind), sink.get, "--route",
+                              path_resolver(target, "--route") if kind == "path" else (lambda t: t))
+        modes = parse_table_modes(sink.get, "--sink-option")
+        groups: dict[str, list[str]] = {}
+        for t in tables:
+            if routes.merged(t) is not None:
+                groups.setdefault(routes.target(t), []).append(t)
+    except FlinkishError as e:
+        return [str(e)]
+    out = []
+    for name, shards in sorted(groups.items()):
+        try:
+            check_shard_modes(name, {t: modes.of(t) for t in shards}, {"postgres": "PostgreSQL"}.get(fmt, fmt.title()))
+        except FlinkishError as e:
+            out.append(str(e))
+    return out

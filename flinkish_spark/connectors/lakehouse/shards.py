@@ -100,12 +100,19 @@ def merged_tables(tables: list[TableEpoch[P]], route: Route, mode_of: Callable[[
             groups.setdefault(route.target(t.table), []).append(t)
     for target, shards in groups.items():
         check_shard_keys(target, [(t.table, t.schemas()[-1].key) for t in shards if t.schemas()])
-        modes = {t.table: mode_of(t.table) for t in shards}
-        if len(set(modes.values())) > 1 or any(m.mode == "history" for m in modes.values()):
-            shown = ", ".join(f"{n} ({m.describe()})" for n, m in sorted(modes.items()))
-            raise ConfigError(f"the shards merged into {target} are {shown}: a merged {sink} target takes one mode, "
-                              "upsert (deletes true, soft or false). Give the shards one such mode (the sink's "
-                              "'tableModes'), or route them to targets of their own")
+        check_shard_modes(target, {t.table: mode_of(t.table) for t in shards}, sink)
         first = min(t.table for t in shards)
         out.append(MergedEpoch(first, [p for t in shards for p in t.parts], {t.table: t for t in shards}))
     return sorted(out, key=lambda t: t.table)
+
+
+def check_shard_modes(target: str, modes: dict[str, Any], sink: str) -> None:
+    """Refuse shards of one target of different modes (``modes``: table -> its TableMode), or in history on a lakehouse
+    target (``sink``: Delta, Iceberg; PostgreSQL merges every mode)."""
+    history = sink != "PostgreSQL" and any(m.mode == "history" for m in modes.values())
+    if len(set(modes.values())) > 1 or history:
+        shown = ", ".join(f"{n} ({m.describe()})" for n, m in sorted(modes.items()))
+        takes = "upsert (deletes true, soft or false)" if sink != "PostgreSQL" else "one mode"
+        raise ConfigError(f"the shards merged into {target} are {shown}: a merged {sink} target takes {takes} for "
+                          "all its shards. Give the shards one such mode (the sink's 'tableModes'), or route them to "
+                          "targets of their own")

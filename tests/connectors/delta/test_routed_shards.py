@@ -144,7 +144,7 @@ def test_a_narrower_type_in_another_shard_fits_and_different_keys_or_history_sto
     h = Shards(tmp_path / "h", modes=parse_table_modes({"mode": "history"}.get, "test"))
     s.snapshot(a, [{"id": 1, "n": 1}])
     with pytest.raises(ConfigError, match=r"merged into .*orders are shop_a.orders \(history\): a merged Delta target "
-                                          r"takes one mode, upsert"):
+                                          r"takes upsert \(deletes true, soft or false\) for all its shards"):
         h.epoch(s.batch())
 
 
