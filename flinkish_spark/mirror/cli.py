@@ -52,6 +52,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "(repeatable)")
     m.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a sink option, e.g. catalogUri=... warehouse=... for iceberg (repeatable)")
+    m.add_argument("--route", action="append", default=[], metavar="PATTERNS=TARGET",
+                   help="a route rule, first match wins: 'shop_*.orders=lake/orders' merges the shards into one "
+                        "target (with _source_table); 'sales.*=raw/{table}' gives some tables another template; "
+                        "';keys-unique' after it: the shards' keys are unique across them (repeatable; docs/mirror.md, "
+                        "'Routes and merged shards')")
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port, e.g. "
                    "9187 (docs/mirror.md, 'Metrics and status'; 'flinkish mirror status': the same figures)")
     m.add_argument("--master", help="the Spark master the pipeline process drives (default local[2]): "
@@ -151,6 +156,7 @@ def config_of(args: argparse.Namespace) -> Any:
                                 ("--format", args.fmt), ("--checkpoint", args.checkpoint), ("--trigger", args.trigger),
                                 ("--uid", args.uid), ("--spark-checkpoint", args.spark_checkpoint),
                                 ("--source-option", args.source_option), ("--sink-option", args.sink_option),
+                                ("--route", getattr(args, "route", None)),
                                 ("--master", getattr(args, "master", None)), ("--remote", getattr(args, "remote", None)),
                                 ("--server-timeout", getattr(args, "server_timeout", None)),
                                 ("--parallelism", args.parallelism)) if v]
@@ -166,7 +172,7 @@ def config_of(args: argparse.Namespace) -> Any:
                             spark_checkpoint=args.spark_checkpoint, source_option=args.source_option,
                             sink_option=args.sink_option, master=getattr(args, "master", None),
                             remote=getattr(args, "remote", None), server_timeout=getattr(args, "server_timeout", None),
-                            parallelism=args.parallelism)
+                            parallelism=args.parallelism, route=getattr(args, "route", None) or ())
 
 
 def run_mirror(args: argparse.Namespace) -> int:

@@ -213,9 +213,12 @@ def delta_reader(target: str, options: Mapping[str, str] | None = None) -> Calla
     from flinkish_spark.connectors.lakehouse.routing import parse_route
     from flinkish_spark.mirror.config import delta_target
 
-    route = parse_route(delta_target(target), "path", "path", "compare")
+    from flinkish_spark.connectors.lakehouse.routes import compare_routes, path_resolver, shard_rows
+
+    template = delta_target(target)
+    route = compare_routes(parse_route(template, "path", "path", "compare"), options, path_resolver(template, "compare"))
     storage = delta_storage(target, options)
-    return lambda table: read_delta(route.target(table), storage)
+    return lambda table: shard_rows(route, table, read_delta(route.target(table), storage))
 
 
 def iceberg_reader(target: str, options: Mapping[str, str], checkpoint: str) -> Callable[[str], pa.Table | None]:
@@ -225,7 +228,9 @@ def iceberg_reader(target: str, options: Mapping[str, str], checkpoint: str) -> 
     from flinkish_spark.connectors.iceberg.catalog import catalog_properties, load, pyiceberg
     from flinkish_spark.connectors.lakehouse.routing import parse_route
 
-    route = parse_route(target, "iceberg", "table", "compare")
+    from flinkish_spark.connectors.lakehouse.routes import compare_routes
+
+    route = compare_routes(parse_route(target, "iceberg", "table", "compare"), options)
     opts = dict(options)
     props = catalog_properties(opts.get("catalog"), opts.get("catalogUri"), opts.get("warehouse"), checkpoint, opts,
                                "compare", opts.get("catalogName"))
@@ -241,20 +246,22 @@ def iceberg_reader(target: str, options: Mapping[str, str], checkpoint: str) -> 
     return read
 
 
-def postgres_reader(conn: Any, template: str) -> Callable[[str], pa.Table | None]:
+def postgres_reader(conn: Any, template: str, options: Mapping[str, str] | None = None) -> Callable[[str], pa.Table | None]:
     """A reader of each source table's routed PostgreSQL target over ``conn`` (a psycopg connection to the sink's
-    ``url``): ``template`` is the sink's ``table`` option; None when the target does not exist."""
+    ``url``): ``template`` is the sink's ``table`` option, ``options`` the sink's (its route rules: a merged shard's
+    rows of its target); None when the target does not exist."""
+    from flinkish_spark.connectors.lakehouse.routes import compare_routes, shard_rows
     from flinkish_spark.connectors.postgres.connection import qualified
     from flinkish_spark.connectors.postgres.routed import check_template
 
-    route = check_template(template, "compare")
+    route = compare_routes(check_template(template, "compare"), options)
 
     def read(table: str) -> pa.Table | None:
         name = route.target(table)
         if conn.execute("SELECT to_regclass(%s)", (qualified(*name.split(".", 1)),)).fetchone()[0] is None:
             return None
         schema, rows = source_rows(conn, name)
-        return decode_rows(rows, schema)
+        return shard_rows(route, table, decode_rows(rows, schema))
 
     return read
 
@@ -312,7 +319,7 @@ def compare_postgres(source_url: str, tables: str, target_url: str, template: st
     from flinkish_spark.connectors.postgres.connection import connect, parse_url
 
     with connect(parse_url(target_url, target_password_env, "compare: target"), autocommit=True) as conn:
-        return compare_tables(source_url, tables, postgres_reader(conn, template), password_env, _modes(options),
+        return compare_tables(source_url, tables, postgres_reader(conn, template, options), password_env, _modes(options),
                               _transforms(options))
 
 

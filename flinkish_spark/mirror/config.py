@@ -9,8 +9,8 @@ database):
 * a pipeline file in Flink CDC 3's YAML shape -- ``source`` (``type: postgres``, ``hostname`` /
   ``port`` / ``username`` / ``password`` / ``database-name`` or ``url``, ``tables``; ``type: mysql`` with
   Flink CDC's MySQL pipeline connector keys, :mod:`flinkish_spark.mirror.mysql_options`), ``sink``
-  (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (one rule: ``source-table``,
-  ``sink-table``, ``replace-symbol``) and ``pipeline`` (``name``, ``checkpoint``, ``trigger``, ...)
+  (``type: delta|iceberg|postgres`` and the sink's options), ``route`` (rules: ``source-table``,
+  ``sink-table``, ``replace-symbol``: :mod:`flinkish_spark.mirror.route_rules`; the flag ``--route``) and ``pipeline`` (``name``, ``checkpoint``, ``trigger``, ...)
   (:func:`flinkish_spark.mirror.pipeline_file.from_yaml`).
 
 Where it runs (:mod:`flinkish_spark.mirror.cluster`): ``--master URL`` / ``pipeline.master`` (a local or
@@ -72,10 +72,10 @@ DEFAULT_PARALLELISM = 2
 _STORAGE = ("endpointUrl", "region", "storageOptions")
 #: Options of every routing sink a mirror may set: the storage ones and keepSparkCheckpoint (a copy of Spark's
 #: checkpoint with the metadata also for a local --checkpoint, e.g. a shared folder a new machine sees).
-#: Also each table's shape (mode/deletes/tableModes: :mod:`flinkish_spark.mirror.shapes`) and its columns and rows
-#: chosen (transforms: :mod:`flinkish_spark.connectors.lakehouse.transform.rules`).
+#: Also each table's shape (mode/deletes/tableModes: :mod:`flinkish_spark.mirror.shapes`), its columns and rows
+#: chosen (transforms: :mod:`flinkish_spark.connectors.lakehouse.transform.rules`) and the route rules.
 _COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint", "mode", "deletes", "tableModes", "trackHistoryColumns",
-                "trackHistoryColumns.except", "transforms")
+                "trackHistoryColumns.except", "transforms", "routes", "keysUniqueAcrossShards")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
                   "rowFormat", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
@@ -91,7 +91,7 @@ SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
                 "retainSnapshots", "compactEvery", "mergeMode", *_COMMON_SINK),
     "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint", "mode", "deletes", "tableModes",
-                 "trackHistoryColumns", "trackHistoryColumns.except", "transforms"),
+                 "trackHistoryColumns", "trackHistoryColumns.except", "transforms", "routes", "keysUniqueAcrossShards"),
 }
 #: The sink option that names the targets, with ``{schema}`` / ``{table}``.
 TARGET_OPTION: dict[Format, str] = {"delta": "path", "iceberg": "table", "postgres": "table"}
@@ -391,7 +391,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
               trigger: str | None = None, stop_after_snapshot: bool = False, uid: str | None = None,
               spark_checkpoint: str | None = None, source_option: Sequence[str] = (),
               sink_option: Sequence[str] = (), master: str | None = None, remote: str | None = None,
-              server_timeout: str | None = None, parallelism: int | None = None) -> MirrorConfig:
+              server_timeout: str | None = None, parallelism: int | None = None, route: Sequence[str] = ()) -> MirrorConfig:
     """The configuration of ``flinkish mirror --from ... --tables ... --to ... --checkpoint ...``."""
     missing = [flag for flag, v in (("--from", source), ("--tables", tables), ("--to", to), ("--checkpoint", checkpoint))
                if not v]
@@ -416,6 +416,9 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
         src_given["startup"] = startup_mode(src_given["startup"], "--source-option startup")
     stop_after_snapshot = bounded(src_given, stop_after_snapshot, "--source-option startup")
     sink_given = _key_values(sink_option, "--sink-option")
+    from flinkish_spark.mirror import route_rules
+
+    route_rules.cli_routes(route, sink_given)  # --route: the routing sinks' 'routes' (mirror.route_rules)
     sink_password = None
     target_key = TARGET_OPTION[form]
     if form == "postgres":
@@ -431,6 +434,7 @@ def from_args(*, source: str | None, tables: str | None, to: str | None, fmt: st
 
     sink_extra = _extra(sink_given, allowed, f"--sink-option (format {form})")
     check_modes(dict(sink_extra), "--sink-option", form)
+    route_rules.check_routes(_ROUTE_KIND[form], target, TARGET_OPTION[form], dict(sink_extra), "--route")
     from flinkish_spark.mirror.cluster import placement
 
     timeout = parse_trigger(server_timeout, "--server-timeout", "a duration") if server_timeout else None

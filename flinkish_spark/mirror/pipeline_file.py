@@ -5,9 +5,10 @@ Sections ``source`` (``type: postgres``, ``hostname`` / ``port`` / ``username`` 
 ``scan.startup.mode``, ``scan.incremental.snapshot.chunk.size`` and the source's own options; or
 ``type: mysql`` with the keys of Flink CDC's MySQL pipeline connector: :mod:`flinkish_spark.mirror.mysql_options`),
 ``sink`` (``type: delta|iceberg|postgres``, the sink's options, each table's shape: ``mode``, ``deletes`` and the rule list
-``table-modes``, :mod:`flinkish_spark.mirror.shapes`), ``route`` (one rule:
-``source-table``, ``sink-table``, ``replace-symbol``), ``transform`` (Flink CDC's rules: ``source-table``,
-``projection``, ``filter``; :func:`flinkish_spark.mirror.shapes.yaml_transforms`) and ``pipeline`` (``name``, ``uid``,
+``table-modes``, :mod:`flinkish_spark.mirror.shapes`), ``route`` (rules:
+``source-table``, ``sink-table``, ``replace-symbol``, first match wins; :mod:`flinkish_spark.mirror.route_rules`),
+``transform`` (Flink CDC's rules: ``source-table``, ``projection``, ``filter``;
+:func:`flinkish_spark.mirror.shapes.yaml_transforms`) and ``pipeline`` (``name``, ``uid``,
 ``checkpoint``, ``spark-checkpoint``, ``trigger``, ``parallelism``, ``schema.change.behavior``, and where
 it runs: ``master`` or ``remote`` with ``server-timeout``, as the flags --master, --remote, --server-timeout;
 :mod:`flinkish_spark.mirror.cluster`).
@@ -128,10 +129,10 @@ def _route_target(rules: Any, tables: tuple[str, ...], fmt: Format, sink_target:
         return None
     if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
         raise ConfigError("pipeline file: 'route' must be a list of rules (- source-table: ..., sink-table: ...)")
-    if len(rules) != 1:
-        raise ConfigError(
-            f"pipeline file: route has {len(rules)} rules; a mirror routes every table of source.tables through one "
-            "rule (one target template with {schema}/{table}). Merge the rules, or run one mirror per rule")
+    from flinkish_spark.mirror import route_rules
+
+    if not route_rules.is_one_template(rules, tables):
+        return None  # route rules over the sink's own template: the sink's 'routes' option (yaml_routes)
     rule = rules[0]
     for key in rule:
         if key not in _ROUTE_KEYS:
@@ -228,7 +229,7 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
         raise ConfigError(f"pipeline file: sink.type {fmt_raw!r} is not one of {', '.join(FORMATS)}")
     fmt = cast(Format, fmt_raw)
     target_key = TARGET_OPTION[fmt]
-    sink_keys = ("type", "name", target_key, *SINK_OPTIONS[fmt], shapes.YAML_RULES,
+    sink_keys = ("type", "name", target_key, *(k for k in SINK_OPTIONS[fmt] if k != "routes"), shapes.YAML_RULES,
                  *(_CONNECTION if fmt == "postgres" else ()))
     for key in sink:
         if key not in sink_keys:
@@ -254,6 +255,11 @@ def from_document(doc: Any, stop_after_snapshot: bool = False) -> MirrorConfig:
         target = "{schema}.{table}"
     if fmt == "delta":
         target = absolute(delta_target(target))
+    from flinkish_spark.mirror import route_rules
+
+    sink_extra.update(route_rules.yaml_routes(doc.get("route"), (str(src["tables"]), tables)))
+    route_rules.check_routes({"delta": "path", "iceberg": "iceberg", "postgres": "postgres"}[fmt], target, target_key,
+                             sink_extra, "pipeline file: route")
 
     for key in pipe:
         if key not in _PIPELINE_KEYS:

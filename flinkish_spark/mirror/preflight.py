@@ -114,6 +114,9 @@ def _source_problems(config: MirrorConfig, source: Any, warnings: list[str]) -> 
         if config.format == "postgres":
             out += _target_is_source(config, conn, tables, source.patterns)
         out += _transform_problems(config, conn, followed)
+        from flinkish_spark.mirror.route_rules import shard_problems
+
+        out += shard_problems(config.format, config.target, dict(config.sink_extra), [t.name for t in followed])
     return out
 
 
@@ -234,7 +237,9 @@ def _target_is_source(config: MirrorConfig, source_conn: Any, tables: list[Any],
         same = target.execute(identity).fetchone() == source_conn.execute(identity).fetchone()
     if not same:
         return []
-    route = parse_route(config.target, "postgres", "table", "--sink-option table")
+    from flinkish_spark.connectors.lakehouse.routes import parse_routes
+
+    route = parse_routes(parse_route(config.target, "postgres", "table", "--sink-option table"), sink.get, "--route")
     for t in tables:
         try:
             name = route.target(t.name)

@@ -169,3 +169,9 @@ def random_epochs(seed: int, epochs: int, keys: int, per_epoch: int, tasks: int)
             rows[part] += 1
         out.append(changes)
     return out
+
+
+def merged_table(models: dict[str, Model]) -> list[dict[str, Any]]:
+    """What a target merging shards (``models``: each shard's, by its ``schema.table``) must hold: every shard's rows,
+    each with its ``_source_table`` (:mod:`flinkish_spark.connectors.lakehouse.routes`), in the model's order."""
+    return sorted(({**r, "_source_table": name} for name, m in models.items() for r in m.table()), key=_order)

@@ -222,8 +222,8 @@ def target_differences(read: Callable[[str], Any], source: State, schemas: dict[
 def delta_differences(root: str, source: State, schemas: dict[str, TableSchema],
                       options: dict[str, str] | None = None) -> dict[str, Any]:
     """:func:`target_differences` of the routed Delta targets ``root/<schema>/<table>`` (delta-rs's scan,
-    deletion vectors applied); ``options``: the sink's storage options for an ``s3://`` root (``endpointUrl``)
-    and its table modes."""
+    deletion vectors applied); ``options``: the sink's storage options for an ``s3://`` root (``endpointUrl``),
+    its table modes and its route rules (``routes``: a merged shard is compared with its rows of the target)."""
     return target_differences(delta_reader(root, options), source, schemas,
                               parse_table_modes((options or {}).get, "test"), parse_transforms((options or {}).get, "test"))
 

@@ -62,6 +62,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from flinkish_spark.connectors.delta import routed_shards
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
 from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
@@ -76,6 +77,7 @@ from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us, gone
 from flinkish_spark.connectors.lakehouse.routing import (
     Route, TableEpoch, TablePart, table_plan, tables_of, task_tables, truncates_as_deletes,
 )
+from flinkish_spark.connectors.lakehouse.routes import Routes
 from flinkish_spark.connectors.lakehouse.table_modes import UPSERT, TableModes
 from flinkish_spark.connectors.lakehouse.transform.hooks import transformed
 from flinkish_spark.connectors.lakehouse.transform.rules import Transforms
@@ -157,7 +159,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         mode.check_partitions(plan.table_schema.names, table)  # a rule's partitionBy (in the tasks and the commit)
         target = RoutedDeltaTarget(self.io, self.route.target(table), self.uid, plan.table_schema, mode.partition_by, plan,
                                    self.checkpoint_interval, self.compact_every, self.rows_per_file,
-                                   self.target_file_size, source_table=table, mode=mode)
+                                   self.target_file_size, source_table=routed_shards.label(self.route, table), mode=mode)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
         if self.compact_every:  # counted in the table's versions, at its own offset (module docstring)
             target.compact_offset = checkpoint_offset(target.path, self.compact_every)
@@ -167,7 +169,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
         parts = []
-        for name, schema, data in transformed(self.transforms, task_tables(batches)):
+        for name, schema, data in routed_shards.shard_tables(transformed(self.transforms, task_tables(batches)),
+                                                             self.route):  # merged: + _source_table
             keyed = None
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
             changes = (truncates_as_deletes(data, schema.key) if data.truncate and self.modes.of(name).shape != UPSERT.shape
@@ -183,7 +186,8 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     # -- commit (driver) -------------------------------------------------------------------------
 
     def _tables(self, committables: list[RoutedCommittable]) -> list[TableEpoch[RoutedPart]]:
-        return tables_of((p for c in committables for p in c.parts), self.route, "path")
+        tables = tables_of((p for c in committables for p in c.parts), self.route, "path")
+        return routed_shards.merged_tables(tables, self.route, self.modes.of, "Delta")  # one commit per merged target
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         pending = []
@@ -219,9 +223,13 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         self._committed_here[t.table] = target._committed_here  # the files its version named: cleanup spares them
         if t.end and self.resnapshots is not None:
             self.resnapshots.finish(target.path)
+        if isinstance(t, routed_shards.MergedEpoch):
+            routed_shards.finish_resnapshots(t, target, self.resnapshots)
         return "COMMITTED"
 
     def _extra(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, created: bool, epoch: int) -> Any:
+        if isinstance(t, routed_shards.MergedEpoch):  # each shard's truncate / re-snapshot takes only its rows
+            return routed_shards.merged_extra(t, target, evolution, created, epoch, self.resnapshots)
         how = gone_rows_as(target.mode)
         truncate = t.truncate and not created
 
@@ -264,12 +272,12 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         """The newest epoch of this uid in any target the route can name (-1: none): each Delta table below
         the route's pattern is read (delta-rs, its txn of the uid). Asked only at a query's start when the
         sink's metadata is missing or belongs to another Spark query (:mod:`flinkish_spark.sink.incarnation`)."""
-        stripped = Route(self.io.strip(self.route.template), self.route.kind)
-        pattern = self.route.template.replace("{schema}", "*").replace("{table}", "*")
-        logs = {p.rsplit("/_delta_log/", 1)[0] for name in ("_last_checkpoint", "0" * 20 + ".json")
-                for p in self.io.glob(f"{pattern}/_delta_log/{name}")}
+        templates = self.route.templates() if isinstance(self.route, Routes) else (self.route.template,)
+        stripped = [Route(self.io.strip(t), self.route.kind) for t in templates]
+        logs = {p.rsplit("/_delta_log/", 1)[0] for t in templates for name in ("_last_checkpoint", "0" * 20 + ".json")
+                for p in self.io.glob(f"{t.replace('{schema}', '*').replace('{table}', '*')}/_delta_log/{name}")}
         epochs = [DeltaTarget(self.io, self.io.url(p), self.uid, pa.schema([]), ()).last_committed_epoch()
-                  for p in sorted(logs) if stripped.matches(p)]
+                  for p in sorted(logs) if any(r.matches(p) for r in stripped)]
         return max(epochs, default=-1)
 
     def figures(self, committables: list[RoutedCommittable]) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
 from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
+from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, path_resolver, sink_routes
 from flinkish_spark.connectors.lakehouse.table_modes import TABLE_MODE_OPTIONS, TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
 from flinkish_spark.connectors.lakehouse.transform.rules import TRANSFORM_OPTION, sink_transforms
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
@@ -160,11 +161,12 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
     KIND = "flinkish.delta"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("partitionBy", "createTable", "checkpointInterval", "compactEvery",
                                                 "rowsPerFile", "targetFileSize", *KEYED_SINK_OPTIONS, *TABLE_MODE_OPTIONS,
-                                                TRANSFORM_OPTION)
+                                                TRANSFORM_OPTION, *ROUTE_OPTIONS)
 
     def configure(self, opts: Options) -> None:
         self.path = opts.required("path", "the Delta table's folder, e.g. .option('path', 's3://b/tables/orders')").rstrip("/")
-        self.route = parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None
+        self.route = sink_routes(parse_route(self.path, "path", "path", opts.component) if is_routed(self.path) else None,
+                                 opts.has, opts.get, opts.component, "path", path_resolver(self.path, opts.component))
         if self.route is not None:
             refuse_keyed_options(opts.has, opts.component, "path")
         elif routing_only := [o for o in ("tableModes", TRACK, TRACK_EXCEPT) if opts.has(o)]:

@@ -98,6 +98,9 @@ from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEF
 from flinkish_spark.connectors.lakehouse.figures import epoch_figures
 from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
 from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, check_mode_columns, close_time_us, gone_rows_as
+from flinkish_spark.connectors.iceberg.routed_shards import finish_resnapshots, shard_gone
+from flinkish_spark.connectors.lakehouse.routes import Routes
+from flinkish_spark.connectors.lakehouse.shards import MergedEpoch, label, merged_tables, shard_tables
 from flinkish_spark.connectors.lakehouse.routing import (
     Route,
     TableEpoch,
@@ -185,7 +188,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def prepare(self, batches: Iterator[pa.RecordBatch], ctx: PrepareContext) -> RoutedCommittable | None:
         parts = []
-        for name, schema, data in transformed(self.transforms, task_tables(batches)):
+        for name, schema, data in shard_tables(transformed(self.transforms, task_tables(batches)),
+                                               self.route):  # merged shards: + _source_table
             part = RoutedPart(name, schema.to_json(), data.lsn, data.truncate, data.begin, data.end, None,
                               earlier=data.earlier, figures=data.figures, truncate_us=data.truncate_us)
             # A mode that keeps what a truncate takes applies the changes before it too, the truncate a delete of them.
@@ -214,7 +218,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         if table is None:
             info = TableInfo(self.default_location(identifier), schema.model_dump_json(),
                              identity_spec(schema, mode.partition_by).model_dump_json(),
-                             tuple(sorted(self._created_properties(key, part.table).items())))
+                             tuple(sorted(self._created_properties(key, label(self.route, part.table)).items())))
         else:
             info = dataclasses.replace(info_of(table), schema_json=schema.model_dump_json())
         target = Target(self.io_for(info.location), info, self.uid, plan, mode.partition_by, self.rows_per_file,
@@ -229,7 +233,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
     # -- commit (driver) -------------------------------------------------------------------------
 
     def _tables(self, committables: list[RoutedCommittable]) -> list[TableEpoch[RoutedPart]]:
-        return tables_of((p for c in committables for p in c.parts), self.route, "table")
+        tables = tables_of((p for c in committables for p in c.parts), self.route, "table")
+        return merged_tables(tables, self.route, self.modes.of, "Iceberg")  # one snapshot per merged target
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         pyiceberg()
@@ -263,8 +268,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
             recorded = table.properties.get(KEY_PROPERTY)
             key = tuple(recorded.split(",")) if recorded else None
             mirrored = table.properties.get(SOURCE_PROPERTY)
-            if mirrored and mirrored != t.table:
-                raise routed_twice(sorted((mirrored, t.table)), identifier, "table")
+            if mirrored and mirrored != label(self.route, t.table):
+                raise routed_twice(sorted((mirrored, label(self.route, t.table))), identifier, "table")
         name = f"the Iceberg table {identifier}"
         fix = ("Rewrite the target with the column cast to the new type (e.g. create the table anew with pyiceberg "
                "with that type and append its rows cast) and restart, or mirror the table to a new target with a new "
@@ -314,7 +319,7 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         try:
             return catalog.create_table(identifier, schema=schema, partition_spec=identity_spec(schema, mode.partition_by),
                                         location=self.default_location(identifier),
-                                        properties={**self._created_properties(key, t.table),
+                                        properties={**self._created_properties(key, label(self.route, t.table)),
                                                     **({AHEAD_PROPERTY: ahead} if ahead else {})})
         except TableAlreadyExistsError:  # our earlier attempt, or another writer: checked as an existing target
             table = catalog.load_table(identifier)
@@ -343,8 +348,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
 
         table = self.catalog().load_table(identifier)
         key = t.schemas()[-1].key
-        keyed = [self._fitted(p, table, epoch, self.modes.of(t.table).partition_by) for p in t.counted()
-                 if p.keyed is not None]
+        counted = [p for p in t.counted() if p.keyed is not None]
+        keyed = [self._fitted(p, table, epoch, self.modes.of(t.table).partition_by) for p in counted]
         marker = {UID_PROPERTY: self.uid, EPOCH_PROPERTY: str(epoch)}
         io = self.io_for(table.location())
         mode = self.modes.of(t.table)
@@ -363,6 +368,9 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                     entries = [entries_of(k, io, epoch) for k in keyed]
                     seen = self.resnapshots.step(identifier, key, entries, t.begin, t.end, epoch)
                     gone = None if seen is None or t.truncate else gone_rows(target, table, seen)
+                if isinstance(t, MergedEpoch):  # each shard's truncate / re-snapshot takes only its rows
+                    gone = shard_gone(t, target, table, [(p.table, k) for p, k in zip(counted, keyed)], io, epoch,
+                                      self.resnapshots, identifier, how)
                 if t.truncate and how in ("soft", "close"):
                     marks = GoneMarks(how, rest_gone=True, close_us=close_us,
                                       close_by_us=close_us if how == "close" else -1, routed=True)
@@ -376,6 +384,8 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                                         delete_files=self._delete_quietly(io))
                 if t.end and self.resnapshots is not None:
                     self.resnapshots.finish(identifier)
+                if isinstance(t, MergedEpoch):
+                    finish_resnapshots(t, identifier, self.resnapshots)
                 self._compact_if_due(target, identifier, table, epoch, marker, io)
                 return "COMMITTED"
             except CommitFailedException:
@@ -441,8 +451,10 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         catalog = self.catalog()
-        depth = self.route.template.count(".")  # namespace levels: every dot but the name's
+        templates = self.route.templates() if isinstance(self.route, Routes) else (self.route.template,)
+        depth = max(t.count(".") for t in templates)  # namespace levels: every dot but the name's (route rules too)
         namespaces: list[tuple[str, ...]] = [()]
+        every: list[tuple[str, ...]] = []
         for _ in range(depth):
             below: list[tuple[str, ...]] = []
             for ns in namespaces:
@@ -451,8 +463,9 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                 except NoSuchNamespaceError:
                     continue
             namespaces = below
+            every += below
         best = -1
-        for ns in namespaces:
+        for ns in every:
             try:
                 identifiers = catalog.list_tables(ns)
             except NoSuchNamespaceError:

@@ -86,6 +86,7 @@ from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEF
 from flinkish_spark.connectors.lakehouse.routing import (
     check_stream, is_routed, parse_route, refuse_keyed_options,
 )
+from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, sink_routes
 from flinkish_spark.connectors.lakehouse.table_modes import TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
 from flinkish_spark.connectors.lakehouse.transform.rules import TRANSFORM_OPTION, sink_transforms
 from flinkish_spark.connectors.parquet_sink import parse_size
@@ -360,12 +361,13 @@ class IcebergSinkDataSource(TwoPhaseCommitDataSource):
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("table", "catalog", "catalogUri", "catalogName", "warehouse", "partitionBy",
                                                 "createTable", "rowsPerFile", "targetFileSize", "retainSnapshots",
                                                 *KEYED_SINK_OPTIONS, "compactEvery", "tableModes", TRACK, TRACK_EXCEPT,
-                                                TRANSFORM_OPTION)
+                                                TRANSFORM_OPTION, *ROUTE_OPTIONS)
 
     def configure(self, opts: Options) -> None:
         component = f"{self.name()} sink"
         table = opts.required("table", "the Iceberg table as namespace.name, e.g. 'db.orders'")
-        self.route = parse_route(table, "iceberg", "table", component) if is_routed(table) else None
+        self.route = sink_routes(parse_route(table, "iceberg", "table", component) if is_routed(table) else None,
+                                 opts.has, opts.get, component, "table")
         if self.route is not None:
             refuse_keyed_options(opts.has, component, "table")
         elif routing_only := [o for o in ("tableModes", TRACK, TRACK_EXCEPT) if opts.has(o)]:

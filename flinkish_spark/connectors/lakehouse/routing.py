@@ -14,7 +14,8 @@ Format-independent (``flinkish.delta``, ``flinkish.iceberg`` and ``flinkish.post
   :class:`~flinkish_spark.connectors.lakehouse.table_modes.TableMode` (upsert or history, deletes
   applied, soft or ignored);
 * :func:`tables_of` / :class:`TableEpoch` -- a decided epoch's parts per source table (what the
-  commit applies to each target), two tables routed to one target refused.
+  commit applies to each target), two tables routed to one target refused -- unless a merging route rule
+  makes them shards of it (:mod:`.routes`, :mod:`.shards`).
 
 The guarantee it serves: applying a table's rows by key in stream order -- snapshot rows
 first, then changes in ``(_lsn, _seq)`` order, a truncate emptying the target -- leaves the
@@ -103,6 +104,10 @@ class Route:
         regex = "".join(part if piece in PLACEHOLDERS else re.escape(piece)
                         for piece in re.split("(\\{schema\\}|\\{table\\})", self.template))
         return re.fullmatch(regex, name) is not None
+
+    def merged(self, source_table: str) -> Any:
+        """The rule merging ``source_table`` with other shards into one target (:mod:`.routes`); None here."""
+        return None
 
     def _invalid(self, part: str) -> str | None:
         if self.kind == "iceberg" and "." in part:
@@ -402,7 +407,7 @@ def tables_of(parts: Iterable[P], route: Route, option: str) -> list[TableEpoch[
     for name in by_table:
         by_target.setdefault(route.target(name), []).append(name)
     for target, names in by_target.items():
-        if len(names) > 1:
+        if len(names) > 1 and not all(route.merged(n) for n in names):  # shards of a merging rule share it
             raise routed_twice(sorted(names), target, option)
     return [by_table[t] for t in sorted(by_table)]
 

@@ -48,6 +48,7 @@ from flinkish_spark.connectors.lakehouse.transform.rules import Transforms
 from flinkish_spark.connectors.postgres.connection import (
     ConnectionInfo, adbc_connect, check_server_version, connect, qualified, quote_ident, require_psycopg, split_table,
 )
+from flinkish_spark.connectors.postgres import routed_shards
 from flinkish_spark.connectors.postgres.resnapshot import apply_markers
 from flinkish_spark.connectors.postgres.routed_apply import (
     JSON, Position, history_statements, literal, retire_sql, segments, truncate_sql, upsert_sql,
@@ -288,7 +289,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         if is_packed(stream.column_names):  # rowFormat=arrow: back to JSON rows, which staging holds
             stream = unpack_json(stream)
         stream = transform_stream(self.transforms, stream)  # columns and rows chosen: before anything is staged
-        staged, parts = stage_rows(stream, ctx, attempt_id)
+        staged, parts = routed_shards.tag_shards(plan.route, *stage_rows(stream, ctx, attempt_id))
         if not parts:
             return None
         for part in parts:  # a name no target can have: refused before the epoch's decision is recorded
@@ -336,6 +337,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
                 want = sum(s.rows for s in committables)
                 check_staged(c, plan, self.uid, epoch, ids, want)
                 tables = tables_of((p for s in committables for p in s.parts), plan.route, "table")
+                routed_shards.check_keys(plan.route, tables, lambda target: self._target_key(c, target))
                 for i, t in enumerate(tables):
                     if i:
                         crash_point("sink.between_tables")  # earlier tables applied in the open transaction
@@ -348,7 +350,8 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         mode = plan.modes.of(t.table)
         target = plan.route.target(t.table)
         schema, name = split_table(target, f"the target of {t.table}")
-        steps = TableEpoch(t.table, [p for p in t.parts if p.schema]).steps()
+        steps = routed_shards.steps(plan.route, t.table, TableEpoch(t.table, [p for p in t.parts if p.schema]).steps())
+        shard = routed_shards.scope(plan.route, t.table)  # merged shards: what takes rows away takes only this one's
         announced = [(s.schema, s.announced) for s in steps if not s.passing]
         if announced:
             if plan.create_table and c.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
@@ -380,7 +383,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
         try:
             for after, upto in segments(truncates, mode):
                 if after is not None and (mode.mode, mode.deletes) == ("upsert", "true"):
-                    c.execute(f"DELETE FROM {qualified_target}")  # the last truncate empties it, then the rows after it
+                    c.execute(f"DELETE FROM {qualified_target} t WHERE TRUE{shard}")  # the last truncate empties it, then the rows after it
                 if mode.mode == "history":
                     for sql, takes in history_statements(plan.staging, qualified_target, data, key, mode, unchanged,
                                                          after, upto, snapshot_at, compared, tracked):
@@ -389,7 +392,7 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
                     c.execute(upsert_sql(plan.staging, qualified_target, data, key, mode, unchanged, after, upto), params)
                 gone = truncate_sql(qualified_target, mode) if upto is not None else None
                 if gone is not None and upto is not None:
-                    c.execute(gone, (upto.ts,) if mode.mode == "history" else None)
+                    c.execute(gone + shard, (upto.ts,) if mode.mode == "history" else None)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
             raise TargetWriteError(
                 f"flinkish.postgres sink uid {self.uid!r}: epoch {epoch}'s rows of source table {t.table} do not fit its "
@@ -400,10 +403,17 @@ class RoutedPostgresSink(TwoPhaseCommitSink[RoutedStaged]):
             keys = ", ".join(f"({JSON}->>{literal(k)})::{columns.columns[k]} AS {quote_ident(k)}" for k in key)
             staged = (f"(SELECT {keys}, _op FROM (SELECT _row::jsonb AS {JSON}, _op FROM {plan.staging} WHERE {S_EPOCH} = %s "
                       f"AND {S_ATTEMPT} = ANY(%s) AND _table = %s) j) AS staged")
-            apply_markers(c, schema, qualified_target, staged, staging_table_name(self.uid, target), key, "TRUE",
-                          (epoch, ids, t.table), retire)
-        c.execute(f"INSERT INTO {plan.commits} (sink_uid, epoch, part, target, commit_mode, rows) VALUES (%s, %s, %s, %s, %s, %s)",
+            apply_markers(c, schema, qualified_target, staged,
+                          staging_table_name(self.uid, routed_shards.seen_name(plan.route, target, t.table)), key, "TRUE",
+                          (epoch, ids, t.table), retire + shard[len(" AND"):] + (" AND" if shard else ""))
+        # One row per target and epoch: a merged target's shards add theirs up.
+        c.execute(f"INSERT INTO {plan.commits} (sink_uid, epoch, part, target, commit_mode, rows) VALUES (%s, %s, %s, %s, %s, %s) "
+                  "ON CONFLICT (sink_uid, epoch, part) DO UPDATE SET rows = EXCLUDED.rows + " + plan.commits + ".rows",
                   (self.uid, epoch, target, target, COMMIT_MODE, sum(p.rows for p in t.parts)))
+
+    def _target_key(self, c: Any, target: str) -> tuple[str, ...] | None:
+        found = read_target(c, *split_table(target, "a merged target"))
+        return None if found is None else found.key
 
     # -- abort / cleanup (driver) ------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from flinkish_spark.connectors.postgres.prepared import (
     GID_PREFIX, Gid, clear_the_way, epoch_prefix, is_lock_timeout, lock_timeout_error, prepared_gids,
 )
 from flinkish_spark.connectors.lakehouse.routing import check_stream, is_routed, refuse_keyed_options
+from flinkish_spark.connectors.lakehouse.routes import ROUTE_OPTIONS, sink_routes
 from flinkish_spark.connectors.lakehouse.table_modes import TRACK, TRACK_EXCEPT, TableModes, parse_table_modes
 from flinkish_spark.connectors.lakehouse.transform.rules import TRANSFORM_OPTION, sink_transforms
 from flinkish_spark.connectors.postgres.resnapshot import NOT_A_MARKER, apply_markers
@@ -495,12 +496,14 @@ class PostgresSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.postgres"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("url", "table", "mode", "key", "createTable", "commitMode", "deletes", "passwordEnv",
-                                                "lockTimeout", "tableModes", TRACK, TRACK_EXCEPT, TRANSFORM_OPTION)
+                                                "lockTimeout", "tableModes", TRACK, TRACK_EXCEPT, TRANSFORM_OPTION,
+                                                *ROUTE_OPTIONS)
 
     def configure(self, opts: Options) -> None:
         self.conn = parse_url(opts.required("url", "a libpq URI such as postgresql://user@host:5432/db"), opts.get("passwordEnv"))
         self.table = opts.required("table", "the target table, 'schema.table'")
-        self.route = check_template(self.table, opts.component) if is_routed(self.table) else None
+        self.route = sink_routes(check_template(self.table, opts.component) if is_routed(self.table) else None,
+                                 opts.has, opts.get, opts.component, "table")
         self._routed: RoutedPlan | None = None
         self.modes = TableModes()
         if self.route is not None:
