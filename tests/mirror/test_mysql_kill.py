@@ -8,8 +8,8 @@ a target's chain (:data:`CHAINS`) is armed at the next point: a point with a hit
 run's log says the snapshot was not done); one without is armed only once the run reports every table snapshotted,
 and then the writer adds a column (``ADD COLUMN``) and creates a new matching table, which joins with a snapshot of
 its own. Across the targets: ``source.after_metadata_write`` (Delta, snapshot), ``sink.before_decision``
-(PostgreSQL, snapshot), ``sink.between_tables`` (Delta, changes), ``sink.after_commit`` (Iceberg, changes). The last
-run of every target waits for the new table's snapshot and two more epochs, then drains.
+(PostgreSQL, snapshot), ``sink.after_commit`` (Iceberg, changes). The last run of every target waits for the new
+table's snapshot and two more epochs, then drains.
 
 Delta's last run also (1) kills ``mariadbd`` with SIGKILL and starts it again on the same data folder and port
 while the mirror and the writer run: the mirror rides through, or (when one of its queries met the gap; both happen)
@@ -42,7 +42,10 @@ LAST_KILL = "sink.between_tables"
 #: Per target: the runs' kill points (each run one, the next run armed at the next), and how the snapshot is cut
 #: (rows per chunk, rows per epoch): several epochs where a run is killed in the snapshot, few elsewhere.
 CHAINS: dict[str, list[tuple[str, int | None]]] = {
-    "delta": [("source.after_metadata_write", 3), ("sink.between_tables", CHANGES)],
+    # Delta's sink.between_tables of a change epoch is its last run's kill (LAST_KILL); the replay of a change
+    # epoch planned and not committed is Iceberg's kill (and, at sink.between_tables, tests/connectors/delta/
+    # test_routed_crash.py's): a run of its own here was one driver start more (docs/testing.md).
+    "delta": [("source.after_metadata_write", 3)],
     "iceberg": [("sink.after_commit", CHANGES)],
     "postgres": [("sink.before_decision", 2)],
 }

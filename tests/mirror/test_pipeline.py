@@ -3,9 +3,9 @@
 * While a writer changes every table of ``public.m_*`` (and, once the mirror runs, adds a
   column, widens a numeric, creates a table and drops one: flinkish_spark.testing.mirror's
   workload), ``flinkish stop`` stops the command without drain (exit 0, the slot stays); the same
-  command started again continues from the checkpoint; after the writer stopped, one SIGTERM
-  drains it (exit 0). Every Delta target then equals its source table, ``other`` has no target,
-  and no slot or publication is left.
+  command started again continues from the checkpoint; after the writer stopped, Ctrl-C twice exits it
+  at once (130) and the same command recovers and ends drained by one SIGTERM (exit 0). Every Delta
+  target then equals its source table, ``other`` has no target, and no slot or publication is left.
   Two tables have a shape of their own (``--sink-option tableModes=...``: m_a soft deletes, m_b history).
 * ``--stop-after-snapshot`` copies the tables and ends by itself (exit 0) with nothing left on
   the server; ``flinkish mirror compare`` with the same flags (``deletes=soft`` for every table) says equal.
@@ -59,15 +59,24 @@ def command(url: str, tmp_path: Path, *extra: str) -> list[str]:
 
 
 
-def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drain(pg_url: str, tmp_path: Path) -> None:
+def test_a_stop_without_drain_then_ctrl_c_twice_and_each_time_the_same_command_continues(pg_url: str,
+                                                                                        tmp_path: Path) -> None:
+    """``flinkish stop`` (no drain) ends run 1, the same command continues through the writer's schema changes and
+    new table; then Ctrl-C twice in its terminal exits run 2 at once (130), and the same command recovers and ends
+    drained (SIGTERM) -- or finished by itself, when the first Ctrl-C's drain had planned its final epoch.
+
+    Ctrl-C reaches the terminal's foreground process group: here the command's group (its own session, as a shell
+    gives it); Spark's processes are in another one and never see it. (One chain of three runs: the Ctrl-C test
+    was a mirror process of its own on a snapshot of its own before, ~35 s.)"""
     spark_cp = str(tmp_path / "meta" / "spark")
     # The writer's schema changes start once this folder holds two numbered files: opened below when the
     # snapshot is complete (a widening during the snapshot is another case: test_widening_during_the_snapshot).
     gate = tmp_path / "ddl-gate"
     gate.mkdir()
+    cmd = command(with_password(pg_url), tmp_path, "--sink-option", f"tableModes={MODES}")
     with writer_running(pg_url, tmp_path, ddl_after=str(gate)) as stop_writer:
         log1 = tmp_path / "run1.log"
-        run1 = start(command(with_password(pg_url), tmp_path, "--sink-option", f"tableModes={MODES}"), log1)
+        run1 = start(cmd, log1)
         wait_for("3 committed epochs", lambda: len(committed_batches(spark_cp)) >= 3, run1, log1)
         stop = subprocess.run([*flinkish(), "stop", str(tmp_path / "meta")], capture_output=True, text=True, timeout=300)
         assert stop.returncode == 0, stop.stdout + stop.stderr  # a stop without drain: resumable
@@ -75,18 +84,38 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
         assert rc == 0 and "flinkish mirror: stopped (flinkish stop, no drain)" in out, out[-4000:]
         assert slots_and_publications(pg_url) == (1, ["flinkish_mirror"])  # kept for the restart
 
-        log2 = tmp_path / "run2.log"
-        run2 = start(command(with_password(pg_url), tmp_path, "--sink-option", f"tableModes={MODES}"), log2)  # the same
-        before = len(committed_batches(spark_cp))
+        log2 = tmp_path / "run2.log"  # the same command, in a session of its own (a terminal's foreground group)
+        run2 = subprocess.Popen(cmd, stdout=open(log2, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         wait_for("the snapshot's end", lambda: "tables snapshotted 4/4" in log2.read_text(), run2, log2)
         (gate / "0").touch()
         (gate / "1").touch()
-        # The writer's schema changes and the new table happen 2 s apart from now: give them time.
-        wait_for("12 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 14, run2, log2)
+        # The writer's schema changes and the new table happen 2 s apart from now; its last step drops m_drop.
+        wait_for("the writer's schema changes", lambda: dropped(pg_url, "public.m_drop"), run2, log2, timeout=120)
+        after = len(committed_batches(spark_cp))
+        wait_for("5 epochs after them", lambda: len(committed_batches(spark_cp)) >= after + 5, run2, log2)
         stop_writer()
-        out = drain(run2, log2)
+        os.killpg(run2.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.killpg(run2.pid, signal.SIGINT)
+        rc, out = ended(run2, log2)
+        assert rc == 130 and "flinkish mirror: stopped at once" in out, out[-3000:]
+        # The Python workers never got the SIGINT (Spark's own shutdown of the cancelled batch may still log).
+        assert "KeyboardInterrupt" not in out, out[-3000:]
         assert "epoch " in out and "tables snapshotted" in out  # plain progress lines (stdout is not a terminal)
-        assert SECRET not in log1.read_text() + out
+
+        log3 = tmp_path / "run3.log"
+        run3 = start(cmd, log3)
+        # The first Ctrl-C asked for a drain: if its final epoch was planned before the second one, the restart
+        # completes it and ends by itself; otherwise the mirror goes on (an epoch committed) until drained now.
+        done = len(committed_batches(spark_cp))
+        deadline = time.time() + 300
+        while run3.poll() is None and len(committed_batches(spark_cp)) <= done:
+            assert time.time() < deadline, log3.read_text()[-3000:]
+            time.sleep(0.2)
+        out = drain(run3, log3) if run3.poll() is None else ended(run3, log3)[1]
+        assert run3.returncode == 0 and ("flinkish mirror: drained" in out or "flinkish mirror: finished" in out), \
+            out[-3000:]
+        assert SECRET not in log1.read_text() + log2.read_text() + out
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
@@ -98,10 +127,16 @@ def test_sigterm_drains_and_the_same_command_continues_after_a_stop_without_drai
     assert slots_and_publications(pg_url) == (0, [])
     assert files_holding(tmp_path / "meta", SECRET) == [] and files_holding(tmp_path / "lake", SECRET) == []
 
-    log3 = tmp_path / "run3.log"  # the same command once more: a drained mirror is finished for good
-    rc, out = ended(start(command(pg_url, tmp_path), log3), log3)
+    log4 = tmp_path / "run4.log"  # the same command once more: a drained mirror is finished for good
+    rc, out = ended(start(command(pg_url, tmp_path), log4), log4)
     assert rc == 0 and "this mirror was drained before" in out, out[-3000:]
     assert slots_and_publications(pg_url) == (0, [])  # nothing created again
+
+
+def dropped(url: str, table: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT to_regclass(%s) IS NULL", (table,)).fetchone()
+    return row is not None and bool(row[0])
 
 
 def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, tmp_path: Path) -> None:
@@ -124,42 +159,6 @@ def test_stop_after_snapshot_copies_the_tables_and_ends_by_itself(pg_url: str, t
                            capture_output=True, text=True, timeout=120)  # the same flags, from the shell
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.splitlines()[-1] == "flinkish mirror compare: all 4 tables equal to their source"
-
-
-def test_ctrl_c_twice_in_a_terminal_exits_at_once_and_the_same_command_recovers(pg_url: str, tmp_path: Path) -> None:
-    """Ctrl-C reaches the terminal's foreground process group: here the command's group (its own session, as a
-    shell gives it); Spark's processes are in another one and never see it. Twice: exit 130 at once."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(SETUP)
-    spark_cp = str(tmp_path / "meta" / "spark")
-    log = tmp_path / "run1.log"
-    run = subprocess.Popen(command(pg_url, tmp_path), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                           start_new_session=True)
-    wait_for("the first epoch", lambda: len(committed_batches(spark_cp)) >= 1, run, log)
-    os.killpg(run.pid, signal.SIGINT)
-    time.sleep(0.3)
-    os.killpg(run.pid, signal.SIGINT)
-    rc, out = ended(run, log)
-    assert rc == 130 and "flinkish mirror: stopped at once" in out, out[-3000:]
-    # The Python workers never got the SIGINT (Spark's own shutdown of the cancelled batch may still log).
-    assert "KeyboardInterrupt" not in out, out[-3000:]
-
-    log2 = tmp_path / "run2.log"
-    run2 = start(command(pg_url, tmp_path), log2)
-    # The first Ctrl-C asked for a drain: if its final epoch was planned before the second one, the restart
-    # completes it and ends by itself; otherwise the mirror goes on until it is drained now.
-    deadline = time.time() + 300
-    while run2.poll() is None and "tables snapshotted 4/4" not in log2.read_text():
-        assert time.time() < deadline, log2.read_text()[-3000:]
-        time.sleep(0.5)
-    if run2.poll() is None:
-        run2.send_signal(signal.SIGTERM)
-    rc, out = ended(run2, log2)
-    assert rc == 0 and ("flinkish mirror: drained" in out or "flinkish mirror: finished" in out), out[-3000:]
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        source, schemas = table_states(conn, ["public.m_a", "public.m_b", "public.m_c", "public.m_drop"])
-    assert delta_differences(str(tmp_path / "lake"), source, schemas) == {}
-    assert slots_and_publications(pg_url) == (0, [])
 
 
 def target_state(url: str, tmp_path: Path, tables: list[str]) -> tuple[dict, str]:

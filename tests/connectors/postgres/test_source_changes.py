@@ -28,10 +28,10 @@ from flinkish_spark.testing.spark_log import committed_batches
 
 pytestmark = pytest.mark.slow
 
-ROWS = 200_000
-SPLIT = 25_000  # 8 chunks
+ROWS = 100_000
+SPLIT = 12_500  # 8 chunks
 UID = "mirror"
-KILLS = 3  # at least; more (up to MAX_KILLS) while no change epoch is committed yet
+KILLS = 2  # at least; more (up to MAX_KILLS) while no change epoch is committed yet
 MAX_KILLS = 6
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "11"))
 SLOT = "flinkish_mirror"
@@ -44,7 +44,7 @@ next_id = 10_000_000
 with psycopg.connect(url, autocommit=True) as conn:
     while not os.path.exists(stop_file):
         op = rnd.random()
-        k = rnd.randint(1, 200_000)
+        k = rnd.randint(1, 100_000)
         with conn.transaction():
             if op < 0.35:
                 conn.execute("INSERT INTO src VALUES (%s, %s, %s)", (next_id, "new", next_id % 97))
@@ -133,7 +133,7 @@ def test_mirror_through_kills_and_drain_equals_the_source(pg_url, run_pipeline, 
         missing = conn.execute("SELECT count(*) FROM (SELECT * FROM src EXCEPT SELECT * FROM dst) d").fetchone()[0]
         extra = conn.execute("SELECT count(*) FROM (SELECT * FROM dst EXCEPT SELECT * FROM src) d").fetchone()[0]
         assert (missing, extra) == (0, 0)
-        changed = conn.execute("SELECT count(*) FROM src WHERE v LIKE '%+' OR id > 200000").fetchone()[0]
+        changed = conn.execute("SELECT count(*) FROM src WHERE v LIKE '%+' OR id > 100000").fetchone()[0]
         assert changed > 50  # the writer really changed the table while the pipeline ran
         # A drained source drops the slot and publication it created (final notification).
         assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()[0] == 0
