@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from flinkish_spark.connectors.passwords import MASK, password_from
 from flinkish_spark.connectors.urls import split_password
@@ -27,6 +28,9 @@ from flinkish_spark.errors import ConfigError, DatabaseAccessError, DatabaseUnav
 INSTALL_HINT = "pip install 'flinkish_spark[mysql]'"
 DEFAULT_PORT = 3306
 PASSWORD_VARIABLE = "MYSQL_PWD"
+#: PyMySQL's codes of a session the server ended or cannot keep: shutdown in progress, cannot connect, gone away,
+#: lost during a query, lost at the handshake, connection killed (MariaDB).
+LOST_CODES = frozenset({1053, 2003, 2006, 2013, 2055, 1927})
 
 # Server error numbers of a refused (not an unreachable) connection: retrying cannot help.
 # 1044 access denied to a database, 1045 access denied for a user (wrong password), 1049 unknown
@@ -139,3 +143,23 @@ def connect(info: ConnectionInfo, database: str | None = None, connect_timeout: 
                                autocommit=True, charset="utf8mb4")
     except pymysql.MySQLError as e:
         raise connection_error(info, e) from None
+
+
+@contextmanager
+def session(info: ConnectionInfo, database: str | None = None) -> Iterator[Any]:
+    """:func:`connect` for a block, closed after it. A session the server ends inside the block (a restart, a kill)
+    is the retryable :class:`DatabaseUnavailableError`, as a failed connect is -- never the driver's raw
+    ``OperationalError``: the mirror's "transient failure" and the retries of the CDC core go by the error's class."""
+    conn = connect(info, database)
+    try:
+        yield conn
+    except Exception as e:
+        code = e.args[0] if getattr(e, "args", None) and isinstance(e.args[0], int) else None
+        if type(e).__module__.startswith("pymysql") and code in LOST_CODES:
+            raise connection_error(info, e) from None
+        raise
+    finally:
+        try:
+            conn.close()
+        except Exception:  # already closed by the server's side: nothing to release
+            pass

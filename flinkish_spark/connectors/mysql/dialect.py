@@ -42,7 +42,6 @@ import functools
 import hashlib
 import logging
 import random
-from contextlib import closing
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping
 
 import pyarrow as pa
@@ -58,7 +57,7 @@ from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: F401 (bound_*:
 from flinkish_spark.connectors.mysql.changes import (
     BinlogPurgedError, LogEnd, check_start, current_end, position_key, position_of_key, read_range,
 )
-from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
+from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, session
 from flinkish_spark.connectors.mysql.position import FilePosition
 from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord, redacted
 from flinkish_spark.connectors.mysql.range_cuts import DEFAULT_MIN_CHANGES, CutPlanner
@@ -129,7 +128,7 @@ class MysqlDialect:
         return TerminalError(message)
 
     def connect(self) -> ContextManager[Any]:
-        return closing(connect(self.info))
+        return session(self.info)
 
     # catalog -----------------------------------------------------------------------------------------
 
@@ -226,7 +225,7 @@ class MysqlDialect:
     def _position(self, key: int, conn: Any | None = None) -> FilePosition:
         if not self._files:
             if conn is None:
-                with closing(connect(self.info)) as own:
+                with session(self.info) as own:
                     self._files = binary_logs(own)
             else:
                 self._files = binary_logs(conn)
@@ -267,7 +266,7 @@ class MysqlDialect:
         """The purged-log error when the server no longer has the log from where the next range starts."""
         if self._needed is None:
             return None
-        with closing(connect(self.info)) as conn:
+        with session(self.info) as conn:
             try:
                 check_start(conn, self.info, self._position(self._needed, conn))
             except BinlogPurgedError as e:
@@ -282,7 +281,7 @@ class MysqlDialect:
         info = self.info
 
         def column_types(database: str, table: str) -> dict[str, str]:
-            with closing(connect(info)) as c, c.cursor() as cur:
+            with session(info) as c, c.cursor() as cur:
                 cur.execute("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
                             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
                 return {str(n): str(t) for n, t in cur.fetchall()}
@@ -306,7 +305,7 @@ class MysqlDialect:
         ends at the log's end all the same, an epoch without rows, so that a source whose tables are idle does not
         hold a file the server's expiry would purge (there is no slot; ``position_lost`` would stop it)."""
         self._needed = position
-        with closing(connect(self.info)) as conn:
+        with session(self.info) as conn:
             end = self._end(conn)
             start = self._position(position, conn)
             decoder = self._decoder(conn, counting=True)  # only tables are looked at, never a value
@@ -394,7 +393,7 @@ class MysqlDialect:
         that stopped this read has taken too (a purge removes the oldest files first), and starts a new generation."""
         if start >= end:
             return
-        with closing(connect(self.info)) as conn:
+        with session(self.info) as conn:
             first, last = self._position(start, conn), self._position(end, conn)
             decoder = self._decoder(conn)
             mariadb = self._is_mariadb(conn)
@@ -404,7 +403,7 @@ class MysqlDialect:
             return None if planned is None else planned().get(table_id(name))
 
         def catalog_schema(database: str, table: str) -> TableSchema | None:
-            with closing(connect(self.info)) as c:
+            with session(self.info) as c:
                 try:
                     return schema_of_info(table_info(c, database, table))
                 except Exception:  # gone, or without a key now: no 't' row to give

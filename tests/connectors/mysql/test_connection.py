@@ -66,3 +66,20 @@ def test_no_server_is_retryable() -> None:
     with pytest.raises(DatabaseUnavailableError, match="unreachable") as err:
         connect(parse_url(f"mysql://root:pw@127.0.0.1:{free_port()}/db"), connect_timeout=2)
     assert err.value.retryable
+
+
+def test_a_connection_lost_mid_session_is_retryable_not_a_raw_driver_error(mariadb, mysql_db: str) -> None:
+    """A server restarted under a running mirror drops its open sessions: the dialect's next query on one is the
+    retryable DatabaseUnavailableError (the mirror says "a transient failure" and the same command continues),
+    not PyMySQL's OperationalError 2013 (found by the MySQL kill test at a server restart)."""
+    from flinkish_spark.connectors.mysql.dialect import MysqlDialect
+
+    info = parse_url(f"mysql://root@127.0.0.1:{mariadb.port}/{mysql_db}")
+    dialect = MysqlDialect(info)
+    with pytest.raises(DatabaseUnavailableError, match="unreachable|lost") as err:
+        with dialect.connect() as conn:
+            with conn.cursor() as cur:
+                cur.execute("SELECT CONNECTION_ID()")
+                mariadb.sql(f"KILL {cur.fetchone()[0]}")
+                cur.execute("SELECT 1")
+    assert err.value.retryable

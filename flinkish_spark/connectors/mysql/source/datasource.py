@@ -11,7 +11,6 @@ nothing written. Options: docs/mysql-source.md.
 from __future__ import annotations
 
 import os
-from contextlib import closing
 from typing import Any, ClassVar
 
 from pyspark.sql.datasource import DataSourceStreamReader
@@ -22,7 +21,7 @@ from flinkish_spark.connectors.cdc.host import DEFAULT_SPLIT_SIZE, OnSlotLost, S
 from flinkish_spark.connectors.cdc.patterns import TablePatterns, split_followable
 from flinkish_spark.connectors.cdc.stream import stream_schema
 from flinkish_spark.connectors.cdc.tables_reader import TablesReaderCore
-from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, parse_url
+from flinkish_spark.connectors.mysql.connection import ConnectionInfo, parse_url, session
 from flinkish_spark.connectors.mysql.range_cuts import DEFAULT_MIN_CHANGES, MAX_READERS
 from flinkish_spark.connectors.mysql.server import read_settings, setting_problems
 from flinkish_spark.connectors.mysql.source.enumerator import MysqlEnumerator, mysql_dialect
@@ -103,7 +102,7 @@ class MysqlSourceDataSource(CdcDataSource):
             return
         assert self.patterns is not None
         dialect = mysql_dialect(self)
-        with closing(connect(self.conn_info)) as conn:
+        with session(self.conn_info) as conn:
             version, settings = read_settings(conn)
             problems = setting_problems(self.conn_info, version, settings, self.startup != "snapshot")
             if problems:
