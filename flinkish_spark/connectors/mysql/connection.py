@@ -154,12 +154,33 @@ def session(info: ConnectionInfo, database: str | None = None) -> Iterator[Any]:
     try:
         yield conn
     except Exception as e:
-        code = e.args[0] if getattr(e, "args", None) and isinstance(e.args[0], int) else None
-        if type(e).__module__.startswith("pymysql") and code in LOST_CODES:
-            raise connection_error(info, e) from None
-        raise
+        error = lost_session(info, e)
+        if error is None:
+            raise
+        raise error from None
     finally:
         try:
             conn.close()
         except Exception:  # already closed by the server's side: nothing to release
             pass
+
+
+def lost_session(info: ConnectionInfo, exc: BaseException) -> Exception | None:
+    """The :class:`DatabaseUnavailableError` for a PyMySQL error of a session the server ended (:data:`LOST_CODES`),
+    else None (the error stands as it is)."""
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    if type(exc).__module__.startswith("pymysql") and code in LOST_CODES:
+        return connection_error(info, exc)
+    return None
+
+
+def lost_sessions_retryable(info: ConnectionInfo, rows: Iterator[Any]) -> Iterator[Any]:
+    """``rows`` (a task's read on its own connection) with a session the server ended as
+    :class:`DatabaseUnavailableError` (:func:`lost_session`)."""
+    try:
+        yield from rows
+    except Exception as e:
+        error = lost_session(info, e)
+        if error is None:
+            raise
+        raise error from None

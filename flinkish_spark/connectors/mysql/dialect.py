@@ -57,7 +57,7 @@ from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: F401 (bound_*:
 from flinkish_spark.connectors.mysql.changes import (
     BinlogPurgedError, LogEnd, check_start, current_end, position_key, position_of_key, read_range,
 )
-from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, session
+from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, lost_sessions_retryable, session
 from flinkish_spark.connectors.mysql.position import FilePosition
 from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord, redacted
 from flinkish_spark.connectors.mysql.range_cuts import DEFAULT_MIN_CHANGES, CutPlanner
@@ -374,12 +374,12 @@ class MysqlDialect:
 
     def read_chunk_arrow(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
         """The chunk as Arrow typed by :mod:`.types` (:func:`.chunk_rows.read_chunk_arrow`)."""
-        return read_chunk_arrow(chunk, conn)
+        return lost_sessions_retryable(self.info, read_chunk_arrow(chunk, conn))
 
     def read_chunk(self, chunk: dict[str, Any], conn: Any) -> Iterator[pa.RecordBatch]:
         """The chunk as an ``s`` row and its ``r`` rows, ``B``/``E`` for a re-snapshot (:func:`.chunk_rows.read_chunk_rows`);
         the ``r`` rows already packed when :attr:`packed_chunks`."""
-        return read_chunk_rows(chunk, conn, self.packed_chunks)
+        return lost_sessions_retryable(self.info, read_chunk_rows(chunk, conn, self.packed_chunks))
 
     def read_changes(self, start: int, end: int,
                      planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None) -> Iterator[pa.RecordBatch]:
