@@ -15,7 +15,9 @@ session (``local[2]``, ``flinkish_spark.session`` with Debian's MariaDB Connecto
    ``--direct-pack``, also the prototype of ``benchmarks/direct_pack/`` (the chunk's typed Arrow packed as it is,
    no JSON text per row) into both sinks; with ``--json-pack``, also ``rowFormat=arrow`` the way before
    ``connectors/mysql/packed_chunks.py`` (a JSON text per row parsed back by the reader's ``Packer``, through
-   ``benchmarks/direct_pack/``'s switch) into both sinks, its Delta target checked equal to the source's.
+   ``benchmarks/direct_pack/``'s switch) into both sinks, its Delta target checked equal to the source's; with
+   ``--row-loop``, also ``rowFormat=arrow`` with the row loop of ``snapshot.read_chunk`` before
+   ``connectors/mysql/row_packets.py`` (the same switch). ``rowFormat=json`` only when ``--row-formats`` names it.
    Rows/s = rows / (``start()`` or the action's call -> the query's end): what the user waits for.
    With ``--json-pack`` part 2 also reads ``rowFormat=arrow`` the way before ``connectors/mysql/packed_changes.py``
    (a JSON text per change, parsed back by the reader's ``Packer``) beside the source's typed packs.
@@ -260,8 +262,11 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
     results = []
     for r in range(args.repeats):
         cases = [(f"flinkish.mysql arrow -> noop", flinkish("arrow", f"a{r}")),
-                 (f"flinkish.mysql json -> noop", flinkish("json", f"j{r}")),
+                 *([(f"flinkish.mysql json -> noop", flinkish("json", f"j{r}"))] if "json" in args.row_formats else []),
                  ("Spark JDBC -> noop", jdbc("noop"))]
+        if args.row_loop:
+            cases.insert(1, ("flinkish.mysql arrow, row loop (before row_packets) -> noop",
+                             flinkish("arrow", f"l{r}", direct=True, flag_env="FLINKISH_BENCH_ROW_LOOP")))
         if args.direct_pack:
             cases.insert(1, ("flinkish.mysql arrow, direct pack (prototype) -> noop",
                              flinkish("arrow", f"p{r}", direct=True)))
@@ -584,6 +589,9 @@ def main() -> None:
                          "(JSON per row, Packer)")
     ap.add_argument("--change-readers", default="",
                     help="part 2 once per changeReaders value, e.g. 1,2 (default: the source's default only)")
+    ap.add_argument("--row-loop", action="store_true",
+                    help="part 1 also with the row loop of snapshot.read_chunk before connectors/mysql/row_packets.py "
+                         "(benchmarks/direct_pack/sitecustomize.py switches it on in the Python workers)")
     ap.add_argument("--counted-planning", action="store_true",
                     help="part 2 also with the planning that counts rows (maxRowsPerTrigger set very high: the "
                          "planning before connectors/mysql/range_scan.py)")
@@ -599,7 +607,9 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="flinkish-bench-mysql-source-")
     if args.json_pack:
         os.environ["FLINKISH_BENCH_JSON_PACK"] = os.path.join(work, "json-pack.flag")
-    if args.direct_pack or args.json_pack:  # before the JVM starts: Spark's Python workers inherit the environment
+    if args.row_loop:
+        os.environ["FLINKISH_BENCH_ROW_LOOP"] = os.path.join(work, "row-loop.flag")
+    if args.direct_pack or args.json_pack or args.row_loop:  # before the JVM starts: Spark's Python workers inherit the environment
         if args.direct_pack:
             os.environ["FLINKISH_BENCH_DIRECT_PACK"] = os.path.join(work, "direct-pack.flag")
         os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(os.path.abspath(__file__)),
