@@ -215,8 +215,8 @@ def _install_row_loop(flag: str) -> None:
 
     blocks = snapshot.column_blocks
 
-    def column_blocks(result, ncols, min_rows=8192):
-        return loop_columns(result, ncols) if os.path.exists(flag) else blocks(result, ncols, min_rows)
+    def column_blocks(result, ncols, rows=8192):
+        return loop_columns(result, ncols) if os.path.exists(flag) else blocks(result, ncols, rows)
 
     snapshot.column_blocks = column_blocks
 

@@ -13,12 +13,13 @@ validity from the NULL markers). What it guarantees:
 * **The protocol's rules**: each packet's sequence number checked, a row of 16 MiB and more (several packets)
   joined, an error packet raised as PyMySQL raises it, a lost connection as PyMySQL's ``OperationalError``; at
   the result's end (the EOF packet) the cursor is left as PyMySQL leaves it. Nothing past the EOF packet is read
-  (the server sends nothing more until the next command).
+  (the server sends nothing more until the next command). A read left part way (its generator closed) reads the
+  rest of the result off the connection, as PyMySQL does: the bytes taken in a block are not PyMySQL's to find.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,19 +30,26 @@ _MAX = 0xFFFFFF
 _LOST = "Lost connection to MySQL server during query"
 
 
-def column_blocks(result: Any, ncols: int, min_rows: int = 8192) -> Iterator[list[pa.Array]]:
-    """The rows of an unbuffered PyMySQL ``result`` of ``ncols`` columns as lists of ``ncols`` binary arrays,
-    at least ``min_rows`` rows each but the last (see the module docstring)."""
+def column_blocks(result: Any, ncols: int, rows: int = 8192) -> Iterator[list[pa.Array]]:
+    """The rows of an unbuffered PyMySQL ``result`` of ``ncols`` columns as lists of ``ncols`` binary arrays of
+    ``rows`` rows each, the last fewer (see the module docstring). Closed before its end, it reads the rest of the
+    result off the connection (as PyMySQL does), which stays usable."""
+    blocks = _blocks(result, ncols)
     pending: list[list[pa.Array]] = []
-    rows = 0
-    for block in _blocks(result, ncols):
-        pending.append(block)
-        rows += len(block[0])
-        if rows >= min_rows:
+    have = 0
+    try:
+        for block in blocks:
+            pending.append(block)
+            have += len(block[0])
+            while have >= rows:
+                joined = _joined(pending)
+                yield [a.slice(0, rows) for a in joined]
+                have -= rows
+                pending = [[a.slice(rows) for a in joined]] if have else []
+        if have:
             yield _joined(pending)
-            pending, rows = [], 0
-    if rows:
-        yield _joined(pending)
+    finally:
+        blocks.close()
 
 
 def _joined(parts: list[list[pa.Array]]) -> list[pa.Array]:
@@ -50,57 +58,86 @@ def _joined(parts: list[list[pa.Array]]) -> list[pa.Array]:
     return [pa.concat_arrays([p[k] for p in parts]) for k in range(len(parts[0]))]
 
 
-def _blocks(result: Any, ncols: int) -> Iterator[list[pa.Array]]:
+def _finish(result: Any) -> None:
+    """What PyMySQL does at an unbuffered result's end: the cursor closes cleanly, the connection takes commands."""
+    result.unbuffered_active = False
+    result.connection = None
+    result.rows = None
+
+
+def _blocks(result: Any, ncols: int) -> Generator[list[pa.Array], None, None]:
     conn = result.connection
     rfile = conn._rfile
     seq = conn._next_seq_id
     buf = b""
     pos = 0  # the next packet's header in buf
+    done = False  # the result's end (or its error) was read: nothing of it is left on the connection
+    try:
+        while True:
+            tail = buf[pos:]
+            # at least the next packet whole (a row over a block is read at once, not a block at a time)
+            need = 4 if len(tail) < 4 else 4 + (tail[0] | tail[1] << 8 | tail[2] << 16)
+            buf = _more(conn, rfile, tail, min(need, 4 + _MAX))
+            pos, n = 0, len(buf)
+            starts: list[int] = []
+            joined: list[tuple[int, bytes]] = []  # (row index, payload) of rows of several packets
+            while pos + 4 <= n:
+                size = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+                stop = pos + 4 + size
+                if stop > n:
+                    break
+                if buf[pos + 3] != seq:
+                    conn._force_close()
+                    from pymysql import err
+                    raise err.InternalError(f"Packet sequence number wrong - got {buf[pos + 3]} expected {seq}")
+                if size == _MAX:
+                    payload, stop, seq, buf, n = _long_row(conn, rfile, buf, pos, seq)
+                    joined.append((len(starts), payload))
+                    starts.append(-1)
+                    pos = stop
+                    continue
+                seq = (seq + 1) & 255
+                first = buf[pos + 4]
+                if first == 0xFE and size < 9:  # EOF: the end of the rows
+                    done = True
+                    pos = stop
+                    break
+                if first == 0xFF:  # an error ends the result: the rows before it are of no use
+                    done = True
+                    conn._next_seq_id = seq
+                    _raise_error(conn, buf[pos + 4:stop])
+                starts.append(pos + 4)
+                pos = stop
+            conn._next_seq_id = seq
+            block = _columns(buf, starts, joined, ncols) if starts else None
+            if done:
+                _finish(result)
+            if block is not None:
+                yield block
+            if done:
+                return
+    finally:
+        if not done and conn._sock is not None:  # left part way (or failed in between): read the rest off
+            _drain(conn, rfile, buf[pos:], seq)
+            _finish(result)
+
+
+def _drain(conn: Any, rfile: Any, tail: bytes, seq: int) -> None:
+    """The rest of a result read and dropped, from ``tail`` (the bytes read after the last packet taken) on."""
+    continued = False  # the packet before was 16 MiB: this one continues its row (its first byte is no marker)
     while True:
-        tail = buf[pos:]
-        # at least the next packet whole (a row over a block is read at once, not a block at a time)
-        need = 4 if len(tail) < 4 else 4 + (tail[0] | tail[1] << 8 | tail[2] << 16)
-        buf = _more(conn, rfile, tail, min(need, 4 + _MAX))
-        pos, n = 0, len(buf)
-        starts: list[int] = []
-        joined: list[tuple[int, bytes]] = []  # (row index, payload) of rows of several packets
-        end_reached = False
-        while pos + 4 <= n:
-            size = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
-            stop = pos + 4 + size
-            if stop > n:
-                break
-            if buf[pos + 3] != seq:
-                conn._force_close()
-                from pymysql import err
-                raise err.InternalError(f"Packet sequence number wrong - got {buf[pos + 3]} expected {seq}")
-            if size == _MAX:
-                payload, stop, seq, buf, n = _long_row(conn, rfile, buf, pos, seq)
-                joined.append((len(starts), payload))
-                starts.append(-1)
-                pos = stop
-                continue
-            seq = (seq + 1) & 255
-            first = buf[pos + 4]
-            if first == 0xFE and size < 9:  # EOF: the end of the rows
-                end_reached = True
-                pos = stop
-                break
-            if first == 0xFF:
-                conn._next_seq_id = seq
-                if starts:
-                    yield _columns(buf, starts, joined, ncols)
-                _raise_error(conn, buf[pos + 4:stop])
-            starts.append(pos + 4)
-            pos = stop
+        if len(tail) < 4:
+            tail = _more(conn, rfile, tail, 4)
+        size = tail[0] | tail[1] << 8 | tail[2] << 16
+        if len(tail) < 4 + size:
+            tail = _more(conn, rfile, tail, 4 + size)
+        seq = (seq + 1) & 255
+        first = tail[4] if size else -1
         conn._next_seq_id = seq
-        if starts:
-            yield _columns(buf, starts, joined, ncols)
-        if end_reached:
-            result.unbuffered_active = False  # what PyMySQL does at the end: the cursor closes cleanly
-            result.connection = None
-            result.rows = None
+        if not continued and (first == 0xFF or (first == 0xFE and size < 9)):
             return
+        continued = size == _MAX
+        tail = tail[4 + size:]
 
 
 def _more(conn: Any, rfile: Any, tail: bytes, need: int) -> bytes:

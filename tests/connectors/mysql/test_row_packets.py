@@ -18,7 +18,7 @@ def _ours(conn: Any, sql: str, ncols: int) -> list[tuple[Any, ...]]:
     cur = pymysql.cursors.SSCursor(conn)
     cur.execute(sql)
     columns = [[] for _ in range(ncols)]  # type: list[list[Any]]
-    for block in row_packets.column_blocks(cur._result, ncols, min_rows=3):
+    for block in row_packets.column_blocks(cur._result, ncols, rows=3):
         for k, arr in enumerate(block):
             columns[k] += arr.to_pylist()
     cur.close()
@@ -49,6 +49,15 @@ def test_blocks_of_rows_give_the_server_values_whatever_their_lengths(
         assert _ours(conn, sql, 4) == want
         assert len(want) == 12 and len(want[-1][2]) == 17 * 1024 * 1024  # several packets, a 9-byte prefix
         assert _pymysql(conn, "SELECT 1") == [(b"1",)]  # the connection is usable after the result's end
+
+        # Left part way (a chunk's reader closed early): the rest, the 17 MiB row too, is read off the connection.
+        cur = pymysql.cursors.SSCursor(conn)
+        cur.execute(sql)
+        blocks = row_packets.column_blocks(cur._result, 4, rows=2)
+        assert next(blocks)[0].to_pylist() == [b"0", b"1"]
+        blocks.close()
+        cur.close()
+        assert _pymysql(conn, "SELECT 2") == [(b"2",)]
 
         # An error after some rows (a subquery of two rows at id 5): PyMySQL's error, the rows before it given.
         with pytest.raises(pymysql.err.MySQLError, match="more than 1 row"):
