@@ -15,7 +15,9 @@ session (``local[2]``, ``flinkish_spark.session`` with Debian's MariaDB Connecto
    ``--direct-pack``, also the prototype of ``benchmarks/direct_pack/`` (the chunk's typed Arrow packed as it is,
    no JSON text per row) into both sinks; with ``--json-pack``, also ``rowFormat=arrow`` the way before
    ``connectors/mysql/packed_chunks.py`` (a JSON text per row parsed back by the reader's ``Packer``, through
-   ``benchmarks/direct_pack/``'s switch) into both sinks, its Delta target checked equal to the source's.
+   ``benchmarks/direct_pack/``'s switch) into both sinks, its Delta target checked equal to the source's; with
+   ``--row-loop``, also ``rowFormat=arrow`` with the row loop of ``snapshot.read_chunk`` before
+   ``connectors/mysql/row_packets.py`` (the same switch). ``rowFormat=json`` only when ``--row-formats`` names it.
    Rows/s = rows / (``start()`` or the action's call -> the query's end): what the user waits for.
    With ``--json-pack`` part 2 also reads ``rowFormat=arrow`` the way before ``connectors/mysql/packed_changes.py``
    (a JSON text per change, parsed back by the reader's ``Packer``) beside the source's typed packs.
@@ -27,7 +29,9 @@ session (``local[2]``, ``flinkish_spark.session`` with Debian's MariaDB Connecto
    server's limit), then each query started again (``availableNow``, ``maxRowsPerTrigger`` unset) into ``noop``
    until it ends: changes/s = changes / (``start()`` -> end), and over the busy epochs alone (first epoch start
    -> last epoch end, Spark's progress). With ``--change-readers 1,2`` each query once per ``changeReaders``
-   value (the epoch's range read by that many tasks at once).
+   value (the epoch's range read by that many tasks at once). With ``--counted-planning`` also ``rowFormat=arrow`` with
+   ``maxRowsPerTrigger`` set very high: the range planned by counting its rows (``row_count``), as every planning did
+   before ``connectors/mysql/range_scan.py`` (which plans a range without a limit by its events' headers).
 3. **Lag at a fixed rate** (the method of ``mirror_scaleout.py``'s paced rounds): ``flinkish mirror --from
    mysql://... --tables bench.lag --to <dir>/{schema}/{table} --trigger 1s`` (Delta; a process of its own, after
    the Spark session of parts 1-2 is stopped) snapshots ``bench.lag`` (``--lag-rows`` rows); then a writer
@@ -175,12 +179,14 @@ def observed(p: Any) -> int:
 
 
 def source_df(spark: Any, url: str, meta: str, uid: str, fmt: str, startup: str, args: argparse.Namespace,
-              readers: int | None = None) -> Any:
+              readers: int | None = None, counted: bool = False) -> Any:
     from pyspark.sql import functions as F
 
     reader = (spark.readStream.format("flinkish.mysql").option("uid", uid).option("checkpoint", meta)
               .option("url", url).option("tables", "bench.t").option("startup", startup).option("rowFormat", fmt)
               .option("splitSize", str(args.split_size)).option("snapshotPartitions", str(args.partitions)))
+    if counted:  # the planning that counts the range's rows (row_count), as every planning did before range_scan
+        reader = reader.option("maxRowsPerTrigger", str(10**9))
     df = (reader if readers is None else reader.option("changeReaders", str(readers))).load()
     # Data rows (snapshot reads and changes): in the arrow shape a row is a pack of _count of them.
     n = F.sum("_count") if fmt == "arrow" else F.count_if(F.col("_op").isin("r", "c", "u", "d"))
@@ -256,8 +262,11 @@ def part_snapshot(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, 
     results = []
     for r in range(args.repeats):
         cases = [(f"flinkish.mysql arrow -> noop", flinkish("arrow", f"a{r}")),
-                 (f"flinkish.mysql json -> noop", flinkish("json", f"j{r}")),
+                 *([(f"flinkish.mysql json -> noop", flinkish("json", f"j{r}"))] if "json" in args.row_formats else []),
                  ("Spark JDBC -> noop", jdbc("noop"))]
+        if args.row_loop:
+            cases.insert(1, ("flinkish.mysql arrow, row loop (before row_packets) -> noop",
+                             flinkish("arrow", f"l{r}", direct=True, flag_env="FLINKISH_BENCH_ROW_LOOP")))
         if args.direct_pack:
             cases.insert(1, ("flinkish.mysql arrow, direct pack (prototype) -> noop",
                              flinkish("arrow", f"p{r}", direct=True)))
@@ -334,7 +343,7 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
     # "arrow+direct": rowFormat=arrow read with benchmarks/direct_pack's change prototype (its flag file present);
     # "arrow+json": rowFormat=arrow the way before packed_changes (a JSON text per change, the Packer parses it back)
     formats = ([f for f in args.row_formats.split(",") if f] + (["arrow+direct"] if args.direct_pack else [])
-               + (["arrow+json"] if args.json_pack else []))
+               + (["arrow+json"] if args.json_pack else []) + (["arrow+counted"] if args.counted_planning else []))
     # "<fmt>@<n>": read with changeReaders=n (the range in n tasks); --change-readers unset: the source's default
     if args.change_readers:
         formats = [f"{f}@{n}" for f in formats for n in args.change_readers.split(",")]
@@ -363,14 +372,15 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
     def flinkish(r: int, fmt: str) -> Callable[[], dict[str, Any]]:
         def go() -> dict[str, Any]:
             base = os.path.join(work, "chg", f"{fmt}{r}")
-            switched = "+" in fmt
+            switched = fmt.split("@")[0].endswith(("+direct", "+json"))
             flag = os.environ.get("FLINKISH_BENCH_DIRECT_PACK" if fmt.split("@")[0].endswith("+direct")
                                   else "FLINKISH_BENCH_JSON_PACK", "")
             if switched:
                 open(flag, "w").close()
             try:
                 return run_query(source_df(spark, url, os.path.join(base, "meta"), "src", _shape(fmt), "changes",
-                                           args, _readers(fmt)), os.path.join(base, "cp"), available_now=True)
+                                           args, _readers(fmt), "+counted" in fmt), os.path.join(base, "cp"),
+                                 available_now=True)
             finally:
                 if switched:
                     os.remove(flag)
@@ -379,7 +389,8 @@ def part_changes(spark: Any, server: EmbeddedMariaDB, meter: Meter, work: str, a
     results = []
     for r in range(args.repeats):
         cases = [("mariadb-binlog --read-from-remote-server > /dev/null", mariadb_binlog)]
-        named = {"+direct": ", typed changes (prototype)", "+json": ", JSON way (before packed_changes)"}
+        named = {"+direct": ", typed changes (prototype)", "+json": ", JSON way (before packed_changes)",
+                 "+counted": ", rows counted at planning (before range_scan)"}
         cases += [(f"flinkish.mysql {_shape(fmt)}{named.get(fmt.split('@')[0][len(_shape(fmt)):], '')}"
                    f"{'' if _readers(fmt) is None else f', changeReaders={_readers(fmt)}'} -> noop",
                    flinkish(r, fmt)) for fmt in formats]
@@ -578,6 +589,12 @@ def main() -> None:
                          "(JSON per row, Packer)")
     ap.add_argument("--change-readers", default="",
                     help="part 2 once per changeReaders value, e.g. 1,2 (default: the source's default only)")
+    ap.add_argument("--row-loop", action="store_true",
+                    help="part 1 also with the row loop of snapshot.read_chunk before connectors/mysql/row_packets.py "
+                         "(benchmarks/direct_pack/sitecustomize.py switches it on in the Python workers)")
+    ap.add_argument("--counted-planning", action="store_true",
+                    help="part 2 also with the planning that counts rows (maxRowsPerTrigger set very high: the "
+                         "planning before connectors/mysql/range_scan.py)")
     ap.add_argument("--profile-changes", action="store_true", help="py-spy of round 0's flinkish change reads")
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=60)
@@ -590,7 +607,9 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="flinkish-bench-mysql-source-")
     if args.json_pack:
         os.environ["FLINKISH_BENCH_JSON_PACK"] = os.path.join(work, "json-pack.flag")
-    if args.direct_pack or args.json_pack:  # before the JVM starts: Spark's Python workers inherit the environment
+    if args.row_loop:
+        os.environ["FLINKISH_BENCH_ROW_LOOP"] = os.path.join(work, "row-loop.flag")
+    if args.direct_pack or args.json_pack or args.row_loop:  # before the JVM starts: Spark's Python workers inherit the environment
         if args.direct_pack:
             os.environ["FLINKISH_BENCH_DIRECT_PACK"] = os.path.join(work, "direct-pack.flag")
         os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -5,19 +5,23 @@ docs/benchmarks.md "MySQL source through Spark"): the stages of a snapshot task,
 Per round, over every chunk (``--split-size`` rows) of ``bench.t`` (``--rows``), each in its own snapshot as the
 source's tasks read them:
 
-* ``read_chunk_arrow``: the rows as typed Arrow (the row-packet loop, one cast per column) -- the floor;
-* ``read_chunk_rows``: what the source's reader yields today: the typed batches back to Python values
-  (``to_pylist``), one JSON text per row (``stream_rows.row_encoder``), an ``r`` stream row each;
-* ``+ Packer`` (``rowFormat=arrow``): those stream rows packed as the reader does -- the JSON texts parsed back to
-  typed columns (``decode_rows``), the IPC stream per pack;
-* ``direct pack (prototype)``: what a packed read could do instead: the typed batches cast to the schema's Arrow
-  types, the row meta columns added (``_op`` = r, nulls), one IPC stream per pack -- no JSON in between.
+* ``server + socket``: the chunk's ``SELECT`` (unbuffered), its row packets read off the socket and dropped -- the
+  floor of any reader of the text protocol;
+* ``+ the row loop``: each value cut out of its row packet by Python (``snapshot.read_chunk`` before
+  ``connectors/mysql/row_packets.py``), a binary array per column;
+* ``+ row_packets``: the same columns cut a block of rows at a time, column by column with numpy (today's);
+* ``read_chunk_arrow``: + one Arrow cast per column (typed Arrow);
+* ``read_chunk_rows(packed)``: + the packs of ``rowFormat=arrow`` (``packed_chunks``: an IPC stream per pack) --
+  what a snapshot task's reader yields;
+* with ``--json-stages`` also ``rowFormat=json``'s stream rows (a JSON text per row) and the Packer's way.
 
 And with ``--changes N`` the change path instead: ``N`` single-row INSERTs in 1,000-row transactions in a log file
 of their own (the backlog of ``mysql_source.py``), read from the file's start to its end by
 
-* ``read_range, RowCounter``: the same transactions with their rows counted, not decoded (a range's planning,
+* ``range_scan``: the transactions walked by their events' headers (a range's planning without a limit,
   ``MysqlDialect.change_target``);
+* ``read_range, RowCounter``: the same transactions with their rows counted, not decoded (the planning with
+  ``maxRowsPerTrigger``; every planning before ``range_scan``);
 * ``read_range``: whole transactions of decoded ``RowChange``s (the decoder, positions, GTID state);
 * ``+ change_batches`` (``rowFormat=json``): the stream rows, one JSON text per change;
 * ``+ Packer`` (``rowFormat=arrow`` today): those rows packed, the JSON parsed back to typed columns;
@@ -44,7 +48,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import print_table, write_results  # noqa: E402
 from mysql_source import DDL, FILL  # noqa: E402
 
-from flinkish_spark.connectors.mysql.chunk_rows import bound_to_json, read_chunk_arrow, read_chunk_rows  # noqa: E402
+import pymysql  # noqa: E402
+
+from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: E402
+    bound_to_json, chunk_table, read_chunk_arrow, read_chunk_rows,
+)
+from flinkish_spark.connectors.mysql.row_packets import column_blocks  # noqa: E402
+from flinkish_spark.connectors.mysql.snapshot import BATCH_ROWS, _select_expr, begin_snapshot, chunk_condition  # noqa: E402
 from flinkish_spark.connectors.mysql.connection import connect, parse_url  # noqa: E402
 from flinkish_spark.connectors.mysql.snapshot import open_snapshot  # noqa: E402
 from flinkish_spark.connectors.mysql.stream_rows import schema_of_info  # noqa: E402
@@ -111,12 +121,65 @@ def typed_packs(txns: Iterator[Any]) -> Iterator[tuple[int, bytes]]:
         yield flush()
 
 
+def drain(result: Any) -> int:
+    """The rows of an unbuffered result read off the socket and dropped (the server's and the socket's share)."""
+    conn = result.connection
+    read, rows = conn._rfile.read, 0
+    while True:
+        header = read(4)
+        data = read(header[0] | header[1] << 8 | header[2] << 16)
+        conn._next_seq_id = (header[3] + 1) % 256
+        if data[0] == 0xFE and len(data) < 9:
+            result.unbuffered_active, result.connection, result.rows = False, None, None
+            return rows
+        rows += 1
+
+
+def loop_columns(result: Any, ncols: int) -> Iterator[list[pa.Array]]:
+    """The row loop of snapshot.read_chunk before connectors/mysql/row_packets.py (its fast path: no packet of
+    16 MiB, no error), each value cut out by Python, then one binary array per column: the comparison."""
+    conn = result.connection
+    read = conn._rfile.read
+    columns: list[list[bytes | None]] = [[] for _ in range(ncols)]
+    count = 0
+    while True:
+        header = read(4)
+        conn._next_seq_id = (header[3] + 1) % 256
+        data = read(header[0] | header[1] << 8 | header[2] << 16)
+        if data[0] == 0xFE and len(data) < 9:
+            result.unbuffered_active, result.connection, result.rows = False, None, None
+            break
+        pos = 0
+        for col in columns:
+            n = data[pos]
+            if n < 251:
+                col.append(data[pos + 1:pos + 1 + n])
+                pos += 1 + n
+                continue
+            if n == 251:
+                col.append(None)
+                pos += 1
+                continue
+            width = 2 if n == 252 else 3 if n == 253 else 8
+            n = int.from_bytes(data[pos + 1:pos + 1 + width], "little")
+            pos += 1 + width
+            col.append(data[pos:pos + n])
+            pos += n
+        count += 1
+        if count == BATCH_ROWS:
+            yield [pa.array(c, pa.binary()) for c in columns]
+            columns, count = [[] for _ in range(ncols)], 0
+    if count:
+        yield [pa.array(c, pa.binary()) for c in columns]
+
+
 def changes_main(args: argparse.Namespace) -> None:
     from mysql_source import write_backlog
 
     from flinkish_spark.connectors.mysql.change_stream import change_batches
     from flinkish_spark.connectors.mysql.changes import current_end, read_range
     from flinkish_spark.connectors.mysql.position import FilePosition
+    from flinkish_spark.connectors.mysql.range_scan import scan_range
     from flinkish_spark.connectors.mysql.row_count import RowCounter
     from flinkish_spark.connectors.mysql.row_values import RowDecoder
     from flinkish_spark.connectors.mysql.server import collation_charsets
@@ -141,6 +204,8 @@ def changes_main(args: argparse.Namespace) -> None:
             return read_range(info, FilePosition(log_file, 4), end, RowCounter(charsets, mariadb=True), 4712)
 
         stages: dict[str, Callable[[], int]] = {
+            "range_scan (a range's planning without a limit: events' headers)":
+                lambda: sum(t.events for t in scan_range(info, FilePosition(log_file, 4), end, 4713, lambda n: True)),
             "read_range, RowCounter (a range's planning: rows counted, no values)":
                 lambda: sum(len(t.changes) for t in counted()),
             "read_range (decoded RowChanges)": lambda: sum(len(t.changes) for t in txns()),
@@ -151,7 +216,7 @@ def changes_main(args: argparse.Namespace) -> None:
             "+ typed columns, direct pack (prototype)": lambda: sum(n for n, _ in typed_packs(txns())),
         }
         measure(stages, args.changes, args.repeats, runs, "change")
-    report(stages, runs, "mysql_source_parts_changes", args)
+    report(stages, runs, args.name or "mysql_source_parts_changes", args)
 
 
 def measure(stages: dict[str, Callable[[], int]], n: int, repeats: int, runs: list[dict[str, Any]], unit: str) -> None:
@@ -181,6 +246,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--split-size", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--name", default="", help="the results' file name (default: mysql_source_parts[_changes])")
+    ap.add_argument("--json-stages", action="store_true", help="also the JSON stream rows and the Packer's way")
     ap.add_argument("--changes", type=int, default=0, help="measure the change path with this many changes instead")
     args = ap.parse_args()
     if args.changes:
@@ -204,18 +271,51 @@ def main() -> None:
                     return sum(fn(conn, c) for c in chunks)
             return go
 
+        def select(conn: Any, c: dict[str, Any]) -> tuple[Any, int]:
+            """The chunk's SELECT of read_chunk, unbuffered, in a snapshot of its own: (its result, columns)."""
+            begin_snapshot(conn)
+            cond, params = chunk_condition(info, chunk_table(c, conn)[1])  # type: ignore[index]
+            cur = pymysql.cursors.SSCursor(conn)
+            cur.execute(f"SELECT {', '.join(_select_expr(x) for x in info.columns)} FROM {info.qualified} "
+                        f"WHERE {cond}", params)
+            return cur, len(info.columns)
+
+        def drained(conn: Any, c: dict[str, Any]) -> int:
+            cur, _ = select(conn, c)
+            n = drain(cur._result)
+            conn.rollback()
+            return n
+
+        def split(blocks: Callable[[Any, int], Iterator[list[Any]]]) -> Callable[[Any, dict[str, Any]], int]:
+            def go(conn: Any, c: dict[str, Any]) -> int:
+                cur, ncols = select(conn, c)
+                n = sum(len(b[0]) for b in blocks(cur._result, ncols))
+                conn.rollback()
+                return n
+            return go
+
         stages = {
-            "read_chunk_arrow (typed Arrow)": stage(lambda conn, c: sum(b.num_rows for b in read_chunk_arrow(c, conn))),
-            "read_chunk_rows (JSON stream rows: today's read)":
-                stage(lambda conn, c: sum(b.num_rows for b in read_chunk_rows(c, conn)) - 1),
-            "read_chunk_rows + Packer (rowFormat=arrow today)":
-                stage(lambda conn, c: sum(int(x) for b in Packer().pack_all(read_chunk_rows(c, conn))
-                                          for x in b.column("_count").to_pylist())),
-            "read_chunk_arrow + direct pack (prototype)":
-                stage(lambda conn, c: sum(n for n, _ in direct_packs(read_chunk_arrow(c, conn), target))),
+            "server + socket: the chunk's SELECT, its packets read and dropped": stage(drained),
+            "+ the row loop per value -> binary columns (before row_packets)": stage(split(loop_columns)),
+            "+ row_packets: blocks of rows, column by column (numpy) -> binary columns":
+                stage(split(lambda r, n: column_blocks(r, n, BATCH_ROWS))),
+            "read_chunk_arrow: + one Arrow cast per column (typed Arrow)":
+                stage(lambda conn, c: sum(b.num_rows for b in read_chunk_arrow(c, conn))),
+            "read_chunk_rows(packed): + the packs of rowFormat=arrow (IPC per pack)":
+                stage(lambda conn, c: sum(int(x) for b in read_chunk_rows(c, conn, True) if b.num_rows
+                                          and "_count" in b.schema.names for x in b.column("_count").to_pylist()
+                                          if x)),
         }
+        if args.json_stages:
+            stages.update({
+                "read_chunk_rows (JSON stream rows: rowFormat=json)":
+                    stage(lambda conn, c: sum(b.num_rows for b in read_chunk_rows(c, conn)) - 1),
+                "read_chunk_rows + Packer (rowFormat=arrow, the JSON way)":
+                    stage(lambda conn, c: sum(int(x) for b in Packer().pack_all(read_chunk_rows(c, conn))
+                                              for x in b.column("_count").to_pylist())),
+            })
         measure(stages, args.rows, args.repeats, runs, "row")
-    report(stages, runs, "mysql_source_parts", args)
+    report(stages, runs, args.name or "mysql_source_parts", args)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ class SourceEpoch:
     split of length 1 and the change split's position is a WAL position (LSN), so its figures are ``lsn`` (where
     the change stream stands, as PostgreSQL prints it: ``X/Y``), ``wal_bytes_in_epoch`` and ``chunks_in_epoch``.
     For ``flinkish.mysql`` ``rows_in_epoch`` is the changes of the epoch's binary log range as planned
-    (``changes_in_epoch``; 0 when not counted) -- a position is a file+offset key, whose distance counts nothing --
-    beside ``chunks_in_epoch``, ``binlog`` and ``gtid`` (the range record the enumerator keeps in its state)."""
+    (``changes_in_epoch``; 0 when not counted: a range planned without ``maxRowsPerTrigger`` counts its row events,
+    ``row_events_in_epoch``, each of one or many rows) -- a position is a file+offset key, whose distance counts
+    nothing -- beside ``chunks_in_epoch``, ``binlog`` and ``gtid`` (the range record the enumerator keeps in its state)."""
 
     uid: str
     kind: str
@@ -37,6 +38,7 @@ class SourceEpoch:
     chunks_in_epoch: int | None = None
     binlog: str | None = None  # flinkish.mysql: the change split's binary log position, "file #<n> at <offset>"
     changes_in_epoch: int | None = None  # flinkish.mysql: the epoch's range's changes (None: not counted)
+    row_events_in_epoch: int | None = None  # flinkish.mysql, planned without a limit: row events (rows uncounted)
     gtid: str | None = None  # flinkish.mysql: the server's GTID state at the change split's position
 
     @classmethod
@@ -70,6 +72,8 @@ class SourceEpoch:
         """What the epoch read, in the source's units: rows, or snapshot chunks and WAL bytes."""
         if self.kind == "flinkish.mysql":
             if self.changes_in_epoch is None:
+                if self.row_events_in_epoch is not None:  # rows not counted when planned: Spark's progress has them
+                    return f"{self.chunks_in_epoch} chunks, {self.row_events_in_epoch} row events"
                 return f"{self.chunks_in_epoch} chunks"
             return f"{self.chunks_in_epoch} chunks, {self.changes_in_epoch} changes"
         if self.kind != "flinkish.postgres":
@@ -113,6 +117,8 @@ def _mysql_figures(c: SourceCheckpoint) -> dict[str, Any]:
             out["changes_in_epoch"] = 0  # the range ended here in an earlier epoch: this one read no change
         elif start == planned.get("start"):
             out["changes_in_epoch"] = planned.get("changes")
+            if planned.get("changes") is None and planned.get("events") is not None:
+                out["row_events_in_epoch"] = planned.get("events")
     return out
 
 

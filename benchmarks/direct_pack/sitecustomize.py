@@ -203,7 +203,27 @@ def _install_json_pack(flag: str) -> None:
     mysql_dialect.change_batches = change_batches
 
 
+def _install_row_loop(flag: str) -> None:
+    """While ``flag`` exists: snapshot.read_chunk splits its row packets with the loop per value it had before
+    connectors/mysql/row_packets.py (``mysql_source_parts.loop_columns``)."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from mysql_source_parts import loop_columns
+
+    from flinkish_spark.connectors.mysql import snapshot
+
+    blocks = snapshot.column_blocks
+
+    def column_blocks(result, ncols, rows=8192):
+        return loop_columns(result, ncols) if os.path.exists(flag) else blocks(result, ncols, rows)
+
+    snapshot.column_blocks = column_blocks
+
+
 if _FLAG:
     _install(_FLAG)
+if os.environ.get("FLINKISH_BENCH_ROW_LOOP"):
+    _install_row_loop(os.environ["FLINKISH_BENCH_ROW_LOOP"])
 if os.environ.get("FLINKISH_BENCH_JSON_PACK"):
     _install_json_pack(os.environ["FLINKISH_BENCH_JSON_PACK"])

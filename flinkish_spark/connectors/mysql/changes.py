@@ -321,21 +321,25 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
             if txn is not None:
                 state = yield from _close(txn, log_pos, _ts, file, state)
                 txn = None
-        elif kind == MYSQL_PARTIAL_UPDATE_ROWS:
-            raise ChangeDataError(f"a partial JSON update at {_pos(file, log_pos - size)}: the source needs whole "
-                                  "rows; set binlog_row_value_options = '' on the server")
-        elif kind == XA_PREPARE_EVENT:
-            raise ChangeDataError(
-                f"a prepared XA transaction at {_pos(file, log_pos - size)}: its rows are committed or rolled back "
-                "by a later XA COMMIT/ROLLBACK, which the change reader does not follow yet (XA ... ONE PHASE "
-                "transactions are read as any other)")
-        elif kind == INCIDENT_EVENT:
-            raise ChangeDataError(f"the binary log records an incident at {_pos(file, log_pos - size)} (changes the "
-                                  "server could not log): the source cannot know the rows in between; start over "
-                                  "with a new snapshot")
+        elif kind in (MYSQL_PARTIAL_UPDATE_ROWS, XA_PREPARE_EVENT, INCIDENT_EVENT):
+            raise refusal(kind, _pos(file, log_pos - size))
         # Format description, GTID lists, checkpoints, annotations, heartbeats: nothing to read.
         if txn is None and (where > 0 or (where == 0 and log_pos >= end_offset)):
             return  # the next event is at the range's end, which the log may not hold yet (a dump's EOF is next)
+
+
+def refusal(kind: int, at: FilePosition) -> ChangeDataError:
+    """The error of an event the change reader refuses (a partial JSON update, a prepared XA transaction, an
+    incident) at ``at``: the reader's and the planning's (:mod:`.range_scan`)."""
+    if kind == MYSQL_PARTIAL_UPDATE_ROWS:
+        return ChangeDataError(f"a partial JSON update at {at}: the source needs whole rows; set "
+                               "binlog_row_value_options = '' on the server")
+    if kind == XA_PREPARE_EVENT:
+        return ChangeDataError(
+            f"a prepared XA transaction at {at}: its rows are committed or rolled back by a later XA COMMIT/ROLLBACK, "
+            "which the change reader does not follow yet (XA ... ONE PHASE transactions are read as any other)")
+    return ChangeDataError(f"the binary log records an incident at {at} (changes the server could not log): the "
+                           "source cannot know the rows in between; start over with a new snapshot")
 
 
 def _where(file_key: tuple[str, int], end_key: tuple[str, int, int]) -> int:

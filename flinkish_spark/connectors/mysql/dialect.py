@@ -49,7 +49,7 @@ import pyarrow as pa
 from flinkish_spark.connectors.cdc.dialect import JoinMark, TableChunks
 from flinkish_spark.connectors.cdc.patterns import FoundTable, TablePatterns
 from flinkish_spark.connectors.cdc.registry import TableEntry
-from flinkish_spark.connectors.mysql import catalog
+from flinkish_spark.connectors.mysql import catalog, ddl
 from flinkish_spark.connectors.mysql.change_stream import change_batches
 from flinkish_spark.connectors.mysql.chunk_rows import (  # noqa: F401 (bound_*: their old home)
     bound_of_json, bound_to_json, read_chunk_arrow, read_chunk_rows,
@@ -58,9 +58,11 @@ from flinkish_spark.connectors.mysql.changes import (
     BinlogPurgedError, LogEnd, check_start, current_end, position_key, position_of_key, read_range,
 )
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, lost_sessions_retryable, session
+from flinkish_spark.connectors.mysql.ddl import SchemaChange
 from flinkish_spark.connectors.mysql.position import FilePosition
 from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRecord, redacted
-from flinkish_spark.connectors.mysql.range_cuts import DEFAULT_MIN_CHANGES, CutPlanner
+from flinkish_spark.connectors.mysql.range_cuts import CHANGE_BYTES, DEFAULT_MIN_CHANGES, CutPlanner
+from flinkish_spark.connectors.mysql.range_scan import scan_range
 from flinkish_spark.connectors.mysql.row_count import RowCounter
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
@@ -297,57 +299,99 @@ class MysqlDialect:
         transaction at which the range holds ``limit`` changes of followed tables. Each end is a transaction
         boundary at or before the log's end when planned, so every read of the range reads the same transactions.
 
-        The range is read here, whole (the binary log has no index by table): to count its changes (kept in
-        :attr:`planned` with the GTID state at its end) and to find the statements of :data:`ACTED_ON` on followed
-        tables (:attr:`ddl_seen`: each counts as a change, so an epoch ends after it). With no change of ours before
-        the end: no epoch (``position``), and the stretch read is remembered (the next planning from the same
-        position reads on from its end) -- unless the log moved to a newer file since ``position``: then the range
-        ends at the log's end all the same, an epoch without rows, so that a source whose tables are idle does not
-        hold a file the server's expiry would purge (there is no slot; ``position_lost`` would stop it)."""
+        The range is walked here, whole (the binary log has no index by table): to find the statements of
+        :data:`ACTED_ON` on followed tables (:attr:`ddl_seen`: each counts as a change, so an epoch ends after it),
+        its transaction boundaries (the cuts, :mod:`.range_cuts`) and whether it holds a change of ours at all.
+        Without ``limit`` by the events' headers alone (:mod:`.range_scan`: row events and their bytes, no row
+        counted; the pieces are cut by bytes); with ``limit`` the rows are counted (:mod:`.row_count`, no value
+        decoded), the count being what ends the range. Kept in :attr:`planned` with the GTID state at its end. With
+        no change of ours before the end: no epoch (``position``), and the stretch read is remembered (the next
+        planning from the same position reads on from its end) -- unless the log moved to a newer file since
+        ``position``: then the range ends at the log's end all the same, an epoch without rows, so that a source
+        whose tables are idle does not hold a file the server's expiry would purge (there is no slot;
+        ``position_lost`` would stop it)."""
         self._needed = position
         with session(self.info) as conn:
             end = self._end(conn)
             start = self._position(position, conn)
-            decoder = self._decoder(conn, counting=True)  # only tables are looked at, never a value
+            decoder = self._decoder(conn, counting=True) if limit is not None else None
             mariadb = self._is_mariadb(conn)
         if start >= end:
             return position
         scan = start
         if self._idle is not None and self._idle[0] == position and self._idle[1] <= position_key(end):
             scan = self._position(self._idle[1])  # nothing of ours before it (read at an earlier planning)
-        seen = 0
         log_end = self._log_end
+        at_end = None if log_end is None else log_end.gtid
+        if decoder is None:
+            seen, size, cuts = self._scan(scan, end)
+            if seen or end.key[:2] != start.key[:2]:
+                return self._planned(position, end, None, at_end, cuts, seen, size)
+            self._idle = (position, position_key(end))
+            return position
+        seen = 0
         cuts = CutPlanner()
         txns = read_range(self.info, scan, end, decoder, self._reader_id(), mariadb=mariadb)
         try:
             for txn in txns:
                 seen += sum(1 for c in txn.changes if self._follows(f"{c.table.database}.{c.table.table}"))
                 for st in txn.statements:
-                    for sc in st.changes:
-                        if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"):
-                            seen += 1
-                            cuts.truncate()
-                        elif sc.kind in ACTED_ON and (sc.table is None or self._follows(f"{sc.database}.{sc.table}")):
-                            seen += 1  # an epoch ends after it: the enumerator acts on it (ddl_seen)
-                            self.ddl_seen.append(DdlSeen(None if sc.table is None else f"{sc.database}.{sc.table}",
-                                                         sc.kind, redacted(st.sql), str(st.position)))
+                    seen += self._statement(st.sql, st.position, st.changes, cuts)
                 if seen and limit is not None and seen >= limit:
                     # MariaDB: the GTID state once the transaction is read; MySQL's executed set is known at the
                     # log's end only (its GTID events are not read here)
-                    at_end = log_end.gtid if log_end is not None and txn.end >= end else None
-                    return self._planned(position, txn.end, seen, at_end or txn.gtid_after, cuts)
+                    gtid = at_end if txn.end >= end else None
+                    return self._planned(position, txn.end, seen, gtid or txn.gtid_after, cuts)
                 cuts.boundary(txn.end, seen)
         finally:
             txns.close()  # type: ignore[attr-defined]
         if seen or end.key[:2] != start.key[:2]:
-            return self._planned(position, end, seen, None if log_end is None else log_end.gtid, cuts)
+            return self._planned(position, end, seen, at_end, cuts)
         self._idle = (position, position_key(end))
         return position
 
-    def _planned(self, start: int, end: FilePosition, changes: int, gtid: object | None, cuts: CutPlanner) -> int:
+    def _scan(self, start: FilePosition, end: FilePosition) -> tuple[int, int, CutPlanner]:
+        """The range walked by its events' headers (:mod:`.range_scan`): (row events and statements of followed
+        tables, their bytes -- a statement weighs :data:`.range_cuts.CHANGE_BYTES` --, the boundaries by bytes)."""
+        seen = size = 0
+        cuts = CutPlanner()
+        txns = scan_range(self.info, start, end, self._reader_id(), self._follows)
+        try:
+            for txn in txns:
+                seen += txn.events
+                size += txn.size
+                for st in txn.statements:
+                    counted = self._statement(st.sql, st.position, ddl.parse(st.sql, st.database), cuts)
+                    seen += counted
+                    size += counted * CHANGE_BYTES
+                cuts.boundary(txn.end, size)
+        finally:
+            txns.close()  # type: ignore[attr-defined]
+        return seen, size, cuts
+
+    def _statement(self, sql: str, position: FilePosition, changes: tuple[SchemaChange, ...], cuts: CutPlanner) -> int:
+        """A statement of the range: the changes of followed tables it counts as (a TRUNCATE, which also fences the
+        cuts; a statement of :data:`ACTED_ON`, kept in :attr:`ddl_seen`)."""
+        counted = 0
+        for sc in changes:
+            if sc.kind == "truncate" and self._follows(f"{sc.database}.{sc.table}"):
+                counted += 1
+                cuts.truncate()
+            elif sc.kind in ACTED_ON and (sc.table is None or self._follows(f"{sc.database}.{sc.table}")):
+                counted += 1  # an epoch ends after it: the enumerator acts on it (ddl_seen)
+                self.ddl_seen.append(DdlSeen(None if sc.table is None else f"{sc.database}.{sc.table}",
+                                             sc.kind, redacted(sql), str(position)))
+        return counted
+
+    def _planned(self, start: int, end: FilePosition, changes: int | None, gtid: object | None, cuts: CutPlanner,
+                 events: int | None = None, size: int | None = None) -> int:
+        """Keep the range in :attr:`planned` and its cuts: by changes (``changes`` counted), else by bytes."""
         key = position_key(end)
-        self.planned = RangeRecord(start, key, changes, None if gtid is None else str(gtid) or None)
-        self._cuts = cuts.cuts(start, key, changes, self.readers, self.min_changes_per_reader)
+        self.planned = RangeRecord(start, key, changes, None if gtid is None else str(gtid) or None, events, size)
+        if changes is not None:
+            self._cuts = cuts.cuts(start, key, changes, self.readers, self.min_changes_per_reader)
+        else:
+            self._cuts = cuts.cuts(start, key, size or 0, self.readers, self.min_changes_per_reader * CHANGE_BYTES)
         return key
 
     def range_cuts(self, start: int, end: int) -> tuple[int, ...]:

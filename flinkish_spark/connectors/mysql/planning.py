@@ -61,15 +61,23 @@ class DdlSeen:
 @dataclass(frozen=True)
 class RangeRecord:
     """A change range as planned, kept in the enumerator's state of the checkpoint that names it: its ``start`` and
-    ``end`` (position keys), the ``changes`` of followed tables in it (row events, truncates and the statements of
-    :data:`ACTED_ON`: an update is one) and the server's GTID state at its end (MariaDB: ``domain-server-seq`` per domain; MySQL: the executed set,
-    known at the log's end only; None without GTIDs). What ``flinkish inspect`` shows; for a failover replica,
-    whose file positions differ, the GTID state names the same point (a start from it is not implemented)."""
+    ``end`` (position keys), the ``changes`` of followed tables in it (rows, truncates and the statements of
+    :data:`ACTED_ON`: an update is one) -- counted only when the range was planned with a limit
+    (``maxRowsPerTrigger``); otherwise its ``events`` (row events, each of one row or of hundreds, truncates,
+    statements) and their ``bytes`` (:mod:`.range_scan`): the rows of such an epoch are Spark's count of its
+    tasks' rows (the query's progress, ``numInputRows``) -- and the server's GTID state at its end (MariaDB:
+    ``domain-server-seq`` per domain; MySQL: the executed set, known at the log's end only; None without GTIDs).
+    What ``flinkish inspect`` shows; for a failover replica, whose file positions differ, the GTID state names the same point (a start from it is not implemented)."""
 
     start: int
     end: int
-    changes: int | None  # None: not counted
+    changes: int | None  # None: not counted (a range planned without a limit: events and bytes instead)
     gtid: str | None
+    events: int | None = None  # row events of followed tables and statements counted as changes (not counted: None)
+    bytes: int | None = None  # those row events' bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "changes": self.changes, "gtid": self.gtid}
+        out: dict[str, Any] = {"start": self.start, "end": self.end, "changes": self.changes, "gtid": self.gtid}
+        if self.events is not None:
+            out.update(events=self.events, bytes=self.bytes)
+        return out

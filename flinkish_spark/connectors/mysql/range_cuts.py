@@ -1,15 +1,17 @@
 """Where a planned binary log range may be cut so that several tasks read it at once (``changeReaders``).
 
-:meth:`.dialect.MysqlDialect.change_target` reads the whole range when it plans it; :class:`CutPlanner` notes, as it
-goes, the transaction boundaries and how many changes of followed tables come before each, and then picks the
-boundaries that split the range's changes into about equal pieces. What it guarantees:
+:meth:`.dialect.MysqlDialect.change_target` walks the whole range when it plans it; :class:`CutPlanner` notes, as it
+goes, the transaction boundaries and how much of the followed tables' work comes before each -- the bytes of their
+row events (:mod:`.range_scan`, a range planned without a limit), or their changes (a range planned with
+``maxRowsPerTrigger``, whose rows are counted) -- and then picks the boundaries that split the range's work into
+about equal pieces. What it guarantees:
 
 * **A cut is a transaction boundary** (a :attr:`.changes.Transaction.end` the planning read): a reader started there
   reads whole transactions, each with the table maps its row events need (a binary log repeats them in every
   transaction), so a piece's rows are decoded as in one read of the whole range; a transaction is never cut, how
   big soever (the one that crosses a share's middle goes whole to one piece).
 * **Few changes stay one piece**: every piece gets at least ``min_changes`` (a reader costs a connection, the log
-  dump's start and a Spark task, ~tens of ms).
+  dump's start and a Spark task, ~tens of ms); by bytes, ``min_changes`` times :data:`CHANGE_BYTES`.
 * **No cut after a ``TRUNCATE``** of a followed table (from the first one in the range on, everything is the last
   piece): a routing sink takes a task whose rows hold a truncate as the last word on that table in the epoch (it
   drops the rows of the table's other tasks: snapshot rows, which come before every change --
@@ -32,6 +34,9 @@ MAX_POINTS = 4096
 #: the least changes a piece gets (option ``changeReaderMinChanges``): at ~10-25 us a change, a few hundred ms of
 #: decoding, against a reader's fixed cost of tens of ms
 DEFAULT_MIN_CHANGES = 10_000
+#: a change's bytes in a row event, about (a one-row event of a six-column table is ~90 bytes; a row of a bulk
+#: statement's event fewer): the least bytes of a piece cut by bytes is ``changeReaderMinChanges`` times this
+CHANGE_BYTES = 100
 #: the most readers a range is cut for (option ``changeReaders``)
 MAX_READERS = 64
 

@@ -22,8 +22,8 @@ arithmetically (two index look-ups); any other key is walked through the primary
 ``LIMIT 1 OFFSET splitSize`` step per chunk.
 
 :func:`read_chunk` reads one chunk into Arrow typed by :mod:`.types`: PyMySQL's unbuffered cursor, its row packets
-split into column lists of the server's text by one loop of ours, then one Arrow cast per column -- several
-times PyMySQL's own row reader and converters (benchmarks/mysql_snapshot.py).
+split into Arrow binary columns of the server's text a block of rows at a time (:mod:`.row_packets`), then one
+Arrow cast per column -- several times PyMySQL's own row reader and converters (benchmarks/mysql_snapshot.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, require_pymysql
 from flinkish_spark.connectors.mysql.position import FilePosition
+from flinkish_spark.connectors.mysql.row_packets import column_blocks
 from flinkish_spark.connectors.mysql.types import ColumnType, arrow_type
 from flinkish_spark.errors import ConfigError
 
@@ -246,95 +247,11 @@ def read_chunk(conn: Any, info: TableInfo, chunk: Chunk, batch_rows: int = BATCH
         cur.execute(f"SELECT {select} FROM {info.qualified} WHERE {cond}", params)
         schema = info.arrow_schema
         kinds = [ColumnType.parse(c.column_type) for c in info.columns]
-        for columns in _raw_columns(cur._result, len(info.columns), batch_rows):
+        for columns in column_blocks(cur._result, len(info.columns), batch_rows):
             yield pa.RecordBatch.from_arrays([_to_arrow(v, k, f.type) for v, k, f in zip(columns, kinds, schema)],
                                              schema=schema)
     finally:
         cur.close()
-
-
-def _raw_columns(result: Any, ncols: int, batch_rows: int) -> Iterator[list[list[bytes | None]]]:
-    """The rows of an unbuffered PyMySQL result as column lists of the server's bytes (None for NULL).
-
-    PyMySQL's own row reader (a packet object, a length-coded read and a decode per value) costs most of a
-    read; this splits each row packet's length-encoded values in one loop (text protocol: every value is
-    its text, or bytes for a binary column). Private PyMySQL API, as binlog.py's dump reader."""
-    conn = result.connection
-    read = conn._rfile.read
-    columns: list[list[bytes | None]] = [[] for _ in range(ncols)]
-    count = 0
-    while True:
-        header = read(4)
-        size = header[0] | header[1] << 8 | header[2] << 16 if len(header) == 4 else -1
-        if size < 0 or size == 0xFFFFFF or header[3] != conn._next_seq_id:
-            data = _packet(conn, read, header)  # the rare cases, checked and raised as PyMySQL does
-        else:
-            conn._next_seq_id = (conn._next_seq_id + 1) % 256
-            data = read(size)
-            if len(data) < size or data[0] == 0xFF:
-                data = _packet(conn, read, header, data)
-        if data[0] == 0xFE and len(data) < 9:  # EOF: the end of the rows
-            result.unbuffered_active = False  # what PyMySQL does at the end: the cursor closes cleanly
-            result.connection = None
-            result.rows = None
-            break
-        pos = 0
-        for col in columns:
-            n = data[pos]
-            if n < 251:
-                col.append(data[pos + 1:pos + 1 + n])
-                pos += 1 + n
-                continue
-            if n == 251:
-                col.append(None)
-                pos += 1
-                continue
-            width = 2 if n == 252 else 3 if n == 253 else 8
-            n = int.from_bytes(data[pos + 1:pos + 1 + width], "little")
-            pos += 1 + width
-            col.append(data[pos:pos + n])
-            pos += n
-        count += 1
-        if count == batch_rows:
-            yield columns
-            columns, count = [[] for _ in range(ncols)], 0
-    if count:
-        yield columns
-
-
-def _packet(conn: Any, read: Any, header: bytes, first: bytes | None = None) -> bytes:
-    """A packet :func:`_raw_columns` did not read on its fast path: a short read (the connection lost), a wrong
-    sequence number, a payload over 16 MiB (several packets), an error packet (raised as PyMySQL raises it)."""
-    from pymysql import err
-    from pymysql.protocol import MysqlPacket
-
-    lost = "Lost connection to MySQL server during query"
-    parts = []
-    while True:
-        if first is None:
-            if len(header) < 4:
-                conn._force_close()
-                raise err.OperationalError(2013, lost)
-            if header[3] != conn._next_seq_id:
-                conn._force_close()
-                raise err.InternalError(f"Packet sequence number wrong - got {header[3]} expected {conn._next_seq_id}")
-            conn._next_seq_id = (conn._next_seq_id + 1) % 256
-        size = header[0] | header[1] << 8 | header[2] << 16
-        payload = read(size) if first is None else first
-        first = None
-        if len(payload) < size:
-            conn._force_close()
-            raise err.OperationalError(2013, lost)
-        parts.append(payload)
-        if size < 0xFFFFFF:
-            break
-        header = read(4)
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
-    if data[0] == 0xFF:
-        if conn._result is not None:
-            conn._result.unbuffered_active = False
-        MysqlPacket(data, conn.encoding).raise_for_error()
-    return data
 
 
 def _select_expr(c: Column) -> str:
@@ -345,8 +262,7 @@ def _select_expr(c: Column) -> str:
     return col
 
 
-def _to_arrow(values: list[bytes | None], kind: ColumnType, target: pa.DataType) -> pa.Array:
-    raw_bytes = pa.array(values, pa.binary())
+def _to_arrow(raw_bytes: pa.Array, kind: ColumnType, target: pa.DataType) -> pa.Array:
     if kind.name == "bit":
         digits = raw_bytes.cast(pa.string()).cast(pa.uint64())  # CAST(bit AS UNSIGNED): its value as digits
         if pa.types.is_boolean(target):

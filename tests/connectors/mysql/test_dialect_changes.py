@@ -165,9 +165,14 @@ def test_snapshot_then_changes_through_the_dialect_rebuild_the_table_and_replays
     for p in pieces:
         _apply(model, p)
     assert {k: {"id": r["id"], "v": r["v"], "n": r["n"], "x": r.get("x")} for k, r in model.items()} == table
-    # The planning counted the rows without decoding them (row_count.RowCounter): the count of a full decode.
+    # Planned without a limit, the range's row events were walked by their headers (range_scan), the rows not
+    # counted; with a limit they are counted without decoding them (row_count.RowCounter): a full decode's count.
+    assert counted is not None and counted.changes is None and (counted.events or 0) > 0
+    assert dialect.change_target(start, 10**6) == end
+    exact = dialect.planned
     dialect._decoder = lambda conn, counting=False: MysqlDialect._decoder(dialect, conn)  # type: ignore[method-assign]
-    assert dialect.change_target(start, None) == end and dialect.planned == counted
+    assert dialect.change_target(start, 10**6) == end and dialect.planned == exact
+    assert exact is not None and (exact.changes or 0) >= (counted.events or 0)
     print(f"writer+chunks {time.monotonic() - began:.1f}s, {len(ops)} change rows, cuts {cuts}")
 
 
@@ -178,16 +183,21 @@ def test_a_big_transaction_is_never_cut_and_its_rows_are_counted_exactly(mariadb
     with dialect.connect() as conn:
         start = dialect.current_position(conn)
     # 1 row, then 3,000 rows in one transaction (several row events), then 1 row: the middle is inside the big one.
-    mariadb.sql("INSERT INTO t VALUES (0, 'a'); INSERT INTO t SELECT seq, repeat('x', 150) FROM seq_1_to_3000; "
-                "INSERT INTO t VALUES (5000, 'z')", database=mysql_db)
+    mariadb.sql("INSERT INTO t VALUES (0, repeat('a', 150)); INSERT INTO t SELECT seq, repeat('x', 150) FROM "
+                "seq_1_to_3000; INSERT INTO t VALUES (5000, repeat('z', 150))", database=mysql_db)
     end = dialect.change_target(start, None)
     (cut,) = dialect.range_cuts(start, end)
-    assert dialect.planned is not None and dialect.planned.changes == 3002
+    # Planned without a limit: by the events' headers (range_scan), the rows not counted -- the row events are.
+    planned = dialect.planned
+    assert planned is not None and planned.changes is None and 3 < (planned.events or 0) < 3002
     pieces = [[r for b in dialect.read_changes(a, b, None) for r in b.to_pylist() if r["_op"] != "s"]
               for a, b in ((start, cut), (cut, end))]
     lsns = [{r["_lsn"] for r in p} for p in pieces]
     assert max(lsns[0]) < cut <= min(lsns[1])
     assert sorted(len(p) for p in pieces) == [1, 3001]  # the big transaction whole, in one piece
+    # With a limit (maxRowsPerTrigger) the rows are counted, exactly; the same cut (the only one possible).
+    assert dialect.change_target(start, 10**6) == end and dialect.planned.changes == 3002
+    assert dialect.range_cuts(start, end) == (cut,)
 
 
 def test_a_purged_start_is_the_clear_error_at_planning_and_at_reading(mariadb: Any, mysql_db: str) -> None:

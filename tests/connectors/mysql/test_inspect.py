@@ -35,3 +35,9 @@ def test_the_first_change_epoch_counts_its_changes_not_the_positions_distance_fr
     # A checkpoint written before GTIDs were kept: the position alone, nothing counted from the distance.
     old = ckpt(2, SplitRecord("changes-0", 0, START + 690, None, False, None, payload), {})
     assert SourceEpoch.of(old).rows_in_epoch == 0 and SourceEpoch.of(old).position == "binlog file #1 at 1690"
+    # A range planned without maxRowsPerTrigger: its rows were not counted (range_scan), its row events were.
+    scanned = ckpt(2, SplitRecord("changes-0", 0, START + 690, None, False, None, payload),
+                   {"range": {"start": START, "end": START + 690, "changes": None, "gtid": None, "events": 7,
+                              "bytes": 650}})
+    e = SourceEpoch.of(scanned)
+    assert (e.changes_in_epoch, e.row_events_in_epoch, e.read_in_epoch) == (None, 7, "0 chunks, 7 row events")
