@@ -117,11 +117,12 @@ def ensure_slot_and_publication(
     tables: Mapping[tuple[str, str], Sequence[str]],
     publication_given: bool,
     what: str,
+    column_lists: publications.ColumnLists | None = None,
 ) -> Ownership:
     """Create (or, after a crash of the first run, reuse) the source's publication and slot.
 
     ``tables``: (schema, table) -> its columns, every table the source reads (one, or the
-    matching ones of a multi-table source). Order matters: the publication first, then the
+    matching ones of a multi-table source; with ``column_lists`` the kept ones). Order matters: the publication first, then the
     slot, then (by the caller) the snapshot.
     """
     db = database_name(conn)
@@ -133,7 +134,7 @@ def ensure_slot_and_publication(
     if pub_exists and not ours_pub and not publication_given:
         raise foreign_publication(publication, directory, what)
     if pub_exists and ours_pub:
-        publications.add(conn, publication, list(tables))  # a first run that crashed before adding them all
+        publications.add(conn, publication, list(tables), column_lists)  # a first run that crashed before adding them all
     if pub_exists:
         for table, columns in tables.items():
             publications.check(conn, publication, table, columns, what)
@@ -144,7 +145,7 @@ def ensure_slot_and_publication(
     # exist (harmless), never something created and unclaimed (which would block the restart).
     owned.write(io, directory)
     if not pub_exists:
-        publications.create(conn, publication, list(tables))
+        publications.create(conn, publication, list(tables), column_lists)
     if state == "lost":
         # Ours, and invalidated by the server (max_slot_wal_keep_size, ...): it can never send a
         # change again. We start a snapshot now (a new source, or a re-snapshot), so a new slot

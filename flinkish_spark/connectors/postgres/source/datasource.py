@@ -19,6 +19,7 @@ from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_
 from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, packed_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
+from flinkish_spark.connectors.postgres.source.columns import SourceColumns, check_server, source_columns
 from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
 from flinkish_spark.connectors.postgres.source.discovery import followable_tables
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
@@ -46,7 +47,7 @@ class PostgresSourceDataSource(CdcDataSource):
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
         "snapshotRowsPerTrigger", "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
-        "heartbeatInterval", "rowFormat",
+        "heartbeatInterval", "rowFormat", "transforms",
     )
 
     def __init__(self, options: Any) -> None:
@@ -101,6 +102,11 @@ class PostgresSourceDataSource(CdcDataSource):
         self.row_format: str = opts.choice("rowFormat", ROW_FORMATS, "json")
         if self.patterns is None and opts.has("rowFormat"):
             raise ConfigError(f"{self.component}: option 'rowFormat' applies to 'tables' only")
+        # The columns never read (the routing sinks' rules, their column part: source.columns).
+        self.source_columns: SourceColumns = source_columns(opts.get, self.component)
+        if self.source_columns and (self.patterns is None or self.startup == "snapshot"):
+            raise ConfigError(f"{self.component}: option 'transforms' applies to 'tables' with a change stream only "
+                              "(a source of one table reads the columns its query selects)")
         self._table_info: TableInfo | None = None
 
     def config(self) -> dict[str, Any]:
@@ -142,6 +148,7 @@ class PostgresSourceDataSource(CdcDataSource):
             check_server_version(conn, self.conn_info, self.component)
             if self.startup != "snapshot":
                 slots.check_logical_replication(conn, self.component)
+            check_server(conn, self.source_columns, self.publication_given, self.component)
             # Tables without a usable key are left out (the enumerator warns): only the others must be published.
             found = split_followable(followable_tables(conn, self.patterns, self.component, self.startup != "snapshot"))[0]
             if self.startup != "snapshot":
@@ -152,8 +159,12 @@ class PostgresSourceDataSource(CdcDataSource):
                     members = publications.published(conn, self.publication)
                     checked = [t for t in found if self.publication_given or (t.schema, t.table) in members]
                     columns = table_columns(conn, [t.oid for t in checked])
+                    # A column list of the source's own publication is the source's to keep (its catalog poll, which
+                    # snapshots a table again whose list lacked a kept column): not checked here.
+                    lists = PostgresDialect(self).column_lists(conn, checked)
                     for t in checked:
-                        publications.check(conn, self.publication, (t.schema, t.table), columns[t.oid], self.component)
+                        publications.check(conn, self.publication, (t.schema, t.table),
+                                           () if lists.get((t.schema, t.table)) else columns[t.oid], self.component)
         self._tables_checked = True
 
     def schema(self) -> StructType:

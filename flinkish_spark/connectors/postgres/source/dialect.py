@@ -10,9 +10,11 @@ Positions are LSNs (already integers). The join mark's ``after_xid`` is the next
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
@@ -25,6 +27,7 @@ from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
 from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, format_lsn, parse_lsn
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
+from flinkish_spark.connectors.postgres.source.columns import check_identity
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces, with_busy_slot
 from flinkish_spark.connectors.postgres.source.discovery import check_followable, find_tables
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
@@ -47,6 +50,9 @@ class PostgresDialect:
     def __init__(self, source: PostgresSourceHost) -> None:
         self.source = source
         self.heartbeat_at = time.monotonic()  # of the last heartbeat epoch (not state: a restart waits anew)
+        # A signature (as JSON text) -> why its table is snapshotted again: a kept column the publication's column
+        # list lacked until this poll (its changes since ADD COLUMN came without its values).
+        self._unlisted: dict[str, str] = {}
 
     @property
     def component(self) -> str:
@@ -74,11 +80,23 @@ class PostgresDialect:
     def follow(self, conn: Any, tables: list[FoundTable]) -> None:
         src = self.source
         if self.owns_publication():
-            publications.add(conn, src.publication, [(t.schema, t.table) for t in tables])
+            publications.add(conn, src.publication, [(t.schema, t.table) for t in tables], self.column_lists(conn, tables))
         else:  # a publication the user gave must publish it already (FOR ALL TABLES, IN SCHEMA, or by hand)
             columns = table_columns(conn, [t.oid for t in tables])
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
+
+    def column_lists(self, conn: Any, tables: list[FoundTable]) -> dict[tuple[str, str], list[str] | None]:
+        """The publication's column list of each of ``tables`` (the option ``transforms``: :mod:`.columns`); empty
+        without rules. Refuses a rule leaving out a key column, or columns of a REPLICA IDENTITY FULL table."""
+        cols = self.source.source_columns
+        if not cols or not tables:
+            return {}
+        check_identity(conn, [(t.oid, t.name) for t in tables], cols, self.component)
+        oids = [t.oid for t in tables]
+        names, keys = table_columns(conn, oids), primary_keys(psycopg_query(conn), oids)
+        return {(t.schema, t.table): cols.kept(t.name, names[t.oid], keys.get(t.oid, ()), self.component)
+                for t in tables}
 
     def unfollow(self, conn: Any, oid: int) -> None:
         if self.owns_publication():
@@ -88,9 +106,37 @@ class PostgresDialect:
         return primary_keys(psycopg_query(conn), oids)
 
     def signatures(self, conn: Any, oids: list[int]) -> dict[int, Any]:
-        return {oid: sig.to_json() for oid, sig in signatures(conn, oids).items()}
+        sigs = signatures(conn, oids)
+        cols = self.source.source_columns
+        if not cols or not sigs:
+            return {oid: sig.to_json() for oid, sig in sigs.items()}
+        # Only the kept columns: a DDL on a left-out column is none of the target's business. And the poll keeps the
+        # publication's column lists up to date (a column added since is in none).
+        rows = conn.execute("SELECT c.oid::int8, n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n "
+                            "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])", (list(sigs),)).fetchall()
+        tables = [FoundTable(int(o), f"{s}.{t}", str(s), str(t), True) for o, s, t in rows]
+        wanted = self.column_lists(conn, tables)
+        listed = publications.column_lists(conn, self.source.publication) if self.owns_publication() else {}
+        out = {}
+        for t in tables:
+            sig, kept = sigs[t.oid], wanted.get((t.schema, t.table))
+            if kept is not None:
+                sig = replace(sig, columns=tuple(c for c in sig.columns if c[1] in kept))
+            out[t.oid] = sig.to_json()
+            if (t.schema, t.table) in listed and listed[(t.schema, t.table)] != kept:
+                before = listed[(t.schema, t.table)]
+                publications.set_columns(conn, self.source.publication, (t.schema, t.table), kept)
+                new = [c for c in (kept or []) if before is not None and c not in before]
+                if new:
+                    self._unlisted[json.dumps(out[t.oid])] = (
+                        f"column(s) {', '.join(map(repr, new))} joined the publication's column list only now (its "
+                        "changes since it was added came without their values)")
+        return out
 
     def signature_change(self, conn: Any, old: Any, new: Any) -> str | None:
+        unlisted = self._unlisted.pop(json.dumps(new), None)
+        if unlisted is not None:
+            return unlisted
         def empty(oid: int) -> bool:
             name = conn.execute("SELECT oid::regclass::text FROM pg_class WHERE oid = %s", (oid,)).fetchone()
             return name is None or conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM ONLY {name[0]})").fetchone()[0]

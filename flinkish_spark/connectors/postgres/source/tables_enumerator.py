@@ -73,8 +73,11 @@ class TablesEnumerator(TablesEnumeratorCore, PostgresEnumerator):
                 slots.check_logical_replication(conn, src.component)
                 # The publication, then the slot: every change after its consistent point is kept for us.
                 columns = table_columns(conn, [t.oid for t in found])
+                lists = self.dialect.column_lists(conn, found)  # the option 'transforms': columns never read
                 slots.ensure_slot_and_publication(
                     conn, src.io, self.directory, src.slot_name, src.publication,
-                    {(t.schema, t.table): columns[t.oid] for t in found}, src.publication_given, src.component)
+                    # A column list of its own publication is the source's to keep (its catalog poll): not checked.
+                    {(t.schema, t.table): () if lists.get((t.schema, t.table)) else columns[t.oid] for t in found},
+                    src.publication_given, src.component, lists)
             return self._first_planning(conn, found, known)
 

@@ -132,6 +132,7 @@ def _snapshot(src: PostgresSourceHost, cur: Any, conn: Any, chunk: dict[str, Any
         if int(hung) == 0 and (after is None or int(xmin) >= int(after)):
             schema = load_table_schema(query, oid)
             assert schema is not None  # locked and present in this snapshot
+            schema = src.source_columns.schema(schema, src.component)  # the option 'transforms': never read
             return schema, name
         conn.rollback()
         if time.monotonic() >= deadline:
