@@ -72,12 +72,14 @@ def add(conn: Any, publication: str, tables: Sequence[tuple[str, str]], columns:
 
 
 def column_lists(conn: Any, publication: str) -> dict[tuple[str, str], list[str] | None]:
-    """Each published table's column list (None: every column -- no list, or a server before 15)."""
-    rows = conn.execute("SELECT to_jsonb(t) FROM pg_publication_tables t WHERE pubname = %s", (publication,)).fetchall()
-    out: dict[tuple[str, str], list[str] | None] = {}
-    for (entry,) in rows:
-        out[(str(entry["schemaname"]), str(entry["tablename"]))] = entry.get("attnames")
-    return out
+    """The column list of each table a member of ``publication`` by name (None: no list, every column). PostgreSQL
+    15+ (``prattrs``)."""
+    rows = conn.execute(
+        "SELECT n.nspname::text, c.relname::text, (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM "
+        "pg_attribute a WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs)) FROM pg_publication_rel pr "
+        "JOIN pg_publication p ON p.oid = pr.prpubid JOIN pg_class c ON c.oid = pr.prrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s", (publication,)).fetchall()
+    return {(str(s), str(t)): None if cols is None else [str(c) for c in cols] for s, t, cols in rows}
 
 
 def set_columns(conn: Any, publication: str, table: tuple[str, str], columns: Sequence[str] | None) -> None:

@@ -13,14 +13,16 @@ import logging
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 from flinkish_spark.checkpoint.model import SplitRecord
 from flinkish_spark.connectors.postgres.rows import split_tables
+from flinkish_spark.connectors.postgres.source.datasource import PostgresSourceDataSource
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
 from flinkish_spark.errors import ConfigError
 from flinkish_spark.testing.tables_source import (
-    changes_between, complete, drop_slot, read_all, source, without_markers,
+    changes_between, complete, drop_slot, read_all, source, start_streaming, without_markers,
 )
 
 MARK = "SECRET-7f3a"
@@ -38,9 +40,9 @@ def raw_stream(conn: psycopg.Connection) -> bytes:
     return b"".join(bytes(r[0]) for r in rows)
 
 
-def columns_of_schema_rows(rows: object) -> list[list[str]]:
+def columns_of_schema_rows(rows: pa.Table, table: str = "public.m_u") -> list[list[str]]:
     return [[c["name"] for c in json.loads(r["row"])["columns"]]
-            for r in rows.to_pylist() if r["_op"] == "s" and r["_table"] == "public.m_u"]  # type: ignore[attr-defined]
+            for r in rows.to_pylist() if r["_op"] == "s" and r["_table"] == table]
 
 
 def test_excluded_columns_are_never_read_sent_or_listed(pg_url: str, tmp_path: Path,
@@ -102,21 +104,39 @@ def test_excluded_columns_are_never_read_sent_or_listed(pg_url: str, tmp_path: P
         (1, None), (3, None), (4, None), (5, None), (6, "nick6b")]
 
 
-def test_a_rule_leaving_out_a_key_or_a_column_of_a_full_identity_table_and_a_given_publication_are_refused(
-        pg_url: str, tmp_path: Path) -> None:
+def test_where_no_column_list_can_keep_a_column_out_the_source_drops_it_at_decode(
+        pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A table with REPLICA IDENTITY FULL: a column list lacking a column would make PostgreSQL refuse the table's
+    own updates and deletes, so it gets none; its excluded column leaves PostgreSQL, never the source's rows (as
+    before PostgreSQL 15, and with a publication the user gave)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_full (id int PRIMARY KEY, name text, secret text)")
+        conn.execute("ALTER TABLE m_full REPLICA IDENTITY FULL")
+        conn.execute(f"INSERT INTO m_full VALUES (1, 'a', '{MARK}1'), (2, 'b', '{MARK}2')")
+        rules = json.dumps([{"tables": "public.m_*", "columns.exclude": "secret"}])
+        with caplog.at_level(logging.WARNING):
+            enum, changes = start_streaming(source(pg_url, tmp_path, transforms=rules))
+        assert "REPLICA IDENTITY FULL of public.m_full" in caplog.text and "drops them as it decodes" in caplog.text
+        src = source(pg_url, tmp_path, transforms=rules)
+        assert attnames(conn) == {"m_full": ["id", "name", "secret"]}  # no list: every column
+        conn.execute(f"UPDATE m_full SET name = 'a2', secret = '{MARK}u' WHERE id = 1")  # not refused by the server
+        conn.execute("DELETE FROM m_full WHERE id = 2")
+        assert MARK.encode() in raw_stream(conn)  # it leaves PostgreSQL ...
+        stream, _ = changes_between(src, enum, changes, 0)
+        drop_slot(conn)
+    assert MARK not in json.dumps(stream.to_pylist(), default=str)  # ... never the source task
+    assert [(r["_op"], r["row"]) for r in stream.to_pylist() if r["_op"] != "s"] == [  # FULL: a changed row is d + u
+        ("d", '{"id":1}'), ("u", '{"id":1,"name":"a2"}'), ("d", '{"id":2}')]
+    assert columns_of_schema_rows(stream, "public.m_full") == [["id", "name"]]
+
+
+def test_a_rule_leaving_out_a_key_is_refused_and_the_option_needs_tables(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE m_u (id int PRIMARY KEY, secret text)")
-        conn.execute("CREATE TABLE m_full (id int PRIMARY KEY, secret text)")
-        conn.execute("ALTER TABLE m_full REPLICA IDENTITY FULL")
         no_key = json.dumps([{"tables": "public.m_u", "columns": ["secret"]}])
         with pytest.raises(ConfigError, match=r"public.m_u: .* leaves out its key column\(s\) id"):
             source(pg_url, tmp_path / "a", transforms=no_key).create_enumerator().discover(set())
-        full = json.dumps([{"tables": "public.m_*", "columns.exclude": ["secret"]}])
-        with pytest.raises(ConfigError, match="public.m_full out, which has REPLICA IDENTITY FULL"):
-            source(pg_url, tmp_path / "b", transforms=full).create_enumerator().discover(set())
-        with pytest.raises(ConfigError, match="the publication is yours"):
-            source(pg_url, tmp_path / "c", transforms=full, publication="mine").check_tables()
-        with pytest.raises(ConfigError, match="'transforms' applies to 'tables' with a change stream only"):
-            source(pg_url, tmp_path / "d", transforms=full, startup="snapshot")
+        with pytest.raises(ConfigError, match="'transforms' applies to 'tables' only"):
+            PostgresSourceDataSource({"uid": "one", "checkpoint": str(tmp_path / "b"), "url": pg_url,
+                                      "table": "public.m_u", "transforms": no_key}).schema()
         drop_slot(conn)
-        conn.execute("DROP PUBLICATION IF EXISTS flinkish_multi")

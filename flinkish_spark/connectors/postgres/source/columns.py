@@ -11,12 +11,13 @@ PostgreSQL:
   excluded column -- also one added later (a new column is in no column list until the catalog poll puts it in,
   when it is kept: that poll then snapshots the table again, since changes between its ``ADD COLUMN`` and the poll
   lacked its values);
+* where no column list can keep them out -- PostgreSQL before 15, a publication the user gave (``publication``:
+  its lists are the user's), a table with ``REPLICA IDENTITY FULL`` (PostgreSQL refuses its updates and deletes
+  under a list lacking a column) -- the reader drops them as it decodes, before any row is made: they leave
+  PostgreSQL, never the source task (a warning says so once);
 * the catalog signature (DDL detection) sees only the kept columns: a DDL on an excluded column re-snapshots nothing.
 
-Refused with one clear error (:class:`~flinkish_spark.errors.ConfigError` at start, or when such a table joins):
-PostgreSQL before 15 (no column lists), a publication the user gave (its column lists are the user's), a rule that
-leaves out a key column, and a table with ``REPLICA IDENTITY FULL`` (PostgreSQL then refuses the table's own updates
-and deletes unless the list holds every column).
+A rule that leaves out a key column is refused (:class:`~flinkish_spark.errors.ConfigError`), as the sink refuses it.
 """
 
 from __future__ import annotations
@@ -68,32 +69,15 @@ def source_columns(get: Callable[[str], str | None], component: str) -> SourceCo
     return SourceColumns(parse_transforms(get, f"{component}: option {TRANSFORM_OPTION!r}"))
 
 
-def check_server(conn: Any, columns: SourceColumns, publication_given: bool, component: str) -> None:
-    """Refuse a server or publication that cannot keep the columns out (see the module docstring)."""
-    if not columns:
-        return
-    if publication_given:
-        raise ConfigError(f"{component}: option {TRANSFORM_OPTION!r} leaves columns out through the column lists of "
-                          "the source's own publication; with the option 'publication' the publication is yours. "
-                          "Leave 'publication' out, or leave the columns out in the sink's 'transforms' only")
-    version = int(conn.execute("SHOW server_version_num").fetchone()[0])
-    if version < 150000:
-        raise ConfigError(f"{component}: option {TRANSFORM_OPTION!r} needs PostgreSQL 15 or later (publication column "
-                          f"lists) to keep columns out of the change stream; this server is {version // 10000}. "
-                          "Leave the columns out in the sink's 'transforms' only (they are then read, never written)")
+def lists_unsupported(conn: Any) -> bool:
+    """Whether the server has no publication column lists (before PostgreSQL 15)."""
+    return int(conn.execute("SHOW server_version_num").fetchone()[0]) < 150000
 
 
-def check_identity(conn: Any, tables: Sequence[tuple[int, str]], columns: SourceColumns, component: str) -> None:
-    """Refuse a table with REPLICA IDENTITY FULL whose columns a rule leaves out (``tables``: oid, schema.table)."""
-    ruled = [(oid, name) for oid, name in tables if (r := columns.transforms.of(name)) is not None
-             and (r.columns is not None or r.exclude)]
-    if not ruled:
-        return
-    full = {int(r[0]) for r in conn.execute("SELECT oid::int8 FROM pg_class WHERE relreplident = 'f' AND oid = "
-                                            "ANY(%s::oid[])", ([o for o, _ in ruled],)).fetchall()}
-    bad = [name for oid, name in ruled if oid in full]
-    if bad:
-        raise ConfigError(f"{component}: option {TRANSFORM_OPTION!r} leaves columns of {', '.join(bad)} out, which "
-                          "has REPLICA IDENTITY FULL: PostgreSQL refuses its updates and deletes while a publication's "
-                          "column list lacks a column. Give it a key identity (ALTER TABLE ... REPLICA IDENTITY "
-                          "DEFAULT, with a primary key), or leave its columns out in the sink's 'transforms' only")
+def identity_full(conn: Any, oids: Sequence[int]) -> set[int]:
+    """The tables of ``oids`` with REPLICA IDENTITY FULL."""
+    if not oids:
+        return set()
+    rows = conn.execute("SELECT oid::int8 FROM pg_class WHERE relreplident = 'f' AND oid = ANY(%s::oid[])",
+                        (list(oids),)).fetchall()
+    return {int(r[0]) for r in rows}

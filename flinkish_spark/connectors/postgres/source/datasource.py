@@ -19,7 +19,7 @@ from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_
 from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, packed_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
-from flinkish_spark.connectors.postgres.source.columns import SourceColumns, check_server, source_columns
+from flinkish_spark.connectors.postgres.source.columns import SourceColumns, source_columns
 from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
 from flinkish_spark.connectors.postgres.source.discovery import followable_tables
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
@@ -104,9 +104,9 @@ class PostgresSourceDataSource(CdcDataSource):
             raise ConfigError(f"{self.component}: option 'rowFormat' applies to 'tables' only")
         # The columns never read (the routing sinks' rules, their column part: source.columns).
         self.source_columns: SourceColumns = source_columns(opts.get, self.component)
-        if self.source_columns and (self.patterns is None or self.startup == "snapshot"):
-            raise ConfigError(f"{self.component}: option 'transforms' applies to 'tables' with a change stream only "
-                              "(a source of one table reads the columns its query selects)")
+        if self.source_columns and self.patterns is None:
+            raise ConfigError(f"{self.component}: option 'transforms' applies to 'tables' only (a source of one table "
+                              "reads the columns its query selects)")
         self._table_info: TableInfo | None = None
 
     def config(self) -> dict[str, Any]:
@@ -148,7 +148,6 @@ class PostgresSourceDataSource(CdcDataSource):
             check_server_version(conn, self.conn_info, self.component)
             if self.startup != "snapshot":
                 slots.check_logical_replication(conn, self.component)
-            check_server(conn, self.source_columns, self.publication_given, self.component)
             # Tables without a usable key are left out (the enumerator warns): only the others must be published.
             found = split_followable(followable_tables(conn, self.patterns, self.component, self.startup != "snapshot"))[0]
             if self.startup != "snapshot":
@@ -159,12 +158,16 @@ class PostgresSourceDataSource(CdcDataSource):
                     members = publications.published(conn, self.publication)
                     checked = [t for t in found if self.publication_given or (t.schema, t.table) in members]
                     columns = table_columns(conn, [t.oid for t in checked])
-                    # A column list of the source's own publication is the source's to keep (its catalog poll, which
-                    # snapshots a table again whose list lacked a kept column): not checked here.
-                    lists = PostgresDialect(self).column_lists(conn, checked)
+                    # The kept columns must be published (a given publication's column list may leave the others
+                    # out). A column list of the source's own publication is the source's to keep (its catalog poll,
+                    # which snapshots a table again whose list lacked a kept column): not checked here.
+                    dialect = PostgresDialect(self)
+                    kept = dialect.kept_columns(conn, checked)
+                    lists = {} if self.publication_given else dialect.column_lists(conn, checked)
                     for t in checked:
-                        publications.check(conn, self.publication, (t.schema, t.table),
-                                           () if lists.get((t.schema, t.table)) else columns[t.oid], self.component)
+                        name = (t.schema, t.table)
+                        publications.check(conn, self.publication, name,
+                                           () if lists.get(name) else kept.get(name) or columns[t.oid], self.component)
         self._tables_checked = True
 
     def schema(self) -> StructType:

@@ -27,7 +27,7 @@ from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
 from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, format_lsn, parse_lsn
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
-from flinkish_spark.connectors.postgres.source.columns import check_identity
+from flinkish_spark.connectors.postgres.source.columns import identity_full, lists_unsupported
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces, with_busy_slot
 from flinkish_spark.connectors.postgres.source.discovery import check_followable, find_tables
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
@@ -53,6 +53,7 @@ class PostgresDialect:
         # A signature (as JSON text) -> why its table is snapshotted again: a kept column the publication's column
         # list lacked until this poll (its changes since ADD COLUMN came without its values).
         self._unlisted: dict[str, str] = {}
+        self._warned: set[str] = set()
 
     @property
     def component(self) -> str:
@@ -86,17 +87,42 @@ class PostgresDialect:
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
 
-    def column_lists(self, conn: Any, tables: list[FoundTable]) -> dict[tuple[str, str], list[str] | None]:
-        """The publication's column list of each of ``tables`` (the option ``transforms``: :mod:`.columns`); empty
-        without rules. Refuses a rule leaving out a key column, or columns of a REPLICA IDENTITY FULL table."""
+    def kept_columns(self, conn: Any, tables: list[FoundTable]) -> dict[tuple[str, str], list[str] | None]:
+        """The columns the source reads of each of ``tables`` (the option ``transforms``: :mod:`.columns`; None or
+        absent: every column). Refuses a rule leaving out a key column."""
         cols = self.source.source_columns
         if not cols or not tables:
             return {}
-        check_identity(conn, [(t.oid, t.name) for t in tables], cols, self.component)
         oids = [t.oid for t in tables]
         names, keys = table_columns(conn, oids), primary_keys(psycopg_query(conn), oids)
         return {(t.schema, t.table): cols.kept(t.name, names[t.oid], keys.get(t.oid, ()), self.component)
                 for t in tables}
+
+    def column_lists(self, conn: Any, tables: list[FoundTable]) -> dict[tuple[str, str], list[str] | None]:
+        """The column list of each of ``tables`` in the source's own publication: its kept columns where a list can
+        keep the others out -- PostgreSQL 15+, a publication the source owns, a table whose replica identity is its
+        key (PostgreSQL refuses a FULL one's updates and deletes under a list lacking a column). Elsewhere the reader
+        drops them at decode (:func:`.tables_reader.read_changes`), and this says so once."""
+        src = self.source
+        kept = self.kept_columns(conn, tables)
+        if not any(v is not None for v in kept.values()) or src.startup == "snapshot":
+            return {}
+        if src.publication_given or lists_unsupported(conn):
+            self._warn_decode_drop("PostgreSQL before 15" if not src.publication_given else
+                                   f"the publication {src.publication!r} is yours")
+            return {}
+        full = identity_full(conn, [t.oid for t in tables if kept.get((t.schema, t.table)) is not None])
+        if full:
+            names = [t.name for t in tables if t.oid in full]
+            self._warn_decode_drop(f"REPLICA IDENTITY FULL of {', '.join(names)}")
+        return {(t.schema, t.table): None if t.oid in full else kept.get((t.schema, t.table)) for t in tables}
+
+    def _warn_decode_drop(self, why: str) -> None:
+        if why not in self._warned:
+            self._warned.add(why)
+            _log.warning("%s: option 'transforms': %s, so no publication column list keeps the columns left out "
+                         "from the change stream; the source drops them as it decodes (they never leave the source "
+                         "task, but leave PostgreSQL)", self.component, why)
 
     def unfollow(self, conn: Any, oid: int) -> None:
         if self.owns_publication():
@@ -115,18 +141,20 @@ class PostgresDialect:
         rows = conn.execute("SELECT c.oid::int8, n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n "
                             "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])", (list(sigs),)).fetchall()
         tables = [FoundTable(int(o), f"{s}.{t}", str(s), str(t), True) for o, s, t in rows]
-        wanted = self.column_lists(conn, tables)
-        listed = publications.column_lists(conn, self.source.publication) if self.owns_publication() else {}
+        kept_columns = self.kept_columns(conn, tables)
+        wanted = self.column_lists(conn, tables) if self.owns_publication() else {}
+        listed = publications.column_lists(conn, self.source.publication) if wanted else {}
         out = {}
         for t in tables:
-            sig, kept = sigs[t.oid], wanted.get((t.schema, t.table))
+            sig, kept = sigs[t.oid], kept_columns.get((t.schema, t.table))
             if kept is not None:
                 sig = replace(sig, columns=tuple(c for c in sig.columns if c[1] in kept))
             out[t.oid] = sig.to_json()
-            if (t.schema, t.table) in listed and listed[(t.schema, t.table)] != kept:
+            want = wanted.get((t.schema, t.table))
+            if (t.schema, t.table) in listed and listed[(t.schema, t.table)] != want:
                 before = listed[(t.schema, t.table)]
-                publications.set_columns(conn, self.source.publication, (t.schema, t.table), kept)
-                new = [c for c in (kept or []) if before is not None and c not in before]
+                publications.set_columns(conn, self.source.publication, (t.schema, t.table), want)
+                new = [c for c in (want or []) if before is not None and c not in before]
                 if new:
                     self._unlisted[json.dumps(out[t.oid])] = (
                         f"column(s) {', '.join(map(repr, new))} joined the publication's column list only now (its "

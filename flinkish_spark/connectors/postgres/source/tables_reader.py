@@ -195,7 +195,9 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
         def resolve(rel: Relation) -> TableSchema | None:
             if not patterns.matches(f"{rel.namespace}.{rel.name}"):
                 return None
-            schema = schemas.schema(rel)
+            # The option 'transforms': a column the publication still sends (PostgreSQL before 15, REPLICA IDENTITY
+            # FULL, a publication given) is dropped here, before any row is made -- it never leaves the source task.
+            schema = src.source_columns.schema(schemas.schema(rel), src.component)
             if not schema.key and planned is not None and rel.relid not in planned():
                 # A table left out for want of a key (the enumerator warns), published by a publication
                 # the user gave (FOR ALL TABLES): not followed. A followed table that lost its key is
