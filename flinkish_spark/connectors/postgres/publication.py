@@ -11,7 +11,11 @@ changes vanish without a trace (pgoutput simply does not send them):
   publication must publish them as the partitioned table's (``publish_via_partition_root``,
   PostgreSQL 13+), which the publication this source creates does;
 * membership of the table (also through ``FOR ALL TABLES`` or ``FOR TABLES IN SCHEMA``);
-* PostgreSQL 15+: no row filter (``WHERE``) and no column list that leaves out a column.
+* PostgreSQL 15+: no row filter (``WHERE``) and no column list that leaves out a column the source reads (with
+  the source's option ``transforms`` its kept ones: :mod:`.source.columns`).
+
+With ``transforms`` the source's own publication carries a column list per table (:func:`create`, :func:`add`,
+:func:`set_columns`), kept up to date by the catalog poll.
 
 A multi-table source's publication holds many tables: :func:`add` and :func:`drop` change it
 as tables join and leave (only a publication the source created).
