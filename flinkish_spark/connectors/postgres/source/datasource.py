@@ -163,7 +163,7 @@ class PostgresSourceDataSource(CdcDataSource):
                     # which snapshots a table again whose list lacked a kept column): not checked here.
                     dialect = PostgresDialect(self)
                     kept = dialect.kept_columns(conn, checked)
-                    lists = {} if self.publication_given else dialect.column_lists(conn, checked)
+                    lists = {} if self.publication_given else dialect.column_lists(conn, checked, kept)
                     for t in checked:
                         name = (t.schema, t.table)
                         publications.check(conn, self.publication, name,

@@ -98,13 +98,14 @@ class PostgresDialect:
         return {(t.schema, t.table): cols.kept(t.name, names[t.oid], keys.get(t.oid, ()), self.component)
                 for t in tables}
 
-    def column_lists(self, conn: Any, tables: list[FoundTable]) -> dict[tuple[str, str], list[str] | None]:
+    def column_lists(self, conn: Any, tables: list[FoundTable],
+                     kept: dict[tuple[str, str], list[str] | None] | None = None) -> dict[tuple[str, str], list[str] | None]:
         """The column list of each of ``tables`` in the source's own publication: its kept columns where a list can
         keep the others out -- PostgreSQL 15+, a publication the source owns, a table whose replica identity is its
         key (PostgreSQL refuses a FULL one's updates and deletes under a list lacking a column). Elsewhere the reader
         drops them at decode (:func:`.tables_reader.read_changes`), and this says so once."""
         src = self.source
-        kept = self.kept_columns(conn, tables)
+        kept = self.kept_columns(conn, tables) if kept is None else kept  # (computed by the caller already)
         if not any(v is not None for v in kept.values()) or src.startup == "snapshot":
             return {}
         if src.publication_given or lists_unsupported(conn):
@@ -142,7 +143,7 @@ class PostgresDialect:
                             "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])", (list(sigs),)).fetchall()
         tables = [FoundTable(int(o), f"{s}.{t}", str(s), str(t), True) for o, s, t in rows]
         kept_columns = self.kept_columns(conn, tables)
-        wanted = self.column_lists(conn, tables) if self.owns_publication() else {}
+        wanted = self.column_lists(conn, tables, kept_columns) if self.owns_publication() else {}
         listed = publications.column_lists(conn, self.source.publication) if wanted else {}
         out = {}
         for t in tables:
@@ -154,7 +155,9 @@ class PostgresDialect:
             if (t.schema, t.table) in listed and listed[(t.schema, t.table)] != want:
                 before = listed[(t.schema, t.table)]
                 publications.set_columns(conn, self.source.publication, (t.schema, t.table), want)
-                new = [c for c in (want or []) if before is not None and c not in before]
+                # Kept now, in no list before (added since, or kept by a rule changed since): snapshotted again.
+                new = [] if before is None else [n for _, n, _ in sigs[t.oid].columns
+                                                 if (want is None or n in want) and n not in before]
                 if new:
                     self._unlisted[json.dumps(out[t.oid])] = (
                         f"column(s) {', '.join(map(repr, new))} joined the publication's column list only now (its "

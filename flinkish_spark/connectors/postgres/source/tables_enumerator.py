@@ -75,7 +75,8 @@ class TablesEnumerator(TablesEnumeratorCore, PostgresEnumerator):
                 columns = table_columns(conn, [t.oid for t in found])
                 # The option 'transforms': the columns never read. The kept ones must be published; a column list of
                 # its own publication is the source's to keep (its catalog poll): not checked.
-                kept, lists = self.dialect.kept_columns(conn, found), self.dialect.column_lists(conn, found)
+                kept = self.dialect.kept_columns(conn, found)
+                lists = self.dialect.column_lists(conn, found, kept)
                 slots.ensure_slot_and_publication(
                     conn, src.io, self.directory, src.slot_name, src.publication,
                     {(t.schema, t.table): () if lists.get((t.schema, t.table))
