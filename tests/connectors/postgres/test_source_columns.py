@@ -46,6 +46,7 @@ def columns_of_schema_rows(rows: pa.Table, table: str = "public.m_u") -> list[li
             for r in rows.to_pylist() if r["_op"] == "s" and r["_table"] == table]
 
 
+@pytest.mark.both_postgres  # 15: the first with column lists
 def test_excluded_columns_are_never_read_sent_or_listed(pg_url: str, tmp_path: Path,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
