@@ -137,7 +137,9 @@ def ensure_slot_and_publication(
         publications.add(conn, publication, list(tables), column_lists)  # a first run that crashed before adding them all
     if pub_exists:
         for table, columns in tables.items():
-            publications.check(conn, publication, table, columns, what)
+            # A column list of its own publication is the source's to keep (source.columns: the catalog poll sets
+            # it, and snapshots a table again whose list lacked a column): not checked.
+            publications.check(conn, publication, table, () if ours_pub else columns, what)
     if state != "missing" and not ours_slot:
         raise foreign_slot(slot, slot_db if slot_db != db else None, directory, what)
     owned = Ownership(db, slot, publication, slot_created=True, publication_created=not pub_exists or ours_pub)

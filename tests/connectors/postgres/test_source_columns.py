@@ -152,3 +152,21 @@ def test_a_rule_leaving_out_a_key_is_refused_and_the_option_needs_tables(pg_url:
             PostgresSourceDataSource({"uid": "one", "checkpoint": str(tmp_path / "b"), "url": pg_url,
                                       "table": "public.m_u", "transforms": no_key}).schema()
         drop_slot(conn)
+
+
+def test_a_rule_dropped_on_a_restart_takes_the_column_list_away_and_snapshots_the_table_again(
+        pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_u (id int PRIMARY KEY, name text, password_hash text)")
+        conn.execute(f"INSERT INTO m_u VALUES (1, 'a', '{MARK}1')")
+        enum, changes = start_streaming(source(pg_url, tmp_path, transforms=RULES))
+        assert attnames(conn) == {"m_u": ["id", "name"]}
+        restarted = source(pg_url, tmp_path)  # the same uid and checkpoint, no rules any more
+        again = restarted.create_enumerator()
+        assert isinstance(again, TablesEnumerator)
+        again.restore(enum.snapshot_state())  # from the last committed epoch's state
+        with caplog.at_level(logging.WARNING):
+            again.discover({changes.split_id})
+        assert attnames(conn) == {"m_u": ["id", "name", "password_hash"]}  # the list is gone: every column
+        assert "snapshotting public.m_u again" in caplog.text and "'password_hash' joined" in caplog.text
+        drop_slot(conn)

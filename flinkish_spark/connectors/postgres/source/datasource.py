@@ -161,13 +161,11 @@ class PostgresSourceDataSource(CdcDataSource):
                     # The kept columns must be published (a given publication's column list may leave the others
                     # out). A column list of the source's own publication is the source's to keep (its catalog poll,
                     # which snapshots a table again whose list lacked a kept column): not checked here.
-                    dialect = PostgresDialect(self)
-                    kept = dialect.kept_columns(conn, checked)
-                    lists = {} if self.publication_given else dialect.column_lists(conn, checked, kept)
+                    kept = PostgresDialect(self).kept_columns(conn, checked)
                     for t in checked:
                         name = (t.schema, t.table)
-                        publications.check(conn, self.publication, name,
-                                           () if lists.get(name) else kept.get(name) or columns[t.oid], self.component)
+                        publications.check(conn, self.publication, name, kept.get(name) or columns[t.oid]
+                                           if self.publication_given else (), self.component)
         self._tables_checked = True
 
     def schema(self) -> StructType:

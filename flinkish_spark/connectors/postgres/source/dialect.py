@@ -54,6 +54,7 @@ class PostgresDialect:
         # list lacked until this poll (its changes since ADD COLUMN came without its values).
         self._unlisted: dict[str, str] = {}
         self._warned: set[str] = set()
+        self._owns = False  # the source's own publication (cached once true)
 
     @property
     def component(self) -> str:
@@ -135,7 +136,7 @@ class PostgresDialect:
     def signatures(self, conn: Any, oids: list[int]) -> dict[int, Any]:
         sigs = signatures(conn, oids)
         cols = self.source.source_columns
-        if not cols or not sigs:
+        if not sigs or (not cols and not self._lists_left(conn)):
             return {oid: sig.to_json() for oid, sig in sigs.items()}
         # Only the kept columns: a DDL on a left-out column is none of the target's business. And the poll keeps the
         # publication's column lists up to date (a column added since is in none).
@@ -143,8 +144,9 @@ class PostgresDialect:
                             "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])", (list(sigs),)).fetchall()
         tables = [FoundTable(int(o), f"{s}.{t}", str(s), str(t), True) for o, s, t in rows]
         kept_columns = self.kept_columns(conn, tables)
-        wanted = self.column_lists(conn, tables, kept_columns) if self.owns_publication() else {}
-        listed = publications.column_lists(conn, self.source.publication) if wanted else {}
+        own = self._owns_lists()
+        wanted = self.column_lists(conn, tables, kept_columns) if own else {}
+        listed = publications.column_lists(conn, self.source.publication) if own and not lists_unsupported(conn) else {}
         out = {}
         for t in tables:
             sig, kept = sigs[t.oid], kept_columns.get((t.schema, t.table))
@@ -163,6 +165,22 @@ class PostgresDialect:
                         f"column(s) {', '.join(map(repr, new))} joined the publication's column list only now (its "
                         "changes since it was added came without their values)")
         return out
+
+    def _owns_lists(self) -> bool:
+        """Whether the source keeps its publication's column lists (its own; cached once true: it stays so)."""
+        if not self._owns:
+            src = self.source
+            self._owns = src.startup != "snapshot" and not src.publication_given and self.owns_publication()
+        return self._owns
+
+    def _lists_left(self, conn: Any) -> bool:
+        """Without rules: whether the own publication still has a column list (the rules were dropped on a restart:
+        the poll takes it away)."""
+        if not self._owns_lists() or lists_unsupported(conn):
+            return False
+        return bool(conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid "
+            "WHERE p.pubname = %s AND pr.prattrs IS NOT NULL)", (self.source.publication,)).fetchone()[0])
 
     def signature_change(self, conn: Any, old: Any, new: Any) -> str | None:
         unlisted = self._unlisted.pop(json.dumps(new), None)
