@@ -166,6 +166,10 @@ class MirrorConfig:
                 max(DEFAULT_MAX_ROWS_PER_TRIGGER,
                     min(SNAPSHOT_ROWS_PER_TRIGGER_MAX, int(SNAPSHOT_ROWS_PER_TRIGGER_SECOND * self.trigger_s)))))
         opts.setdefault("maxRowsPerTrigger", str(DEFAULT_MAX_ROWS_PER_TRIGGER))
+        rules = dict(self.sink_extra).get("transforms")
+        if rules and self.source_kind == "postgres":
+            # The rules written once: the columns they leave out are never read either (source.columns).
+            opts.setdefault("transforms", rules)
         if self.format in ("delta", "iceberg"):
             # Packed rows (rows.packed): typed Arrow per table, no JSON through Spark; the PostgreSQL routed sink
             # stages JSON and keeps the JSON shape (exact for values Arrow cannot hold, e.g. NaN in a numeric).

@@ -94,6 +94,8 @@ def test_a_flink_cdc_transform_block_is_the_sinks_transforms() -> None:
     assert json.loads(c.sink_options()["transforms"]) == [
         {"tables": "public.users", "projection": "* EXCEPT (password_hash), __table_name__ AS source",
          "filter": "active", "description": "no secrets"}]
+    # Written once: the source reads none of the columns left out (connectors/postgres/source/columns.py).
+    assert c.source_options()["transforms"] == c.sink_options()["transforms"]
 
 
 def test_pipeline_file_defaults_and_other_sinks() -> None:

@@ -11,7 +11,11 @@ changes vanish without a trace (pgoutput simply does not send them):
   publication must publish them as the partitioned table's (``publish_via_partition_root``,
   PostgreSQL 13+), which the publication this source creates does;
 * membership of the table (also through ``FOR ALL TABLES`` or ``FOR TABLES IN SCHEMA``);
-* PostgreSQL 15+: no row filter (``WHERE``) and no column list that leaves out a column.
+* PostgreSQL 15+: no row filter (``WHERE``) and no column list that leaves out a column the source reads (with
+  the source's option ``transforms`` its kept ones: :mod:`.source.columns`).
+
+With ``transforms`` the source's own publication carries a column list per table (:func:`create`, :func:`add`,
+:func:`set_columns`), kept up to date by the catalog poll.
 
 A multi-table source's publication holds many tables: :func:`add` and :func:`drop` change it
 as tables join and leave (only a publication the source created).
@@ -22,20 +26,36 @@ before 15) are simply absent instead of an error.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from flinkish_spark.errors import PostgresSourceError
 
 OPERATIONS = ("insert", "update", "delete", "truncate")
 
 
-def create(conn: Any, publication: str, tables: Sequence[tuple[str, str]]) -> None:
-    """``CREATE PUBLICATION`` for ``tables``: every operation, partitions as the partitioned table."""
+#: Per table, the column list its publication entry carries (PostgreSQL 15+; absent or None: every column).
+ColumnLists = Mapping[tuple[str, str], "Sequence[str] | None"]
+
+
+def _entries(tables: Sequence[tuple[str, str]], columns: ColumnLists | None) -> Any:
+    sql = __import__("psycopg").sql
+    parts = []
+    for s, t in tables:
+        cols = (columns or {}).get((s, t))
+        part = sql.Identifier(s, t)
+        if cols is not None:
+            part = sql.SQL("{} ({})").format(part, sql.SQL(", ").join(sql.Identifier(c) for c in cols))
+        parts.append(part)
+    return sql.SQL(", ").join(parts)
+
+
+def create(conn: Any, publication: str, tables: Sequence[tuple[str, str]], columns: ColumnLists | None = None) -> None:
+    """``CREATE PUBLICATION`` for ``tables``: every operation, partitions as the partitioned table; a table of
+    ``columns`` with its column list (the source's option ``transforms``: :mod:`.source.columns`)."""
     sql = __import__("psycopg").sql
     conn.execute(
         sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = {}, publish_via_partition_root = true)").format(
-            sql.Identifier(publication), sql.SQL(", ").join(sql.Identifier(s, t) for s, t in tables),
-            sql.Literal(", ".join(OPERATIONS)),
+            sql.Identifier(publication), _entries(tables, columns), sql.Literal(", ".join(OPERATIONS)),
         )
     )
 
@@ -46,13 +66,36 @@ def published(conn: Any, publication: str) -> set[tuple[str, str]]:
     return {(str(s), str(t)) for s, t in rows.fetchall()}
 
 
-def add(conn: Any, publication: str, tables: Sequence[tuple[str, str]]) -> None:
+def add(conn: Any, publication: str, tables: Sequence[tuple[str, str]], columns: ColumnLists | None = None) -> None:
     """``ALTER PUBLICATION ... ADD TABLE`` the ``tables`` not in it yet (of a publication this source created)."""
     todo = [t for t in tables if t not in published(conn, publication)]
     if todo:
         sql = __import__("psycopg").sql
         conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-            sql.Identifier(publication), sql.SQL(", ").join(sql.Identifier(s, t) for s, t in todo)))
+            sql.Identifier(publication), _entries(todo, columns)))
+
+
+def column_lists(conn: Any, publication: str) -> dict[tuple[str, str], list[str] | None]:
+    """The column list of each table a member of ``publication`` by name (None: no list, every column). PostgreSQL
+    15+ (``prattrs``)."""
+    rows = conn.execute(
+        "SELECT n.nspname::text, c.relname::text, (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM "
+        "pg_attribute a WHERE a.attrelid = pr.prrelid AND a.attnum = ANY(pr.prattrs)) FROM pg_publication_rel pr "
+        "JOIN pg_publication p ON p.oid = pr.prpubid JOIN pg_class c ON c.oid = pr.prrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s", (publication,)).fetchall()
+    return {(str(s), str(t)): None if cols is None else [str(c) for c in cols] for s, t, cols in rows}
+
+
+def set_columns(conn: Any, publication: str, table: tuple[str, str], columns: Sequence[str] | None) -> None:
+    """Give ``table`` (a member of ``publication``, one this source created) the column list ``columns``: drop and
+    add it in one transaction (PostgreSQL 15 cannot alter one member's list), so that no change between is lost --
+    a change is decoded with the publication as its own commit saw it."""
+    sql = __import__("psycopg").sql
+    with conn.transaction():
+        conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(sql.Identifier(publication),
+                                                                         sql.Identifier(*table)))
+        conn.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+            sql.Identifier(publication), _entries([table], {table: columns})))
 
 
 def drop(conn: Any, publication: str, oid: int) -> None:

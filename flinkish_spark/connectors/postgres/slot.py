@@ -117,11 +117,12 @@ def ensure_slot_and_publication(
     tables: Mapping[tuple[str, str], Sequence[str]],
     publication_given: bool,
     what: str,
+    column_lists: publications.ColumnLists | None = None,
 ) -> Ownership:
     """Create (or, after a crash of the first run, reuse) the source's publication and slot.
 
     ``tables``: (schema, table) -> its columns, every table the source reads (one, or the
-    matching ones of a multi-table source). Order matters: the publication first, then the
+    matching ones of a multi-table source; with ``column_lists`` the kept ones). Order matters: the publication first, then the
     slot, then (by the caller) the snapshot.
     """
     db = database_name(conn)
@@ -133,10 +134,12 @@ def ensure_slot_and_publication(
     if pub_exists and not ours_pub and not publication_given:
         raise foreign_publication(publication, directory, what)
     if pub_exists and ours_pub:
-        publications.add(conn, publication, list(tables))  # a first run that crashed before adding them all
+        publications.add(conn, publication, list(tables), column_lists)  # a first run that crashed before adding them all
     if pub_exists:
         for table, columns in tables.items():
-            publications.check(conn, publication, table, columns, what)
+            # A column list of its own publication is the source's to keep (source.columns: the catalog poll sets
+            # it, and snapshots a table again whose list lacked a column): not checked.
+            publications.check(conn, publication, table, () if ours_pub else columns, what)
     if state != "missing" and not ours_slot:
         raise foreign_slot(slot, slot_db if slot_db != db else None, directory, what)
     owned = Ownership(db, slot, publication, slot_created=True, publication_created=not pub_exists or ours_pub)
@@ -144,7 +147,7 @@ def ensure_slot_and_publication(
     # exist (harmless), never something created and unclaimed (which would block the restart).
     owned.write(io, directory)
     if not pub_exists:
-        publications.create(conn, publication, list(tables))
+        publications.create(conn, publication, list(tables), column_lists)
     if state == "lost":
         # Ours, and invalidated by the server (max_slot_wal_keep_size, ...): it can never send a
         # change again. We start a snapshot now (a new source, or a re-snapshot), so a new slot

@@ -44,7 +44,8 @@ def spec(tmp_path: Path, url: str, endpoint: str, **extra: object) -> dict:
         "source": {"format": "flinkish.postgres", "options": {
             "uid": "mirror", "checkpoint": META, "endpointUrl": endpoint, "url": url, "tables": "public.m_*",
             "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1,
-            "rowFormat": "arrow"}},  # the shape flinkish mirror reads to a lakehouse
+            "rowFormat": "arrow",  # the shape flinkish mirror reads to a lakehouse
+            "transforms": TRANSFORMS}},  # as flinkish mirror derives it: the columns left out are never read
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": META, "endpointUrl": endpoint, "path": LAKE + "/{schema}/{table}",
             "compactEvery": 3,  # each target compacted every 3 of its versions, through the kills too

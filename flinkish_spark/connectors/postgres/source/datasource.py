@@ -19,6 +19,7 @@ from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_
 from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, packed_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
+from flinkish_spark.connectors.postgres.source.columns import SourceColumns, source_columns
 from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
 from flinkish_spark.connectors.postgres.source.discovery import followable_tables
 from flinkish_spark.connectors.postgres.source.enumerator import PostgresEnumerator
@@ -46,7 +47,7 @@ class PostgresSourceDataSource(CdcDataSource):
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
         "snapshotRowsPerTrigger", "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
-        "heartbeatInterval", "rowFormat",
+        "heartbeatInterval", "rowFormat", "transforms",
     )
 
     def __init__(self, options: Any) -> None:
@@ -101,6 +102,11 @@ class PostgresSourceDataSource(CdcDataSource):
         self.row_format: str = opts.choice("rowFormat", ROW_FORMATS, "json")
         if self.patterns is None and opts.has("rowFormat"):
             raise ConfigError(f"{self.component}: option 'rowFormat' applies to 'tables' only")
+        # The columns never read (the routing sinks' rules, their column part: source.columns).
+        self.source_columns: SourceColumns = source_columns(opts.get, self.component)
+        if self.source_columns and self.patterns is None:
+            raise ConfigError(f"{self.component}: option 'transforms' applies to 'tables' only (a source of one table "
+                              "reads the columns its query selects)")
         self._table_info: TableInfo | None = None
 
     def config(self) -> dict[str, Any]:
@@ -152,8 +158,14 @@ class PostgresSourceDataSource(CdcDataSource):
                     members = publications.published(conn, self.publication)
                     checked = [t for t in found if self.publication_given or (t.schema, t.table) in members]
                     columns = table_columns(conn, [t.oid for t in checked])
+                    # The kept columns must be published (a given publication's column list may leave the others
+                    # out). A column list of the source's own publication is the source's to keep (its catalog poll,
+                    # which snapshots a table again whose list lacked a kept column): not checked here.
+                    kept = PostgresDialect(self).kept_columns(conn, checked)
                     for t in checked:
-                        publications.check(conn, self.publication, (t.schema, t.table), columns[t.oid], self.component)
+                        name = (t.schema, t.table)
+                        publications.check(conn, self.publication, name, kept.get(name) or columns[t.oid]
+                                           if self.publication_given else (), self.component)
         self._tables_checked = True
 
     def schema(self) -> StructType:

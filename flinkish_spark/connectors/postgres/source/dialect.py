@@ -10,9 +10,11 @@ Positions are LSNs (already integers). The join mark's ``after_xid`` is the next
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
@@ -25,6 +27,7 @@ from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
 from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, format_lsn, parse_lsn
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
+from flinkish_spark.connectors.postgres.source.columns import identity_full, lists_unsupported
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces, with_busy_slot
 from flinkish_spark.connectors.postgres.source.discovery import check_followable, find_tables
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
@@ -47,6 +50,11 @@ class PostgresDialect:
     def __init__(self, source: PostgresSourceHost) -> None:
         self.source = source
         self.heartbeat_at = time.monotonic()  # of the last heartbeat epoch (not state: a restart waits anew)
+        # A signature (as JSON text) -> why its table is snapshotted again: a kept column the publication's column
+        # list lacked until this poll (its changes since ADD COLUMN came without its values).
+        self._unlisted: dict[str, str] = {}
+        self._warned: set[str] = set()
+        self._owns = False  # the source's own publication (cached once true)
 
     @property
     def component(self) -> str:
@@ -74,11 +82,49 @@ class PostgresDialect:
     def follow(self, conn: Any, tables: list[FoundTable]) -> None:
         src = self.source
         if self.owns_publication():
-            publications.add(conn, src.publication, [(t.schema, t.table) for t in tables])
+            publications.add(conn, src.publication, [(t.schema, t.table) for t in tables], self.column_lists(conn, tables))
         else:  # a publication the user gave must publish it already (FOR ALL TABLES, IN SCHEMA, or by hand)
             columns = table_columns(conn, [t.oid for t in tables])
             for t in tables:
                 publications.check(conn, src.publication, (t.schema, t.table), columns[t.oid], src.component)
+
+    def kept_columns(self, conn: Any, tables: list[FoundTable]) -> dict[tuple[str, str], list[str] | None]:
+        """The columns the source reads of each of ``tables`` (the option ``transforms``: :mod:`.columns`; None or
+        absent: every column). Refuses a rule leaving out a key column."""
+        cols = self.source.source_columns
+        if not cols or not tables:
+            return {}
+        oids = [t.oid for t in tables]
+        names, keys = table_columns(conn, oids), primary_keys(psycopg_query(conn), oids)
+        return {(t.schema, t.table): cols.kept(t.name, names[t.oid], keys.get(t.oid, ()), self.component)
+                for t in tables}
+
+    def column_lists(self, conn: Any, tables: list[FoundTable],
+                     kept: dict[tuple[str, str], list[str] | None] | None = None) -> dict[tuple[str, str], list[str] | None]:
+        """The column list of each of ``tables`` in the source's own publication: its kept columns where a list can
+        keep the others out -- PostgreSQL 15+, a publication the source owns, a table whose replica identity is its
+        key (PostgreSQL refuses a FULL one's updates and deletes under a list lacking a column). Elsewhere the reader
+        drops them at decode (:func:`.tables_reader.read_changes`), and this says so once."""
+        src = self.source
+        kept = self.kept_columns(conn, tables) if kept is None else kept  # (computed by the caller already)
+        if not any(v is not None for v in kept.values()) or src.startup == "snapshot":
+            return {}
+        if src.publication_given or lists_unsupported(conn):
+            self._warn_decode_drop("PostgreSQL before 15" if not src.publication_given else
+                                   f"the publication {src.publication!r} is yours")
+            return {}
+        full = identity_full(conn, [t.oid for t in tables if kept.get((t.schema, t.table)) is not None])
+        if full:
+            names = [t.name for t in tables if t.oid in full]
+            self._warn_decode_drop(f"REPLICA IDENTITY FULL of {', '.join(names)}")
+        return {(t.schema, t.table): None if t.oid in full else kept.get((t.schema, t.table)) for t in tables}
+
+    def _warn_decode_drop(self, why: str) -> None:
+        if why not in self._warned:
+            self._warned.add(why)
+            _log.warning("%s: option 'transforms': %s, so no publication column list keeps the columns left out "
+                         "from the change stream; the source drops them as it decodes (they never leave the source "
+                         "task, but leave PostgreSQL)", self.component, why)
 
     def unfollow(self, conn: Any, oid: int) -> None:
         if self.owns_publication():
@@ -88,9 +134,58 @@ class PostgresDialect:
         return primary_keys(psycopg_query(conn), oids)
 
     def signatures(self, conn: Any, oids: list[int]) -> dict[int, Any]:
-        return {oid: sig.to_json() for oid, sig in signatures(conn, oids).items()}
+        sigs = signatures(conn, oids)
+        cols = self.source.source_columns
+        if not sigs or (not cols and not self._lists_left(conn)):
+            return {oid: sig.to_json() for oid, sig in sigs.items()}
+        # Only the kept columns: a DDL on a left-out column is none of the target's business. And the poll keeps the
+        # publication's column lists up to date (a column added since is in none).
+        rows = conn.execute("SELECT c.oid::int8, n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n "
+                            "ON n.oid = c.relnamespace WHERE c.oid = ANY(%s::oid[])", (list(sigs),)).fetchall()
+        tables = [FoundTable(int(o), f"{s}.{t}", str(s), str(t), True) for o, s, t in rows]
+        kept_columns = self.kept_columns(conn, tables)
+        own = self._owns_lists()
+        wanted = self.column_lists(conn, tables, kept_columns) if own else {}
+        listed = publications.column_lists(conn, self.source.publication) if own and not lists_unsupported(conn) else {}
+        out = {}
+        for t in tables:
+            sig, kept = sigs[t.oid], kept_columns.get((t.schema, t.table))
+            if kept is not None:
+                sig = replace(sig, columns=tuple(c for c in sig.columns if c[1] in kept))
+            out[t.oid] = sig.to_json()
+            want = wanted.get((t.schema, t.table))
+            if (t.schema, t.table) in listed and listed[(t.schema, t.table)] != want:
+                before = listed[(t.schema, t.table)]
+                publications.set_columns(conn, self.source.publication, (t.schema, t.table), want)
+                # Kept now, in no list before (added since, or kept by a rule changed since): snapshotted again.
+                new = [] if before is None else [n for _, n, _ in sigs[t.oid].columns
+                                                 if (want is None or n in want) and n not in before]
+                if new:
+                    self._unlisted[json.dumps(out[t.oid])] = (
+                        f"column(s) {', '.join(map(repr, new))} joined the publication's column list only now (its "
+                        "changes since it was added came without their values)")
+        return out
+
+    def _owns_lists(self) -> bool:
+        """Whether the source keeps its publication's column lists (its own; cached once true: it stays so)."""
+        if not self._owns:
+            src = self.source
+            self._owns = src.startup != "snapshot" and not src.publication_given and self.owns_publication()
+        return self._owns
+
+    def _lists_left(self, conn: Any) -> bool:
+        """Without rules: whether the own publication still has a column list (the rules were dropped on a restart:
+        the poll takes it away)."""
+        if not self._owns_lists() or lists_unsupported(conn):
+            return False
+        return bool(conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid "
+            "WHERE p.pubname = %s AND pr.prattrs IS NOT NULL)", (self.source.publication,)).fetchone()[0])
 
     def signature_change(self, conn: Any, old: Any, new: Any) -> str | None:
+        unlisted = self._unlisted.pop(json.dumps(new), None)
+        if unlisted is not None:
+            return unlisted
         def empty(oid: int) -> bool:
             name = conn.execute("SELECT oid::regclass::text FROM pg_class WHERE oid = %s", (oid,)).fetchone()
             return name is None or conn.execute(f"SELECT NOT EXISTS (SELECT 1 FROM ONLY {name[0]})").fetchone()[0]

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from flinkish_spark.connectors.cdc.host import ChangeSourceHost, OnSlotLost
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo
+from flinkish_spark.connectors.postgres.source.columns import SourceColumns
 from flinkish_spark.connectors.postgres.source.tables import TableInfo
 
 __all__ = ["OnSlotLost", "PostgresSourceHost"]
@@ -21,6 +22,7 @@ class PostgresSourceHost(ChangeSourceHost, Protocol):
     slot_name: str
     publication: str
     publication_given: bool
+    source_columns: SourceColumns  # the option 'transforms': the columns never read (empty: every column)
     heartbeat_interval: float  # seconds: at most one epoch without rows this often, to advance the slot
 
     def table_info(self) -> TableInfo: ...

@@ -252,7 +252,8 @@ def _encode(src: PostgresSourceHost, encoder: RowEncoder, change: Change) -> str
     schema = encoder.schema
     if change.op == "d" and schema.key:
         return encoder.encode(change.values, schema.key)  # a delete carries the key (the rest may be null)
-    unchanged = [name for name, value in change.values.items() if value is UNCHANGED_TOAST]
+    # Of the schema's columns only: a column the option 'transforms' leaves out is not even named.
+    unchanged = [name for name, value in change.values.items() if value is UNCHANGED_TOAST and name in schema.names]
     if unchanged and change.moved:
         # The value is the old key's row's, which a target applying by key does not look at for the new key.
         raise PostgresSourceError(

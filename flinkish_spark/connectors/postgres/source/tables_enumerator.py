@@ -73,8 +73,14 @@ class TablesEnumerator(TablesEnumeratorCore, PostgresEnumerator):
                 slots.check_logical_replication(conn, src.component)
                 # The publication, then the slot: every change after its consistent point is kept for us.
                 columns = table_columns(conn, [t.oid for t in found])
+                # The option 'transforms': the columns never read. The kept ones must be published; a column list of
+                # its own publication is the source's to keep (its catalog poll): not checked.
+                kept = self.dialect.kept_columns(conn, found)
+                lists = self.dialect.column_lists(conn, found, kept)
                 slots.ensure_slot_and_publication(
                     conn, src.io, self.directory, src.slot_name, src.publication,
-                    {(t.schema, t.table): columns[t.oid] for t in found}, src.publication_given, src.component)
+                    {(t.schema, t.table): () if lists.get((t.schema, t.table))
+                     else kept.get((t.schema, t.table)) or columns[t.oid] for t in found},
+                    src.publication_given, src.component, lists)
             return self._first_planning(conn, found, known)
 
