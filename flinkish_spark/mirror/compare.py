@@ -224,11 +224,12 @@ def delta_reader(target: str, options: Mapping[str, str] | None = None) -> Calla
 def iceberg_reader(target: str, options: Mapping[str, str], checkpoint: str) -> Callable[[str], pa.Table | None]:
     """A reader of each source table's routed Iceberg target: ``target`` is the sink's ``table`` template, ``options``
     its catalog and storage options, ``checkpoint`` its metadata root (where the embedded catalog lives when neither
-    ``catalog`` nor ``catalogUri`` is set); pyiceberg's scan, position deletes applied; None when there is no target."""
+    ``catalog`` nor ``catalogUri`` is set); pyiceberg's scan, position deletes applied (a merged shard: its rows of the
+    target); None when there is no target."""
     from flinkish_spark.connectors.iceberg.catalog import catalog_properties, load, pyiceberg
     from flinkish_spark.connectors.lakehouse.routing import parse_route
 
-    from flinkish_spark.connectors.lakehouse.routes import compare_routes
+    from flinkish_spark.connectors.lakehouse.routes import compare_routes, shard_rows
 
     route = compare_routes(parse_route(target, "iceberg", "table", "compare"), options)
     opts = dict(options)
@@ -239,9 +240,10 @@ def iceberg_reader(target: str, options: Mapping[str, str], checkpoint: str) -> 
 
     def read(table: str) -> pa.Table | None:
         try:
-            return load(props).load_table(route.target(table)).scan().to_arrow()
+            rows = load(props).load_table(route.target(table)).scan().to_arrow()
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
+        return shard_rows(route, table, rows)  # a merged shard: its rows of the target, as Delta's and PostgreSQL's
 
     return read
 

@@ -8,22 +8,28 @@ catalog on SQLite, tables on local disk): after the kills and the drain every Ic
 pyiceberg equals its source table (new column and new table included), no table outside the pattern
 has a target, and no slot or publication is left. m_a keeps soft deletes and m_b its history
 (``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat. Three tables
-have the Delta test's transforms: each target equals what its rule makes of its table.
+have the Delta test's transforms: each target equals what its rule makes of its table. The shards m_c, m_drop and
+m_new are merged into one target ``mirror.merged_m`` (``routes``, issue 30 item 3; keyed by ``id`` and
+``_source_table``): each shard equals its rows of it (``flinkish mirror compare``'s reader), the dropped shard's rows
+stay, m_new's column is null in the other shards' rows, m_c's widened column is promoted in the merged target.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 import pytest
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
 from flinkish_spark.connectors.lakehouse.transform.rules import parse_transforms
+from flinkish_spark.mirror.compare import iceberg_reader
 from flinkish_spark.testing.mirror import (
     WORKLOAD_TRANSFORMS, history_problems, run_workload, slots_and_publications, table_states, target_differences,
 )
@@ -36,6 +42,8 @@ SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 #: m_a keeps soft deletes, m_b its history; the others mirrored.
 MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
 TRANSFORMS = WORKLOAD_TRANSFORMS  # columns and rows chosen (issue 30 item 2)
+#: The shards merged (all three mirrored: history is refused in a merged lakehouse target), as in the Delta test.
+ROUTES = json.dumps([{"source-table": "public.m_c, public.m_drop, public.m_new", "sink-table": "mirror.merged_m"}])
 
 
 def spec(tmp_path: Path, url: str, **extra: object) -> dict:
@@ -47,7 +55,7 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
             "uid": "lake", "checkpoint": str(tmp_path / "meta"), "table": "mirror.{schema}_{table}",
             "catalogUri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh",
             "compactEvery": 3,  # each target's files with deletes rewritten every 3 of its snapshots, through the kills
-            "tableModes": MODES, "transforms": TRANSFORMS}},
+            "tableModes": MODES, "transforms": TRANSFORMS, "routes": ROUTES}},
         "trigger": "1 second",
         "end": "timeout",
         "runSeconds": 200,
@@ -63,10 +71,9 @@ def test_pattern_mirror_into_routed_iceberg_through_kills_schema_changes_and_new
                  str(tmp_path), KILLS, SEED)
 
     catalog = SqlCatalog("flinkish", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
-
-    def read(table: str) -> Any:
-        name = "mirror." + table.replace(".", "_")
-        return catalog.load_table(name).scan().to_arrow() if catalog.table_exists(name) else None
+    read: Callable[[str], Any] = iceberg_reader("mirror.{schema}_{table}", {"catalogUri": f"sqlite:///{tmp_path}/catalog.db",
+                                                       "warehouse": f"file://{tmp_path}/wh", "routes": ROUTES},
+                          str(tmp_path / "meta"))  # a shard: its rows of the merged target
 
     tables = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -80,10 +87,14 @@ def test_pattern_mirror_into_routed_iceberg_through_kills_schema_changes_and_new
     versions = read("public.m_b")
     assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
     assert pc.sum(read("public.m_a")["_deleted"]).as_py() > 0  # the deleted keys kept
-    assert sorted(n for _, n in catalog.list_tables("mirror")) == ["public_m_a", "public_m_b", "public_m_c",
-                                                                  "public_m_drop", "public_m_new"]  # never 'other'
-    amount = catalog.load_table("mirror.public_m_c").schema().find_field("amount")
-    assert str(amount.field_type) == "decimal(14, 2)"  # promoted in place
+    assert sorted(n for _, n in catalog.list_tables("mirror")) == ["merged_m", "public_m_a",
+                                                                  "public_m_b"]  # never 'other'
+    merged = catalog.load_table("mirror.merged_m").scan().to_arrow()
+    shards = merged["_source_table"].cast(pa.string()).to_pylist()
+    u = [v for v, t in zip(merged["u"].to_pylist(), shards) if t == "public.m_drop"]
+    assert len(u) > 50 and u == [None] * len(u)  # the dropped shard's rows stay; m_new's column null in them
+    amount = catalog.load_table("mirror.merged_m").schema().find_field("amount")
+    assert str(amount.field_type) == "decimal(14, 2)"  # promoted by the shard m_c
     assert any(s.summary is not None and s.summary.additional_properties.get("flinkish.compaction") == "true"
-               for s in catalog.load_table("mirror.public_m_c").snapshots())  # compacted, and equal to its source
+               for s in catalog.load_table("mirror.merged_m").snapshots())  # compacted, each shard equal to its source
     assert slots_and_publications(pg_url) == (0, [])

@@ -63,6 +63,12 @@ def test_three_shards_merge_into_one_target_one_snapshot_per_epoch_and_a_replay_
             {n: models[n] for n in names if n.endswith(".orders")})
         assert m.read("mirror.shop_a_items", ("id", "v", "n")) == models[ITEMS.table].table()
     assert m.snapshots("mirror.orders") == 4  # one snapshot per epoch for the three shards
+    from flinkish_spark.mirror.compare import iceberg_reader
+
+    compare = iceberg_reader(m.template, {"routes": json.dumps(RULES)}, str(tmp_path / "cp"))  # the embedded catalog
+    for n in names:  # what `flinkish mirror compare` sees of each table: a shard's rows of the merged target
+        rows = compare(n)
+        assert rows is not None and normalized(rows.select(["id", "v", "n"]).to_pylist()) == models[n].table()
     m.epochs -= 1
     m.epoch(*tasks({n: epochs[n][-1] for n in names}))  # a replay of the last epoch: nothing added
     assert m.snapshots("mirror.orders") == 4
