@@ -40,7 +40,7 @@ APPEND_CHAIN = ["sink.after_decision", "sink.before_done", "sink.after_commit"]
 # before the decision, after the driver wrote the epoch's position delete files before the snapshot names
 # them, after the snapshot (see the module docstring for the points left to the append matrix)
 KEYED_CHAIN = ["sink.before_decision", "iceberg.keyed.before_snapshot", "sink.before_done"]
-ROWS, PER_EPOCH, KEYS = 1200, 150, 50  # keyed: 8 epochs, each changing every key about three times
+ROWS, PER_EPOCH, KEYS = 900, 150, 50  # keyed: 6 epochs (killed in 1-3), each changing every key about three times
 
 
 def expected() -> collections.Counter:
