@@ -30,11 +30,11 @@ from _common import print_table, write_results
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_TESTS = [
-    "tests/connectors/postgres/test_sink_crash.py::test_crash_matrix_prepared_into_a_primary_key",
-    "tests/connectors/delta/test_crash.py::test_crash_matrix_on_s3_with_failed_first_attempts",
+    # (the PostgreSQL matrices and random upsert kills, and the Delta matrices, are one test each since suite-crash)
+    "tests/connectors/postgres/test_sink_crash.py::test_crash_matrices_and_random_upsert_kills",
+    "tests/connectors/delta/test_crash.py::test_crash_matrices_and_random_kills_on_s3_with_failed_first_attempts",
     "tests/connectors/test_spark_files_crash.py::test_task_failure_in_first_attempt_leaves_nothing_visible",
     "tests/sink/test_sink_crash.py::test_foreach_batch_replay_is_not_applied_twice",
-    "tests/connectors/postgres/test_sink_crash.py::test_upsert_killed_at_random_until_done_holds_last_value_per_key",
     "tests/finish/test_stop.py::test_cli_stop_and_drain_from_a_second_process",
 ]
 

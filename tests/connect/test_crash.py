@@ -5,6 +5,13 @@ finish controller and the ``StreamingQuery`` handle. A killed client leaves its 
 in the server until a restarted client starts it again (Spark stops the earlier run of the
 same checkpoint); a killed server takes the query, its Python workers and the
 ``foreachBatch`` function down with it.
+
+One test, one chain of clients and server starts (a Connect server start is a Spark driver start,
+the cost of this file): the paced ``flinkish.parquet`` query is killed in its client, started again
+by a second client and stopped with ``flinkish stop``, continued by a bounded script whose server is
+then killed (the script fails within its bound); the server comes back armed to die in the middle of
+a ``foreachBatch`` commit of a second query; a clean server then finishes both. Each step's
+assertions name it.
 """
 
 from __future__ import annotations
@@ -92,76 +99,8 @@ class Client:
             self.reader.join(timeout=10)
 
 
-def test_kill_9_of_the_client_then_stop_and_restart_is_exactly_once(connect_server, run_client, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "meta"), "out")
-    spec = {
-        # Paced: the query of the killed client goes on in the server until the next client starts it again.
-        "source": sequence(tmp_path, rowsPerSecond=12, maxRowsPerTrigger=30),
-        "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"),
-                 "options": {"uid": "out", "path": str(out), "checkpoint": str(tmp_path / "meta")}},
-        "trigger": "1 second", "end": "finish", "runSeconds": 300,
-    }
-    killed = run_client(spec, kill_after=0.5, kill_when=lambda: committed(log) >= 1)
-    assert killed.killed, killed.output[-3000:]
-
-    # A second client starts the query again -- Spark stops the first client's run, still going
-    # in the server -- and is stopped (no drain) by `flinkish stop` from a third process.
-    client = Client.runner({**spec, "end": "external", "remote": connect_server.url}, tmp_path / "external.json")
-    try:
-        client.wait_until(lambda: "QUERY_STARTED" in client.output, "the start")
-        at_start = committed(log)
-        client.wait_until(lambda: committed(log) > at_start, "an epoch of the second client")
-        stop = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "stop", str(tmp_path / "meta"),
-                               "--timeout", "120"], capture_output=True, text=True, timeout=180)
-    finally:
-        returncode = client.finish(timeout=120)
-    assert stop.returncode == 0 and "query ended: stopped" in stop.stdout, stop.stdout + stop.stderr
-    assert returncode == 0 and "QUERY_END=stopped" in client.output, client.output[-3000:]
-    partial = rows(out)
-    assert 0 < sum(partial.values()) < sum(LENGTHS) and max(partial.values()) == 1
-
-    last = run_client(spec)
-    assert last.returncode == 0 and "QUERY_END=finished" in last.output, last.output[-3000:]
-    assert rows(out) == expected()
-
-
-def test_kill_9_of_the_server_mid_commit_then_restart_is_exactly_once(connect_server, run_client, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "sinkmeta"), "out")
-    spec = {
-        "source": sequence(tmp_path, maxRowsPerTrigger=150),
-        # transactional(...) in foreachBatch: the function is pickled to the server and commits there.
-        "sink": {"checkpointLocation": str(tmp_path / "cp"), "foreachBatch": {
-            "uid": "out", "path": str(out), "checkpoint": str(tmp_path / "sinkmeta"), "rowsPerFile": 40}},
-        "trigger": "1 second", "end": "finish", "runSeconds": 300,
-    }
-    # The server's Python workers kill the server's whole process group at the second commit's
-    # first file move (epoch 1): kill -9 of the server with one file of the epoch visible.
-    (tmp_path / "crash").mkdir()
-    connect_server.stop()
-    connect_server.start(env={ENV_POINT: "sink.mid_commit:2", ENV_DIR: str(tmp_path / "crash")})
-    crashed = run_client(spec, kill_after=0, kill_when=lambda: not connect_server.running())
-    assert connect_server.wait_exit(60) == -signal.SIGKILL, crashed.output[-3000:]
-    decided, done = log.epochs()
-    assert 1 in decided and 1 not in done
-    assert list(out.glob("part-000000000001-*")) and staged(out)  # one file of epoch 1 visible, the rest staged
-    # `flinkish orphans` (a third process, no Spark) sees the crashed commit's staged files as decided
-    # (completed by the next start), none as an orphan to delete.
-    orphans = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "orphans", str(out), "--uid", "out",
-                              "--checkpoint", str(tmp_path / "sinkmeta"), "--json"], capture_output=True, text=True, timeout=120)
-    assert orphans.returncode == 0, orphans.stderr
-    entries = json.loads(orphans.stdout)["staged"]
-    assert len(entries) == len(staged(out)) and {(e["epoch"], e["state"]) for e in entries} == {(1, "decided")}
-
-    connect_server.start()
-    last = run_client(spec)
-    assert last.returncode == 0 and "QUERY_END=finished" in last.output, last.output[-3000:]
-    assert rows(out) == expected()
-    assert staged(out) == []
-
-
 # A pipeline script on a session of its own (not flinkish_spark.session): the bound comes from await_finished.
+# The same query as the runner's PACED spec below (paths, uids, pacing), so that it continues that query.
 SCRIPT = r"""
 import sys
 import flinkish_spark
@@ -182,17 +121,61 @@ BOUND_S = 20.0
 SLACK_S = 60.0  # the call in flight when the server died, the client's exit, a busy two-core machine
 
 
-def test_a_client_whose_server_died_fails_within_the_bound_and_the_same_script_continues_exactly_once(
-        connect_server, tmp_path: Path) -> None:
+def paced_spec(tmp_path: Path) -> dict:
+    """The paced query: the query of a killed client goes on in the server until the next client starts it again."""
+    return {
+        "source": sequence(tmp_path, rowsPerSecond=12, maxRowsPerTrigger=30),
+        "sink": {"format": "flinkish.parquet", "checkpointLocation": str(tmp_path / "cp"),
+                 "options": {"uid": "out", "path": str(tmp_path / "out"), "checkpoint": str(tmp_path / "meta")}},
+        "trigger": "1 second", "end": "finish", "runSeconds": 300,
+    }
+
+
+def foreach_batch_spec(work: Path) -> dict:
+    """transactional(...) in foreachBatch: the function is pickled to the server and commits there."""
+    return {
+        "source": sequence(work, maxRowsPerTrigger=150),
+        "sink": {"checkpointLocation": str(work / "cp"), "foreachBatch": {
+            "uid": "out", "path": str(work / "out"), "checkpoint": str(work / "sinkmeta"), "rowsPerFile": 40}},
+        "trigger": "1 second", "end": "finish", "runSeconds": 300,
+    }
+
+
+def test_client_kill_stop_server_kill_and_server_crash_mid_commit_then_restarts_are_exactly_once(
+        connect_server, run_client, tmp_path: Path) -> None:
     out = tmp_path / "out"
     log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "meta"), "out")
+    spec = paced_spec(tmp_path)
+
+    # 1. kill -9 of the client: its query goes on in the server.
+    killed = run_client(spec, kill_after=0.5, kill_when=lambda: committed(log) >= 1)
+    assert killed.killed, f"client kill: {killed.output[-3000:]}"
+
+    # 2. A second client starts the query again -- Spark stops the first client's run, still going
+    # in the server -- and is stopped (no drain) by `flinkish stop` from a third process.
+    client = Client.runner({**spec, "end": "external", "remote": connect_server.url}, tmp_path / "external.json")
+    try:
+        client.wait_until(lambda: "QUERY_STARTED" in client.output, "the start of the second client")
+        at_start = committed(log)
+        client.wait_until(lambda: committed(log) > at_start, "an epoch of the second client")
+        stop = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "stop", str(tmp_path / "meta"),
+                               "--timeout", "120"], capture_output=True, text=True, timeout=180)
+    finally:
+        returncode = client.finish(timeout=120)
+    assert stop.returncode == 0 and "query ended: stopped" in stop.stdout, f"flinkish stop: {stop.stdout + stop.stderr}"
+    assert returncode == 0 and "QUERY_END=stopped" in client.output, f"stopped client: {client.output[-3000:]}"
+    partial = rows(out)
+    assert 0 < sum(partial.values()) < sum(LENGTHS) and max(partial.values()) == 1, f"after the stop: {partial}"
+
+    # 3. A script (await_finished with server_timeout) continues the query; kill -9 of its server: the
+    # script fails within the bound, naming the server.
     script = tmp_path / "pipeline.py"
     script.write_text(SCRIPT)
-
     argv = [sys.executable, str(script), connect_server.url, str(tmp_path), str(BOUND_S)]
+    before = committed(log)
     client = Client(argv)
     try:
-        client.wait_until(lambda: committed(log) >= 1 and any(out.glob("part-*")), "a committed epoch with rows")
+        client.wait_until(lambda: committed(log) > before, "a committed epoch of the script")
         connect_server.kill()
         killed_at = time.monotonic()
         returncode = client.finish(timeout=BOUND_S + SLACK_S)
@@ -205,12 +188,44 @@ def test_a_client_whose_server_died_fails_within_the_bound_and_the_same_script_c
     took = time.monotonic() - killed_at
     print(f"the client exited {took:.1f}s after kill -9 of its server (server_timeout={BOUND_S:g}s)")
     errors = [line for line in client.output.splitlines() if "ConnectServerUnavailableError: " in line]
-    assert returncode != 0 and len(errors) == 1, client.output[-3000:]
+    assert returncode != 0 and len(errors) == 1, f"server kill under the script: {client.output[-3000:]}"
     assert connect_server.url in errors[0] and "again" in errors[0], errors[0]
     partial = rows(out)
-    assert 0 < sum(partial.values()) < sum(LENGTHS) and max(partial.values()) == 1
+    assert 0 < sum(partial.values()) < sum(LENGTHS) and max(partial.values()) == 1, f"after the server kill: {partial}"
 
+    # 4. The server comes back armed: its Python workers kill the server's whole process group at the
+    # second commit's first file move (epoch 1) of a foreachBatch query -- kill -9 of the server with
+    # one file of the epoch visible.
+    fb = tmp_path / "fb"
+    fb_out, fb_log = fb / "out", DecisionLog(FileIO.for_url(str(tmp_path)), str(fb / "sinkmeta"), "out")
+    (tmp_path / "crash").mkdir()
+    connect_server.start(env={ENV_POINT: "sink.mid_commit:2", ENV_DIR: str(tmp_path / "crash")})
+    crashed = run_client(foreach_batch_spec(fb), kill_after=0, kill_when=lambda: not connect_server.running())
+    assert connect_server.wait_exit(60) == -signal.SIGKILL, f"server crash mid-commit: {crashed.output[-3000:]}"
+    decided, done = fb_log.epochs()
+    assert 1 in decided and 1 not in done, f"server crash mid-commit: decided {decided}, done {done}"
+    # one file of epoch 1 visible, the rest staged
+    assert list(fb_out.glob("part-000000000001-*")) and staged(fb_out), sorted(p.name for p in fb_out.iterdir())
+    # `flinkish orphans` (a third process, no Spark) sees the crashed commit's staged files as decided
+    # (completed by the next start), none as an orphan to delete.
+    orphans = subprocess.run([sys.executable, "-m", "flinkish_spark.cli", "orphans", str(fb_out), "--uid", "out",
+                              "--checkpoint", str(fb / "sinkmeta"), "--json"], capture_output=True, text=True, timeout=120)
+    assert orphans.returncode == 0, orphans.stderr
+    entries = json.loads(orphans.stdout)["staged"]
+    assert len(entries) == len(staged(fb_out)) and {(e["epoch"], e["state"]) for e in entries} == {(1, "decided")}
+
+    # 5. A clean server: the same script continues the paced query, and the foreachBatch query
+    # restarts, at the same time; each ends with every row once and nothing staged.
     connect_server.start()
-    again = subprocess.run(argv, capture_output=True, text=True, timeout=400)
-    assert again.returncode == 0 and "QUERY_END=finished" in again.stdout, (again.stdout + again.stderr)[-3000:]
+    again = Client(argv)
+    try:
+        last = run_client(foreach_batch_spec(fb))
+        returncode = again.finish(timeout=400)
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            again.finish(timeout=0)
+    assert returncode == 0 and "QUERY_END=finished" in again.output, f"script after the server kill: {again.output[-3000:]}"
     assert rows(out) == expected()
+    assert last.returncode == 0 and "QUERY_END=finished" in last.output, f"foreachBatch after the crash: {last.output[-3000:]}"
+    assert rows(fb_out) == expected()
+    assert staged(fb_out) == [] and staged(out) == []

@@ -23,6 +23,7 @@ import s3fs
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.runner import child_spec
+from flinkish_spark.testing.queries import outputs
 
 pytestmark = pytest.mark.slow
 LENGTHS = [700, 300]
@@ -73,7 +74,7 @@ CHAIN = ["sink.before_decision", "sink.after_decision", "sink.mid_commit", "sink
 # undecided epoch (its staged files left behind) and a decided one, S3 a half-visible one and one
 # whose commit Spark's log does not have; both end with every row once and nothing staged.
 LOCAL_CHAIN, S3_CHAIN = CHAIN[:2], CHAIN[2:]
-CHAIN_LENGTHS = [500, 400]
+CHAIN_LENGTHS = [300, 300]  # 4 epochs of 150 rows: each chain is killed in epochs 1 and 2, its last run does 2 and 3
 
 
 def chain_spec(tmp_path: Path, out: str, meta: str, sink_meta: str | None = None, **extra: str) -> dict:
@@ -111,61 +112,95 @@ def check_killed_at(point: str, epoch: int, store: Storage, cp: Path) -> None:
         assert epoch in done and not (cp / "commits" / str(epoch)).exists()
 
 
-def run_crash_chain(run_pipeline, s: dict, store: Storage, cp: Path, after_kill=None, chain: list[str] = CHAIN,
-                    fail_first_attempts: bool = False) -> None:
-    """``fail_first_attempts``: in the last run every task's first attempt fails (``local[2,4]`` retries it)."""
+def kill_chain(run_pipeline, name: str, s: dict, store: Storage, cp: Path, chain: list[str], after_kill=None) -> None:
+    """Run ``s`` killed at each point of ``chain`` in turn (run k in epoch k); check each kill where it happened."""
     for epoch, point in enumerate(chain, start=1):
         run = run_pipeline(s, crash_at=f"{point}:2")
-        assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
-        check_killed_at(point, epoch, store, cp)
+        assert run.killed, f"{name}: no kill at {point}: {run.output[-3000:]}"
+        try:
+            check_killed_at(point, epoch, store, cp)
+        except AssertionError as e:
+            raise AssertionError(f"{name}, killed at {point} in epoch {epoch}: {e}") from e
         if after_kill is not None:
             after_kill(point, epoch)
-    if fail_first_attempts:
-        last = run_pipeline({**s, "master": "local[2,4]"}, env={"FLINKISH_FAIL_AT": "sink.write:first"})
-        assert last.returncode == 0, last.output[-3000:]
-        assert "injected failure at sink.write (attempt 0)" in last.output  # the first attempts really failed
-    else:
-        last = run_pipeline(s)
-        assert last.returncode == 0, last.output[-3000:]
-    assert store.staged() == []  # no staged file left: of a killed run, a failed attempt or a replay
 
 
-def test_crash_matrix_local(spark, run_pipeline, tmp_path: Path) -> None:
-    """Killed before and after the decision on local disk, then a last run whose tasks' first attempts fail
-    (retried, nothing of them left); every row once, read by Spark, pyarrow and DuckDB."""
+def start_in_process(spark, s: dict) -> BaseException | None:
+    """``s`` as a query of the test's own driver (an AvailableNow run); the exception it failed with, if any."""
+    src, sink = s["source"], s["sink"]
+    reader = spark.readStream.format(src["format"])
+    for key, value in src["options"].items():
+        reader = reader.option(key, str(value))
+    writer = reader.load().writeStream.format(sink["format"]).option("checkpointLocation", sink["checkpointLocation"])
+    for key, value in sink["options"].items():
+        writer = writer.option(key, str(value))
+    query = writer.trigger(availableNow=True).start()
+    try:
+        query.awaitTermination(300)
+    except Exception as e:  # the query's failure, raised by awaitTermination
+        return e
+    finally:
+        query.stop()
+    return None
+
+
+@pytest.mark.s3
+def test_crash_matrices_on_local_disk_and_s3(spark, run_pipeline, s3: str, tmp_path: Path) -> None:
+    """Killed before and after the decision on local disk, in the middle of the commit's file moves and after
+    the commit on S3, and a foreachBatch query after its commit; then the three last runs in one driver,
+    their tasks' first attempts failing (retried, nothing of them left). Every row once, read by Spark,
+    pyarrow and DuckDB (local, foreachBatch) and pyarrow (S3)."""
     out = tmp_path / "out"
-    s = chain_spec(tmp_path, str(out), str(tmp_path / "meta"))
+    local = chain_spec(tmp_path, str(out), str(tmp_path / "meta"))
+    local_store = Storage(FileIO.for_url(str(out)), str(out), log_for(tmp_path))
 
     def corrupt_decided_record(point: str, epoch: int) -> None:
-        """With an epoch decided and not yet visible: a damaged commit record is a clear error."""
+        """With an epoch decided and not yet visible: a damaged commit record is a clear error (in the
+        test's own driver: a restart that fails at once needs no driver start of its own)."""
         if point != "sink.after_decision":
             return
         record = Path(log_for(tmp_path).path(epoch))
         intact = record.read_bytes()
         record.write_bytes(intact[:40])
         before = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
-        failed = run_pipeline(s)
-        assert failed.returncode != 0 and not failed.killed
-        assert "CorruptMetadataError" in failed.output, failed.output[-3000:]
-        assert f"{epoch:012d}.parquet is not a readable commit record" in failed.output
+        failed = start_in_process(spark, local)
+        assert failed is not None, "a damaged commit record: the restart did not fail"
+        assert "CorruptMetadataError" in str(failed), str(failed)[-3000:]
+        assert f"{epoch:012d}.parquet is not a readable commit record" in str(failed)
         assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == before  # nothing written
         record.write_bytes(intact)  # repaired: the chain goes on and recovers the epoch
 
-    run_crash_chain(run_pipeline, s, Storage(FileIO.for_url(str(out)), str(out), log_for(tmp_path)), tmp_path / "cp",
-                    after_kill=corrupt_decided_record, chain=LOCAL_CHAIN, fail_first_attempts=True)
-    read_all_ways(spark, out, chain_expected())
+    kill_chain(run_pipeline, "local", local, local_store, tmp_path / "cp", LOCAL_CHAIN, after_kill=corrupt_decided_record)
 
-
-@pytest.mark.s3
-def test_crash_matrix_s3(run_pipeline, s3: str, tmp_path: Path) -> None:
-    """Killed in the middle of the commit's file moves and after the commit, on S3; every row once."""
-    s = chain_spec(tmp_path, "s3://test/out", "s3://test/meta", sink_meta="s3://test/sinkmeta", endpointUrl=s3)
+    s3_dir = tmp_path / "s3"
+    remote = chain_spec(s3_dir, "s3://test/out", "s3://test/meta", sink_meta="s3://test/sinkmeta", endpointUrl=s3)
     io = FileIO.for_url("s3://test", {"endpoint_url": s3})
-    run_crash_chain(run_pipeline, s, Storage(io, "s3://test/out", DecisionLog(io, "s3://test/sinkmeta", "out")), tmp_path / "cp",
-                    chain=S3_CHAIN)
+    s3_store = Storage(io, "s3://test/out", DecisionLog(io, "s3://test/sinkmeta", "out"))
+    kill_chain(run_pipeline, "S3", remote, s3_store, s3_dir / "cp", S3_CHAIN)
+
+    # foreachBatch(transactional(ParquetSink)): killed with the target committed and Spark's commit log not
+    fb_dir = tmp_path / "fb"
+    fb_out = fb_dir / "target"
+    fb = spec(fb_dir, str(fb_out), str(fb_dir / "meta"))
+    fb["sink"] = {"checkpointLocation": str(fb_dir / "cp"),
+                  "foreachBatch": {"uid": "fb", "path": str(fb_out), "checkpoint": str(fb_dir / "fbmeta"), "rowsPerFile": 50}}
+    first = run_pipeline(fb, crash_at="sink.after_commit:2")
+    assert first.killed, f"foreachBatch: no kill at sink.after_commit: {first.output[-3000:]}"
+    assert not (fb_dir / "cp" / "commits" / str(EPOCH)).exists(), "foreachBatch, killed at sink.after_commit"
+
+    last = run_pipeline({"queries": [{**q, "master": "local[2,4]"} for q in (local, remote, fb)]},
+                        env={"FLINKISH_FAIL_AT": "sink.write:first"})
+    assert last.returncode == 0, last.output[-3000:]
+    for name, text in zip(("local", "S3"), outputs(last.output)):
+        # the first attempts really failed
+        assert "injected failure at sink.write (attempt 0)" in text, f"{name}: {text[-3000:]}"
+    # no staged file left: of a killed run, a failed attempt or a replay
+    assert local_store.staged() == [] and s3_store.staged() == []
+    read_all_ways(spark, out, chain_expected())
     fs = s3fs.S3FileSystem(endpoint_url=s3, skip_instance_cache=True)
     t = ds.dataset("test/out", filesystem=fs, format="parquet").to_table()
-    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == chain_expected()
+    assert collections.Counter(zip(t["split"].to_pylist(), t["seq"].to_pylist())) == chain_expected(), "S3"
+    read_all_ways(spark, fb_out)  # the replayed batch of the killed run was not applied twice
 
 
 def test_query_that_fails_permanently_leaves_nothing_visible(run_pipeline, tmp_path: Path) -> None:
@@ -175,18 +210,6 @@ def test_query_that_fails_permanently_leaves_nothing_visible(run_pipeline, tmp_p
     assert "injected failure at sink.write" in run.output
     assert list(out.glob("**/*.parquet")) == [] and staged(out) == []
     assert log_for(tmp_path).epochs() == ([], set())
-
-
-def test_foreach_batch_replay_is_not_applied_twice(spark, run_pipeline, tmp_path: Path) -> None:
-    out = tmp_path / "target"
-    s = spec(tmp_path, str(out), str(tmp_path / "meta"))
-    s["sink"] = {"checkpointLocation": str(tmp_path / "cp"),
-                 "foreachBatch": {"uid": "fb", "path": str(out), "checkpoint": str(tmp_path / "fbmeta"), "rowsPerFile": 50}}
-    first = run_pipeline(s, crash_at="sink.after_commit:2")  # target committed, Spark's commit log not
-    assert first.killed, first.output[-3000:]
-    assert not (tmp_path / "cp" / "commits" / str(EPOCH)).exists()
-    assert run_pipeline(s).returncode == 0
-    read_all_ways(spark, out)
 
 
 def test_second_concurrent_run_is_fenced_and_first_completes(spark, tmp_path: Path) -> None:

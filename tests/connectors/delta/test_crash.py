@@ -4,6 +4,20 @@ Pipelines run in child driver processes (conftest.run_pipeline). What is checked
 a user of the table would see: rows read with deltalake (and DuckDB over the files the
 log lists), the epoch each table version committed (its commit info), and data files on
 storage that no version names.
+
+The append matrix, the keyed (upsert) matrix and the random kills under a processing-time trigger
+are one test on one S3 server, three tables: a kill ends a driver, so each kill is a driver start of
+its own, but the three last runs share one driver (one after the other,
+flinkish_spark.testing.queries), every task's first attempt failing. Every assertion names its
+matrix and point.
+
+Keyed matrix: a bounded change stream -- two sequence splits made into changes: every other change hits
+one of 20 hot keys (each changed several times per epoch), the others sweep 200 cold keys (so an epoch
+replaces only some rows of earlier files: deletion vectors); one change in nine is a delete -- killed at
+each point of the keyed commit in turn. No kill after the commit (``sink.after_commit``): there the
+decision log already says done, so the restart's commit_epoch never reaches the keyed sink's commit
+(ALREADY_COMMITTED, the replay's files aborted -- as after the kill at ``delta.keyed.before_version``);
+the append matrix checks that point for Delta.
 """
 
 from __future__ import annotations
@@ -11,16 +25,22 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any, Callable
 
+import pyarrow as pa
 import pytest
 
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.runner import child_spec
 from flinkish_spark.sink.decisions import DecisionLog
+from flinkish_spark.testing.delta_log import log_mentions, unreferenced
+from flinkish_spark.testing.queries import outputs
 
 deltalake = pytest.importorskip("deltalake")
 pytestmark = pytest.mark.slow
@@ -90,72 +110,188 @@ def check_killed_at(point: str, epoch: int, table: Table, log: DecisionLog, cp: 
         assert epoch in done and table.txn() == epoch and not (cp / "commits" / str(epoch)).exists()
 
 
+# The keyed matrix: run k is killed at its point's 2nd hit, in epoch 1.. (the first epoch's files replace nothing).
+KEYED_CHAIN = ["sink.before_decision", "delta.keyed.before_version", "sink.before_done"]
+KEYED_LENGTHS = [600, 450]
+HOT, COLD = 20, 200
+CHANGES = [  # split s, sequence number seq -> a change of key(seq) * 2 + s
+    f"CAST((CASE WHEN seq % 2 = 0 THEN seq % {HOT} ELSE 1000 + seq % {COLD} END) * 2 + split AS BIGINT) AS id",
+    "concat('v', seq) AS v", "CAST(seq AS INT) AS n",
+    "CASE WHEN seq % 9 = 4 THEN 'd' ELSE 'u' END AS _op", "CAST(seq AS BIGINT) AS _lsn",
+    "CAST(NULL AS TIMESTAMP) AS _commit_ts",
+]
+
+
+def keyed_expected() -> list[tuple]:
+    last: dict[int, tuple | None] = {}
+    for split, length in enumerate(KEYED_LENGTHS):
+        for seq in range(length):
+            key = (seq % HOT if seq % 2 == 0 else 1000 + seq % COLD) * 2 + split
+            last[key] = None if seq % 9 == 4 else (key, f"v{seq}", seq)
+    return sorted(v for v in last.values() if v is not None)
+
+
+def keyed_spec(cp: Path, endpoint: str) -> dict:
+    return {
+        "source": {"format": "flinkish.sequence", "options": {
+            "uid": "seq", "checkpoint": "s3://test/keyed-meta", "rowsPerSplit": ",".join(map(str, KEYED_LENGTHS)),
+            "maxRowsPerTrigger": 150, "endpointUrl": endpoint}},
+        "select": CHANGES,
+        "sink": {"format": "flinkish.delta", "checkpointLocation": str(cp), "options": {
+            "uid": "out", "path": "s3://test/keyed", "mode": "upsert", "key": "id", "deletes": "true",
+            "checkpointInterval": 3, "compactEvery": 4, "rowsPerFile": 50, "endpointUrl": endpoint}},
+        "master": "local[2,4]",
+    }
+
+
+def check_keyed_killed_at(point: str, epoch: int, txn: Callable[[], int], log: DecisionLog) -> None:
+    decided, done = log.epochs()
+    if point == "sink.before_decision":
+        assert epoch not in decided and txn() == epoch - 1
+    elif point == "delta.keyed.before_version":  # decided; files and deletion vectors written, no version
+        assert epoch in decided and txn() == epoch - 1
+    else:  # sink.before_done
+        assert epoch not in done and txn() == epoch
+
+
+def kill_chain(run_pipeline: Callable[..., Any], name: str, spec: dict, chain: list[str], env: dict[str, str],
+               check: Callable[[str, int], None]) -> None:
+    """Run ``spec`` killed at each point of ``chain`` in turn (run k in epoch k), ``check`` after each kill."""
+    for epoch, point in enumerate(chain, start=1):
+        run = run_pipeline(spec, crash_at=f"{point}:2", env=env)
+        assert run.killed, f"{name}: no kill at {point}: {run.output[-3000:]}"
+        try:
+            check(point, epoch)
+        except AssertionError as e:
+            raise AssertionError(f"{name}, killed at {point} in epoch {epoch}: {e}") from e
+
+
 @pytest.mark.s3
-@pytest.mark.timeout(1800)  # five driver runs; on two cores shared with other Spark jobs one run took 2 minutes
-def test_crash_matrix_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
-    """kill -9 at each protocol point in turn, every task's first attempt failing: each row once,
-    one table version per epoch, and no data file outside the log."""
-    s = {**spec(tmp_path / "cp", "s3://test/table", "s3://test/meta", endpointUrl=s3_proc), "master": "local[2,4]"}
+@pytest.mark.timeout(2400)  # ten driver runs; on two cores shared with other Spark jobs one run took 2 minutes
+def test_crash_matrices_and_random_kills_on_s3_with_failed_first_attempts(run_pipeline, s3_proc: str, tmp_path: Path) -> None:
+    """kill -9 at each protocol point of the append and the keyed commit in turn, every task's first attempt
+    failing; kill -9 at random moments under a processing-time trigger; then the three last runs. Each
+    row (each key's last change) once, one table version per epoch, and no data file outside the log."""
     env = {"FLINKISH_FAIL_AT": "sink.write:first"}
-    table = Table("s3://test/table", s3_proc)
     io = FileIO.for_url("s3://test", {"endpoint_url": s3_proc})
+
+    # append, killed at every point of the commit
+    append = {**spec(tmp_path / "cp", "s3://test/table", "s3://test/meta", endpointUrl=s3_proc), "master": "local[2,4]"}
+    table = Table("s3://test/table", s3_proc)
     log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
-    for epoch, point in enumerate(CHAIN, start=1):  # run k is killed in epoch k (the point's 2nd pass)
-        run = run_pipeline(s, crash_at=f"{point}:2", env=env)
-        assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
-        check_killed_at(point, epoch, table, log, tmp_path / "cp")
-    last = run_pipeline(s, env=env)
+    kill_chain(run_pipeline, "append", append, CHAIN, env,
+               lambda point, epoch: check_killed_at(point, epoch, table, log, tmp_path / "cp"))
+
+    # upsert with deletes, killed at every point of the keyed commit
+    keyed = keyed_spec(tmp_path / "keyed" / "cp", s3_proc)
+    keyed_table = Table("s3://test/keyed", s3_proc)
+    keyed_log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "keyed" / "cp" / "flinkish"), "out")
+
+    def keyed_txn() -> int:
+        try:
+            return keyed_table.txn()
+        except deltalake.exceptions.TableNotFoundError:
+            return -1
+
+    kill_chain(run_pipeline, "keyed", keyed, KEYED_CHAIN, env,
+               lambda point, epoch: check_keyed_killed_at(point, epoch, keyed_txn, keyed_log))
+
+    # append under a processing-time trigger, kill -9 of the whole driver at random moments: each kill
+    # waits until the run committed an epoch, then lands 0-1.5 s later (somewhere in the next epoch)
+    timed = {**spec(tmp_path / "timed" / "cp", "s3://test/timed", "s3://test/timed-meta", lengths=[600, 600],
+                    per_trigger=200, endpointUrl=s3_proc), "trigger": "1 second", "end": "finish", "runSeconds": 300}
+    timed_table = Table("s3://test/timed", s3_proc)
+
+    def timed_committed() -> int:
+        try:
+            return timed_table.txn()
+        except deltalake.exceptions.TableNotFoundError:  # the first run has not created it yet
+            return -1
+
+    rng = random.Random(12)
+    for kill in range(2):
+        start = timed_committed()
+        run = run_pipeline(timed, kill_after=rng.uniform(0, 1.5), kill_when=lambda: timed_committed() > start)
+        assert run.killed, f"random kill {kill + 1} of 2 did not land (the query ended): {run.output[-3000:]}"
+
+    # the three last runs in one driver; every task's first attempt fails
+    last = run_pipeline({"queries": [{**append}, {**keyed}, {**timed, "master": "local[2,4]"}]}, env=env, timeout=600)
     assert last.returncode == 0, last.output[-3000:]
-    assert "injected failure at sink.write (attempt 0)" in last.output
-    assert table.rows() == expected()
-    assert table.epochs() == list(range(6))  # 900 rows at 150 per epoch: each epoch exactly once
-    assert table.stray_files() == set()
+    for name, out in zip(("append", "keyed", "random kills"), outputs(last.output)):
+        assert "QUERY_END=finished" in out and "injected failure at sink.write (attempt 0)" in out, f"{name}: {out[-3000:]}"
+
+    assert table.rows() == expected(), "append"
+    assert table.epochs() == list(range(6)), "append"  # 900 rows at 150 per epoch: each epoch exactly once
+    assert table.stray_files() == set(), "append"
     assert any(p.endswith(".checkpoint.parquet") for p in io.find("s3://test/table/_delta_log"))
 
+    rows = sorted((r["id"], r["v"], r["n"]) for r in pa.table(keyed_table.load().scan()).to_pylist())
+    assert rows == keyed_expected(), "keyed"
+    keyed_epochs = sorted(int(h["flinkish.epoch"]) for h in keyed_table.load().history()
+                          if h.get("flinkish.uid") == "out" and "flinkish.epoch" in h)  # (compactions have none)
+    assert keyed_epochs == list(range(7)), "keyed"  # 1,050 changes at 150 per epoch, each epoch exactly once
+    assert log_mentions(io, "s3://test/keyed", '"deletionVector"'), "keyed: replaced rows were marked, not rewritten"
+    assert unreferenced(io, "s3://test/keyed") == set(), "keyed"
 
-def test_two_queries_with_different_uids_append_concurrently(tmp_path: Path) -> None:
+    assert timed_table.rows() == expected([600, 600]), "random kills"
+    assert timed_table.epochs() == list(range(6)), "random kills"
+    assert timed_table.stray_files() == set(), "random kills"
+
+
+def test_two_queries_with_different_uids_append_concurrently(spark, tmp_path: Path) -> None:
+    """Two drivers append to one table at the same time: a child driver (uid b) and this test's own (uid a,
+    no driver start of its own), each under a processing-time trigger that spreads its 10 commits over 10+
+    seconds; the test's query starts once the child's has, so that they overlap."""
+    import flinkish_spark
+
     table = tmp_path / "table"
-    specs = []
+    specs = {}
     for name in ("a", "b"):
         s = spec(tmp_path / f"cp-{name}", str(table), str(tmp_path / f"meta-{name}"), uid=name, lengths=[300, 300],
                  per_trigger=60)
         s["sink"]["options"]["rowsPerFile"] = 1000
-        # A processing-time trigger spreads each query's 10 commits over 10+ seconds: they overlap.
         s.update(trigger="1 second", end="finish", runSeconds=300)
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(child_spec(s)))
-        specs.append(path)
-    procs = [subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(p)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for p in specs]
+        specs[name] = s
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(child_spec(specs["b"])))
+    proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def collect() -> None:
+        for line in proc.stdout or ():
+            lines.append(line)
+            if line.startswith("QUERY_STARTED"):
+                started.set()
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
     try:
-        outs = [p.communicate(timeout=400)[0] for p in procs]
+        while not started.wait(0.2):
+            assert proc.poll() is None, "".join(lines)[-3000:]
+        a = specs["a"]
+        stream = spark.readStream.format(a["source"]["format"])
+        for key, value in a["source"]["options"].items():
+            stream = stream.option(key, str(value))
+        writer = stream.load().writeStream.format("flinkish.delta").option("checkpointLocation", a["sink"]["checkpointLocation"])
+        for key, value in a["sink"]["options"].items():
+            writer = writer.option(key, str(value))
+        query = writer.trigger(processingTime="1 second").start()
+        try:
+            assert flinkish_spark.await_finished(query, timeout=300) == "finished"
+        finally:
+            query.stop()
+        proc.wait(timeout=400)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        reader.join(timeout=10)
+    assert proc.returncode == 0, "".join(lines)[-3000:]
     t = Table(str(table))
     assert t.rows() == expected([300, 300]) + expected([300, 300])
     assert t.epochs("a") == t.epochs("b") == list(range(10))
     # The two writers' versions interleave: they really committed at the same time.
     order = [h.get("flinkish.uid") for h in reversed(t.load().history()) if h.get("flinkish.uid")]
-    assert order != sorted(order)
+    assert sum(x != y for x, y in zip(order, order[1:])) >= 2, order
     assert t.stray_files() == set()
-
-
-@pytest.mark.s3
-def test_random_kill_until_done_on_s3_under_processing_time_trigger(run_with_random_kills, s3_proc: str, tmp_path: Path) -> None:
-    """kill -9 of the whole driver at random moments, restarted until the bounded query ends by itself."""
-    s = spec(tmp_path / "cp", "s3://test/table", "s3://test/meta", lengths=[600, 600], per_trigger=200, endpointUrl=s3_proc)
-    table = Table("s3://test/table", s3_proc)
-
-    def committed() -> int:
-        try:
-            return table.txn()
-        except deltalake.exceptions.TableNotFoundError:  # the first run has not created it yet
-            return -1
-
-    run_with_random_kills(s, committed, kills=2, seed=12)
-    assert table.rows() == expected([600, 600])
-    assert table.epochs() == list(range(6))
-    assert table.stray_files() == set()

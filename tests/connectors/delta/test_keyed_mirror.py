@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 ROWS = 60_000
 SPLIT = 15_000  # 4 chunks
-KILLS = 1  # random ones, then one in the change stream (the keyed commit's own points: test_keyed_crash.py)
+KILLS = 1  # random ones, then one in the change stream (the keyed commit's own points: the keyed matrix of test_crash.py)
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "17"))
 SLOT = "flinkish_mirror"
 

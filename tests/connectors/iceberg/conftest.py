@@ -49,25 +49,33 @@ CHAIN = ["sink.before_decision", "sink.after_decision", "sink.before_done", "sin
 
 
 def _kill_at_each_point(run_pipeline: Any, spec: dict[str, Any], table: S3Table, cp: Path,
-                       env: dict[str, str] | None = None, chain: list[str] = CHAIN) -> None:
+                       env: dict[str, str] | None = None, chain: list[str] = CHAIN, name: str = "") -> None:
     """Run ``spec`` once per protocol point, killed (-9) at the point's second pass -- run k in epoch k --
-    and check what each kill left: decided / done in the decision log, the epoch in the table or not."""
+    and check what each kill left: decided / done in the decision log, the epoch in the table or not.
+    ``name`` (the matrix) starts every failure's message."""
     log = DecisionLog(FileIO.for_url(str(cp)), str(cp / "flinkish"), table.uid)
     for epoch, point in enumerate(chain, start=1):
         run = run_pipeline(spec, crash_at=f"{point}:2", env=env)
-        assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
-        decided, done = log.epochs()
-        if point == "sink.before_decision":
-            assert epoch not in decided and table.epoch_files(epoch) and table.last_epoch() == epoch - 1
-        elif point == "sink.after_decision":
-            assert epoch in decided and epoch not in done and table.last_epoch() == epoch - 1
-        elif point == "iceberg.keyed.before_snapshot":  # the driver wrote the epoch's delete files, no snapshot
-            assert epoch in decided and epoch not in done and table.last_epoch() == epoch - 1
-            assert any("/deletes/" in f for f in table.epoch_files(epoch)), table.epoch_files(epoch)
-        elif point == "sink.before_done":
-            assert epoch not in done and table.last_epoch() == epoch
-        else:
-            assert epoch in done and table.last_epoch() == epoch and not (cp / "commits" / str(epoch)).exists()
+        assert run.killed, f"{name}: no kill at {point}: {run.output[-3000:]}"
+        try:
+            _check_killed_at(point, epoch, table, log, cp)
+        except AssertionError as e:
+            raise AssertionError(f"{name}, killed at {point} in epoch {epoch}: {e}") from e
+
+
+def _check_killed_at(point: str, epoch: int, table: S3Table, log: DecisionLog, cp: Path) -> None:
+    decided, done = log.epochs()
+    if point == "sink.before_decision":
+        assert epoch not in decided and table.epoch_files(epoch) and table.last_epoch() == epoch - 1
+    elif point == "sink.after_decision":
+        assert epoch in decided and epoch not in done and table.last_epoch() == epoch - 1
+    elif point == "iceberg.keyed.before_snapshot":  # the driver wrote the epoch's delete files, no snapshot
+        assert epoch in decided and epoch not in done and table.last_epoch() == epoch - 1
+        assert any("/deletes/" in f for f in table.epoch_files(epoch)), table.epoch_files(epoch)
+    elif point == "sink.before_done":
+        assert epoch not in done and table.last_epoch() == epoch
+    else:
+        assert epoch in done and table.last_epoch() == epoch and not (cp / "commits" / str(epoch)).exists()
 
 
 @pytest.fixture

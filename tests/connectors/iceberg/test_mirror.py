@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 ROWS = 20_000
 SPLIT = 5_000
-KILLS = 1  # then one more in the change stream; the keyed commit's own points: test_keyed_crash.py (docs/testing.md)
+KILLS = 1  # then one more in the change stream; the keyed commit's own points: the keyed matrix of test_crash.py (docs/testing.md)
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "5"))
 
 WRITER = r'''

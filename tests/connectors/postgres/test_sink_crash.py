@@ -21,12 +21,19 @@ Three chains, each on a path of its own (a driver start per point is a chain's c
 
 The format and foreachBatch run the same PostgresSink tasks and commit, so a fourth chain
 (prepared, format, no key) would check nothing these three do not.
+
+The three chains and the upsert query killed at random points are one test, each in a database of its
+own: a kill ends a driver, so each kill is a driver start of its own, but the last runs that need the
+same task failure share one driver (one after the other, flinkish_spark.testing.queries) -- the
+staged chain's, the foreachBatch chain's and the upsert's; the primary-key chain's last run fails
+its tasks after PREPARE instead. Every assertion names its chain and point.
 """
 
 from __future__ import annotations
 
 import collections
 import random
+from typing import Any, Callable
 from pathlib import Path
 
 import psycopg
@@ -34,6 +41,7 @@ import pytest
 
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.decisions import DecisionLog
+from flinkish_spark.testing.queries import outputs
 
 pytestmark = pytest.mark.slow
 CHAIN = ["sink.before_decision", "sink.after_decision", "sink.mid_commit", "sink.after_commit"]
@@ -109,65 +117,88 @@ class Db:
         assert q(self.url, "SELECT gid FROM pg_prepared_xacts") == []
 
 
-def run_chain(run_pipeline, spec: dict, db: Db, mode: str, fail_at: str = "sink.write", timeout: float = 300,
-              chain: list[str] = CHAIN) -> None:
+def kill_chain(run_pipeline: Callable[..., Any], name: str, spec: dict, db: Db, mode: str, chain: list[str],
+               timeout: float = 300) -> None:
+    """Run ``spec`` killed at each point of ``chain`` in turn (run k in epoch k); check each kill where it left the database."""
     for epoch, point in enumerate(chain, start=1):
         run = run_pipeline(spec, crash_at=f"{point}:2", timeout=timeout)
-        assert run.killed, f"no kill at {point}: {run.output[-3000:]}"
-        db.check_killed_at(point, epoch, mode)
-    # The last run: every task's first attempt fails (by default in the middle of its bulk load).
-    last = run_pipeline({**spec, "master": "local[2,4]"}, env={"FLINKISH_FAIL_AT": f"{fail_at}:first"}, timeout=timeout)
-    assert last.returncode == 0, last.output[-3000:]
-    assert f"injected failure at {fail_at} (attempt 0)" in last.output
-    db.check_final()
+        assert run.killed, f"{name}: no kill at {point}: {run.output[-3000:]}"
+        try:
+            db.check_killed_at(point, epoch, mode)
+        except AssertionError as e:
+            raise AssertionError(f"{name}, killed at {point} in epoch {epoch}: {e}") from e
 
 
-def test_crash_matrix_staged(run_pipeline, tmp_path: Path, pg_url: str) -> None:
-    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
-    run_chain(run_pipeline, format_spec(tmp_path, pg_url, commitMode="staged"), Db(pg_url, log, tmp_path / "cp"), "staged",
-              chain=CHAIN[:3])
+def last_runs(run_pipeline: Callable[..., Any], specs: dict[str, dict], fail_at: str, timeout: float = 300) -> None:
+    """The named specs' last runs, one after the other in one driver; every task's first attempt fails at ``fail_at``."""
+    run = run_pipeline({"queries": [{**s, "master": "local[2,4]"} for s in specs.values()]},
+                       env={"FLINKISH_FAIL_AT": f"{fail_at}:first"}, timeout=timeout)
+    assert run.returncode == 0, f"last runs of {list(specs)}: {run.output[-3000:]}"
+    for name, out in zip(specs, outputs(run.output)):
+        assert "QUERY_END=finished" in out, f"{name}'s last run: {out[-3000:]}"
+        if name != "upsert":
+            assert f"injected failure at {fail_at} (attempt 0)" in out, f"{name}'s last run: {out[-3000:]}"
 
 
-def test_crash_matrix_prepared_into_a_primary_key(run_pipeline, tmp_path: Path, pg_url: str) -> None:
-    """The common case of commitMode=prepared: append into a table with a primary key. Every
-    replayed epoch inserts the keys that the killed run's prepared transactions (or, in the last
-    run, each task's first attempt, failed after PREPARE) still hold; the runs must not hang."""
-    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out")
-    spec = format_spec(tmp_path, pg_url, commitMode="prepared", key="split,seq")
-    run_chain(run_pipeline, spec, Db(pg_url, log, tmp_path / "cp"), "prepared", fail_at="sink.after_prepare", timeout=180)
-    assert q(pg_url, "SELECT count(*) FROM pg_index WHERE indrelid = 'events'::regclass AND indisprimary") == [(1,)]
-
-
-def test_crash_matrix_foreach_batch(run_pipeline, tmp_path: Path, pg_url: str) -> None:
-    """commitMode=prepared through foreachBatch into a table without a key, killed after the decision and
-    after the commit; the last run's first attempts fail in the middle of their bulk load, before PREPARE."""
-    spec = {"source": source(tmp_path), "sink": {"checkpointLocation": str(tmp_path / "cp"), "foreachBatch": {
-        "kind": "postgres", "uid": "out", "checkpoint": str(tmp_path / "fbmeta"), "url": pg_url, "table": "public.events",
-        "createTable": True, "commitMode": "prepared"}}}
-    log = DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "fbmeta"), "out")
-    run_chain(run_pipeline, spec, Db(pg_url, log, tmp_path / "cp"), "prepared", chain=["sink.after_decision", "sink.after_commit"])
-
-
-def test_upsert_killed_at_random_until_done_holds_last_value_per_key(run_pipeline, tmp_path: Path, pg_url: str) -> None:
-    spec = {**format_spec(tmp_path, pg_url, mode="upsert", key="split,k"),
-            "select": ["split", "seq % 37 AS k", "seq", "ts"]}
-    points = [*CHAIN, "source.read", "source.partitions"]
-    seed = random.randrange(1 << 30)
-    rnd = random.Random(seed)
-    # Up to two kills at random points (the chains above are killed at every point), then a run to the end.
-    for attempt in range(3):
-        crash = f"{rnd.choice(points)}:{rnd.randint(1, 5)}" if attempt < 2 else None
-        run = run_pipeline(spec, crash_at=crash)
-        if not run.killed:
-            assert run.returncode == 0, f"seed {seed}, crash {crash}: {run.output[-3000:]}"
-            break
-    else:
-        raise AssertionError(f"seed {seed}: never finished")
+def expected_upsert() -> dict[tuple[int, int], int]:
     want = {}
     for split, n in enumerate(LENGTHS):
         for seq in range(n):
             want[(split, seq % 37)] = seq  # the last row of each key: its highest seq
-    got = {(s, k): seq for s, k, seq in q(pg_url, "SELECT split, k, seq FROM events")}
-    assert got == want, f"seed {seed}"
-    db = Db(pg_url, DecisionLog(FileIO.for_url(str(tmp_path)), str(tmp_path / "cp" / "flinkish"), "out"), tmp_path / "cp")
-    assert db.prepared() == [] and db.staged() == 0
+    return want
+
+
+def test_crash_matrices_and_random_upsert_kills(run_pipeline, tmp_path: Path, pg_url: str, pg_server) -> None:
+    def chain_db(name: str) -> tuple[Path, str]:
+        return tmp_path / name, pg_server.create_database(f"{pg_url.rsplit('/', 1)[1][:40]}_{name}")
+
+    def db(work: Path, url: str, meta: Path) -> Db:
+        return Db(url, DecisionLog(FileIO.for_url(str(tmp_path)), str(meta), "out"), work / "cp")
+
+    # commitMode=staged through the format, killed at every point up to the commit
+    staged_dir, staged_url = chain_db("staged")
+    staged = format_spec(staged_dir, staged_url, commitMode="staged")
+    staged_db = db(staged_dir, staged_url, staged_dir / "cp" / "flinkish")
+    kill_chain(run_pipeline, "staged", staged, staged_db, "staged", CHAIN[:3])
+
+    # The common case of commitMode=prepared: append into a table with a primary key. Every replayed
+    # epoch inserts the keys that the killed run's prepared transactions (or, in the last run, each
+    # task's first attempt, failed after PREPARE) still hold; the runs must not hang.
+    pk_dir, pk_url = chain_db("pk")
+    pk = format_spec(pk_dir, pk_url, commitMode="prepared", key="split,seq")
+    pk_db = db(pk_dir, pk_url, pk_dir / "cp" / "flinkish")
+    kill_chain(run_pipeline, "prepared into a primary key", pk, pk_db, "prepared", CHAIN, timeout=180)
+
+    # commitMode=prepared through foreachBatch into a table without a key, killed after the decision and
+    # after the commit; its last run's first attempts fail in the middle of their bulk load, before PREPARE.
+    fb_dir, fb_url = chain_db("fb")
+    fb = {"source": source(fb_dir), "sink": {"checkpointLocation": str(fb_dir / "cp"), "foreachBatch": {
+        "kind": "postgres", "uid": "out", "checkpoint": str(fb_dir / "fbmeta"), "url": fb_url, "table": "public.events",
+        "createTable": True, "commitMode": "prepared"}}}
+    fb_db = db(fb_dir, fb_url, fb_dir / "fbmeta")
+    kill_chain(run_pipeline, "foreachBatch", fb, fb_db, "prepared", ["sink.after_decision", "sink.after_commit"])
+
+    # upsert: up to two kills at random points (the chains above are killed at every point)
+    up_dir, up_url = chain_db("upsert")
+    upsert = {**format_spec(up_dir, up_url, mode="upsert", key="split,k"), "select": ["split", "seq % 37 AS k", "seq", "ts"]}
+    seed = random.randrange(1 << 30)
+    rnd = random.Random(seed)
+    for _ in range(2):
+        crash = f"{rnd.choice([*CHAIN, 'source.read', 'source.partitions'])}:{rnd.randint(1, 5)}"
+        run = run_pipeline(upsert, crash_at=crash)
+        if not run.killed:  # the point was not hit that often: the query ended
+            assert run.returncode == 0, f"upsert, seed {seed}, crash {crash}: {run.output[-3000:]}"
+            break
+
+    last_runs(run_pipeline, {"staged": staged, "foreachBatch": fb, "upsert": upsert}, "sink.write")
+    last_runs(run_pipeline, {"prepared into a primary key": pk}, "sink.after_prepare", timeout=180)
+    for name, chain_db_ in (("staged", staged_db), ("prepared into a primary key", pk_db), ("foreachBatch", fb_db)):
+        try:
+            chain_db_.check_final()
+        except AssertionError as e:
+            raise AssertionError(f"{name}, after the last run: {e}") from e
+    assert q(pk_url, "SELECT count(*) FROM pg_index WHERE indrelid = 'events'::regclass AND indisprimary") == [(1,)]
+    got = {(s, k): seq for s, k, seq in q(up_url, "SELECT split, k, seq FROM events")}
+    assert got == expected_upsert(), f"upsert, seed {seed}"
+    up_db = db(up_dir, up_url, up_dir / "cp" / "flinkish")
+    assert up_db.prepared() == [] and up_db.staged() == 0, f"upsert, seed {seed}"
