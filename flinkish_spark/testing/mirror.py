@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import re
+from decimal import Decimal
 from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
@@ -101,14 +102,26 @@ with psycopg.connect(url, autocommit=True) as conn:
 
 
 #: Columns and rows chosen for :data:`SETUP`'s tables under :data:`WRITER` (a routing sink's ``transforms``, issue 30
-#: item 2): m_a never gets b nor the column the writer adds (extra); m_c's rows enter as the writer divides f
-#: (``amount > f``), without f, with computed columns; m_new's rows leave as the writer doubles f and enter as it
-#: inserts, without iv.
+#: item 2): m_a never gets b nor the column the writer adds (extra), and gets ``vlen`` (three values: the lakehouse
+#: runs partition m_a by it, :data:`PARTITIONED_M_A`; the writer's ``v || '+'`` moves keys between its values);
+#: m_c's rows enter as the writer divides f (``amount > f``), without f, with computed columns; m_new's rows leave
+#: as the writer doubles f and enter as it inserts, without iv.
 WORKLOAD_TRANSFORMS = json.dumps([
-    {"tables": "public.m_a", "columns.exclude": ["b", "extra"]},
+    {"tables": "public.m_a", "columns.exclude": ["b", "extra"],
+     "computed": {"vlen": "CASE WHEN length(v) <= 4 THEN 'short' WHEN length(v) = 5 THEN 'mid' ELSE 'long' END"}},
     {"tables": "public.m_c", "columns.exclude": "f", "filter": "amount > f",
      "computed": {"cents": "CAST(amount * 100 AS bigint)", "src": "_source_table"}},
     {"tables": "public.m_new", "projection": "* EXCEPT (iv), concat('n', CAST(id AS string)) AS tag", "filter": "f < 100"}])
+
+
+#: m_a's rule in the lakehouse runs (soft deletes, partitioned by :data:`WORKLOAD_TRANSFORMS`'s ``vlen``).
+PARTITIONED_M_A = {"tables": "public.m_a", "deletes": "soft", "partitionBy": ["vlen"]}
+#: m_b's rule: history tracking only j (``trackHistoryColumns``). The writer's first update of a key adds "u" to j
+#: (a version), each later one changes only nn (``j || '{"u": 1}'`` leaves j as it is): the current version is
+#: updated in place (:func:`tracked_history_problems`).
+TRACKED_M_B = {"tables": "public.m_b", "mode": "history", "trackHistoryColumns": ["j"]}
+#: m_b's nn before any update (``SETUP``: this plus the key's number); each update doubles it.
+_NN0 = Decimal("12345678901234567890123456789012345678901234567890.5")
 
 
 def _key(row: dict[str, Any], key: Iterable[str]) -> tuple[Any, ...]:
@@ -318,11 +331,14 @@ def run_workload(run_pipeline: Any, spec: Any, url: str, checkpoint_location: st
     assert last.returncode == 0 and "QUERY_END=drained" in last.output, last.output[-3000:]
 
 
-def history_problems(target: Any, key: Iterable[str]) -> list[str]:
+def history_problems(target: Any, key: Iterable[str], tracked: Iterable[str] | None = None) -> list[str]:
     """What is wrong with a history target (an Arrow table with ``_valid_from``, ``_valid_to``, ``_current``): per
     key its versions, ordered by ``_valid_from``, must not overlap -- each closed at or before the next one's start
     (before: the key was deleted in between), only the last one current (or closed: deleted) -- and no version may
-    be there twice (an epoch applied twice)."""
+    be there twice (an epoch applied twice). ``tracked`` (``trackHistoryColumns``): a version closed where the next
+    one opens (by a change, not a delete) must differ from it in a tracked column -- else the change of untracked
+    columns only made a version instead of updating the current one (for a workload that never deletes and
+    re-inserts a key at one commit time, which looks the same)."""
     names = list(key)
     rows = target.to_pylist()
     problems: list[str] = []
@@ -343,7 +359,58 @@ def history_problems(target: Any, key: Iterable[str]) -> list[str]:
                 problems.append(f"key {k}: version from {a['_valid_from']} (to {a['_valid_to']}, current "
                                 f"{a['_current']}) overlaps the next one, from {b['_valid_from']}")
                 break
+            if tracked is not None and a["_valid_to"] == b["_valid_from"] and all(a[c] == b[c] for c in tracked):
+                problems.append(f"key {k}: the version from {b['_valid_from']} equals the one before it in the tracked "
+                                f"columns {list(tracked)}: an untracked change made a version")
+                break
         last = versions[-1]
         if last["_current"] != (last["_valid_to"] is None):
             problems.append(f"key {k}: last version current={last['_current']} with valid_to {last['_valid_to']}")
+    return problems
+
+
+def tracked_history_problems(versions: Any) -> list[str]:
+    """What is wrong with m_b's history target (:data:`TRACKED_M_B`; an Arrow table with k, j, nn and the history
+    columns) against what :data:`WRITER` makes of :data:`SETUP`'s rows: j has two values per key -- j0 (without
+    "u") and j1 --, each update doubles nn, there are no inserts. So, per key: its versions' j are [j0], [j1] or
+    [j0, j1]; the j0 version is the snapshot's (``_valid_from`` null), never updated (nn as set up); a j1 version has
+    nn doubled m >= 1 times; one after a j0 version was opened by the key's first update and updated in place m - 1
+    times. (A j1 version opened by a change may be a key's first: the source replaces a snapshot row by a change made
+    while its chunk was read, as the PostgreSQL run showed once.) The run must show both: a key with a version opened by a tracked change, and one whose
+    version opened so was updated in place (without tracking: versions of their own). :func:`history_problems`
+    (``tracked=["j"]``) checks the order of the versions."""
+    import decimal
+
+    problems: list[str] = []
+    by_key: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in versions.to_pylist():
+        by_key[r["k"]].append(r)
+    opened, in_place = 0, 0
+    with decimal.localcontext() as ctx:
+        ctx.prec = 200  # nn has 50 digits and more: exact
+
+        def doublings(k: str, nn: Any) -> int | None:
+            base, value = _NN0 + int(k[1:]), Decimal(str(nn))
+            return next((m for m in range(64) if base * 2 ** m == value), None)
+
+        for k, vs in sorted(by_key.items()):
+            vs.sort(key=lambda r: (r["_valid_from"] is not None, r["_valid_from"] or 0))
+            has_u = ["u" in (json.loads(r["j"]) if isinstance(r["j"], str) else r["j"]) for r in vs]
+            m = [doublings(k, r["nn"]) for r in vs]
+            if has_u not in ([False], [True], [False, True]):
+                problems.append(f"key {k}: versions with j {['j1' if u else 'j0' for u in has_u]} (j0, j1 or j0 then j1)")
+            elif None in m:
+                problems.append(f"key {k}: nn {[r['nn'] for r in vs]} is not its set-up value doubled")
+            elif not has_u[0] and (vs[0]["_valid_from"] is not None or m[0] != 0):
+                problems.append(f"key {k}: its j0 version is not the snapshot's (from {vs[0]['_valid_from']}, nn "
+                                f"doubled {m[0]} times)")
+            elif has_u[-1] and (m[-1] or 0) < 1:
+                problems.append(f"key {k}: its j1 version's nn was never doubled")
+            elif len(vs) == 2:
+                opened += 1
+                in_place += (m[1] or 0) >= 2
+    if not opened:
+        problems.append("no key has a version opened by a tracked change (j0 then j1)")
+    if not in_place:
+        problems.append("no version opened by a tracked change was updated in place by a later untracked one")
     return problems

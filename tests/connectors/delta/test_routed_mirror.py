@@ -9,7 +9,10 @@ numeric(14,2)`` on m_c, a new table m_new, ``DROP TABLE m_drop``), but into the 
 equals its source table (new column and new table included), no table outside the pattern
 has a target, and no slot or publication is left. m_a keeps soft deletes and m_b its history
 (``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat, also
-through the compactions. Three tables have transforms (``transforms``): excluded columns (one the writer adds
+through the compactions. m_b's history tracks only j (``trackHistoryColumns``): its versions are the ones the
+writer's changes make of it (``tracked_history_problems``: a version per change of j, every later change of only nn
+updating it in place). m_a's target is partitioned (a rule's ``partitionBy``) by a computed column the writer's
+updates change (keys move between its partitions): the log names it, its files hold its three values. Three tables have transforms (``transforms``): excluded columns (one the writer adds
 later), row filters rows enter and leave, computed columns -- each target equals what its rule makes of its table.
 
 Two route rules (``routes``, issue 30 item 3): the shards m_c, m_drop and m_new merged into one target ``lake/merged/m``
@@ -33,7 +36,8 @@ import pytest
 
 from flinkish_spark.mirror.compare import delta_reader, delta_storage
 from flinkish_spark.testing.mirror import (
-    WORKLOAD_TRANSFORMS, delta_differences, history_problems, run_workload, slots_and_publications, table_states,
+    PARTITIONED_M_A, TRACKED_M_B, WORKLOAD_TRANSFORMS, delta_differences, history_problems, run_workload,
+    slots_and_publications, table_states, tracked_history_problems,
 )
 
 deltalake = pytest.importorskip("deltalake")
@@ -43,7 +47,8 @@ KILLS = 1  # a random one; the routed commit's own points: test_routed_crash.py 
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 LAKE = "s3://test/lake"
 META = "s3://test/meta"
-MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
+#: m_a: soft deletes, partitioned by its computed vlen; m_b: history tracking j only (issue 30).
+MODES = json.dumps([PARTITIONED_M_A, TRACKED_M_B])
 TRANSFORMS = WORKLOAD_TRANSFORMS  # excluded columns (one added later), filters crossed both ways, computed
 #: Merged shards (all three mirrored with hard deletes: history is refused in a merged lakehouse target) and a rule
 #: of its own for m_b: no Spark start of their own (they had tests/mirror/test_merged_shards.py).
@@ -85,8 +90,13 @@ def test_pattern_mirror_into_routed_delta_through_kills_schema_changes_and_new_t
     storage = delta_storage(LAKE, {"endpointUrl": s3_proc})
     m_b = deltalake.DeltaTable(LAKE + "/history/m_b", storage_options=storage)
     versions = pa.table(m_b.scan())
-    assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
-    m_a = pa.table(deltalake.DeltaTable(LAKE + "/public/m_a", storage_options=storage).scan())
+    assert history_problems(versions, ["k"], ["j"]) == [] and versions.num_rows > len(source["public.m_b"])
+    assert tracked_history_problems(versions) == []  # the versions the writer's changes make, in place ones too
+    m_a_table = deltalake.DeltaTable(LAKE + "/public/m_a", storage_options=storage)
+    assert m_a_table.metadata().partition_columns == ["vlen"]  # equal to its table (above), partitioned
+    files = pa.table(m_a_table.get_add_actions(flatten=True))
+    assert {"short", "mid", "long"} <= set(files["partition.vlen"].to_pylist())
+    m_a = pa.table(m_a_table.scan())
     assert pc.sum(m_a["_deleted"]).as_py() > 0  # the deleted keys kept
     assert "b" not in m_a.column_names and "extra" not in m_a.column_names  # excluded, also once the source added it
     m_new = delta_reader(LAKE, options)("public.m_new")  # the shard's rows of the merged target

@@ -7,7 +7,11 @@ m_c, a new table m_new, ``DROP TABLE m_drop``), into the routed ``flinkish.icebe
 catalog on SQLite, tables on local disk): after the kills and the drain every Iceberg target read by
 pyiceberg equals its source table (new column and new table included), no table outside the pattern
 has a target, and no slot or publication is left. m_a keeps soft deletes and m_b its history
-(``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat. Three tables
+(``tableModes``): what they hold now equals their table, m_b's versions never overlap or repeat; m_b's history
+tracks only j (``trackHistoryColumns``): its versions are the ones the writer's changes make of it
+(``tracked_history_problems``: a version per change of j, every later change of only nn updating it in place). m_a's
+target is partitioned (a rule's ``partitionBy``, identity) by a computed column the writer's updates change (keys move
+between its partitions): its spec names it, its files hold its three values. Three tables
 have the Delta test's transforms: each target equals what its rule makes of its table. The shards m_c, m_drop and
 m_new are merged into one target ``mirror.merged_m`` (``routes``, issue 30 item 3; keyed by ``id`` and
 ``_source_table``): each shard equals its rows of it (``flinkish mirror compare``'s reader), the dropped shard's rows
@@ -31,7 +35,8 @@ from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
 from flinkish_spark.connectors.lakehouse.transform.rules import parse_transforms
 from flinkish_spark.mirror.compare import iceberg_reader
 from flinkish_spark.testing.mirror import (
-    WORKLOAD_TRANSFORMS, history_problems, run_workload, slots_and_publications, table_states, target_differences,
+    PARTITIONED_M_A, TRACKED_M_B, WORKLOAD_TRANSFORMS, history_problems, run_workload, slots_and_publications,
+    table_states, target_differences, tracked_history_problems,
 )
 
 pyiceberg = pytest.importorskip("pyiceberg")
@@ -39,8 +44,8 @@ pytestmark = pytest.mark.slow
 
 KILLS = 1  # a random one; the routed commit's own points: test_routed_crash.py (docs/testing.md)
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
-#: m_a keeps soft deletes, m_b its history; the others mirrored.
-MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
+#: m_a keeps soft deletes (partitioned by its computed vlen), m_b its history (tracking j only); the others mirrored.
+MODES = json.dumps([PARTITIONED_M_A, TRACKED_M_B])
 TRANSFORMS = WORKLOAD_TRANSFORMS  # columns and rows chosen (issue 30 item 2)
 #: The shards merged (all three mirrored: history is refused in a merged lakehouse target), as in the Delta test.
 ROUTES = json.dumps([{"source-table": "public.m_c, public.m_drop, public.m_new", "sink-table": "mirror.merged_m"}])
@@ -85,7 +90,12 @@ def test_pattern_mirror_into_routed_iceberg_through_kills_schema_changes_and_new
     assert "b" not in m_a.column_names and "extra" not in m_a.column_names  # excluded, also once the source added it
     assert 0 < m_new.num_rows < len(source["public.m_new"]) and "iv" not in m_new.column_names  # the filter's rows
     versions = read("public.m_b")
-    assert history_problems(versions, ["k"]) == [] and versions.num_rows > len(source["public.m_b"])
+    assert history_problems(versions, ["k"], ["j"]) == [] and versions.num_rows > len(source["public.m_b"])
+    assert tracked_history_problems(versions) == []  # the versions the writer's changes make, in place ones too
+    m_a_table = catalog.load_table("mirror.public_m_a")  # equal to its table (above), partitioned
+    assert [(m_a_table.schema().find_column_name(f.source_id), str(f.transform)) for f in m_a_table.spec().fields] == [
+        ("vlen", "identity")]
+    assert {"short", "mid", "long"} <= {p["vlen"] for p in m_a_table.inspect.files()["partition"].to_pylist()}
     assert pc.sum(read("public.m_a")["_deleted"]).as_py() > 0  # the deleted keys kept
     assert sorted(n for _, n in catalog.list_tables("mirror")) == ["merged_m", "public_m_a",
                                                                   "public_m_b"]  # never 'other'

@@ -13,7 +13,9 @@ source's column types (m_c.amount widened in place); no table outside the patter
 there was one slot while running and none after the drain. Two tables have a shape of their own
 (``tableModes``): m_a keeps soft deletes (its deletes and key changes), m_b its history (SCD2): what
 they hold now equals their table (``flinkish mirror compare``'s view) and m_b's versions never overlap or
-repeat through the kills. Two have transforms (``transforms``): m_c without a column, its rows entering a filter,
+repeat through the kills; m_b's history tracks only j (``trackHistoryColumns``): its versions are the ones the
+writer's changes make of it (``tracked_history_problems``: a version per change of j, every later change of only nn
+updating it in place). Two have transforms (``transforms``): m_c without a column, its rows entering a filter,
 with computed columns; m_new's rows entering and leaving a filter, with a computed column -- each equal to what its
 rule makes of its table. The shards m_c, m_drop and m_new are merged into one target ``mirror.merged`` (``routes``,
 issue 30 item 3; primary key ``(id, _source_table)``), so the kill between two tables is inside the transaction of an
@@ -34,15 +36,18 @@ import pytest
 import pyarrow as pa
 
 from flinkish_spark.mirror.compare import compare_postgres
-from flinkish_spark.testing.mirror import differences, history_problems, run_workload, slots_and_publications, table_states
+from flinkish_spark.testing.mirror import (
+    TRACKED_M_B, differences, history_problems, run_workload, slots_and_publications, table_states,
+    tracked_history_problems,
+)
 
 pytestmark = pytest.mark.slow
 
 KILLS = 1
 SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 TABLES = ["public.m_a", "public.m_b", "public.m_c", "public.m_new"]
-#: m_a with soft deletes, m_b's history; the others mirrored.
-MODES = '[{"tables": "public.m_a", "deletes": "soft"}, {"tables": "public.m_b", "mode": "history"}]'
+#: m_a with soft deletes, m_b's history tracking j only; the others mirrored.
+MODES = json.dumps([{"tables": "public.m_a", "deletes": "soft"}, TRACKED_M_B])
 EXTRA = {"mirror.m_a": ["_deleted"], "mirror.m_b": ["_valid_from", "_valid_to", "_current"]}
 #: Columns and rows chosen (issue 30 item 2): m_c's rows enter as the writer divides f (amount > f), without f, with
 #: computed columns; m_new's rows leave as the writer doubles f (and enter as it inserts), with a computed column.
@@ -81,7 +86,7 @@ def test_pattern_mirror_into_routed_postgres_through_kills_schema_changes_and_ne
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
         target, target_schemas = table_states(conn, ["mirror.m_a", "mirror.merged"])
-        cur = conn.execute("SELECT k, _valid_from, _valid_to, _current FROM mirror.m_b")
+        cur = conn.execute("SELECT k, j::text, nn::text, _valid_from, _valid_to, _current FROM mirror.m_b")
         history = pa.Table.from_pylist([dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()])
         soft_deleted = conn.execute("SELECT count(*) FROM mirror.m_a WHERE _deleted").fetchone()[0]
         mirrored = {r[0] for r in conn.execute(
@@ -102,7 +107,8 @@ def test_pattern_mirror_into_routed_postgres_through_kills_schema_changes_and_ne
     assert differences({"public.m_new": shard["public.m_new"]}, {"public.m_new": kept}, schemas) == {}
     assert all(r["f"] is None and r["src"] == "public.m_c" for r in shard["public.m_c"].values())  # f excluded: m_new's
     assert len(shard["public.m_drop"]) > 50 and all(r["u"] is None for r in shard["public.m_drop"].values())  # stays
-    assert history_problems(history, ["k"]) == []
+    assert history_problems(history, ["k"], ["j"]) == []
+    assert tracked_history_problems(history) == []  # the versions the writer's changes make, in place ones too
     assert history.num_rows > len(source["public.m_b"]) and soft_deleted > 0  # versions kept, deletes kept
     assert mirrored == {"m_a", "m_b", "merged"}  # never 'other'
     assert epochs[0] == epochs[1]  # each (epoch, target) committed once
