@@ -31,8 +31,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     m.add_argument("pipeline", nargs="?", help="a pipeline file in Flink CDC's YAML shape (instead of the flags)")
     m.add_argument("--from", dest="source", help="the source database, postgresql://user@host:5432/db "
                    "(password: PGPASSWORD, ~/.pgpass or in the URL) or mysql://user@host:3306/ (MYSQL_PWD or in the "
-                   "URL; MySQL is configured and preflighted, its Spark source is still being wired: "
-                   "docs/mysql-source.md)")
+                   "URL; MySQL and MariaDB: docs/mysql-source.md)")
     m.add_argument("--tables", help="names and patterns, e.g. 'public.*, sales.order_*, !public.audit_log' "
                    "(MySQL: database.table, e.g. 'shop.*')")
     m.add_argument("--to", help="the targets: a folder or path template (delta, iceberg: a table template such as "
