@@ -31,7 +31,7 @@ from typing import Any, Callable, Generator, Iterator, NamedTuple
 
 from flinkish_spark.connectors.mysql import binlog as B
 from flinkish_spark.connectors.mysql import ddl
-from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
+from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, error_code
 from flinkish_spark.connectors.mysql.position import FilePosition, Gtid, MariaGtidPosition, MysqlGtidSet, purged
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, oldest_gtid_list
@@ -228,7 +228,7 @@ def read_range(info: ConnectionInfo, start: Start, end: FilePosition, decoder: R
 
 
 def _server_error(info: ConnectionInfo, conn: Any, start: Start, exc: BaseException) -> Exception:
-    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    code = error_code(exc)
     text = info.mask(str(exc.args[1] if len(exc.args) > 1 else exc))
     if code == _ER_MASTER_FATAL_ERROR_READING_BINLOG and "purged" in text:
         return purged_error(info, start, None, "")

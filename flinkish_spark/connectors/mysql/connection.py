@@ -119,9 +119,14 @@ def parse_url(url: str, password_env: str | None = None, what: str = "option 'ur
                           password_env or None, password)
 
 
+def error_code(exc: BaseException) -> int | None:
+    """A PyMySQL error's server or client code (its first argument), None for another error."""
+    return exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+
+
 def connection_error(info: ConnectionInfo, exc: BaseException) -> Exception:
     """The flinkish error for a PyMySQL failure to connect, the password scrubbed from its text."""
-    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    code = error_code(exc)
     text = info.mask(str(exc.args[1] if len(exc.args) > 1 else exc).strip())
     if code in _ACCESS_CODES:
         return DatabaseAccessError(
@@ -168,7 +173,7 @@ def session(info: ConnectionInfo, database: str | None = None) -> Iterator[Any]:
 def lost_session(info: ConnectionInfo, exc: BaseException) -> Exception | None:
     """The :class:`DatabaseUnavailableError` for a PyMySQL error of a session the server ended (:data:`LOST_CODES`),
     else None (the error stands as it is)."""
-    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    code = error_code(exc)
     if type(exc).__module__.startswith("pymysql") and code in LOST_CODES:
         return connection_error(info, exc)
     return None
