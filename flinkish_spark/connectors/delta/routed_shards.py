@@ -28,7 +28,6 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
@@ -36,10 +35,11 @@ from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_act
 from flinkish_spark.connectors.delta.live import deleted_positions
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
-from flinkish_spark.connectors.lakehouse.resnapshot import positions_not_in
 from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us, gone_rows_as
 from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE
-from flinkish_spark.connectors.lakehouse.shards import MergedEpoch, label, merged_tables, shard_tables
+from flinkish_spark.connectors.lakehouse.shards import (
+    MergedEpoch, add_positions, label, merged_tables, shard_file_positions, shard_read_columns, shard_tables,
+)
 
 __all__ = ["MergedEpoch", "finish_resnapshots", "label", "merged_extra", "merged_tables", "shard_tables"]
 
@@ -52,22 +52,11 @@ def _shard_positions(target: RoutedDeltaTarget, state: DeltaState, shard: str, s
     for f in state.files.values():
         url = f.relative_path if "://" in f.relative_path or f.relative_path.startswith("/") else target.url(f.relative_path)
         with target.io.fs.open(target.io.strip(url), "rb") as handle:
-            rows = pq.read_table(handle, columns=[SOURCE_TABLE] + (key if seen is not None else []))
-        mine = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(rows.column(SOURCE_TABLE), shard), False)))
-        if seen is not None and len(mine):
-            if seen.num_columns == 0:
-                pass  # the re-snapshot delivered no row: every row of the shard goes
-            else:
-                mine = np.intersect1d(mine, positions_not_in(rows.select(key), seen.select(key)))
-        mine = np.setdiff1d(mine, deleted_positions(target, f))
+            rows = pq.read_table(handle, columns=shard_read_columns(key, seen))
+        mine = shard_file_positions(rows, shard, key, seen, deleted_positions(target, f))
         if len(mine):
             out[f.path] = mine
     return out
-
-
-def _union(into: dict[str, np.ndarray], more: dict[str, np.ndarray]) -> None:
-    for path, positions in more.items():
-        into[path] = positions if path not in into else np.union1d(into[path], positions)
 
 
 def resnapshot_key(target: RoutedDeltaTarget, shard: str) -> str:
@@ -86,14 +75,14 @@ def merged_extra(t: MergedEpoch[Any], target: RoutedDeltaTarget, evolution: Any,
         if how != "keep":
             for shard, st in t.shards.items():
                 if st.truncate and not created:  # a target created now holds nothing to truncate
-                    _union(gone, _shard_positions(target, state, shard, None))
+                    add_positions(gone, _shard_positions(target, state, shard, None))
                 name = resnapshot_key(target, shard)
                 if resnapshots is not None and (st.begin or st.end or resnapshots.active(name)):
                     assert target.plan is not None
                     entries = [k.entries_table(target.io, target.path, epoch) for k in st.keyed()]
                     seen = resnapshots.step(name, target.plan.key, entries, st.begin, st.end, epoch)
                     if seen is not None:
-                        _union(gone, _shard_positions(target, state, shard, seen))
+                        add_positions(gone, _shard_positions(target, state, shard, seen))
         at = close_time_us(t.parts, any(s.truncate for s in t.shards.values()))
         return EpochExtra(tuple(before), False, gone or None, how, close_us=at, routed=True)
 

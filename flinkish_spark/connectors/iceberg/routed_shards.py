@@ -15,14 +15,13 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.iceberg.keyed import KeyedCommittable, Target, entries_of
 from flinkish_spark.connectors.iceberg.lookup import LiveFiles
-from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys, positions_not_in
+from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
 from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE
-from flinkish_spark.connectors.lakehouse.shards import MergedEpoch
+from flinkish_spark.connectors.lakehouse.shards import MergedEpoch, add_positions, shard_file_positions, shard_read_columns
 from flinkish_spark.io.fileio import FileIO
 
 
@@ -33,11 +32,8 @@ def _positions(target: Target, table: Any, shard: str, seen: pa.Table | None) ->
     out: dict[str, np.ndarray] = {}
     for f in live.data:
         with target.io.fs.open(target.io.strip(f.path), "rb") as handle:
-            rows = pq.read_table(handle, columns=[SOURCE_TABLE] + (key if seen is not None else []))
-        mine = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(rows.column(SOURCE_TABLE), shard), False)))
-        if seen is not None and seen.num_columns and len(mine):
-            mine = np.intersect1d(mine, positions_not_in(rows.select(key), seen.select(key)))
-        mine = np.setdiff1d(mine, live.deleted(target.io, f))
+            rows = pq.read_table(handle, columns=shard_read_columns(key, seen))
+        mine = shard_file_positions(rows, shard, key, seen, live.deleted(target.io, f))
         if len(mine):
             out[f.path] = mine
     return out
@@ -55,20 +51,15 @@ def shard_gone(t: MergedEpoch[Any], target: Target, table: Any, keyed: Sequence[
     if how == "keep":
         return None
     gone: dict[str, np.ndarray] = {}
-
-    def add(more: dict[str, np.ndarray]) -> None:
-        for path, positions in more.items():
-            gone[path] = positions if path not in gone else np.union1d(gone[path], positions)
-
     for shard, st in t.shards.items():
         if st.truncate:
-            add(_positions(target, table, shard, None))
+            add_positions(gone, _positions(target, table, shard, None))
         name = resnapshot_name(identifier, shard)
         if resnapshots is not None and (st.begin or st.end or resnapshots.active(name)):
             entries = [entries_of(k, io, epoch) for table_name, k in keyed if table_name == shard]
             seen = resnapshots.step(name, target.plan.key, entries, st.begin, st.end, epoch)
             if seen is not None:
-                add(_positions(target, table, shard, seen))
+                add_positions(gone, _positions(target, table, shard, seen))
     return gone or None
 
 

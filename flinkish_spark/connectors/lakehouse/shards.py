@@ -21,9 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import OP
+from flinkish_spark.connectors.lakehouse.resnapshot import positions_not_in
 from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE, Routes, check_shard_keys, shard_schema
 from flinkish_spark.connectors.lakehouse.routing import P, Route, SchemaStep, TableEpoch, TableInput
 from flinkish_spark.connectors.postgres.rows import TableSchema
@@ -116,3 +119,25 @@ def check_shard_modes(target: str, modes: dict[str, Any], sink: str) -> None:
         raise ConfigError(f"the shards merged into {target} are {shown}: a merged {sink} target takes {takes} for "
                           "all its shards. Give the shards one such mode (the sink's 'tableModes'), or route them to "
                           "targets of their own")
+
+
+def shard_read_columns(key: list[str], seen: pa.Table | None) -> list[str]:
+    """The columns of a target's data file that :func:`shard_file_positions` needs."""
+    return [SOURCE_TABLE] + (key if seen is not None else [])
+
+
+def shard_file_positions(rows: pa.Table, shard: str, key: list[str], seen: pa.Table | None,
+                         deleted: np.ndarray) -> np.ndarray:
+    """The live rows of ``shard`` in one data file of its merged target (``rows``: the file's
+    :func:`shard_read_columns`; ``deleted``: the file's deleted positions); with ``seen`` (a re-snapshot's keys),
+    only those whose key is not in it -- a ``seen`` without columns (the re-snapshot delivered no row) takes them all."""
+    mine = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(rows.column(SOURCE_TABLE), shard), False)))
+    if seen is not None and seen.num_columns and len(mine):
+        mine = np.intersect1d(mine, positions_not_in(rows.select(key), seen.select(key)))
+    return np.setdiff1d(mine, deleted)
+
+
+def add_positions(into: dict[str, np.ndarray], more: dict[str, np.ndarray]) -> None:
+    """``more`` (file -> sorted positions) added to ``into``."""
+    for path, positions in more.items():
+        into[path] = positions if path not in into else np.union1d(into[path], positions)
