@@ -55,6 +55,9 @@ class PostgresDialect:
         self._unlisted: dict[str, str] = {}
         self._warned: set[str] = set()
         self._owns = False  # the source's own publication (cached once true)
+        # Without rules, once the own publication has no column list none comes back in this process (only rules
+        # make lists): the polls stop asking (two round trips each).
+        self._no_lists_left = False
 
     @property
     def component(self) -> str:
@@ -176,11 +179,13 @@ class PostgresDialect:
     def _lists_left(self, conn: Any) -> bool:
         """Without rules: whether the own publication still has a column list (the rules were dropped on a restart:
         the poll takes it away)."""
-        if not self._owns_lists() or lists_unsupported(conn):
+        if self._no_lists_left or not self._owns_lists() or lists_unsupported(conn):
             return False
-        return bool(conn.execute(
+        left = bool(conn.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid "
             "WHERE p.pubname = %s AND pr.prattrs IS NOT NULL)", (self.source.publication,)).fetchone()[0])
+        self._no_lists_left = not left
+        return left
 
     def signature_change(self, conn: Any, old: Any, new: Any) -> str | None:
         unlisted = self._unlisted.pop(json.dumps(new), None)
