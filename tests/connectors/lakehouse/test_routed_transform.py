@@ -33,7 +33,7 @@ def transforms(rules: list[dict[str, Any]] | None = None) -> Any:
 
 def model() -> Model:
     return Model("upsert", "true", keep=lambda r: "5" in r["v"] or r["v"] in ("s1", "s2", "s3"), exclude=("n",),
-                 computed={"big": lambda c: f"{c.value.upper()}#{c.op}", "at": lambda c: c.ts, "src": lambda c: "t"})
+                 computed={"big": lambda c: f"{(c.value or '').upper()}#{c.op}", "at": lambda c: c.ts, "src": lambda c: "t"})
 
 
 def tasks(changes: list[Change], schemas: tuple[Any, ...] = (T, U)) -> list[pa.Table]:
@@ -111,7 +111,7 @@ class Target:
 
             with psycopg.connect(self.url) as c:
                 cur = c.execute(f"SELECT * FROM mirror.{table.replace('.', '_')}")
-                names = [d.name for d in cur.description]
+                names = [d.name for d in cur.description or ()]
                 got = pa.Table.from_pylist([dict(zip(names, r)) for r in cur.fetchall()])
         out = []
         for r in got.to_pylist():
