@@ -218,22 +218,17 @@ class EpochChanges:
         losers = losers[self.kind[losers] == KIND_VERSION]
         soft_copy = np.zeros(len(self.starts), dtype=np.bool_)  # key -> its soft row is copied from elsewhere
         needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)
-        never_live = np.zeros(len(self.starts), dtype=np.bool_)  # key -> soft-deleted, but no row of it to keep
         if self.plan.deletes == "soft":
             self._soft_sources(out, winners, soft_copy, needs_table_row)
-            # A key deleted with no version of it in the epoch and none in the table (the lookup's matches: live and
-            # soft-deleted rows alike) was never live -- an update of a row the filter never kept, a delete of a key
-            # never seen: its tombstone (the delete's own values, nulls besides the key) is not written, as a hard
-            # delete of an absent key changes nothing (issue 30). No table read beyond the lookup's.
-            held = np.zeros(len(self.starts), dtype=np.bool_)
-            for _, key_index in matches.by_file.values():
-                held[key_index] = True
-            never_live = needs_table_row & ~held
-            self._drop(out, winners[never_live])
-        self._drop(out, losers)
+        # A key deleted with no version of it in the epoch (needs_table_row): its row is the delete's own values,
+        # never kept -- the table's row is copied with _deleted = true below (live or soft-deleted already), and
+        # when the lookup found none (matches: live and soft-deleted rows alike) the key was never live -- an
+        # update of a row the filter never kept, a delete of a key never seen -- and gets no row, as a hard delete
+        # of an absent key changes nothing (issue 30). No table read beyond the lookup's; one drop with the losers.
+        self._drop(out, np.concatenate([losers, winners[needs_table_row]]))
         # A soft-deleted key whose row is copied from another task's version is left out (that row is complete:
-        # a snapshot row in a routed mirror, whose changes of a table are one task), as is one never live.
-        self._fill(matches, out, winners[~(soft_copy | never_live)[self.group[winners]]])
+        # a snapshot row in a routed mirror, whose changes of a table are one task), as is one that needs the table.
+        self._fill(matches, out, winners[~(soft_copy | needs_table_row)[self.group[winners]]])
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
             if self.plan.deletes == "soft":
@@ -242,7 +237,6 @@ class EpochChanges:
                     soft_copy[key_index[take]] = True
                     out.copies.append(RowCopy(path, -1, positions[take],
                                               {DELETED: pa.array(np.ones(int(take.sum()), dtype=np.bool_))}))
-                    self._drop(out, winners[key_index[take]])
 
     def _fill(self, matches: Matches, out: Apply, winners: np.ndarray) -> None:
         """Winners whose row lacks unchanged columns (no earlier version in their task): copied with those columns
@@ -305,7 +299,7 @@ class EpochChanges:
         the delete, whichever task wrote it -- a task's soft row holds the task's own last version,
         but another task may hold a later one (every entry says which version its values are:
         ``E_VLSN``/``E_PART``/``E_VROW``) -- else the table's row (found by the lookup; ``needs_table_row``),
-        else none (:meth:`_upsert` drops the delete's own row: the key was never live)."""
+        else none (the key was never live: :meth:`_upsert` drops the delete's own row either way)."""
         assert self.entries is not None
         col = self.entries.column
         n = len(self.group)
