@@ -110,10 +110,10 @@ class Model:
             elif c.op == "d":
                 if self.deletes == "true":
                     self.rows.pop(c.key, None)
-                elif self.deletes == "soft":
-                    # a key the target lacks: the delete's row (its key; computed columns null, as a delete's)
-                    last = self.rows.get(c.key) or self._row(c)
-                    self.rows[c.key] = {**last, "_deleted": True}
+                elif self.deletes == "soft" and c.key in self.rows:
+                    # a key the target lacks (never live: a filtered row's update, a delete never seen) gets no
+                    # row, as a hard delete of it changes nothing; one soft-deleted already stays as it is
+                    self.rows[c.key] = {**self.rows[c.key], "_deleted": True}
             else:
                 self.rows[c.key] = {**self._row(c), **({"_deleted": False} if self.deletes == "soft" else {})}
 

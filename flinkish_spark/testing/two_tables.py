@@ -91,10 +91,13 @@ def expected_history(track_extra: bool = False) -> list[tuple]:
 
 
 def expected_soft() -> list[tuple]:
-    """``public.b`` with ``deletes=soft``: ``(k, n, _deleted)`` sorted; a delete keeps the key's last values (its
-    own, the key only, when the key had none)."""
+    """``public.b`` with ``deletes=soft``: ``(k, n, _deleted)`` sorted; a delete keeps the key's last values (a key
+    never live gets no row: issue 30)."""
     rows: dict[str, tuple] = {}
     for seq in range(LENGTHS[1]):
         k = f"k{seq % 25}"
-        rows[k] = (k, rows.get(k, (k, None))[1], True) if seq % 7 == 3 else (k, seq, False)
+        if seq % 7 != 3:
+            rows[k] = (k, seq, False)
+        elif k in rows:
+            rows[k] = (k, rows[k][1], True)
     return sorted(rows.values())

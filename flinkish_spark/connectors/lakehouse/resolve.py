@@ -8,7 +8,8 @@ read precedes the changes), then Spark partition, then row -- on top of what the
 * ``upsert``: the key's last change; a delete (``deletes=true``) removes the key, a
   delete and a later insert in one epoch leave the insert. ``deletes=soft``: a delete
   leaves the key's last known row with ``_deleted = true`` -- the epoch's own earlier
-  version of the key, else the table's row, else the delete's own values.
+  version of the key, else the table's row (live or soft-deleted); a key with neither was
+  never live and gets no row (as a hard delete of an absent key changes nothing).
 * **Unchanged columns** (``_unchanged``: an update that left a TOASTed value unchanged does not
   carry it): the row keeps the key's value from its latest earlier version in the epoch -- the
   task's own (filled in the task), else another task's (a snapshot row), else the table's row the
@@ -219,10 +220,15 @@ class EpochChanges:
         needs_table_row = np.zeros(len(self.starts), dtype=np.bool_)
         if self.plan.deletes == "soft":
             self._soft_sources(out, winners, soft_copy, needs_table_row)
-        self._drop(out, losers)
+        # A key deleted with no version of it in the epoch (needs_table_row): its row is the delete's own values,
+        # never kept -- the table's row is copied with _deleted = true below (live or soft-deleted already), and
+        # when the lookup found none (matches: live and soft-deleted rows alike) the key was never live -- an
+        # update of a row the filter never kept, a delete of a key never seen -- and gets no row, as a hard delete
+        # of an absent key changes nothing (issue 30). No table read beyond the lookup's; one drop with the losers.
+        self._drop(out, np.concatenate([losers, winners[needs_table_row]]))
         # A soft-deleted key whose row is copied from another task's version is left out (that row is complete:
-        # a snapshot row in a routed mirror, whose changes of a table are one task).
-        self._fill(matches, out, winners[~soft_copy[self.group[winners]]])
+        # a snapshot row in a routed mirror, whose changes of a table are one task), as is one that needs the table.
+        self._fill(matches, out, winners[~(soft_copy | needs_table_row)[self.group[winners]]])
         for path, (positions, key_index) in matches.by_file.items():
             out.table_deletes[path] = positions
             if self.plan.deletes == "soft":
@@ -231,7 +237,6 @@ class EpochChanges:
                     soft_copy[key_index[take]] = True
                     out.copies.append(RowCopy(path, -1, positions[take],
                                               {DELETED: pa.array(np.ones(int(take.sum()), dtype=np.bool_))}))
-                    self._drop(out, winners[key_index[take]])
 
     def _fill(self, matches: Matches, out: Apply, winners: np.ndarray) -> None:
         """Winners whose row lacks unchanged columns (no earlier version in their task): copied with those columns
@@ -293,8 +298,8 @@ class EpochChanges:
         """Where a soft-deleted key's values come from: the epoch's last *version* of the key before
         the delete, whichever task wrote it -- a task's soft row holds the task's own last version,
         but another task may hold a later one (every entry says which version its values are:
-        ``E_VLSN``/``E_PART``/``E_VROW``) -- else the table's row (found by the lookup), else the
-        delete's own values."""
+        ``E_VLSN``/``E_PART``/``E_VROW``) -- else the table's row (found by the lookup; ``needs_table_row``),
+        else none (the key was never live: :meth:`_upsert` drops the delete's own row either way)."""
         assert self.entries is not None
         col = self.entries.column
         n = len(self.group)

@@ -7,8 +7,10 @@ the row as JSON of PostgreSQL input texts), a truncate and a re-snapshot's end:
 * ``upsert`` (:func:`upsert_sql`): the target holds each key's last change. ``deletes=true``: a delete removes
   the key; ``false``: deletes are not applied (the rows of ``d`` are left out, so the key's earlier change in the
   epoch or its target row stays); ``soft``: a key whose last change is a delete keeps its last values -- the
-  epoch's last data row of the key, else its target row, else the delete's own values -- with ``_deleted = true``,
-  and a later insert sets ``_deleted = false`` again. One statement (``INSERT ... ON CONFLICT (key)``).
+  epoch's last data row of the key, else its target row (live or soft-deleted: its values stay) -- with
+  ``_deleted = true``, and a later insert sets ``_deleted = false`` again; a key with neither was never live (an
+  update of a row the filter never kept, a delete of a key never seen) and gets no row, as a hard delete of an
+  absent key changes nothing. One statement (``INSERT ... ON CONFLICT (key)``, the bare deletes an ``UPDATE``).
 * ``history`` (:func:`history_statements`, SCD type 2): every change of a key is a version: ``_valid_from`` = its
   ``_commit_ts``, ``_valid_to`` = the key's next change's ``_commit_ts`` (null while current), ``_current``. The key's
   current target row is closed by its first change in the epoch (``_valid_to`` = that change's ``_commit_ts``); a
@@ -163,14 +165,15 @@ def upsert_sql(staging: str, target: str, columns: dict[str, str], key: tuple[st
         gone = f", gone AS (DELETE FROM {target} t USING l WHERE l.{OP} = 'd' AND {match})" if mode.deletes == "true" else ""
         return (f"WITH x AS ({src}), l AS ({last}){gone} "
                 f"INSERT INTO {target} ({cols}) SELECT {values} FROM l WHERE l.{OP} <> 'd' ON CONFLICT ({keys}) {update}")
-    # soft: a key whose last change is a delete takes its last data row's values in the range (v); without one,
-    # the target row keeps its own (only _deleted set), and a key the target lacks gets the delete's own values.
+    # soft: a key whose last change is a delete takes its last data row's values in the range (v); without one
+    # ("bare"), the target row keeps its own (only _deleted set; one marked already is left alone), and a key the
+    # target lacks gets no row: it was never live (issue 30). One index look-up per bare delete, no scan.
     data = f"SELECT DISTINCT ON ({keys}) {keys}, {JSON} AS _v FROM x WHERE {OP} <> 'd' ORDER BY {keys}, {_ORDER_DESC}"
     w = f"SELECT {keys}, coalesce(v._v, l.{JSON}) AS {JSON}, {OP}, v._v IS NULL AS _bare FROM l LEFT JOIN v USING ({keys})"
     deleted = quote_ident(DELETED)
     return (f"WITH x AS ({src}), l AS ({last}), v AS ({data}), w AS ({w}), "
-            f"marked AS (INSERT INTO {target} ({cols}, {deleted}) SELECT {values}, true FROM w l "
-            f"WHERE l.{OP} = 'd' AND l._bare ON CONFLICT ({keys}) DO UPDATE SET {deleted} = true) "
+            f"marked AS (UPDATE {target} t SET {deleted} = true FROM w l "
+            f"WHERE l.{OP} = 'd' AND l._bare AND {match} AND t.{deleted} IS NOT TRUE) "
             f"INSERT INTO {target} ({cols}, {deleted}) SELECT {values}, l.{OP} = 'd' FROM w l "
             f"WHERE NOT (l.{OP} = 'd' AND l._bare) ON CONFLICT ({keys}) DO UPDATE SET "
             + ", ".join(sets + [f"{deleted} = EXCLUDED.{deleted}"]))
