@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psycopg
@@ -103,7 +102,9 @@ def stop_then_ctrl_c_twice(pg_url: str, tmp_path: Path) -> None:
         wait_for("5 epochs after them", lambda: len(committed_batches(spark_cp)) >= after + 5, run2, log2)
         stop_writer()
         os.killpg(run2.pid, signal.SIGINT)
-        time.sleep(0.3)
+        # The second Ctrl-C once the first one's drain has started (not after a fixed pause: the pipeline may see
+        # both in one look, its drain never begun -- or, stalled, see the second after the drain's end).
+        wait_for("the drain's start", lambda: "flinkish mirror: stopping with drain" in log2.read_text(), run2, log2)
         os.killpg(run2.pid, signal.SIGINT)
         rc, out = ended(run2, log2)
         assert rc == 130 and "flinkish mirror: stopped at once" in out, out[-3000:]
@@ -112,9 +113,9 @@ def stop_then_ctrl_c_twice(pg_url: str, tmp_path: Path) -> None:
         assert "epoch " in out and "tables snapshotted" in out  # plain progress lines (stdout is not a terminal)
 
         log3 = tmp_path / "run3.log"
-        # The first Ctrl-C asked for a drain. Its final epoch is planned two plannings after the request, so it
-        # usually is not when the second Ctrl-C stops the query -- but it can be on a loaded machine, whose
-        # pipeline may see the two signals seconds apart. Then the restart replays that epoch and ends by itself
+        # The first Ctrl-C asked for a drain. Its final epoch is planned two plannings (>= 1 s) after the request,
+        # so it usually is not when the second Ctrl-C stops the query -- but it can be on a loaded machine, whose
+        # pipeline may act on the second signal a second late. Then the restart replays that epoch and ends by itself
         # ("finished": the drain is complete); else it goes on until drained by SIGTERM, sent once it committed
         # an epoch. Told apart by run 2's offset log before the restart: watching the restart for its end, the test
         # saw the replayed epoch's commit first and drained a run that was finishing by itself (not "drained").
