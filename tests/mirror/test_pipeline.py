@@ -102,8 +102,8 @@ def stop_then_ctrl_c_twice(pg_url: str, tmp_path: Path) -> None:
         wait_for("5 epochs after them", lambda: len(committed_batches(spark_cp)) >= after + 5, run2, log2)
         stop_writer()
         os.killpg(run2.pid, signal.SIGINT)
-        # The second Ctrl-C once the first one's drain has started (not after a fixed pause: the pipeline may see
-        # both in one look, its drain never begun -- or, stalled, see the second after the drain's end).
+        # The second Ctrl-C once the first one's drain has started (not after a fixed pause: the pipeline, looking
+        # twice a second, mostly saw both in one look, its drain never begun).
         wait_for("the drain's start", lambda: "flinkish mirror: stopping with drain" in log2.read_text(), run2, log2)
         os.killpg(run2.pid, signal.SIGINT)
         rc, out = ended(run2, log2)
