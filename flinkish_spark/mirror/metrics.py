@@ -21,6 +21,7 @@ from flinkish_spark.errors import ConfigError
 from flinkish_spark.faults import crash_point
 from flinkish_spark.mirror import counts
 from flinkish_spark.mirror.config import MirrorConfig
+from flinkish_spark.mirror.progress import progress_after
 from flinkish_spark.mirror.status import NOT_FOLLOWED, MirrorStatus, mirror_status
 
 PREFIX = "flinkish_mirror"
@@ -170,8 +171,7 @@ class Recorder:
     def _fold(self, force: bool) -> None:
         """After a committed batch (its progress event), or when forced or behind: the sink's new done epochs into
         the record, and the record written. The batch's durations go to the histograms."""
-        new = sorted((p for p in list(self.query.recentProgress or []) if int(p.batchId) > self._seen),
-                     key=lambda p: int(p.batchId))
+        new = progress_after(self.query, self._seen)
         for p in new:
             self._seen = int(p.batchId)
             if self.durations is not None:

@@ -8,7 +8,8 @@ Two processes:
   forwards signals to it. Why: Ctrl-C in a terminal sends SIGINT to the whole foreground process
   group, and Spark's Python workers (forked by the JVM) turn SIGINT into ``KeyboardInterrupt``,
   failing the running tasks -- the batch would fail instead of draining. In its own session only
-  the pipeline process gets the signal, from the command. The configuration travels on stdin
+  the pipeline process gets the signal, from the command -- also while it starts: the command starts it with
+  SIGINT/SIGTERM blocked, and it unblocks them once its handler is in place. The configuration travels on stdin
   (JSON without passwords); the passwords in environment variables named by the connectors'
   ``passwordEnv`` (never on a command line, which ``ps`` shows).
 * the **pipeline process** (:func:`run`) starts a Spark session -- the driver of ``--master`` (default
@@ -56,6 +57,8 @@ from flinkish_spark.mirror.progress import OBSERVED
 EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 130
 #: Refused before anything started: a flag, the pipeline file or the preflight (as every ConfigError of the CLI).
 EXIT_REFUSED = 2
+#: Ctrl-C and a supervisor's stop: the first asks for a drain, the second exits at once.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def preflight(config: MirrorConfig) -> list[str]:
@@ -92,8 +95,6 @@ def supervise(config: MirrorConfig) -> int:
               f"with PostgreSQL; docs/mysql-source.md says what works today)", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     env = {**os.environ, **config.password_env()}
-    child = subprocess.Popen([sys.executable, "-m", "flinkish_spark.mirror.pipeline"], stdin=subprocess.PIPE,
-                             env=env, start_new_session=True)
     signals = 0
 
     def forward(signum: int, frame: Any) -> None:
@@ -107,7 +108,16 @@ def supervise(config: MirrorConfig) -> int:
         except ProcessLookupError:
             pass
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A Ctrl-C / SIGTERM while the pipeline starts is held, not lost nor fatal: blocked here until `forward` is in
+    # place, and in the pipeline (which inherits the mask) until its own handler is (_Signals unblocks them).
+    # Otherwise it killed a pipeline still importing (exit 143, "the driver was killed") or this process.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "flinkish_spark.mirror.pipeline"], stdin=subprocess.PIPE,
+                                 env=env, start_new_session=True)
+        previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         assert child.stdin is not None
         try:
@@ -214,8 +224,10 @@ class _Signals:
 
     def __init__(self) -> None:
         self.count = 0
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in STOP_SIGNALS:
             signal.signal(s, self._on)
+        # supervise() started this process with them blocked: one sent meanwhile is delivered now, to _on
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def _on(self, signum: int, frame: Any) -> None:
         self.count += 1

@@ -70,6 +70,23 @@ class Running:
     since: float  # epoch seconds
 
 
+def progress_after(query: Any, newest: int | None) -> list[Any]:
+    """The query's progress events of batches after ``newest`` (None: every event Spark keeps), oldest first.
+
+    Spark's ``recentProgress`` costs two py4j calls per event it keeps (100 by default): up to a second per look
+    on a loaded driver, where the pipeline's main loop also acts on Ctrl-C. ``lastProgress`` costs two: the
+    newest event alone says whether anything is new and, when it is of the next batch, is all there is."""
+    last = getattr(query, "lastProgress", None) if newest is not None else None
+    if newest is not None and last is not None:
+        batch = int(last.batchId)
+        if batch <= newest:
+            return []
+        if batch == newest + 1:
+            return [last]
+    return sorted((p for p in list(getattr(query, "recentProgress", None) or [])
+                   if newest is None or int(p.batchId) > newest), key=lambda p: int(p.batchId))
+
+
 @dataclass
 class MirrorState:
     """What the committed batches, the metadata and the query's status say (this run)."""
@@ -89,6 +106,7 @@ class MirrorState:
     started: float = field(default_factory=time.time)
     tables: dict[str, TableProgress] = field(default_factory=dict)
     seen_batches: set[int] = field(default_factory=set)
+    newest_batch: int | None = None  # the newest of seen_batches
 
     @property
     def snapshotted(self) -> int:
@@ -125,7 +143,7 @@ class MirrorState:
     def update(self, query: Any) -> bool:
         """Take in the progress events not seen yet, and the query's status; whether a batch was committed."""
         new = False
-        for p in list(getattr(query, "recentProgress", None) or []):
+        for p in progress_after(query, self.newest_batch):
             batch = int(p.batchId)
             if batch in self.seen_batches:
                 continue
@@ -136,6 +154,7 @@ class MirrorState:
                 # (``changes 0`` for an epoch of changes). The query's status says it is idle.
                 continue
             self.seen_batches.add(batch)
+            self.newest_batch = max(batch, self.newest_batch if self.newest_batch is not None else batch)
             new = True
             self._take(p)
         status = getattr(query, "status", None)

@@ -46,6 +46,18 @@ def ended(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> tup
     return rc, log.read_text()
 
 
+@contextmanager
+def logs_on_failure(*logs: Path, chars: int = 3000) -> Iterator[None]:
+    """A failure inside the block also shows the end of each of ``logs`` that exists (the runs of a chain of
+    restarts, Spark's log): a failure that comes once in many runs explains itself."""
+    try:
+        yield
+    except AssertionError as exc:
+        tails = [f"----- {log} (its last {chars} characters) -----\n{log.read_text(errors='replace')[-chars:]}"
+                 for log in logs if log.exists()]
+        raise AssertionError("\n".join([str(exc), *tails])) from exc
+
+
 def drain(proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> str:
     """SIGTERM, as a supervisor or Ctrl-C sends it: the command drains; its output, after asserting it did."""
     proc.send_signal(signal.SIGTERM)

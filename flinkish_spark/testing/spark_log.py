@@ -13,6 +13,17 @@ def committed_batches(checkpoint_location: str | os.PathLike[str]) -> list[int]:
     return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
 
 
+def planned_offsets(checkpoint_location: str | os.PathLike[str]) -> list[str]:
+    """The source offsets (one JSON text per source) of the last batch in Spark's offset log under
+    ``checkpoint_location``, committed or not ([] before the first)."""
+    folder = os.path.join(os.fspath(checkpoint_location), "offsets")
+    planned = sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+    if not planned:
+        return []
+    with open(os.path.join(folder, str(planned[-1]))) as f:
+        return f.read().splitlines()[2:]  # after the version line and the batch's own metadata
+
+
 def write_batch(checkpoint_location: str | os.PathLike[str], batch: int, offsets: list[dict],
                 committed: bool = True) -> None:
     """Spark's offset log entry of ``batch`` (its sources' end offsets, as Spark writes them) and, when

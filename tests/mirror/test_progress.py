@@ -50,6 +50,40 @@ def test_rows_changes_and_lag_add_up_over_batches_each_counted_once() -> None:
     assert lag is not None and lag == pytest.approx(5, abs=0.01)  # the newest change's age, an empty batch keeps it
 
 
+class Driver:
+    """A query whose ``recentProgress`` costs (two py4j calls per event kept): counted; ``lastProgress`` is cheap."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.full_reads = 0
+        self.status = {"message": "", "isDataAvailable": True, "isTriggerActive": False}
+
+    @property
+    def recentProgress(self) -> list[Any]:
+        self.full_reads += 1
+        return list(self.events)
+
+    @property
+    def lastProgress(self) -> Any:
+        return self.events[-1] if self.events else None
+
+
+def test_each_batch_counted_once_reading_all_of_sparks_events_only_when_more_than_one_is_new() -> None:
+    """The pipeline's main loop looks twice a second (and acts on Ctrl-C in between): all the events Spark keeps
+    took it up to a second on a loaded driver. The newest event tells what is new; a look after a gap reads all."""
+    state, driver = MirrorState(), Driver()
+    driver.events = [event(0, 100, 0, None)]
+    assert state.update(driver) and driver.full_reads == 1  # the first look: everything
+    idle = SimpleNamespace(batchId=1, observedMetrics={}, sources=[], durationMs={})  # an idle trigger names batch 1
+    idle_after_3 = SimpleNamespace(batchId=4, observedMetrics={}, sources=[], durationMs={})
+    for events in ([idle], [], [event(1, 50, 20, None)], [], [event(2, 5, 5, None), event(3, 7, 7, None)],
+                   [idle_after_3], []):
+        driver.events += events
+        state.update(driver)
+    assert (state.epoch, state.rows, state.changes) == (3, 162, 32)
+    assert driver.full_reads == 2  # the first look and the one after two new batches
+
+
 def test_a_spark_connect_clients_metrics_are_counted_too() -> None:
     # A Connect client's progress events carry each observed metric as Row(values=[...], schema={...}) (pyspark
     # 4.x parses the event's JSON so), not as a Row of named fields.

@@ -65,3 +65,43 @@ def test_the_pipeline_process_arms_crash_points_for_its_own_process_group(monkey
     monkeypatch.setattr(pipeline, "run", lambda config: seen.append(os.environ.get(ENV_PGID)) or 0)
     assert pipeline.main() == 0
     assert seen == [str(os.getpgrp())]  # armed before the pipeline (and Spark) starts
+
+
+def test_a_signal_while_the_pipeline_process_starts_is_its_drain_request_not_its_death(
+        no_preflight: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Ctrl-C / SIGTERM before the pipeline process has its handler (Python still importing, ~1 s on a loaded
+    machine) killed it: exit 143 and "the driver was killed (SIGTERM: kill -9, a crash ...)". It waits for the
+    handler instead: the stand-in pipeline (the real signal handling, late) counts it once and ends well."""
+    import threading
+    import time
+
+    import flinkish_spark
+
+    started = tmp_path / "started"
+    script = tmp_path / "fake-python"  # run directly by the kernel (a shell in between may reset the signal mask)
+    script.write_text(f"""#!{sys.executable}
+import sys, time
+sys.stdin.read()
+open({str(started)!r}, "w").close()
+time.sleep(1.0)  # still starting: no handler yet
+sys.path.insert(0, {os.path.dirname(os.path.dirname(flinkish_spark.__file__))!r})
+from flinkish_spark.mirror.pipeline import _Signals
+signals = _Signals()
+time.sleep(0.3)
+sys.exit(0 if signals.count == 1 else 3)
+""")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def ctrl_c_while_it_starts() -> None:
+        deadline = time.time() + 30
+        while not started.exists() and time.time() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGTERM)  # to the command, as `kill` or the terminal sends it
+
+    threading.Thread(target=ctrl_c_while_it_starts, daemon=True).start()
+    rc = cli.main(mirror(tmp_path))
+    err = capsys.readouterr().err
+    assert rc == 0 and "killed" not in err, (rc, err)
