@@ -35,9 +35,9 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flinkish_spark.connectors.delta.deletion_vectors import Descriptor
 from flinkish_spark.connectors.delta.log import DeltaLog
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.errors import AlreadyExistsError
@@ -96,9 +96,11 @@ def write_checkpoint(log: DeltaLog, state: DeltaState, version: int) -> bool:
             + [{"txn": {"appId": app, "version": v, "lastUpdated": state.txn_updated.get(app)}}
                for app, v in sorted(state.txns.items())]
             + [{"domainMetadata": {**d, "removed": False}} for _, d in sorted(state.domains.items())]
-            + [{"add": _file(f.add_action(f.dv, data_change=False)["add"], _ADD)} for f in state.files.values()]
-            + [{"remove": r} for r in tombstones])
-    table = pa.Table.from_pylist([{name: row.get(name) for name in SCHEMA.names} for row in rows], schema=SCHEMA)
+            + [{"add": _file(f.add_action(f.dv, data_change=False)["add"], _ADD)} for f in state.files.values()])
+    table = pa.concat_tables([
+        pa.Table.from_pylist([{name: row.get(name) for name in SCHEMA.names} for row in rows], schema=SCHEMA),
+        pa.table([tombstones if f.name == "remove" else pa.array([None] * len(tombstones), f.type) for f in SCHEMA],
+                 schema=SCHEMA)])
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy")
     data = sink.getvalue().to_pybytes()
@@ -108,7 +110,7 @@ def write_checkpoint(log: DeltaLog, state: DeltaState, version: int) -> bool:
     except AlreadyExistsError:
         pass  # another writer checkpointed this version: the same table state
     if log.last_checkpoint() < version:
-        last = {"version": version, "size": len(rows), "sizeInBytes": len(data), "numOfAddFiles": len(state.files)}
+        last = {"version": version, "size": table.num_rows, "sizeInBytes": len(data), "numOfAddFiles": len(state.files)}
         log.io.write_bytes(f"{log.root}/_last_checkpoint", json.dumps(last).encode())
     state.checkpoint = (version, (url,))
     return True
@@ -119,38 +121,59 @@ def _known(protocol: dict[str, Any]) -> bool:
     return int(protocol["minWriterVersion"]) in (2, 7) and features <= KNOWN_FEATURES
 
 
-def _tombstones(log: DeltaLog, state: DeltaState) -> list[dict[str, Any]] | None:
-    """The removes a checkpoint of the state's version keeps (None: the checkpoint they are read from is gone)."""
-    found: dict[tuple[str, str | None], dict[str, Any]] = {}  # (path, vector id) -> newest remove of it
+def _tombstones(log: DeltaLog, state: DeltaState) -> pa.Array | None:
+    """The removes a checkpoint of the state's version keeps, as an array of :data:`_REMOVE` (None: the
+    checkpoint or a commit they are read from is gone). In Arrow: a week of them can be many (one per
+    vector replaced), and a Python object per tombstone per checkpoint would be the commit's cost again."""
+    pieces: list[pa.Array] = []
     base, parts = state.checkpoint
     try:
         for url in parts:
             with log.io.fs.open(log.io.strip(url), "rb") as handle:
                 pf = pq.ParquetFile(handle)
-                if "remove" not in pf.schema_arrow.names:
-                    continue
-                for row in pf.read(columns=["remove"]).column("remove").to_pylist():
-                    if row is not None:
-                        found[_key(row)] = row
+                if "remove" in pf.schema_arrow.names:
+                    column = pf.read(columns=["remove"]).column("remove").combine_chunks()
+                    pieces.append(_conform(column.filter(column.is_valid())))
     except FileNotFoundError:
         return None
+    newer: list[dict[str, Any]] = []
     for version in range(base + 1, state.version + 1):
         actions = log.read(version)
         if actions is None:
             return None
-        for action in actions:
-            if "remove" in action:
-                found[_key(action["remove"])] = action["remove"]
-    live = {(f.path, None if f.dv is None else f.dv.unique_id) for f in state.files.values()}
+        newer += [_file(a["remove"], _REMOVE) for a in actions if "remove" in a]
+    pieces.append(pa.array(newer, type=_REMOVE))
+    removes = pa.concat_arrays(pieces)  # oldest first
+    if not len(removes):
+        return removes
+    keys = _keys(removes)
+    # Of two removes of one logical file the newest; none of a file live again (same path and vector).
+    newest = pa.table({"k": keys, "i": pa.array(range(len(keys)), pa.int64())}).group_by("k").aggregate([("i", "max")])
+    live = pa.array([f"{f.path}|{'' if f.dv is None else f.dv.unique_id}" for f in state.files.values()], pa.string())
+    keep = pc.and_(pc.is_in(pa.array(range(len(keys)), pa.int64()), newest.column("i_max")),
+                   pc.invert(pc.is_in(keys, live)))
+    deleted = pc.struct_field(removes, "deletionTimestamp")
     cutoff = int(time.time() * 1000) - _retention_ms(state.metadata or {})
-    return [_file(r, _REMOVE) for k, r in found.items()
-            if k not in live and (r.get("deletionTimestamp") is None or int(r["deletionTimestamp"]) > cutoff)]
+    keep = pc.and_(keep, pc.or_kleene(pc.is_null(deleted), pc.greater(deleted, cutoff)))
+    return removes.filter(keep)
 
 
-def _key(remove: dict[str, Any]) -> tuple[str, str | None]:
-    """A logical file's identity (the protocol's): its path and its vector's ``uniqueId``."""
-    dv = remove.get("deletionVector")
-    return str(remove["path"]), None if not dv else Descriptor.from_json(dv).unique_id
+def _keys(removes: pa.StructArray) -> pa.Array:
+    """``path|uniqueId`` per remove (the protocol's identity of a logical file; ``path|`` without a vector)."""
+    dv = pc.struct_field(removes, "deletionVector")
+    offset = pc.cast(pc.struct_field(dv, "offset"), pa.string())
+    unique = pc.binary_join_element_wise(pc.struct_field(dv, "storageType"), pc.struct_field(dv, "pathOrInlineDv"), "")
+    unique = pc.if_else(pc.is_null(offset), unique, pc.binary_join_element_wise(unique, offset, "@"))
+    unique = pc.if_else(pc.is_null(dv), "", unique)
+    return pc.binary_join_element_wise(pc.struct_field(removes, "path"), pc.fill_null(unique, ""), "|")
+
+
+def _conform(column: pa.StructArray) -> pa.StructArray:
+    """A checkpoint's ``remove`` column (delta-rs's, Spark's: other fields, another order) as :data:`_REMOVE`."""
+    names = [column.type.field(i).name for i in range(column.type.num_fields)]
+    arrays = [column.field(f.name).cast(f.type) if f.name in names
+              else pa.array([None] * len(column), f.type) for f in _REMOVE]
+    return pa.StructArray.from_arrays(arrays, fields=list(_REMOVE))
 
 
 def _retention_ms(metadata: dict[str, Any]) -> int:

@@ -80,34 +80,47 @@ def test_the_commit_and_a_restart_never_load_the_tables_through_delta_rs(tmp_pat
 
 
 def test_a_checkpoint_the_sink_writes_is_the_table_for_delta_rs_and_for_the_sink(tmp_path: Path) -> None:
-    """With every commit up to the newest checkpoint deleted (what log cleanup does), delta-rs and the sink's
-    own load read the same rows, txn and vectors from the checkpoint; it keeps the removes of files no longer
-    live (tombstones: VACUUM and time travel), not those of a file live again with another vector."""
+    """The sink's checkpoint after one of delta-rs's (a process started on it): with every commit up to it
+    deleted (what log cleanup does), delta-rs and the sink's own load read the same rows, txn and vectors
+    from it, and it holds the tombstones delta-rs's checkpoint of that version holds (removed files, for
+    VACUUM and time travel; none of a file live again with another vector)."""
     m = Mirror(tmp_path)
     s = StreamBuilder()
     for schema in SCHEMAS:
         s.snapshot(schema, [{"id": i, "v": f"x{i}"} for i in range(1, 30)])
     m.epoch(s.batch())
-    _epochs(m, s, 1, 8)
+    _epochs(m, s, 1, 4)
     path = m.path(SCHEMAS[0].table)
+    deltalake.DeltaTable(path).create_checkpoint()
+    by_delta_rs = deltalake.DeltaTable(path).version()
+    _restart()
+    _epochs(m, s, 4, 9)
     full = load_state(DeltaLog(FileIO.for_url(path), path), 100)
     newest = max(int(p.name[:20]) for p in Path(path, "_delta_log").glob("*.checkpoint.parquet"))
-    cleaned = str(tmp_path / "cleaned")
+    assert newest > by_delta_rs
+    cleaned, again = str(tmp_path / "cleaned"), str(tmp_path / "again")
     shutil.copytree(path, cleaned)
+    shutil.copytree(path, again)
     for v in range(newest + 1):
         Path(cleaned, "_delta_log", f"{v:020d}.json").unlink()
     from_checkpoint = load_state(DeltaLog(FileIO.for_url(cleaned), cleaned), 100)
     assert from_checkpoint.checkpoint[0] == newest
     assert {p: (f.dv, f.size) for p, f in from_checkpoint.files.items()} == {p: (f.dv, f.size) for p, f in full.files.items()}
-    assert from_checkpoint.txns == full.txns == {"m": 7}
+    assert from_checkpoint.txns == full.txns == {"m": 8}
     table = deltalake.DeltaTable(cleaned)
-    assert sorted(pa.table(table.scan()).to_pylist(), key=lambda r: r["id"]) == _expected(8)
-    assert table.transaction_version("m") == 7
-    removes = [r for r in pq.read_table(Path(path, "_delta_log", f"{newest:020d}.checkpoint.parquet"))
-               .column("remove").to_pylist() if r is not None]
-    assert removes, "the checkpoint keeps tombstones"
-    live = {(f.path, None if f.dv is None else f.dv.to_json()["pathOrInlineDv"]) for f in full.files.values()}
-    assert all((r["path"], (r["deletionVector"] or {}).get("pathOrInlineDv")) not in live for r in removes)
+    assert sorted(pa.table(table.scan()).to_pylist(), key=lambda r: r["id"]) == _expected(9)
+    assert table.transaction_version("m") == 8
+
+    def removes(root: str) -> list[tuple]:
+        column = pq.read_table(Path(root, "_delta_log", f"{newest:020d}.checkpoint.parquet")).column("remove")
+        return sorted((r["path"], str(r["deletionVector"]), r["deletionTimestamp"]) for r in column.to_pylist() if r)
+
+    ours = removes(path)
+    for p in Path(again, "_delta_log").iterdir():  # delta-rs's checkpoint of the same version
+        if "checkpoint" in p.name or (p.name.endswith(".json") and int(p.name[:20]) > newest):
+            p.unlink()
+    deltalake.DeltaTable(again).create_checkpoint()
+    assert len(ours) >= 5 and ours == removes(again)
 
 
 def test_tombstones_older_than_the_tables_retention_are_left_out(tmp_path: Path) -> None:
