@@ -18,8 +18,7 @@ and those of the commits after it (one GET each, at most the versions since that
 a tombstone whose file (path and vector) is live again, or expired, is left out, of two of one
 file the newest kept. The file is a classic single-part checkpoint in the schema delta-rs
 writes (read back by delta-rs, Spark and :func:`~flinkish_spark.connectors.delta.state.load_state`),
-put-if-absent (another writer's checkpoint of the version is as good); then
-``_last_checkpoint``, unless it names a newer one already.
+written whole or not at all; then ``_last_checkpoint``, unless it names a newer one already.
 
 :func:`write_checkpoint` answers False when it cannot write one from the state (the state is
 not at the version, the table has a protocol feature the sink does not know, or the checkpoint
@@ -40,7 +39,6 @@ import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.delta.log import DeltaLog
 from flinkish_spark.connectors.delta.state import DeltaState
-from flinkish_spark.errors import AlreadyExistsError
 
 #: Features whose tables this writer checkpoints (what the keyed modes accept); anything else: delta-rs.
 KNOWN_FEATURES = frozenset({"appendOnly", "invariants", "deletionVectors", "timestampNtz", "domainMetadata",
@@ -105,10 +103,9 @@ def write_checkpoint(log: DeltaLog, state: DeltaState, version: int) -> bool:
     pq.write_table(table, sink, compression="snappy")
     data = sink.getvalue().to_pybytes()
     url = f"{log.root}/{version:020d}.checkpoint.parquet"
-    try:
-        log.io.write_exclusive(url, data)
-    except AlreadyExistsError:
-        pass  # another writer checkpointed this version: the same table state
+    # Overwritten if another writer checkpointed the version (the same table state); atomic (a local file:
+    # renamed into place after an fsync, so _last_checkpoint never names a torn file; an object: one PUT).
+    log.io.write_bytes(url, data)
     if log.last_checkpoint() < version:
         last = {"version": version, "size": table.num_rows, "sizeInBytes": len(data), "numOfAddFiles": len(state.files)}
         log.io.write_bytes(f"{log.root}/_last_checkpoint", json.dumps(last).encode())
