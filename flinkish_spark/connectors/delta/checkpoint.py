@@ -108,7 +108,9 @@ def write_checkpoint(log: DeltaLog, state: DeltaState, version: int) -> bool:
     log.io.write_bytes(url, data)
     if log.last_checkpoint() < version:
         last = {"version": version, "size": table.num_rows, "sizeInBytes": len(data), "numOfAddFiles": len(state.files)}
-        log.io.write_bytes(f"{log.root}/_last_checkpoint", json.dumps(last).encode())
+        # A hint, written after the checkpoint is durable: torn by a crash, every reader (delta-rs, Spark,
+        # DeltaLog.last_checkpoint_info) lists the log instead -- so no fsync of its own.
+        log.io.write_bytes(f"{log.root}/_last_checkpoint", json.dumps(last).encode(), durable=False)
     state.checkpoint = (version, (url,))
     return True
 
