@@ -20,7 +20,7 @@ from tests.connectors.delta.test_routed import Mirror
 
 deltalake = pytest.importorskip("deltalake")
 
-SCHEMAS = [table_schema(f"public.c{i}", [("id", "int"), ("v", "text")], ("id",)) for i in range(3)]
+SCHEMAS = [table_schema(f"public.c{i}", [("id", "int"), ("v", "text")], ("id",)) for i in range(2)]
 
 
 def _restart() -> None:
@@ -35,11 +35,11 @@ def _restart() -> None:
     CACHE.clear()
 
 
-def _epochs(m: Mirror, s: StreamBuilder, first: int, last: int) -> None:
+def _epochs(m: Mirror, s: StreamBuilder, first: int, last: int, schemas: list = SCHEMAS) -> None:
     for e in range(first, last):  # an update, a delete and an insert per table: vectors, removes, new files
-        s.transaction(*[(schema, "u", {"id": 1 + e % 5, "v": f"e{e}"}) for schema in SCHEMAS],
-                      *[(schema, "d", {"id": 10 + e}) for schema in SCHEMAS],
-                      *[(schema, "c", {"id": 100 + e, "v": f"n{e}"}) for schema in SCHEMAS])
+        s.transaction(*[(schema, "u", {"id": 1 + e % 5, "v": f"e{e}"}) for schema in schemas],
+                      *[(schema, "d", {"id": 10 + e}) for schema in schemas],
+                      *[(schema, "c", {"id": 100 + e, "v": f"n{e}"}) for schema in schemas])
         m.epoch(s.batch())
 
 
@@ -86,15 +86,15 @@ def test_a_checkpoint_the_sink_writes_is_the_table_for_delta_rs_and_for_the_sink
     VACUUM and time travel; none of a file live again with another vector)."""
     m = Mirror(tmp_path)
     s = StreamBuilder()
-    for schema in SCHEMAS:
-        s.snapshot(schema, [{"id": i, "v": f"x{i}"} for i in range(1, 30)])
+    one = SCHEMAS[:1]
+    s.snapshot(one[0], [{"id": i, "v": f"x{i}"} for i in range(1, 30)])
     m.epoch(s.batch())
-    _epochs(m, s, 1, 4)
-    path = m.path(SCHEMAS[0].table)
+    _epochs(m, s, 1, 4, one)
+    path = m.path(one[0].table)
     deltalake.DeltaTable(path).create_checkpoint()
     by_delta_rs = deltalake.DeltaTable(path).version()
     _restart()
-    _epochs(m, s, 4, 9)
+    _epochs(m, s, 4, 9, one)
     full = load_state(DeltaLog(FileIO.for_url(path), path), 100)
     newest = max(int(p.name[:20]) for p in Path(path, "_delta_log").glob("*.checkpoint.parquet"))
     assert newest > by_delta_rs
