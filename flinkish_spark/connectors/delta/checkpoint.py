@@ -5,7 +5,7 @@ Why not delta-rs's ``create_checkpoint``: it needs the delta-rs table brought up
 ``_delta_log`` folder* (on local disk and Azure every name with its metadata; S3 and GCS list
 from an offset) -- O(every version the table ever had), since nothing of the log is deleted
 within ``delta.logRetentionDuration`` (30 days). Measured on local disk: 6 ms per checkpoint at
-10 versions, 170 ms at 10,000 (docs/benchmarks.md). A mirror's tables get a version per
+10 versions, 168 ms at 30,000 (docs/benchmarks.md). A mirror's tables get a version per
 changed epoch for months: each checkpoint, every ``checkpointInterval`` versions of every
 table, would cost more without bound.
 

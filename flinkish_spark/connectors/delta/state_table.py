@@ -2,7 +2,7 @@
 
 Why: delta-rs's ``DeltaTable(...)`` lists the whole ``_delta_log`` folder (on local disk and
 Azure every name with its metadata) -- O(every version the table ever had) -- and a mirror's
-driver loads one per target at each start: 3 ms per table at 10 versions, 53 ms at 10,000
+driver loads one per target at each start: 3 ms per table at 10 versions, 84 ms at 30,000
 (docs/benchmarks.md), for every one of ~1,000 tables after a restart. The sink's own
 :func:`~flinkish_spark.connectors.delta.state.load_state` reads ``_last_checkpoint``, the
 checkpoint and the commits after it (one GET each): O(live files + versions since the
