@@ -340,8 +340,9 @@ class FileIO:
         except FileNotFoundError:
             return False
 
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write (or overwrite) ``path``; atomic on local disk via rename."""
+    def write_bytes(self, path: str, data: bytes, durable: bool = True) -> None:
+        """Write (or overwrite) ``path``; atomic on local disk via rename. ``durable`` False: a local file is
+        not fsynced first (a hint whose readers take a torn one for none, e.g. Delta's ``_last_checkpoint``)."""
         stripped = self.strip(path)
         if self.protocol in ("file", "local"):
             os.makedirs(os.path.dirname(stripped) or ".", exist_ok=True)
@@ -350,8 +351,9 @@ class FileIO:
             tmp = os.path.join(os.path.dirname(stripped), f".{os.path.basename(stripped)}.tmp-{uuid.uuid4().hex}")
             with open(tmp, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, stripped)
             return
         self._call("writing", path, lambda: self.fs.pipe_file(stripped, data))

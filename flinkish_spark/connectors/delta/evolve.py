@@ -75,8 +75,11 @@ class RoutedDeltaTarget(LiveTarget):
         except OSError as exc:
             raise StorageUnavailableError(f"{component}: the Delta table {self.path!r} could not be read: {exc}") from None
         del dl
-        self._check_keyed(table, f"{component} (source table {self.source_table})")
+        self.check_table(table, component)
         return table
+
+    def check_table(self, table: Any, component: str) -> None:
+        self._check_keyed(table, f"{component} (source table {self.source_table})")
 
     def existing_state(self) -> DeltaState | None:
         """The table's state, None while it does not exist."""

@@ -31,7 +31,9 @@
 Every ``compactEvery`` epochs (a routed target: every ``compactEvery`` versions of the table, at its
 own offset) the commit is followed by a compaction
 (:mod:`flinkish_spark.connectors.delta.compaction`); every ``checkpointInterval``
-versions by a checkpoint.
+versions by a checkpoint, written from the commit's state
+(:mod:`flinkish_spark.connectors.delta.checkpoint`: no listing of the log, whose length grows
+with the table's history).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
+from flinkish_spark.connectors.delta.checkpoint import write_checkpoint
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, delta_files
 from flinkish_spark.connectors.delta.compaction import compact
 from flinkish_spark.connectors.delta.epoch_commit import EpochCommit, EpochExtra
@@ -157,8 +160,8 @@ def after_keyed(sink: DeltaTarget, state: DeltaState, version: int, epoch: int) 
             compacted = compact(sink, state, epoch)
             if compacted is not None:
                 version = compacted
-        if sink.checkpoint_due(version):
-            sink.table().create_checkpoint()
+        if sink.checkpoint_due(version) and not write_checkpoint(sink.log(), state, version):
+            sink.table().create_checkpoint()  # a state the sink cannot checkpoint from (checkpoint.py)
     except Exception as exc:  # noqa: BLE001 - see above
         log.warning("flinkish.delta: table maintenance after epoch %d of %s failed: %s", epoch, sink.path, exc)
 

@@ -25,6 +25,7 @@ import numpy as np
 from flinkish_spark.connectors.delta.deletion_vectors import read_vector
 from flinkish_spark.connectors.delta.log import TableChanged
 from flinkish_spark.connectors.delta.state import DeltaState, LiveFile, load_state
+from flinkish_spark.connectors.delta.state_table import load_validated
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
 from flinkish_spark.connectors.lakehouse.files import epoch_dir
 from flinkish_spark.connectors.lakehouse.key_lookup import CACHE
@@ -52,6 +53,15 @@ def table_state(target: DeltaTarget) -> DeltaState:
         # dropped every cache of the old one; or the head it is checked by was dropped): read afresh.
         forget_state(target)
         state = None
+    if state is not None:
+        try:
+            state.catch_up(target.log())
+        except TableChanged:
+            forget_state(target)
+            return table_state(target)
+        return state
+    # From the log without delta-rs (whose load lists every version the table ever had), if it can.
+    state = load_validated(target, "flinkish.delta commit")
     if state is None:
         table = target.validate(False, "flinkish.delta commit")
         target.set_head(table)  # what the next call checks the state's table by
@@ -59,14 +69,8 @@ def table_state(target: DeltaTarget) -> DeltaState:
             state = load_state(target.log(), table.version())
         except TableChanged:
             return table_state(target)  # changed again while loading: validate the newer version
-        with _STATES_LOCK:
-            _STATES[key] = state
-    else:
-        try:
-            state.catch_up(target.log())
-        except TableChanged:
-            forget_state(target)
-            return table_state(target)
+    with _STATES_LOCK:
+        _STATES[key] = state
     return state
 
 

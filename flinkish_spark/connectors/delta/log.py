@@ -174,10 +174,15 @@ class DeltaLog:
             _apply(head, uid, head.version + 1, _actions(data), data)
 
     def last_checkpoint_info(self) -> dict[str, Any] | None:
-        """``_last_checkpoint`` as written (``version``, optional ``parts``), None without one."""
+        """``_last_checkpoint`` as written (``version``, optional ``parts``), None without one -- or with one a
+        crash left torn (a hint: delta-rs and Spark list the log then, as :func:`~.state.load_state` does)."""
         try:
-            return dict(json.loads(self.io.read_bytes(f"{self.root}/_last_checkpoint")))
+            info = dict(json.loads(self.io.read_bytes(f"{self.root}/_last_checkpoint")))
+            int(info["version"])
+            return info
         except FileNotFoundError:
+            return None
+        except (ValueError, TypeError, KeyError):
             return None
 
     def append(self, head: LogHead, uid: str, epoch: int, actions: list[dict[str, Any]],

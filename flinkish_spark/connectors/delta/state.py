@@ -118,12 +118,19 @@ class LiveFile:
 
 @dataclass
 class DeltaState:
-    """The table at ``version``: live files by path, and the txn version of every app id."""
+    """The table at ``version``: live files by path, and the txn version of every app id -- with the
+    newest protocol, domain metadata and txn times, everything a checkpoint of the version holds besides
+    the tombstones (:mod:`flinkish_spark.connectors.delta.checkpoint` reads those from the log)."""
 
     version: int
     files: dict[str, LiveFile]
     txns: dict[str, int]
     metadata: dict[str, Any] | None = None  # the newest metaData action (routing: the target's schema)
+    protocol: dict[str, Any] | None = None  # the newest protocol action
+    domains: dict[str, dict[str, Any]] = field(default_factory=dict)  # domainMetadata actions not removed
+    txn_updated: dict[str, int | None] = field(default_factory=dict)  # lastUpdated of each app id's txn
+    # The checkpoint the state was read from or the sink wrote last: (version, part URLs), (-1, ()) for none.
+    checkpoint: tuple[int, tuple[str, ...]] = (-1, ())
 
     def txn(self, uid: str) -> int:
         return self.txns.get(uid, -1)
@@ -145,10 +152,25 @@ class DeltaState:
                 self.files[f.path] = f
             elif "metaData" in action:
                 self.metadata = dict(action["metaData"])
+            elif "protocol" in action:
+                self.protocol = dict(action["protocol"])
+            elif "domainMetadata" in action:
+                self._domain(action["domainMetadata"])
             elif "txn" in action:
-                txn = action["txn"]
-                self.txns[str(txn["appId"])] = max(self.txns.get(str(txn["appId"]), -1), int(txn["version"]))
+                self._txn(action["txn"])
         self.version = version
+
+    def _txn(self, txn: dict[str, Any]) -> None:
+        app = str(txn["appId"])
+        if int(txn["version"]) >= self.txns.get(app, -1):
+            self.txns[app] = int(txn["version"])
+            self.txn_updated[app] = None if txn.get("lastUpdated") is None else int(txn["lastUpdated"])
+
+    def _domain(self, domain: dict[str, Any]) -> None:
+        if domain.get("removed"):
+            self.domains.pop(str(domain["domain"]), None)
+        else:
+            self.domains[str(domain["domain"])] = dict(domain)
 
     def catch_up(self, log: DeltaLog, validated: int = -1) -> int:
         """Apply the commits after ``version`` (one GET each); the number applied."""
@@ -177,9 +199,14 @@ def load_state(log: DeltaLog, validated: int) -> DeltaState:
                     state.files[f.path] = f
                 elif kind == "metaData":
                     state.metadata = row
+                elif kind == "protocol":
+                    state.protocol = row
+                elif kind == "domainMetadata":
+                    state._domain(row)
                 else:
-                    state.txns[str(row["appId"])] = int(row["version"])
+                    state._txn(row)
         state.version = checkpoint
+        state.checkpoint = (checkpoint, tuple(parts))
     state.catch_up(log, validated)
     if state.version < 0:
         raise TableMismatchError(f"{log.root} holds no Delta commit")
@@ -222,7 +249,7 @@ def _checkpoint_rows(log: DeltaLog, url: str) -> Iterator[tuple[str, dict[str, A
             if "sidecar" in names and pf.read(columns=["sidecar"]).column("sidecar").null_count < pf.metadata.num_rows:
                 raise TableMismatchError(f"{url} is a V2 checkpoint with sidecar files, which the flinkish.delta "
                                          "sink's keyed modes do not read yet")
-            table = pf.read(columns=[c for c in ("add", "txn", "metaData") if c in names])
+            table = pf.read(columns=[c for c in ("add", "txn", "metaData", "protocol", "domainMetadata") if c in names])
     except (OSError, ValueError) as exc:
         raise CorruptMetadataError(f"the Delta checkpoint {url} could not be read: {exc}") from None
     for name in table.column_names:

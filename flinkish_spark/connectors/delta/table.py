@@ -235,6 +235,13 @@ class DeltaTarget:
             raise StorageUnavailableError(f"{component}: the Delta table {self.path!r} could not be read: {exc}") from None
         if table is None:
             table = self._create(create, component)
+        self.check_table(table, component)
+        return table
+
+    def check_table(self, table: Any, component: str) -> None:
+        """Raise TableMismatchError if the table (delta-rs's, or the keyed state's
+        :class:`~flinkish_spark.connectors.delta.state_table.StateTable`) does not fit the query."""
+        dl = deltalake()
         if self.plan is not None:
             changed = key_type_changes(self.plan, pa.schema(table.schema().to_arrow()))
             if changed:
@@ -257,7 +264,6 @@ class DeltaTarget:
             )
         if self.plan is not None:
             self._check_keyed(table, component)
-        return table
 
     def _create(self, create: bool, component: str) -> Any:
         dl = deltalake()

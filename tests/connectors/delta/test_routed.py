@@ -471,4 +471,6 @@ def test_the_tables_checkpoints_are_spread_over_epochs_not_all_written_in_one(tm
     firsts = [versions[0] for versions in checkpointed.values() if versions]
     assert len(firsts) == len(schemas), checkpointed  # each table has one within its first 3 versions after 0
     assert all(1 <= v <= 3 for v in firsts), checkpointed
-    assert len(set(firsts)) == 3, checkpointed  # 12 tables over 3 offsets: not all in one epoch
+    # 12 tables over 3 offsets (crc32 of a path below tmp_path, another each session): not all in one epoch. Not
+    # "all 3 used": 12 random offsets miss one of 3 in 2.3% of the sessions (seen); all in one: 6e-6.
+    assert len(set(firsts)) >= 2, checkpointed
