@@ -203,8 +203,12 @@ def test_each_committed_batchs_durations_are_scraped_once_an_idle_trigger_before
     config = MirrorConfig("mirror", "m", "postgresql://db/x", "public.*", "delta", str(tmp_path / "lake/{schema}/{table}"),
                           root, str(tmp_path / "spark"))
     served: list = []  # the registry the endpoint answers from (an HTTP server's shutdown alone takes 0.5 s)
-    monkeypatch.setattr(prometheus_client, "start_http_server", lambda port, registry: (
-        served.append(registry), (SimpleNamespace(shutdown=lambda: None), None))[1])
+
+    def serve(port: int, registry: object) -> tuple:
+        served.append(registry)
+        return SimpleNamespace(shutdown=lambda: None), None
+
+    monkeypatch.setattr(prometheus_client, "start_http_server", serve)
     query = SimpleNamespace(recentProgress=[], lastProgress=None)
     recorder = Recorder(config, query, port=9)
     try:
