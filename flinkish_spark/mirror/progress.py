@@ -87,6 +87,13 @@ def progress_after(query: Any, newest: int | None) -> list[Any]:
                    if newest is None or int(p.batchId) > newest), key=lambda p: int(p.batchId))
 
 
+def is_batch(p: Any) -> bool:
+    """Whether a progress event is of a batch Spark ran: it carries the mirror's observed metrics. An idle trigger's
+    event (no new data: at most one per noDataProgressEventInterval) names the batch that has not run yet and carries
+    none; when that batch runs, its own event has the same id."""
+    return (getattr(p, "observedMetrics", None) or {}).get(OBSERVED) is not None
+
+
 @dataclass
 class MirrorState:
     """What the committed batches, the metadata and the query's status say (this run)."""
@@ -149,10 +156,8 @@ class MirrorState:
             batch = int(p.batchId)
             if self.newest_batch is not None and batch <= self.newest_batch:
                 continue  # taken already: one event per batch id is taken
-            if (getattr(p, "observedMetrics", None) or {}).get(OBSERVED) is None:
-                # An idle trigger's event (no new data: at most one per noDataProgressEventInterval) names the
-                # batch that has not run yet, without observed metrics; when that batch runs, its own event
-                # has the same id. Taking the idle one as the batch hid the real batch's rows and changes
+            if not is_batch(p):
+                # An idle trigger's event: taking it as the batch it names hid the real batch's rows and changes
                 # (``changes 0`` for an epoch of changes). The query's status says it is idle.
                 continue
             self.newest_batch = batch

@@ -19,6 +19,7 @@ from flinkish_spark.connectors.cdc import registry
 from flinkish_spark.connectors.cdc.patterns import write_not_followed
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.mirror import counts
+from flinkish_spark.mirror.progress import OBSERVED
 from flinkish_spark.sink.decisions import DecisionLog, encode_done
 
 A, B = "public.orders", "sales.items"
@@ -169,7 +170,8 @@ def test_the_pipeline_counts_a_killed_runs_epochs_at_its_start_then_each_committ
         assert at_start is not None and (at_start.epoch, at_start.tables[A].changes, at_start.runs) == (1, 5, 4)
         log = DecisionLog(io, root, "mirror_sink")
         log.io.write_exclusive(log.done_path(2), encode_done(T0 // 1000 + 3_000, figures(public__orders=(0, 2, 0, T0))))
-        query.recentProgress = [SimpleNamespace(batchId=0, durationMs={})]  # the batch of epoch 2 committed
+        query.recentProgress = [SimpleNamespace(batchId=0, durationMs={},  # the batch of epoch 2 committed
+                                                observedMetrics={OBSERVED: {"rows": 2}})]
         recorder.step()
         recorder.step()
         after = counts.read(io, root, "mirror")
@@ -190,7 +192,6 @@ def test_each_committed_batchs_durations_are_scraped_once_an_idle_trigger_before
 
     from flinkish_spark.mirror.config import MirrorConfig
     from flinkish_spark.mirror.metrics import Recorder
-    from flinkish_spark.mirror.progress import OBSERVED
 
     def batch(n: int, run_ms: int) -> SimpleNamespace:
         return SimpleNamespace(batchId=n, observedMetrics={OBSERVED: {"rows": 1}}, durationMs={
