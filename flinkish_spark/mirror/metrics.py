@@ -4,7 +4,7 @@
 a thread that every second looks at the query's new progress events (Spark's ``recentProgress``): after a
 committed batch it folds the sink's new done epochs into the counts record and writes it
 (:mod:`flinkish_spark.mirror.counts`: exact under ``kill -9``), and takes the batch's durations into the
-epoch histograms. Every :attr:`Recorder.REFRESH_S` it reads the status from the
+epoch histograms, once per batch (an idle trigger's event is no batch: :func:`~flinkish_spark.mirror.progress.is_batch`). Every :attr:`Recorder.REFRESH_S` it reads the status from the
 metadata (:func:`flinkish_spark.mirror.status.mirror_status`, the one ``flinkish mirror status`` prints).
 A scrape answers from what the thread read last: it never waits on the query or the metadata, so the
 endpoint answers while a batch runs. Metric names, types and labels: docs/mirror.md, "Metrics and status".
@@ -21,7 +21,7 @@ from flinkish_spark.errors import ConfigError
 from flinkish_spark.faults import crash_point
 from flinkish_spark.mirror import counts
 from flinkish_spark.mirror.config import MirrorConfig
-from flinkish_spark.mirror.progress import progress_after
+from flinkish_spark.mirror.progress import is_batch, progress_after
 from flinkish_spark.mirror.status import NOT_FOLLOWED, MirrorStatus, mirror_status
 
 PREFIX = "flinkish_mirror"
@@ -171,9 +171,14 @@ class Recorder:
     def _fold(self, force: bool) -> None:
         """After a committed batch (its progress event), or when forced or behind: the sink's new done epochs into
         the record, and the record written. The batch's durations go to the histograms."""
-        new = progress_after(self.query, self._seen)
-        for p in new:
+        new = []
+        for p in progress_after(self.query, self._seen):
+            if not is_batch(p) or int(p.batchId) <= self._seen:
+                # An idle trigger's event names the batch that has not run yet: taken as seen, it hid that batch's
+                # own event (its durations missing from the histograms) and put the idle trigger's in them
+                continue
             self._seen = int(p.batchId)
+            new.append(p)
             if self.durations is not None:
                 took = getattr(p, "durationMs", None) or {}
                 for phase, keys in PHASES.items():

@@ -19,6 +19,7 @@ from flinkish_spark.connectors.cdc import registry
 from flinkish_spark.connectors.cdc.patterns import write_not_followed
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.mirror import counts
+from flinkish_spark.mirror.progress import OBSERVED
 from flinkish_spark.sink.decisions import DecisionLog, encode_done
 
 A, B = "public.orders", "sales.items"
@@ -169,7 +170,8 @@ def test_the_pipeline_counts_a_killed_runs_epochs_at_its_start_then_each_committ
         assert at_start is not None and (at_start.epoch, at_start.tables[A].changes, at_start.runs) == (1, 5, 4)
         log = DecisionLog(io, root, "mirror_sink")
         log.io.write_exclusive(log.done_path(2), encode_done(T0 // 1000 + 3_000, figures(public__orders=(0, 2, 0, T0))))
-        query.recentProgress = [SimpleNamespace(batchId=0, durationMs={})]  # the batch of epoch 2 committed
+        query.recentProgress = [SimpleNamespace(batchId=0, durationMs={},  # the batch of epoch 2 committed
+                                                observedMetrics={OBSERVED: {"rows": 2}})]
         recorder.step()
         recorder.step()
         after = counts.read(io, root, "mirror")
@@ -177,3 +179,50 @@ def test_the_pipeline_counts_a_killed_runs_epochs_at_its_start_then_each_committ
     finally:
         recorder.close()
     assert recorder.status is not None and recorder.status.tables[0].changes == 7
+
+
+def test_each_committed_batchs_durations_are_scraped_once_an_idle_trigger_before_it_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark reports an idle trigger as an event with the id of the batch that has not run yet (no observed metrics,
+    no batch run). The histogram took the idle trigger's durations as that batch's and then skipped the real batch's
+    event as seen: an epoch's ``batch`` time of 0 s instead of 2 s."""
+    import prometheus_client
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from flinkish_spark.mirror.config import MirrorConfig
+    from flinkish_spark.mirror.metrics import Recorder
+
+    def batch(n: int, run_ms: int) -> SimpleNamespace:
+        return SimpleNamespace(batchId=n, observedMetrics={OBSERVED: {"rows": 1}}, durationMs={
+            "latestOffset": 10, "queryPlanning": 5, "getBatch": 5, "addBatch": run_ms, "walCommit": 20,
+            "commitOffsets": 30, "triggerExecution": run_ms + 70})
+
+    idle = SimpleNamespace(batchId=1, observedMetrics={}, durationMs={"latestOffset": 4, "triggerExecution": 4})
+    root = str(tmp_path / "meta")
+    write_mirror(root)
+    config = MirrorConfig("mirror", "m", "postgresql://db/x", "public.*", "delta", str(tmp_path / "lake/{schema}/{table}"),
+                          root, str(tmp_path / "spark"))
+    served: list = []  # the registry the endpoint answers from (an HTTP server's shutdown alone takes 0.5 s)
+
+    def serve(port: int, registry: object) -> tuple:
+        served.append(registry)
+        return SimpleNamespace(shutdown=lambda: None), None
+
+    monkeypatch.setattr(prometheus_client, "start_http_server", serve)
+    query = SimpleNamespace(recentProgress=[], lastProgress=None)
+    recorder = Recorder(config, query, port=9)
+    try:
+        for event in (batch(0, 1000), idle, batch(1, 2000)):
+            query.recentProgress = [*query.recentProgress, event]
+            query.lastProgress = event
+            recorder.step()
+    finally:
+        recorder.close()
+    text = generate_latest(served[0]).decode()  # what a scrape reads
+    samples = {(s.name, s.labels.get("phase")): s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if f.name == "flinkish_mirror_epoch_duration_seconds"}
+    assert (samples[("flinkish_mirror_epoch_duration_seconds_count", "batch")],
+            samples[("flinkish_mirror_epoch_duration_seconds_sum", "batch")]) == (2, pytest.approx(3.0))
+    assert (samples[("flinkish_mirror_epoch_duration_seconds_count", "plan")],
+            samples[("flinkish_mirror_epoch_duration_seconds_sum", "plan")]) == (2, pytest.approx(0.04))
