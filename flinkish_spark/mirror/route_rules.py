@@ -68,8 +68,7 @@ def check_routes(kind: str, target: str, option: str, sink: dict[str, str], what
 
 def shard_problems(fmt: str, target: str, sink: dict[str, str], tables: list[str]) -> list[str]:
     """What the preflight finds of the merged shards among the source's ``tables`` (names): shards of one target in
-    different modes, or in history on a Delta or Iceberg target -- each one error before anything starts (the
-    sinks refuse them at their first commit too)."""
+    different modes -- each one error before anything starts (the sinks refuse them at their first commit too)."""
     from flinkish_spark.connectors.lakehouse.shards import check_shard_modes
     from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
     from flinkish_spark.errors import FlinkishError

@@ -62,7 +62,7 @@ def test_each_bad_rule_of_a_pipeline_file_is_one_error_before_anything_starts(ro
         from_document(doc(route))
 
 
-def test_the_preflight_names_merged_shards_of_different_modes_or_in_history_on_a_lakehouse_target() -> None:
+def test_the_preflight_names_merged_shards_of_different_modes_and_takes_history_on_every_target() -> None:
     from flinkish_spark.mirror.route_rules import shard_problems
 
     routes = json.dumps([{"source-table": "shop_*.orders", "sink-table": "orders"}])
@@ -72,7 +72,6 @@ def test_the_preflight_names_merged_shards_of_different_modes_or_in_history_on_a
     found = shard_problems("delta", "/lake/{schema}/{table}", {"routes": routes, "tableModes": modes}, tables)
     assert len(found) == 1 and "/lake/orders are shop_a.orders (upsert), shop_b.orders (upsert, deletes soft)" in found[0]
     history = {"routes": routes, "mode": "history"}
-    assert "takes upsert" in shard_problems("iceberg", "m.{schema}_{table}",
-                                            {**history, "routes": routes.replace('"orders"', '"m.orders"')}, tables)[0]
-    assert shard_problems("postgres", "{schema}.{table}", {**history, "routes": routes.replace('"orders"', '"m.orders"')},
-                          tables) == []  # a PostgreSQL merged target keeps history by shard
+    for fmt, target in (("delta", "/lake/{schema}/{table}"), ("iceberg", "m.{schema}_{table}"),
+                        ("postgres", "{schema}.{table}")):  # every merged target keeps history by shard
+        assert shard_problems(fmt, target, {**history, "routes": routes.replace('"orders"', '"m.orders"')}, tables) == []

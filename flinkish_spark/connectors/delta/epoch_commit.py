@@ -33,7 +33,9 @@ from flinkish_spark.connectors.lakehouse.files import epoch_dir, read_positions,
 from flinkish_spark.connectors.lakehouse.key_lookup import CandidateFile, KeyLookup
 from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, fill_rows
 from flinkish_spark.connectors.lakehouse.tracked import absorb_untracked
-from flinkish_spark.connectors.lakehouse.routed_modes import GoneAs, conform, mark_gone, unchanged_snapshot_versions
+from flinkish_spark.connectors.lakehouse.routed_modes import (
+    GoneAs, close_by_keys, conform, mark_gone, unchanged_snapshot_versions, untouched_keys,
+)
 from flinkish_spark.faults import crash_point
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class EpochExtra:
     close_us: int = -1  # history: the time gone rows' versions end (epoch µs)
     close_by_us: int = -1  # history: a truncate's time, by which the epoch's keys' table versions end (-1: none)
     routed: bool = False  # a routed target (history: a snapshot row equal to the current version adds none)
+    shard_close_us: tuple[tuple[str, int], ...] = ()  # history, merged target: truncated shard -> its truncate's time
 
 
 @dataclass
@@ -126,13 +129,13 @@ class EpochCommit:
         else:
             lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
             matches = lookup.find(self.changes.keys(), self.candidates())
-        close_by = None if self.extra.close_by_us < 0 else pa.scalar(self.extra.close_by_us, pa.int64())
+        close_by = close_by_keys(self.changes.keys(), self.extra.close_by_us, self.extra.shard_close_us)
         same = np.zeros(0, dtype=np.int64)
         if plan.mode == "history" and self.extra.routed:
             columns = [c for c in plan.data_columns]
             matches, same = unchanged_snapshot_versions(self.changes, matches, columns, plan.table_schema, self._read)
         same = absorb_untracked(self.changes, matches, self._read, same,  # trackHistoryColumns
-                                table_rows=close_by is None and not self.extra.rest_gone)
+                                table_rows=untouched_keys(close_by) & (not self.extra.rest_gone))
         snapshot_from = pa.scalar(self.extra.close_us, pa.int64()) if self.extra.routed and self.extra.close_us >= 0 else None
         apply = self.changes.apply(matches, close_by, snapshot_from)
         if len(same):
@@ -148,7 +151,7 @@ class EpochCommit:
                 have = apply.table_deletes.get(path)
                 apply.table_deletes[path] = positions if have is None else np.union1d(have, positions)
         elif gone:
-            mark_gone(apply, gone, self.extra.gone_as, self.extra.close_us, self._read_column)
+            mark_gone(apply, gone, self.extra.gone_as, self.extra.close_us, self._read_column, self.extra.shard_close_us)
         added = self._copies(apply)
         deleted = 0 if not self.extra.drop_all else deleted
         deleted += self._table_deletes(apply)

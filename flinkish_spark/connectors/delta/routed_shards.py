@@ -16,8 +16,10 @@
   schema, so a shard's column narrower than the target's (another shard widened it) fits and is written as is; a
   column one shard added is the target's, null in the other shards' rows; another kind of type is the routed sink's
   stop naming the fix. Shards with different key columns, or of different modes, stop before anything is written.
-* **Modes**: upsert with deletes applied, soft or ignored. History in a merged target is refused (a truncate of
-  one shard would have to close versions by shard), naming the shards.
+* **Modes**: every mode, one for all the shards of a target (else refused, naming the shards). History: a truncated
+  shard's current versions close at its truncate's time -- the rows it took and its keys the epoch writes again,
+  none of another shard's (:func:`~flinkish_spark.connectors.lakehouse.shards.shard_close_times`); a re-snapshot's
+  end closes the shard's undelivered keys at the epoch's newest change of the target. All in the one version.
 * **Cost**: a truncate or a re-snapshot's end of a shard reads the ``_source_table`` column (and the key at 'E') of
   every live file of its target; nothing more otherwise.
 """
@@ -38,7 +40,8 @@ from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us, gone_rows_as
 from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE
 from flinkish_spark.connectors.lakehouse.shards import (
-    MergedEpoch, add_positions, label, merged_tables, shard_file_positions, shard_read_columns, shard_tables,
+    MergedEpoch, add_positions, label, merged_tables, shard_close_times, shard_file_positions, shard_read_columns,
+    shard_tables,
 )
 
 __all__ = ["MergedEpoch", "finish_resnapshots", "label", "merged_extra", "merged_tables", "shard_tables"]
@@ -83,8 +86,9 @@ def merged_extra(t: MergedEpoch[Any], target: RoutedDeltaTarget, evolution: Any,
                     seen = resnapshots.step(name, target.plan.key, entries, st.begin, st.end, epoch)
                     if seen is not None:
                         add_positions(gone, _shard_positions(target, state, shard, seen))
-        at = close_time_us(t.parts, any(s.truncate for s in t.shards.values()))
-        return EpochExtra(tuple(before), False, gone or None, how, close_us=at, routed=True)
+        at = close_time_us(t.parts, False)  # a re-snapshot's end; a truncated shard's rows close at its own time
+        by_shard = shard_close_times(t) if how == "close" and not created else ()
+        return EpochExtra(tuple(before), False, gone or None, how, close_us=at, routed=True, shard_close_us=by_shard)
 
     return extra
 

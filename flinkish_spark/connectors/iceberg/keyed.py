@@ -57,7 +57,9 @@ from flinkish_spark.connectors.lakehouse.resolve import Apply, RowCopy, fill_row
 from flinkish_spark.connectors.lakehouse.resolve_task import E_POS, resolve_task
 from flinkish_spark.connectors.iceberg.routed_target import table_arrow
 from flinkish_spark.connectors.lakehouse.tracked import absorb_untracked
-from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, conform, mark_gone, unchanged_snapshot_versions
+from flinkish_spark.connectors.lakehouse.routed_modes import (
+    GoneMarks, close_by_keys, conform, mark_gone, unchanged_snapshot_versions, untouched_keys,
+)
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.protocol import PrepareContext
 
@@ -165,9 +167,9 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
     if marks.routed and plan.mode == "history":
         matches, same = unchanged_snapshot_versions(epoch_changes, matches, list(plan.data_columns),
                                                     plan.table_schema, read)
+    close_by = close_by_keys(epoch_changes.keys(), marks.close_by_us, marks.shard_close_us)
     same = absorb_untracked(epoch_changes, matches, read, same,  # trackHistoryColumns (a truncate closed the rows)
-                            table_rows=marks.close_by_us < 0 and not marks.rest_gone)
-    close_by = None if marks.close_by_us < 0 else pa.scalar(marks.close_by_us, pa.int64())
+                            table_rows=untouched_keys(close_by) & (not marks.rest_gone))
     snapshot_from = pa.scalar(marks.close_us, pa.int64()) if marks.routed and marks.close_us >= 0 else None
     applied = epoch_changes.apply(matches, close_by, snapshot_from)
     if len(same):
@@ -180,7 +182,8 @@ def plan_epoch(target: Target, table: Any, committables: list[KeyedCommittable],
                                       np.setdiff1d(rows, live.deleted(target.io, f)))
     if marks.how != "delete":
         mark_gone(applied, gone, marks.how, marks.close_us,
-                  lambda path, column, positions: _read_at(target.io, path, positions).column(column).combine_chunks())
+                  lambda path, column, positions: _read_at(target.io, path, positions).column(column).combine_chunks(),
+                  marks.shard_close_us)
         gone = {}
     new = [(f, start, i) for i, c in enumerate(committables) for f, start in zip(c.files, c.first_rows)]
     data_files = [to_data_file(f, target.spec_id) for f, _, _ in new]

@@ -100,7 +100,7 @@ from flinkish_spark.connectors.lakehouse.resnapshot import ResnapshotKeys
 from flinkish_spark.connectors.lakehouse.routed_modes import GoneMarks, check_mode_columns, close_time_us, gone_rows_as
 from flinkish_spark.connectors.iceberg.routed_shards import finish_resnapshots, shard_gone
 from flinkish_spark.connectors.lakehouse.routes import Routes
-from flinkish_spark.connectors.lakehouse.shards import MergedEpoch, label, merged_tables, shard_tables
+from flinkish_spark.connectors.lakehouse.shards import MergedEpoch, label, merged_tables, shard_close_times, shard_tables
 from flinkish_spark.connectors.lakehouse.routing import (
     Route,
     TableEpoch,
@@ -374,8 +374,9 @@ class RoutedIcebergSink(TwoPhaseCommitSink[RoutedCommittable]):
                 if t.truncate and how in ("soft", "close"):
                     marks = GoneMarks(how, rest_gone=True, close_us=close_us,
                                       close_by_us=close_us if how == "close" else -1, routed=True)
-                else:
-                    marks = GoneMarks(how, close_us=close_us, routed=True)
+                else:  # a merged target's truncated shards (history): each closes its own versions at its time
+                    marks = GoneMarks(how, close_us=close_us, routed=True,
+                                      shard_close_us=shard_close_times(t) if isinstance(t, MergedEpoch) and how == "close" else ())
                 planned = plan_epoch(target, table, keyed, epoch, truncate=t.truncate and how == "delete", gone=gone,
                                      marks=marks)
                 written = planned.written

@@ -4,7 +4,9 @@ A merged target's epoch is one :class:`~flinkish_spark.connectors.lakehouse.shar
 target per epoch holding every shard's rows, with the target's one ``flinkish.uid`` / ``flinkish.epoch`` marker -- a
 restart finds the target with the epoch or commits all its shards. A truncate of one shard, or a re-snapshot's end,
 takes only that shard's live rows (those whose ``_source_table`` is the shard), as the mode says (deleted by
-position deletes, marked ``_deleted``, kept): :func:`shard_gone`, part of the same snapshot. Each shard's
+position deletes, marked ``_deleted``, closed at the shard's truncate's time in history -- see
+:func:`~flinkish_spark.connectors.lakehouse.shards.shard_close_times` --, kept): :func:`shard_gone`, part of the
+same snapshot. Each shard's
 re-snapshot keys are remembered apart. Cost: a truncate or a re-snapshot's end of a shard reads the
 ``_source_table`` column (and the key at 'E') of every live data file of its target.
 """

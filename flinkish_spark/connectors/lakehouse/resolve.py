@@ -171,9 +171,11 @@ class EpochChanges:
             return pa.table({k: pa.array([], self.plan.input_schema.field(k).type) for k in self.plan.key})
         return self.entries.select(list(self.plan.key)).take(pa.array(self.starts))
 
-    def apply(self, matches: Matches, close_by: pa.Scalar | None = None, snapshot_from: pa.Scalar | None = None) -> Apply:
+    def apply(self, matches: Matches, close_by: pa.Scalar | pa.Array | None = None,
+              snapshot_from: pa.Scalar | None = None) -> Apply:
         """``close_by`` (history): a table version closes at the key's first change of the epoch or at this time,
-        whichever is earlier (a truncate's: the changes after it replace rows it took already). ``snapshot_from``
+        whichever is earlier (a truncate's: the changes after it replace rows it took already); an array: a time per
+        key (null: none) -- a merged target's truncated shard. ``snapshot_from``
         (history, epoch µs): the time a snapshot row replacing a version the table holds (a re-snapshot's, the key's
         only change of the epoch) starts at, and the replaced version ends at (None: both stay null)."""
         out = Apply()
@@ -329,7 +331,7 @@ class EpochChanges:
             soft_copy[self.group[soft[use_other]]] = True
         needs_table_row[self.group[soft[~use_other & from_delete[soft]]]] = True
 
-    def _history(self, matches: Matches, out: Apply, close_by: pa.Scalar | None = None,
+    def _history(self, matches: Matches, out: Apply, close_by: pa.Scalar | pa.Array | None = None,
                  snapshot_from: pa.Scalar | None = None) -> None:
         assert self.entries is not None
         ts = self.entries.column(E_TS).combine_chunks()

@@ -17,6 +17,8 @@ Format-independent (the routed Delta and Iceberg sinks), for one table's
   each is deleted from its file and copied with the columns changed, in the epoch's one commit (so exactly
   once, as every other row of it). Rows marked already (``_deleted`` true, a closed version) are left as
   they are.
+* Merged shards (history): a truncated shard's versions close at *its* truncate's time (``shard_close_us``): the
+  gone rows by their ``_source_table`` (:func:`mark_gone`), the epoch's keys of that shard by :func:`close_by_keys`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pyarrow.compute as pc
 from flinkish_spark.connectors.lakehouse.changes import CURRENT, DELETED, HISTORY_COLUMNS, TIMESTAMP, VALID_TO
 from flinkish_spark.connectors.lakehouse.resolve import Apply, EpochChanges, Matches, RowCopy
 from flinkish_spark.connectors.lakehouse.resolve_task import E_LSN, KIND_VERSION, NO_LSN
+from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE
 from flinkish_spark.connectors.lakehouse.routing import TablePart
 from flinkish_spark.connectors.lakehouse.table_modes import TableMode
 from flinkish_spark.errors import SchemaChangeError
@@ -50,6 +53,30 @@ class GoneMarks:
     close_us: int = -1  # history: when gone rows' versions end (epoch µs)
     close_by_us: int = -1  # history: a truncate's time, by which the epoch's keys' table versions end (-1: none)
     routed: bool = False  # history: a snapshot row equal to the key's current version adds none
+    shard_close_us: tuple[tuple[str, int], ...] = ()  # history, merged target: truncated shard -> its truncate's time
+
+
+def close_by_keys(keys: pa.Table, close_by_us: int, shard_close_us: tuple[tuple[str, int], ...]
+                  ) -> pa.Scalar | pa.Array | None:
+    """History: the time by which each of the epoch's keys' table versions end (``keys``: the epoch's keys): a
+    truncate's of the whole table (one scalar), or, in a merged target, the truncate's of the key's shard (per key,
+    null for a shard not truncated); None: none. A target keyed without ``_source_table`` (keys unique across shards)
+    has no shard per key: its keys' versions close at their first change."""
+    if close_by_us >= 0:
+        return pa.scalar(close_by_us, pa.int64())
+    if not shard_close_us or SOURCE_TABLE not in keys.column_names:
+        return None
+    times = dict(shard_close_us)
+    return pa.array([times.get(s) for s in keys.column(SOURCE_TABLE).to_pylist()], pa.int64())
+
+
+def untouched_keys(close_by: pa.Scalar | pa.Array | None) -> bool | np.ndarray:
+    """Which keys' table rows no truncate closed (all, none, or per key): what trackHistoryColumns may update in place."""
+    if close_by is None:
+        return True
+    if isinstance(close_by, pa.Scalar):
+        return False
+    return np.asarray(close_by.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
 def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -103,9 +130,13 @@ def check_mode_columns(source_table: str, target_name: str, target_columns: list
 
 
 def mark_gone(apply: Apply, gone: dict[str, np.ndarray], how: GoneAs, close_us: int,
-              read_flag: Callable[[str, str, np.ndarray], pa.Array]) -> int:
+              read_flag: Callable[[str, str, np.ndarray], pa.Array],
+              shard_close_us: tuple[tuple[str, int], ...] = ()) -> int:
     """Add the ``gone`` rows (table file -> sorted positions, rows the epoch does not replace) to ``apply`` as
-    ``how`` says; ``read_flag(file, column, positions)`` reads a column of a file's rows. The rows marked."""
+    ``how`` says; ``read_flag(file, column, positions)`` reads a column of a file's rows. ``shard_close_us``
+    (history, merged target): a row of a truncated shard closes at that shard's time, the others at ``close_us``.
+    The rows marked."""
+    times = dict(shard_close_us)
     if how == "keep":
         return 0
     marked = 0
@@ -128,7 +159,11 @@ def mark_gone(apply: Apply, gone: dict[str, np.ndarray], how: GoneAs, close_us: 
         if how == "soft":
             apply.copies.append(RowCopy(path, -1, positions, {DELETED: pa.array(np.ones(n, dtype=np.bool_))}))
         elif how == "close":
-            ts = pa.array(np.full(n, close_us, dtype=np.int64)).cast(TIMESTAMP)
+            if times:  # by each row's shard
+                shards = read_flag(path, SOURCE_TABLE, positions).to_pylist()
+                ts = pa.array([times.get(s, close_us) for s in shards], pa.int64()).cast(TIMESTAMP)
+            else:
+                ts = pa.array(np.full(n, close_us, dtype=np.int64)).cast(TIMESTAMP)
             apply.copies.append(RowCopy(path, -1, positions, {VALID_TO: ts,
                                                               CURRENT: pa.array(np.zeros(n, dtype=np.bool_))}))
     return marked

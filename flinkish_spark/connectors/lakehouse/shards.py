@@ -12,8 +12,11 @@
 * **Schema**: the shards' schemas are the target's evolution steps, one shard after the other, each as a snapshot
   schema: a shard's column narrower than the target's (another shard widened it) fits and is written as is; a
   column one shard added is the target's, null in the other shards' rows; another kind of type is the routed
-  sink's stop naming the fix. Shards of different key columns, or of different modes, or in history mode, stop
-  before anything is written (:func:`merged_tables`).
+  sink's stop naming the fix. Shards of different key columns, or of different modes, stop before anything is
+  written (:func:`merged_tables`).
+* **History**: a truncated shard's current versions close at its truncate's time (:func:`shard_close_times`: the
+  rows it took by their ``_source_table``, its keys the epoch writes again by their key's shard); a re-snapshot's
+  end closes its shard's undelivered keys at the epoch's newest change of the target, as a single table's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.lakehouse.changes import OP
 from flinkish_spark.connectors.lakehouse.resnapshot import positions_not_in
+from flinkish_spark.connectors.lakehouse.routed_modes import close_time_us
 from flinkish_spark.connectors.lakehouse.routes import SOURCE_TABLE, Routes, check_shard_keys, shard_schema
 from flinkish_spark.connectors.lakehouse.routing import P, Route, SchemaStep, TableEpoch, TableInput
 from flinkish_spark.connectors.postgres.rows import TableSchema
@@ -110,15 +114,19 @@ def merged_tables(tables: list[TableEpoch[P]], route: Route, mode_of: Callable[[
 
 
 def check_shard_modes(target: str, modes: dict[str, Any], sink: str) -> None:
-    """Refuse shards of one target of different modes (``modes``: table -> its TableMode), or in history on a lakehouse
-    target (``sink``: Delta, Iceberg; PostgreSQL merges every mode)."""
-    history = sink != "PostgreSQL" and any(m.mode == "history" for m in modes.values())
-    if len(set(modes.values())) > 1 or history:
+    """Refuse shards of one target of different modes (``modes``: table -> its TableMode); every mode merges (history:
+    a shard's truncate or re-snapshot end closes only its versions, :func:`shard_close_times`)."""
+    if len(set(modes.values())) > 1:
         shown = ", ".join(f"{n} ({m.describe()})" for n, m in sorted(modes.items()))
-        takes = "upsert (deletes true, soft or false)" if sink != "PostgreSQL" else "one mode"
-        raise ConfigError(f"the shards merged into {target} are {shown}: a merged {sink} target takes {takes} for "
-                          "all its shards. Give the shards one such mode (the sink's 'tableModes'), or route them to "
+        raise ConfigError(f"the shards merged into {target} are {shown}: a merged {sink} target takes one mode for "
+                          "all its shards. Give the shards one mode (the sink's 'tableModes'), or route them to "
                           "targets of their own")
+
+
+def shard_close_times(t: MergedEpoch[Any]) -> tuple[tuple[str, int], ...]:
+    """History: each truncated shard's close time (its truncate's commit time, as a single table's truncate): its
+    current versions -- and only its -- close then, whatever the other shards do in the epoch."""
+    return tuple((shard, close_time_us(st.parts, True)) for shard, st in sorted(t.shards.items()) if st.truncate)
 
 
 def shard_read_columns(key: list[str], seen: pa.Table | None) -> list[str]:

@@ -49,10 +49,11 @@ def same_values(a: pa.Array, b: pa.Array) -> np.ndarray:
 
 
 def absorb_untracked(changes: EpochChanges, matches: Matches, read: Read, keep: np.ndarray | None = None,
-                     table_rows: bool = True) -> np.ndarray:
+                     table_rows: bool | np.ndarray = True) -> np.ndarray:
     """Apply the tracked-columns rule to ``changes`` (:meth:`EpochChanges.absorb`), before ``changes.apply(matches)``.
     ``keep``: entry indices the caller holds (the unchanged snapshot versions), returned as indices after it.
-    ``table_rows`` false: no table row is absorbed (a truncate in the epoch closes them all at its time)."""
+    ``table_rows`` false: no table row is absorbed (a truncate in the epoch closes them all at its time); per key
+    (a bool per key): only those keys' (a merged target: the keys of shards not truncated)."""
     plan = changes.plan
     keep = np.zeros(0, dtype=np.int64) if keep is None else keep
     if plan.mode != "history" or plan.track is None or changes.entries is None:

@@ -50,7 +50,7 @@ META = "s3://test/meta"
 #: m_a: soft deletes, partitioned by its computed vlen; m_b: history tracking j only (issue 30).
 MODES = json.dumps([PARTITIONED_M_A, TRACKED_M_B])
 TRANSFORMS = WORKLOAD_TRANSFORMS  # excluded columns (one added later), filters crossed both ways, computed
-#: Merged shards (all three mirrored with hard deletes: history is refused in a merged lakehouse target) and a rule
+#: Merged shards (all three mirrored with hard deletes; history by shard: test_routed_shards.py) and a rule
 #: of its own for m_b: no Spark start of their own (they had tests/mirror/test_merged_shards.py).
 ROUTES = json.dumps([{"source-table": "public.m_c, public.m_drop, public.m_new", "sink-table": "merged/m"},
                      {"source-table": "public.m_b", "sink-table": "history/{table}"}])

@@ -4,9 +4,10 @@ with delta-rs and compared with the reference model of each shard (flinkish_spar
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
@@ -124,7 +125,7 @@ def test_a_truncate_resnapshot_or_added_column_of_one_shard_touches_only_its_row
     assert m.version("orders") == 3 and m.read("shop_a.items", ("id", "v")) == [{"id": 1, "v": "i2"}]
 
 
-def test_a_narrower_type_in_another_shard_fits_and_different_keys_or_history_stop_naming_the_shards(tmp_path: Path) -> None:
+def test_a_narrower_type_in_another_shard_fits_and_different_keys_or_modes_stop_naming_the_shards(tmp_path: Path) -> None:
     a, b = (table_schema(f"shop_{x}.orders", [("id", "bigint"), ("n", t)], ("id",)) for x, t in (("a", "bigint"), ("b", "int")))
     m = Shards(tmp_path)
     s = StreamBuilder()
@@ -141,11 +142,71 @@ def test_a_narrower_type_in_another_shard_fits_and_different_keys_or_history_sto
         m.epoch(s.batch())
     from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
 
-    h = Shards(tmp_path / "h", modes=parse_table_modes({"mode": "history"}.get, "test"))
-    s.snapshot(a, [{"id": 1, "n": 1}])
-    with pytest.raises(ConfigError, match=r"merged into .*orders are shop_a.orders \(history\): a merged Delta target "
-                                          r"takes upsert \(deletes true, soft or false\) for all its shards"):
+    mixed = parse_table_modes({"tableModes": '[{"tables": "shop_b.*", "mode": "history"}]'}.get, "test")
+    h = Shards(tmp_path / "h", modes=mixed)
+    s.snapshot(a, [{"id": 1, "n": 1}]).snapshot(b, [{"id": 1, "n": 1}])
+    with pytest.raises(ConfigError, match=r"merged into .*orders are shop_a.orders \(upsert\), shop_b.orders "
+                                          r"\(history\): a merged Delta target takes one mode for all its shards"):
         h.epoch(s.batch())
+
+
+def ts(seconds: int) -> dt.datetime:
+    """A StreamBuilder change's commit time (its LSN in seconds since 1970)."""
+    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+
+
+def history_case(m: Any, read: Callable[[], list[tuple]], version: Callable[[], int]) -> None:
+    """History in a merged target: a truncate of one shard closes only its current versions, at the truncate's time
+    (a version its key's later change replaces too); a re-snapshot's end of one shard closes only its keys it did not
+    deliver (at the epoch's newest change), while the other shard's versions stay open; a replay adds nothing."""
+    a, b = SHARDS[:2]
+    s = StreamBuilder()
+    for shard in (a, b):
+        s.snapshot(shard, [{"id": i, "v": f"{shard.table[5]}{i}", "n": i} for i in (1, 2, 3)])
+    m.epoch(s.batch())
+    s.transaction((b, "u", {"id": 1, "v": "b1'", "n": 1}))
+    b_updated = ts(s.lsn)
+    s.transaction((a, "t", None))
+    truncated = ts(s.lsn)
+    s.transaction((a, "c", {"id": 2, "v": "a2'", "n": 2}), (b, "u", {"id": 2, "v": "b2'", "n": 2}))
+    after = ts(s.lsn)
+    m.epoch(s.batch())
+    shop_a = [("shop_a.orders", 1, "a1", None, truncated, False), ("shop_a.orders", 2, "a2", None, truncated, False),
+              ("shop_a.orders", 2, "a2'", after, None, True), ("shop_a.orders", 3, "a3", None, truncated, False)]
+    b1 = ("shop_b.orders", 1, "b1", None, b_updated, False)
+    first = shop_a + [b1, ("shop_b.orders", 1, "b1'", b_updated, None, True), ("shop_b.orders", 2, "b2", None, after, False),
+                      ("shop_b.orders", 2, "b2'", after, None, True), ("shop_b.orders", 3, "b3", None, None, True)]
+    assert read() == sorted(first, key=str)
+    s.marker(b, "B").snapshot(b, [{"id": 1, "v": "b1'", "n": 1}, {"id": 2, "v": "r2", "n": 2}]).marker(b, "E")
+    s.transaction((a, "c", {"id": 4, "v": "a4", "n": 4}))
+    newest = ts(s.lsn)
+    batch = s.batch()
+    m.epoch(batch)
+    expected = sorted(shop_a + [b1, ("shop_a.orders", 4, "a4", newest, None, True),
+                                ("shop_b.orders", 1, "b1'", b_updated, None, True),  # delivered as it was
+                                ("shop_b.orders", 2, "b2", None, after, False),
+                                ("shop_b.orders", 2, "b2'", after, newest, False),  # changed: closed, r2 opens
+                                ("shop_b.orders", 2, "r2", newest, None, True),
+                                ("shop_b.orders", 3, "b3", None, newest, False)], key=str)  # not delivered
+    assert read() == expected
+    at = version()
+    m.epochs -= 1
+    m.epoch(batch)  # a replay of the epoch: nothing changes
+    assert read() == expected and version() == at
+
+
+def test_history_in_a_merged_target_closes_only_the_truncated_or_resnapshotted_shards_versions(tmp_path: Path) -> None:
+    from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+
+    m = Shards(tmp_path, modes=parse_table_modes({"mode": "history"}.get, "test"))
+    history_case(m, lambda: history_rows(m.read("orders", HISTORY)), lambda: m.version("orders"))
+
+
+HISTORY = ("_source_table", "id", "v", "_valid_from", "_valid_to", "_current")
+
+
+def history_rows(rows: list[dict[str, Any]]) -> list[tuple]:
+    return sorted((tuple(r[c] for c in HISTORY) for r in rows), key=str)
 
 
 def test_keys_unique_across_shards_key_the_target_by_the_key_alone(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ SEED = int(os.environ.get("FLINKISH_TEST_SEED", "18"))
 #: m_a keeps soft deletes (partitioned by its computed vlen), m_b its history (tracking j only); the others mirrored.
 MODES = json.dumps([PARTITIONED_M_A, TRACKED_M_B])
 TRANSFORMS = WORKLOAD_TRANSFORMS  # columns and rows chosen (issue 30 item 2)
-#: The shards merged (all three mirrored: history is refused in a merged lakehouse target), as in the Delta test.
+#: The shards merged (all three mirrored with hard deletes), as in the Delta test.
 ROUTES = json.dumps([{"source-table": "public.m_c, public.m_drop, public.m_new", "sink-table": "mirror.merged_m"}])
 
 

@@ -136,3 +136,11 @@ def test_a_narrower_type_in_another_shard_fits_and_different_keys_stop_naming_th
     with pytest.raises(SchemaChangeError, match=r"orders have different primary keys: shop_b.orders keyed by \(id\); "
                                                 r"shop_c.orders keyed by \(k\)"):
         m.epoch(s.batch())
+
+
+def test_history_in_a_merged_target_closes_only_the_truncated_or_resnapshotted_shards_versions(tmp_path: Path) -> None:
+    from flinkish_spark.connectors.lakehouse.table_modes import parse_table_modes
+    from tests.connectors.delta.test_routed_shards import HISTORY, history_case, history_rows
+
+    m = Shards(tmp_path, modes=parse_table_modes({"mode": "history"}.get, "test"))
+    history_case(m, lambda: history_rows(m.read("mirror.orders", HISTORY)), lambda: m.snapshots("mirror.orders"))
