@@ -7,6 +7,8 @@ and follows Spark SQL's meaning for the documented subset:
 
 * column references (case-insensitive, as Spark), literals (numbers, strings, ``TRUE``/``FALSE``, ``NULL``);
 * ``+ - * /`` (``/`` of two integers is a ``double``, as Spark), unary ``-``, ``abs``, ``round``; overflow is an error;
+* ``%`` / ``mod``, ``pmod``, ``try_mod`` (:mod:`.modulo`: Spark's signs and types; a zero divisor is an error, as
+  Spark's ANSI mode, except in ``try_mod``);
 * ``= <> != < <= > >=``, ``AND`` / ``OR`` / ``NOT`` (three-valued), ``IS [NOT] NULL``, ``IN (...)``,
   ``[NOT] LIKE`` / ``ILIKE`` (a literal pattern), ``BETWEEN``;
 * ``CASE WHEN ... THEN ... ELSE ... END``, ``if(c, a, b)``, ``coalesce``;
@@ -14,6 +16,9 @@ and follows Spark SQL's meaning for the documented subset:
 * ``||`` / ``concat`` (null if any part is null, as Spark), ``upper``, ``lower``, ``trim``, ``length``,
   ``substring(s, pos[, len])`` (literal positions, 1-based);
 * ``to_date``, ``year``, ``month``, ``day`` / ``dayofmonth``, ``date_format(ts, 'pattern')``.
+
+``AND`` / ``OR`` and the branches of ``CASE`` / ``if`` evaluate an operand only on the rows that reach it (Spark's
+short circuit), so a guard guards: ``b <> 0 AND a % b = 0`` never divides by zero.
 
 A literal compared with a column of another type is cast to the column's type first (``ts >= '2026-01-01'``,
 ``amount > 10`` on a decimal), as Spark's implicit casts do.
@@ -28,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from flinkish_spark.connectors.lakehouse.transform.modulo import remainder
 from flinkish_spark.errors import ConfigError
 
 Value = Union[pa.Array, pa.ChunkedArray, pa.Scalar]
@@ -86,6 +92,20 @@ def _literal(node: exp.Expression) -> Any:
     if isinstance(node, exp.Null):
         return None
     raise ValueError(node.sql("spark"))
+
+
+def _exact(node: exp.Expression) -> Evaluator | None:
+    """A literal with a point and no exponent as Spark types it, a decimal of its digits (``7.5``: ``decimal(2,1)``);
+    None for anything else."""
+    inner = node.this if isinstance(node, exp.Neg) else node
+    if not (isinstance(inner, exp.Literal) and not inner.is_string and "." in inner.this
+            and not any(c in inner.this for c in "eE")):
+        return None
+    value = Decimal(inner.this) * (-1 if inner is not node else 1)
+    scale = max(0, -int(value.as_tuple().exponent))
+    digits = len(value.as_tuple().digits)
+    scalar = pa.scalar(value, pa.decimal128(max(digits, scale, 1), scale))
+    return lambda t: scalar
 
 
 def _is_literal(node: exp.Expression) -> bool:
@@ -156,6 +176,26 @@ def _true(v: Value) -> Value:
     return pc.fill_null(_cast_to(v, pa.bool_()), False)
 
 
+def _on_rows(evaluate: Evaluator, t: pa.Table, rows: Value) -> Value:
+    """``evaluate``'s values on the ``rows`` selected (null on the others, which it never sees): a guarded operand
+    (``b <> 0 AND a % b = 0``, a CASE branch) is evaluated only where Spark, row by row, evaluates it."""
+    if isinstance(rows, pa.Scalar):
+        return evaluate(t) if rows.as_py() else pa.scalar(None)
+    rows = pc.fill_null(rows, False)
+    if isinstance(rows, pa.ChunkedArray):
+        rows = rows.combine_chunks()
+    if pc.all(rows).as_py() or t.num_rows == 0:
+        return evaluate(t)
+    value = evaluate(t.filter(rows))
+    if isinstance(value, pa.Scalar):
+        return value  # a literal: the same on every row
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if value.type == pa.null():
+        return pa.nulls(t.num_rows)
+    return pc.replace_with_mask(pa.nulls(t.num_rows, value.type), rows, value)
+
+
 #: Spark's datetime pattern letters this module formats (the rest of a pattern must be literal text).
 _PATTERN = {"yyyy": "%Y", "yy": "%y", "MM": "%m", "dd": "%d", "HH": "%H", "mm": "%M", "ss": "%S"}
 
@@ -212,6 +252,14 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
                 a, b = pc.cast(a, pa.float64()), pc.cast(b, pa.float64())  # Spark: int / int is a double
             return pc.divide_checked(a, b)
         return divide
+    if isinstance(node, exp.Mod) or (isinstance(node, exp.Anonymous) and node.name.lower() in ("pmod", "try_mod")):
+        args = [node.this, node.expression] if isinstance(node, exp.Mod) else list(node.expressions)
+        if len(args) != 2:
+            raise ConfigError(f"{where}: {node.sql('spark')!r}: {node.name} takes two arguments")
+        left, right = _exact(args[0]) or c(args[0]), _exact(args[1]) or c(args[1])
+        lits = (_is_literal(args[0]), _is_literal(args[1]))
+        kind = node.name.lower() if isinstance(node, exp.Anonymous) else "mod"
+        return lambda t: remainder(left(t), right(t), *lits, positive=kind == "pmod", zero_is_null=kind == "try_mod")
     if isinstance(node, exp.Neg):
         inner = c(node.this)
         return lambda t: pc.negate_checked(inner(t))
@@ -222,12 +270,15 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
         inner = c(node.this)
         digits = _literal(node.args["decimals"]) if node.args.get("decimals") is not None else 0
         return lambda t: pc.round(inner(t), ndigits=int(digits), round_mode="half_up")
-    if isinstance(node, exp.And):
-        left, right = c(node.this), c(node.expression)
-        return lambda t: pc.and_kleene(_cast_to(left(t), pa.bool_()), _cast_to(right(t), pa.bool_()))
-    if isinstance(node, exp.Or):
-        left, right = c(node.this), c(node.expression)
-        return lambda t: pc.or_kleene(_cast_to(left(t), pa.bool_()), _cast_to(right(t), pa.bool_()))
+    if isinstance(node, (exp.And, exp.Or)):
+        left, right, conj = c(node.this), c(node.expression), isinstance(node, exp.And)
+
+        def logic(t: pa.Table) -> Value:
+            a = _cast_to(left(t), pa.bool_())
+            # the right side only where the left does not decide (Spark's short circuit: a guard guards)
+            b = _cast_to(_on_rows(right, t, pc.fill_null(a if conj else pc.invert(a), True)), pa.bool_())
+            return pc.and_kleene(a, b) if conj else pc.or_kleene(a, b)
+        return logic
     if isinstance(node, exp.Not):
         inner = c(node.this)
         return lambda t: pc.invert(_cast_to(inner(t), pa.bool_()))
@@ -273,11 +324,19 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
         otherwise = c(default) if default is not None else (lambda t: pa.scalar(None))
 
         def case(t: pa.Table) -> Value:
-            values = [v(t) for _, v in branches] + [otherwise(t)]
+            # each condition and value only on the rows that reach it, as Spark: a guarded branch is not evaluated
+            left: Value = pa.scalar(True)
+            chosen, values = [], []
+            for cond, v in branches:
+                picked = pc.and_(left, _true(_on_rows(cond, t, left)))
+                chosen.append(picked)
+                values.append(_on_rows(v, t, picked))
+                left = pc.and_(left, pc.invert(picked))
+            values.append(_on_rows(otherwise, t, left))
             typed = next((v.type for v in values if v.type != pa.null()), pa.null())
             out = _cast_to(values[-1], typed)
-            for (cond, _), v in reversed(list(zip(branches, values))):
-                out = pc.if_else(_true(cond(t)), _cast_to(v, typed), out)
+            for picked, v in reversed(list(zip(chosen, values))):
+                out = pc.if_else(picked, _cast_to(v, typed), out)
             return out
         return case
     if isinstance(node, exp.Coalesce):
