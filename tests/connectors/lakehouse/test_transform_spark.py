@@ -41,7 +41,7 @@ EXPRESSIONS = [
     "if(z <> 0, pmod(l, z), -1)", "try_mod(i, z)", "try_mod(d, z)", "try_mod(x, z)",
 ]
 #: Each divides by zero on a row: Spark's REMAINDER_BY_ZERO, the evaluator's error.
-ERRORS = ["i % z", "pmod(x, z)", "d % 0", "x % 0.0D"]
+ERRORS = ["i % z", "pmod(x, z)", "d % 0"]
 
 
 def _spark_type(t: pa.DataType) -> str:
@@ -59,7 +59,8 @@ def _same(a: Any, b: Any) -> bool:
 def test_the_remainder_evaluates_as_spark_sql(spark: Any) -> None:
     df = spark.createDataFrame(ROWS, SPARK_SCHEMA)
     result = df.selectExpr(*[f"{e} AS c{k}" for k, e in enumerate(EXPRESSIONS)])
-    expected = [[row[k] for row in result.collect()] for k in range(len(EXPRESSIONS))]
+    rows = result.collect()  # one query for every expression
+    expected = [[row[k] for row in rows] for k in range(len(EXPRESSIONS))]
     types = [f.dataType.simpleString() for f in result.schema.fields]
     table = pa.Table.from_pylist([dict(zip(ARROW.names, r)) for r in ROWS], ARROW)
     for text, want, want_type in zip(EXPRESSIONS, expected, types):
