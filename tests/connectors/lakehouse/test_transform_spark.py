@@ -30,7 +30,7 @@ EXPRESSIONS = [
     "pmod(l, i)", "i % -1", "l % -1", "pmod(i, -1)", "i % 2 = 0", "-7 % 3", "7 % -3", "pmod(-7, 3)", "pmod(7, -3)",
     "pmod(-7, -3)", "i % 3000000000",
     # decimals: Spark's precision and scale; decimal literals
-    "d % 3", "d % i", "d % l", "d % h", "pmod(d, 3)", "d % 2.5", "i % 2.5", "d % 0.3", "7.5 % 2", "-7.5 % 2",
+    "d % 3", "d % 300", "pmod(d, -30)", "d % i", "d % l", "d % h", "pmod(d, 3)", "d % 2.5", "i % 2.5", "d % 0.3", "7.5 % 2", "-7.5 % 2",
     "pmod(-7.25, 3)", "i % d", "x % d", "d % f", "d % 1.5D",
     # floating point: fmod, a float kept only beside a float
     "x % 2", "pmod(x, 2)", "f % 2", "f % f", "x % f", "f % i", "x % 1.5D", "pmod(f, -2)",
@@ -68,6 +68,8 @@ def test_the_remainder_evaluates_as_spark_sql(spark: Any) -> None:
         got = [v.as_py()] * len(ROWS) if isinstance(v, pa.Scalar) else v.to_pylist()
         assert (_spark_type(v.type), len(got)) == (want_type, len(want)), text
         assert all(_same(g, w) for g, w in zip(got, want)), (text, got, want)
+        # the type a target's schema gets (computed on no rows) is the same
+        assert _spark_type(parse_expression(text, "test").evaluate(table.slice(0, 0)).type) == want_type, text
     for text in ERRORS:
         with pytest.raises(Exception, match="REMAINDER_BY_ZERO"):
             df.selectExpr(text).collect()

@@ -50,15 +50,18 @@ def _narrow_literal(v: Value, literal: bool) -> Value:
     return v
 
 
-def _decimal_of(v: pa.Array, literal: bool) -> pa.Array:
+def _decimal_of(v: Value, literal: bool) -> Value:
+    """An integer beside a decimal as Spark's decimal of it: a literal's own digits (``3`` is ``decimal(1,0)``; taken
+    from the literal, not the rows, so an empty batch types it alike), a column's type's (``int``: ``decimal(10,0)``)."""
     if pa.types.is_decimal(v.type) or not pa.types.is_integer(v.type):
         return v
-    if literal:  # a literal's own digits (Spark: 3 is decimal(1,0))
-        digits = max([len(str(abs(x))) for x in v.to_pylist() if x is not None] + [1])
-    else:
-        digits = _INT_DIGITS[v.type.bit_width]
+    if isinstance(v, pa.Scalar):
+        x = v.as_py()
+        digits = len(str(abs(x))) if literal and x is not None else _INT_DIGITS[v.type.bit_width]
+        return pa.scalar(None if x is None else Decimal(x), pa.decimal128(digits, 0))
     # by value: Arrow's integer-to-decimal cast wants room for any integer of the type
-    return pa.array([None if x is None else Decimal(x) for x in v.to_pylist()], pa.decimal128(digits, 0))
+    values = v.to_pylist()
+    return pa.array([None if x is None else Decimal(x) for x in values], pa.decimal128(_INT_DIGITS[v.type.bit_width], 0))
 
 
 def _zero(t: pa.DataType) -> pa.Scalar:
@@ -107,6 +110,8 @@ def remainder(a: Value, b: Value, a_literal: bool = False, b_literal: bool = Fal
     scalar = isinstance(a, pa.Scalar) and isinstance(b, pa.Scalar)
     n = 1 if scalar else len(a if not isinstance(a, pa.Scalar) else b)
     a, b = _narrow_literal(a, a_literal), _narrow_literal(b, b_literal)
+    if any(pa.types.is_decimal(v.type) for v in (a, b)) and not any(pa.types.is_floating(v.type) for v in (a, b)):
+        a, b = _decimal_of(a, a_literal), _decimal_of(b, b_literal)
     x, y = _array(a, n), _array(b, n)
     if x.type == pa.null():
         x = pa.nulls(n, y.type if y.type != pa.null() else pa.int32())
@@ -121,7 +126,6 @@ def remainder(a: Value, b: Value, a_literal: bool = False, b_literal: bool = Fal
     if pa.types.is_floating(x.type) or pa.types.is_floating(y.type):
         calc = _floats
     elif pa.types.is_decimal(x.type) or pa.types.is_decimal(y.type):
-        x, y = _decimal_of(x, a_literal), _decimal_of(y, b_literal)
         calc = _decimals
     else:
         calc = _integers
