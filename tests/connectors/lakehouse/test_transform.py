@@ -56,6 +56,7 @@ ROWS = pa.table({"a": pa.array([1, 5, None], pa.int32()), "s": ["ab", "Xy", None
     ("'x'", "x"), ("A + 1", [2, 6, None]),  # column names case-insensitive, as Spark
     ("a % 2 = 0", [False, False, None]), ("-a % 3", [-1, -2, None]), ("pmod(-a, 3)", [2, 1, None]),
     ("mod(a, -3)", [1, 2, None]), ("d % 3", [Decimal("1.50"), Decimal("2.00"), None]),
+    ("a = 1 OR 10 % (a - 1) = 2", [True, True, None]), ("if(a = 1, 0, 10 % (a - 1))", [0, 2, None]),  # guarded
 ])
 def test_expressions_evaluate_as_spark_sql(text: str, expected: object) -> None:
     assert evaluate(text, ROWS) == expected

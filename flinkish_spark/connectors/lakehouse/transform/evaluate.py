@@ -176,24 +176,46 @@ def _true(v: Value) -> Value:
     return pc.fill_null(_cast_to(v, pa.bool_()), False)
 
 
-def _on_rows(evaluate: Evaluator, t: pa.Table, rows: Value) -> Value:
-    """``evaluate``'s values on the ``rows`` selected (null on the others, which it never sees): a guarded operand
-    (``b <> 0 AND a % b = 0``, a CASE branch) is evaluated only where Spark, row by row, evaluates it."""
-    if isinstance(rows, pa.Scalar):
-        return evaluate(t) if rows.as_py() else pa.scalar(None)
-    rows = pc.fill_null(rows, False)
-    if isinstance(rows, pa.ChunkedArray):
-        rows = rows.combine_chunks()
-    if pc.all(rows).as_py() or t.num_rows == 0:
-        return evaluate(t)
-    value = evaluate(t.filter(rows))
-    if isinstance(value, pa.Scalar):
-        return value  # a literal: the same on every row
-    if isinstance(value, pa.ChunkedArray):
-        value = value.combine_chunks()
-    if value.type == pa.null():
-        return pa.nulls(t.num_rows)
-    return pc.replace_with_mask(pa.nulls(t.num_rows, value.type), rows, value)
+#: What may fail on a row's value (a zero divisor, an overflow, a cast of 'abc' to int): evaluated lazily when guarded.
+_MAY_FAIL = (exp.Mod, exp.Div, exp.Add, exp.Sub, exp.Mul, exp.Abs, exp.Cast, exp.TryCast, exp.TsOrDsToDate,
+             exp.Anonymous)
+Guarded = Callable[[pa.Table, Value], Value]
+
+
+def _guarded(node: exp.Expression, evaluate: Evaluator) -> Guarded:
+    """``evaluate`` (of ``node``) for the ``rows`` a guard lets through (null on the others, which it never sees): a
+    guarded operand (``b <> 0 AND a % b = 0``, a CASE branch) is evaluated only where Spark, row by row, evaluates
+    it. The values are a function of each row, so they are computed on every row first (no copy of the rows) and on
+    the rows let through only when that fails (a value the guard excludes may fail); an operand that cannot fail
+    (no arithmetic, cast, function) always on every row."""
+    may_fail = any(isinstance(n, _MAY_FAIL) or (isinstance(n, exp.Neg) and not _is_literal(n)) for n in node.walk())
+    if not may_fail:
+        return lambda t, rows: evaluate(t)
+    names = tuple(dict.fromkeys(column_name(c) for c in node.find_all(exp.Column)))
+
+    def on_rows(t: pa.Table, rows: Value) -> Value:
+        try:
+            return evaluate(t)
+        except pa.ArrowInvalid:
+            if isinstance(rows, pa.Scalar):
+                if rows.as_py() is not False:
+                    raise
+                return pa.scalar(None)
+        rows = pc.fill_null(rows, False)
+        if isinstance(rows, pa.ChunkedArray):
+            rows = rows.combine_chunks()
+        if t.num_rows == 0 or pc.all(rows).as_py():
+            return evaluate(t)  # raises again: a row it reads fails
+        read = list(dict.fromkeys(r for r in (resolve(n, t.column_names) for n in names) if r is not None))
+        value = evaluate((t.select(read) if read else t).filter(rows))  # only the columns it reads are copied
+        if isinstance(value, pa.Scalar):
+            return value  # a literal: the same on every row
+        if isinstance(value, pa.ChunkedArray):
+            value = value.combine_chunks()
+        if value.type == pa.null():
+            return pa.nulls(t.num_rows)
+        return pc.replace_with_mask(pa.nulls(t.num_rows, value.type), rows, value)
+    return on_rows
 
 
 #: Spark's datetime pattern letters this module formats (the rest of a pattern must be literal text).
@@ -271,12 +293,12 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
         digits = _literal(node.args["decimals"]) if node.args.get("decimals") is not None else 0
         return lambda t: pc.round(inner(t), ndigits=int(digits), round_mode="half_up")
     if isinstance(node, (exp.And, exp.Or)):
-        left, right, conj = c(node.this), c(node.expression), isinstance(node, exp.And)
+        lhs, rhs, conj = c(node.this), _guarded(node.expression, c(node.expression)), isinstance(node, exp.And)
 
         def logic(t: pa.Table) -> Value:
-            a = _cast_to(left(t), pa.bool_())
+            a = _cast_to(lhs(t), pa.bool_())
             # the right side only where the left does not decide (Spark's short circuit: a guard guards)
-            b = _cast_to(_on_rows(right, t, pc.fill_null(a if conj else pc.invert(a), True)), pa.bool_())
+            b = _cast_to(rhs(t, pc.fill_null(a if conj else pc.invert(a), True)), pa.bool_())
             return pc.and_kleene(a, b) if conj else pc.or_kleene(a, b)
         return logic
     if isinstance(node, exp.Not):
@@ -316,23 +338,24 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
         if isinstance(node, exp.Case):
             if node.this is not None:
                 raise ConfigError(f"{where}: {node.sql('spark')!r}: write CASE WHEN <condition> THEN ... (not CASE <value> WHEN)")
-            branches = [(c(i.this), c(i.args["true"])) for i in node.args.get("ifs") or []]
+            branches = [(i.this, i.args["true"]) for i in node.args.get("ifs") or []]
             default = node.args.get("default")
         else:
-            branches = [(c(node.this), c(node.args["true"]))]
+            branches = [(node.this, node.args["true"])]
             default = node.args.get("false")
-        otherwise = c(default) if default is not None else (lambda t: pa.scalar(None))
+        arms = [(_guarded(i, c(i)), _guarded(v, c(v))) for i, v in branches]
+        otherwise: Guarded = _guarded(default, c(default)) if default is not None else lambda t, rows: pa.scalar(None)
 
         def case(t: pa.Table) -> Value:
             # each condition and value only on the rows that reach it, as Spark: a guarded branch is not evaluated
             left: Value = pa.scalar(True)
             chosen, values = [], []
-            for cond, v in branches:
-                picked = pc.and_(left, _true(_on_rows(cond, t, left)))
+            for cond, v in arms:
+                picked = pc.and_(left, _true(cond(t, left)))
                 chosen.append(picked)
-                values.append(_on_rows(v, t, picked))
+                values.append(v(t, picked))
                 left = pc.and_(left, pc.invert(picked))
-            values.append(_on_rows(otherwise, t, left))
+            values.append(otherwise(t, left))
             typed = next((v.type for v in values if v.type != pa.null()), pa.null())
             out = _cast_to(values[-1], typed)
             for picked, v in reversed(list(zip(chosen, values))):
