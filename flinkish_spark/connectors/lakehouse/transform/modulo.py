@@ -38,7 +38,7 @@ ZERO_DIVISOR = ("remainder by zero (Spark's REMAINDER_BY_ZERO in its default ANS
 
 def _array(v: Value, n: int) -> pa.Array:
     if isinstance(v, pa.Scalar):
-        return pa.array([v.as_py()] * n, v.type) if v.type != pa.null() else pa.nulls(n)
+        return pa.repeat(v, n) if v.type != pa.null() else pa.nulls(n)
     return v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
 
 
