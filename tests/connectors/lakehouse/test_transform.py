@@ -108,6 +108,9 @@ def test_the_schema_a_target_sees_and_the_errors_naming_the_table() -> None:
         rules({"tables": "public.*", "filter": "nope > 1"}).of("public.users").schema(SCHEMA)
     with pytest.raises(ConfigError, match="computes column.*name"):
         rules({"tables": "public.*", "computed": ["name = upper(name)"]}).of("public.users").schema(SCHEMA)
+    with pytest.raises(ConfigError, match=r"the filter 'name % 2 = 0' cannot be evaluated over the table's column "
+                                          r"types \(% takes numbers, not string and int32\)"):
+        rules({"tables": "public.*", "filter": "name % 2 = 0"}).of("public.users").schema(SCHEMA)  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="CAST\\(NULL AS <type>\\)"):
         rules({"tables": "public.*", "computed": {"x": "NULL"}}).of("public.users").schema(SCHEMA)
 
