@@ -206,6 +206,8 @@ def _guarded(node: exp.Expression, evaluate: Evaluator) -> Guarded:
             rows = rows.combine_chunks()
         if t.num_rows == 0 or pc.all(rows).as_py():
             return evaluate(t)  # raises again: a row it reads fails
+        if not pc.any(rows).as_py():
+            return pa.scalar(None)  # no row reaches it: not even a literal's error (1 % 0) is Spark's
         read = list(dict.fromkeys(r for r in (resolve(n, t.column_names) for n in names) if r is not None))
         value = evaluate((t.select(read) if read else t).filter(rows))  # only the columns it reads are copied
         if isinstance(value, pa.Scalar):
