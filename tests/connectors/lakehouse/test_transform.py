@@ -16,7 +16,7 @@ from flinkish_spark.connectors.lakehouse.transform.parse import parse_expression
 from flinkish_spark.connectors.lakehouse.transform.rules import Transforms, parse_transforms
 from flinkish_spark.connectors.postgres.rows import TableSchema, split_tables
 from flinkish_spark.connectors.postgres.rows.schema import make_column
-from flinkish_spark.errors import ConfigError
+from flinkish_spark.errors import ChangeDataError, ConfigError
 
 UTC = timezone.utc
 SCHEMA = TableSchema("public.users", (
@@ -54,6 +54,9 @@ ROWS = pa.table({"a": pa.array([1, 5, None], pa.int32()), "s": ["ab", "Xy", None
     ("ts >= '2026-01-01'", [True, None, False]), ("year(ts)", [2026, None, 2025]), ("month(ts)", [1, None, 12]),
     ("to_date(ts)", [date(2026, 1, 2), None, date(2025, 12, 31)]), ("date_format(ts, 'yyyy-MM')", ["2026-01", None, "2025-12"]),
     ("'x'", "x"), ("A + 1", [2, 6, None]),  # column names case-insensitive, as Spark
+    ("a % 2 = 0", [False, False, None]), ("-a % 3", [-1, -2, None]), ("pmod(-a, 3)", [2, 1, None]),
+    ("mod(a, -3)", [1, 2, None]), ("d % 3", [Decimal("1.50"), Decimal("2.00"), None]),
+    ("a = 1 OR 10 % (a - 1) = 2", [True, True, None]), ("if(a = 1, 0, 10 % (a - 1))", [0, 2, None]),  # guarded
 ])
 def test_expressions_evaluate_as_spark_sql(text: str, expected: object) -> None:
     assert evaluate(text, ROWS) == expected
@@ -63,7 +66,7 @@ def test_expressions_evaluate_as_spark_sql(text: str, expected: object) -> None:
     ("current_timestamp()", "not deterministic"), ("rand()", "not deterministic"),
     ("foo(a)", "foo is not supported"), ("a IN (SELECT 1)", "IN takes a list of literals"),
     ("sum(a)", "aggregate"), ("a +", "is not a Spark SQL expression"), ("CAST(a AS map<string,int>)", "CAST to"),
-    ("t.a = 1", "without a table"),
+    ("t.a = 1", "without a table"), ("pmod(a)", "pmod takes two arguments"),
 ])
 def test_unsupported_constructs_are_refused_at_start_naming_them(text: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -105,6 +108,9 @@ def test_the_schema_a_target_sees_and_the_errors_naming_the_table() -> None:
         rules({"tables": "public.*", "filter": "nope > 1"}).of("public.users").schema(SCHEMA)
     with pytest.raises(ConfigError, match="computes column.*name"):
         rules({"tables": "public.*", "computed": ["name = upper(name)"]}).of("public.users").schema(SCHEMA)
+    with pytest.raises(ConfigError, match=r"the filter 'name % 2 = 0' cannot be evaluated over the table's column "
+                                          r"types \(% takes numbers, not string and int32\)"):
+        rules({"tables": "public.*", "filter": "name % 2 = 0"}).of("public.users").schema(SCHEMA)  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="CAST\\(NULL AS <type>\\)"):
         rules({"tables": "public.*", "computed": {"x": "NULL"}}).of("public.users").schema(SCHEMA)
 
@@ -224,12 +230,28 @@ def test_a_column_added_within_a_task_and_read_by_a_computed_column() -> None:
 
 
 def test_a_value_an_expression_cannot_compute_stops_naming_the_table_and_rule() -> None:
-    from flinkish_spark.errors import ChangeDataError
-
     t = rules({"tables": "public.users", "computed": {"n": "CAST(name AS int)"}})
     with pytest.raises(ChangeDataError, match=r"source table public.users: transforms rule for 'public.users' cannot "
                                               r"compute a row's value: .*abc"):
         t.of("public.users").rows(SCHEMA, _changes([{"_op": "r", "id": 1, "name": "abc"}]))
+
+
+def test_a_modulo_filter_splits_rows_and_a_zero_divisor_stops_unless_guarded() -> None:
+    """``id % 2 = 0`` keeps the even keys; an unguarded zero divisor stops naming the table and the rule (Spark's
+    ANSI error), a guarded one (``b <> 0 AND ...``, ``try_mod``) is evaluated only where it may divide."""
+    changes = _changes([{"_op": "r", "id": i, "name": str(i), "amount": Decimal(i % 3)} for i in range(1, 7)])
+
+    def kept(predicate: str) -> list[int]:
+        rule = rules({"tables": "public.users", "filter": predicate}).of("public.users")
+        assert rule is not None
+        return [r["id"] for r in rule.rows(SCHEMA, changes).to_pylist() if r["_op"] == "r"]
+    assert kept("id % 2 = 0") == [2, 4, 6]
+    with pytest.raises(ChangeDataError, match=r"source table public.users: transforms rule for 'public.users' "
+                                              r"cannot compute a row's value: remainder by zero .*try_mod"):
+        kept("id % amount = 0")
+    for guarded in ("amount <> 0 AND id % amount = 0", "try_mod(id, amount) = 0",
+                    "CASE WHEN amount = 0 THEN false ELSE id % amount = 0 END"):
+        assert kept(guarded) == [1, 2, 4], guarded
 
 
 def test_the_column_wise_json_writer_writes_what_the_stream_writer_does() -> None:

@@ -7,6 +7,8 @@ and follows Spark SQL's meaning for the documented subset:
 
 * column references (case-insensitive, as Spark), literals (numbers, strings, ``TRUE``/``FALSE``, ``NULL``);
 * ``+ - * /`` (``/`` of two integers is a ``double``, as Spark), unary ``-``, ``abs``, ``round``; overflow is an error;
+* ``%`` / ``mod``, ``pmod``, ``try_mod`` (:mod:`.modulo`: Spark's signs and types; a zero divisor is an error, as
+  Spark's ANSI mode, except in ``try_mod``);
 * ``= <> != < <= > >=``, ``AND`` / ``OR`` / ``NOT`` (three-valued), ``IS [NOT] NULL``, ``IN (...)``,
   ``[NOT] LIKE`` / ``ILIKE`` (a literal pattern), ``BETWEEN``;
 * ``CASE WHEN ... THEN ... ELSE ... END``, ``if(c, a, b)``, ``coalesce``;
@@ -14,6 +16,9 @@ and follows Spark SQL's meaning for the documented subset:
 * ``||`` / ``concat`` (null if any part is null, as Spark), ``upper``, ``lower``, ``trim``, ``length``,
   ``substring(s, pos[, len])`` (literal positions, 1-based);
 * ``to_date``, ``year``, ``month``, ``day`` / ``dayofmonth``, ``date_format(ts, 'pattern')``.
+
+``AND`` / ``OR`` and the branches of ``CASE`` / ``if`` evaluate an operand only on the rows that reach it (Spark's
+short circuit), so a guard guards: ``b <> 0 AND a % b = 0`` never divides by zero.
 
 A literal compared with a column of another type is cast to the column's type first (``ts >= '2026-01-01'``,
 ``amount > 10`` on a decimal), as Spark's implicit casts do.
@@ -28,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from flinkish_spark.connectors.lakehouse.transform.modulo import remainder
 from flinkish_spark.errors import ConfigError
 
 Value = Union[pa.Array, pa.ChunkedArray, pa.Scalar]
@@ -86,6 +92,20 @@ def _literal(node: exp.Expression) -> Any:
     if isinstance(node, exp.Null):
         return None
     raise ValueError(node.sql("spark"))
+
+
+def _exact(node: exp.Expression) -> Evaluator | None:
+    """A literal with a point and no exponent as Spark types it, a decimal of its digits (``7.5``: ``decimal(2,1)``);
+    None for anything else."""
+    inner = node.this if isinstance(node, exp.Neg) else node
+    if not (isinstance(inner, exp.Literal) and not inner.is_string and "." in inner.this
+            and not any(c in inner.this for c in "eE")):
+        return None
+    value = Decimal(inner.this) * (-1 if inner is not node else 1)
+    scale = max(0, -int(value.as_tuple().exponent))
+    digits = len(value.as_tuple().digits)
+    scalar = pa.scalar(value, pa.decimal128(max(digits, scale, 1), scale))
+    return lambda t: scalar
 
 
 def _is_literal(node: exp.Expression) -> bool:
@@ -156,6 +176,50 @@ def _true(v: Value) -> Value:
     return pc.fill_null(_cast_to(v, pa.bool_()), False)
 
 
+#: What may fail on a row's value (a zero divisor, an overflow, a cast of 'abc' to int): evaluated lazily when guarded.
+_MAY_FAIL = (exp.Mod, exp.Div, exp.Add, exp.Sub, exp.Mul, exp.Abs, exp.Cast, exp.TryCast, exp.TsOrDsToDate,
+             exp.Anonymous)
+Guarded = Callable[[pa.Table, Value], Value]
+
+
+def _guarded(node: exp.Expression, evaluate: Evaluator) -> Guarded:
+    """``evaluate`` (of ``node``) for the ``rows`` a guard lets through (null on the others, which it never sees): a
+    guarded operand (``b <> 0 AND a % b = 0``, a CASE branch) is evaluated only where Spark, row by row, evaluates
+    it. The values are a function of each row, so they are computed on every row first (no copy of the rows) and on
+    the rows let through only when that fails (a value the guard excludes may fail); an operand that cannot fail
+    (no arithmetic, cast, function) always on every row."""
+    may_fail = any(isinstance(n, _MAY_FAIL) or (isinstance(n, exp.Neg) and not _is_literal(n)) for n in node.walk())
+    if not may_fail:
+        return lambda t, rows: evaluate(t)
+    names = tuple(dict.fromkeys(column_name(c) for c in node.find_all(exp.Column)))
+
+    def on_rows(t: pa.Table, rows: Value) -> Value:
+        try:
+            return evaluate(t)
+        except pa.ArrowInvalid:
+            if isinstance(rows, pa.Scalar):
+                if rows.as_py() is not False:
+                    raise
+                return pa.scalar(None)
+        rows = pc.fill_null(rows, False)
+        if isinstance(rows, pa.ChunkedArray):
+            rows = rows.combine_chunks()
+        if t.num_rows == 0 or pc.all(rows).as_py():
+            return evaluate(t)  # raises again: a row it reads fails
+        if not pc.any(rows).as_py():
+            return pa.scalar(None)  # no row reaches it: not even a literal's error (1 % 0) is Spark's
+        read = list(dict.fromkeys(r for r in (resolve(n, t.column_names) for n in names) if r is not None))
+        value = evaluate((t.select(read) if read else t).filter(rows))  # only the columns it reads are copied
+        if isinstance(value, pa.Scalar):
+            return value  # a literal: the same on every row
+        if isinstance(value, pa.ChunkedArray):
+            value = value.combine_chunks()
+        if value.type == pa.null():
+            return pa.nulls(t.num_rows)
+        return pc.replace_with_mask(pa.nulls(t.num_rows, value.type), rows, value)
+    return on_rows
+
+
 #: Spark's datetime pattern letters this module formats (the rest of a pattern must be literal text).
 _PATTERN = {"yyyy": "%Y", "yy": "%y", "MM": "%m", "dd": "%d", "HH": "%H", "mm": "%M", "ss": "%S"}
 
@@ -212,6 +276,14 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
                 a, b = pc.cast(a, pa.float64()), pc.cast(b, pa.float64())  # Spark: int / int is a double
             return pc.divide_checked(a, b)
         return divide
+    if isinstance(node, exp.Mod) or (isinstance(node, exp.Anonymous) and node.name.lower() in ("pmod", "try_mod")):
+        args = [node.this, node.expression] if isinstance(node, exp.Mod) else list(node.expressions)
+        if len(args) != 2:
+            raise ConfigError(f"{where}: {node.sql('spark')!r}: {node.name} takes two arguments")
+        left, right = _exact(args[0]) or c(args[0]), _exact(args[1]) or c(args[1])
+        lits = (_is_literal(args[0]), _is_literal(args[1]))
+        kind = node.name.lower() if isinstance(node, exp.Anonymous) else "mod"
+        return lambda t: remainder(left(t), right(t), *lits, positive=kind == "pmod", zero_is_null=kind == "try_mod")
     if isinstance(node, exp.Neg):
         inner = c(node.this)
         return lambda t: pc.negate_checked(inner(t))
@@ -222,12 +294,15 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
         inner = c(node.this)
         digits = _literal(node.args["decimals"]) if node.args.get("decimals") is not None else 0
         return lambda t: pc.round(inner(t), ndigits=int(digits), round_mode="half_up")
-    if isinstance(node, exp.And):
-        left, right = c(node.this), c(node.expression)
-        return lambda t: pc.and_kleene(_cast_to(left(t), pa.bool_()), _cast_to(right(t), pa.bool_()))
-    if isinstance(node, exp.Or):
-        left, right = c(node.this), c(node.expression)
-        return lambda t: pc.or_kleene(_cast_to(left(t), pa.bool_()), _cast_to(right(t), pa.bool_()))
+    if isinstance(node, (exp.And, exp.Or)):
+        lhs, rhs, conj = c(node.this), _guarded(node.expression, c(node.expression)), isinstance(node, exp.And)
+
+        def logic(t: pa.Table) -> Value:
+            a = _cast_to(lhs(t), pa.bool_())
+            # the right side only where the left does not decide (Spark's short circuit: a guard guards)
+            b = _cast_to(rhs(t, pc.fill_null(a if conj else pc.invert(a), True)), pa.bool_())
+            return pc.and_kleene(a, b) if conj else pc.or_kleene(a, b)
+        return logic
     if isinstance(node, exp.Not):
         inner = c(node.this)
         return lambda t: pc.invert(_cast_to(inner(t), pa.bool_()))
@@ -265,19 +340,28 @@ def compile_expression(node: exp.Expression, where: str) -> Evaluator:
         if isinstance(node, exp.Case):
             if node.this is not None:
                 raise ConfigError(f"{where}: {node.sql('spark')!r}: write CASE WHEN <condition> THEN ... (not CASE <value> WHEN)")
-            branches = [(c(i.this), c(i.args["true"])) for i in node.args.get("ifs") or []]
+            branches = [(i.this, i.args["true"]) for i in node.args.get("ifs") or []]
             default = node.args.get("default")
         else:
-            branches = [(c(node.this), c(node.args["true"]))]
+            branches = [(node.this, node.args["true"])]
             default = node.args.get("false")
-        otherwise = c(default) if default is not None else (lambda t: pa.scalar(None))
+        arms = [(_guarded(i, c(i)), _guarded(v, c(v))) for i, v in branches]
+        otherwise: Guarded = _guarded(default, c(default)) if default is not None else lambda t, rows: pa.scalar(None)
 
         def case(t: pa.Table) -> Value:
-            values = [v(t) for _, v in branches] + [otherwise(t)]
+            # each condition and value only on the rows that reach it, as Spark: a guarded branch is not evaluated
+            left: Value = pa.scalar(True)
+            chosen, values = [], []
+            for cond, v in arms:
+                picked = pc.and_(left, _true(cond(t, left)))
+                chosen.append(picked)
+                values.append(v(t, picked))
+                left = pc.and_(left, pc.invert(picked))
+            values.append(otherwise(t, left))
             typed = next((v.type for v in values if v.type != pa.null()), pa.null())
             out = _cast_to(values[-1], typed)
-            for (cond, _), v in reversed(list(zip(branches, values))):
-                out = pc.if_else(_true(cond(t)), _cast_to(v, typed), out)
+            for picked, v in reversed(list(zip(chosen, values))):
+                out = pc.if_else(picked, _cast_to(v, typed), out)
             return out
         return case
     if isinstance(node, exp.Coalesce):

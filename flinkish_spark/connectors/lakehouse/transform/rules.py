@@ -157,6 +157,13 @@ class Transform:
         if clash:
             raise ConfigError(f"source table {table}: {self.where} computes column(s) {', '.join(clash)} the target "
                               f"has already; name them otherwise. {fix}")
+        for what, expr in ([("filter", self.filter)] if self.filter else []) + [(f"computed column {n!r}", e)
+                                                                                 for n, e in self.computed]:
+            try:  # on no rows: an operand of a type the expression cannot take ('name % 2') is found now, not at a row
+                self._type(expr, source)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                raise ConfigError(f"source table {table}: {self.where}: the {what} {expr.text!r} cannot be evaluated "
+                                  f"over the table's column types ({e}). {fix}") from None
 
     def _type(self, expr: Expression, source: TableSchema) -> pa.DataType:
         empty = source.arrow_schema().empty_table()
