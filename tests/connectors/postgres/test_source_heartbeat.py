@@ -13,6 +13,16 @@ Without a query: a heartbeat comes only once the slot holds a WAL segment, at mo
 interval, its range holds no rows, and its completion advances the slot. On PostgreSQL 18 and
 15 (which, unlike 14 and older, sends nothing for a transaction without a change of the
 publication).
+
+The end-to-end test runs on PostgreSQL 18 only. What depends on the server's version is checked on
+both by the test without a query: the peek of the slot finds nothing for the other table's
+transactions (15 and later send nothing for them), so the heartbeat is what ends a range, at the
+flush position; ``pg_replication_slot_advance`` at its completion moves the slot past the other
+table's WAL; the next change of a followed table is read after it. What the end-to-end test adds
+-- a kill -9 in the commit of a heartbeat epoch, its replay from the checkpoint, exactly-once
+output, the slot released again while the query runs -- is the source's checkpoint and commit
+code and the same server calls, with nothing that asks which version it talks to; a second
+version cost ~30-40 s of a quiet CI machine for no other check.
 """
 
 from __future__ import annotations
@@ -162,7 +172,6 @@ def test_a_heartbeat_range_ends_at_the_flush_position_holds_no_rows_and_comes_at
 
 
 @pytest.mark.slow
-@pytest.mark.both_postgres
 def test_idle_tables_in_a_busy_database_release_the_wal_exactly_once(pg_url, run_pipeline, tmp_path: Path) -> None:
     stop, out = tmp_path / "stop", str(tmp_path / "out")
     with psycopg.connect(pg_url, autocommit=True) as conn:
