@@ -329,7 +329,8 @@ def _wait(spark: Any, query: Any, config: MirrorConfig, signals: _Signals, paren
         orphaned = os.getppid() != parent  # the command was killed: stop at once, without a drain request
         if signals.count >= 1 and drainer is None and not orphaned:
             progress.note("stopping with drain: reading the changes up to now and committing them; the mirror "
-                          "ends for good (Ctrl-C again: exit at once, the next start completes the drain)")
+                          "ends for good (Ctrl-C again: exit at once; the same command then continues from the last "
+                          "committed epoch, and ends by itself if the drain's final epoch was already planned)")
             drainer = threading.Thread(target=lambda: drain.append(flinkish_spark.stop(query, drain=True)),
                                        name="flinkish-mirror-drain", daemon=True)
             drainer.start()
