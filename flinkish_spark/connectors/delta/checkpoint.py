@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flinkish_spark.connectors.delta.log import DeltaLog
-from flinkish_spark.connectors.delta.state import DeltaState
+from flinkish_spark.connectors.delta.state import DeltaState, configuration
 
 #: Features whose tables this writer checkpoints (what the keyed modes accept); anything else: delta-rs.
 KNOWN_FEATURES = frozenset({"appendOnly", "invariants", "deletionVectors", "timestampNtz", "domainMetadata",
@@ -177,10 +177,8 @@ def _conform(column: pa.StructArray) -> pa.StructArray:
 
 def _retention_ms(metadata: dict[str, Any]) -> int:
     """``delta.deletedFileRetentionDuration`` ("interval 1 week", "interval 36 hours"), the default if unreadable."""
-    raw = metadata.get("configuration") or {}
-    config = dict(raw) if not isinstance(raw, dict) else raw
     m = re.fullmatch(r"\s*(?:interval\s+)?(\d+)\s+(millisecond|second|minute|hour|day|week)s?\s*",
-                     str(config.get(RETENTION_PROPERTY, "")).lower())
+                     str(configuration(metadata).get(RETENTION_PROPERTY, "")).lower())
     return int(m.group(1)) * _UNITS_MS[m.group(2)] if m else DEFAULT_RETENTION_MS
 
 

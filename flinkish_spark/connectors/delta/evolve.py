@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from flinkish_spark.connectors.delta.live import LiveTarget, forget_state, table_state
 from flinkish_spark.connectors.delta.log import VersionTaken, commit_payload
-from flinkish_spark.connectors.delta.state import DeltaState
+from flinkish_spark.connectors.delta.state import DeltaState, configuration
 from flinkish_spark.connectors.delta.table import DV_PROPERTY, deltalake
 from flinkish_spark.connectors.lakehouse.evolution import Evolution, ahead_property, evolve_epoch, read_ahead
 from flinkish_spark.connectors.lakehouse.routed_modes import check_mode_columns
@@ -50,11 +50,6 @@ def delta_arrow(schema: pa.Schema) -> pa.Schema:
     """``schema`` as Delta types read back (one Arrow type per Delta type)."""
     dl = deltalake()
     return pa.schema(dl.Schema.from_arrow(schema).to_arrow())
-
-
-def _config(metadata: dict[str, Any]) -> dict[str, str]:
-    raw = metadata.get("configuration") or {}
-    return dict(raw) if not isinstance(raw, dict) else raw  # a checkpoint's map reads back as pairs
 
 
 class RoutedDeltaTarget(LiveTarget):
@@ -101,10 +96,10 @@ class RoutedDeltaTarget(LiveTarget):
         ahead = {}
         if state is not None and state.metadata is not None:
             current = delta_arrow(deltalake().Schema.from_json(state.metadata["schemaString"]).to_arrow())
-            ahead = read_ahead(_config(state.metadata).get(AHEAD_PROPERTY))
-            recorded = _config(state.metadata).get(KEY_PROPERTY)
+            ahead = read_ahead(configuration(state.metadata).get(AHEAD_PROPERTY))
+            recorded = configuration(state.metadata).get(KEY_PROPERTY)
             key = tuple(recorded.split(",")) if recorded else None
-            mirrored = _config(state.metadata).get(SOURCE_PROPERTY)
+            mirrored = configuration(state.metadata).get(SOURCE_PROPERTY)
             if mirrored and mirrored != self.source_table:
                 raise routed_twice(sorted((mirrored, self.source_table)), self.path, "path")
         name = f"the Delta table {self.path}"
@@ -203,11 +198,11 @@ def schema_actions(target: RoutedDeltaTarget, state: DeltaState, evolution: Evol
     dl = deltalake()
     current = json.loads(state.metadata["schemaString"])
     have = delta_arrow(dl.Schema.from_json(state.metadata["schemaString"]).to_arrow())
-    configuration = {k: v for k, v in _config(state.metadata).items() if k != AHEAD_PROPERTY}
+    properties = {k: v for k, v in configuration(state.metadata).items() if k != AHEAD_PROPERTY}
     ahead = ahead_property(evolution)
     if ahead:
-        configuration[AHEAD_PROPERTY] = ahead
-    if have == evolution.schema and configuration == _config(state.metadata):
+        properties[AHEAD_PROPERTY] = ahead
+    if have == evolution.schema and properties == configuration(state.metadata):
         return []
 
     def field_json(f: pa.Field) -> dict[str, Any]:
@@ -223,7 +218,7 @@ def schema_actions(target: RoutedDeltaTarget, state: DeltaState, evolution: Evol
     names = {f["name"] for f in current["fields"]}
     fields += [field_json(f) for f in evolution.schema if f.name not in names]
     meta = dict(state.metadata)
-    meta["configuration"] = configuration
+    meta["configuration"] = properties
     fmt = dict(meta.get("format") or {"provider": "parquet"})
     fmt["options"] = dict(fmt.get("options") or {})  # a checkpoint's map reads back as pairs
     meta["format"] = fmt

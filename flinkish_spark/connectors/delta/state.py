@@ -116,6 +116,12 @@ class LiveFile:
         return {"remove": remove}
 
 
+def configuration(metadata: dict[str, Any] | None) -> dict[str, str]:
+    """A ``metaData`` action's table properties as a dict (a checkpoint's map reads back as pairs)."""
+    raw = (metadata or {}).get("configuration") or {}
+    return dict(raw) if not isinstance(raw, dict) else raw
+
+
 @dataclass
 class DeltaState:
     """The table at ``version``: live files by path, and the txn version of every app id -- with the

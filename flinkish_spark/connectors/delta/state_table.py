@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flinkish_spark.connectors.delta.state import DeltaState, load_state
+from flinkish_spark.connectors.delta.state import DeltaState, configuration, load_state
 from flinkish_spark.errors import TableMismatchError
 
 if TYPE_CHECKING:
@@ -67,8 +67,7 @@ class StateTable:
 
     def metadata(self) -> Metadata:
         m = self.state.metadata or {}
-        raw = m.get("configuration") or {}
-        return Metadata(dict(raw) if not isinstance(raw, dict) else raw, list(m.get("partitionColumns") or ()))
+        return Metadata(configuration(m), list(m.get("partitionColumns") or ()))
 
     def schema(self) -> Any:
         from flinkish_spark.connectors.delta.table import deltalake
