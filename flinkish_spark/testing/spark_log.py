@@ -6,18 +6,22 @@ import json
 import os
 
 
+def _batch_ids(folder: str) -> list[int]:
+    """The batch ids of one of Spark's logs (a file per batch, named by its id), sorted."""
+    return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+
+
 def committed_batches(checkpoint_location: str | os.PathLike[str]) -> list[int]:
     """The batch ids in Spark's commit log under ``checkpoint_location``, sorted (empty before
     the first commit)."""
-    folder = os.path.join(os.fspath(checkpoint_location), "commits")
-    return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+    return _batch_ids(os.path.join(os.fspath(checkpoint_location), "commits"))
 
 
 def planned_offsets(checkpoint_location: str | os.PathLike[str]) -> list[str]:
     """The source offsets (one JSON text per source) of the last batch in Spark's offset log under
     ``checkpoint_location``, committed or not ([] before the first)."""
     folder = os.path.join(os.fspath(checkpoint_location), "offsets")
-    planned = sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+    planned = _batch_ids(folder)
     if not planned:
         return []
     with open(os.path.join(folder, str(planned[-1]))) as f:
