@@ -54,3 +54,25 @@ def test_no_import_cycle_between_submodules() -> None:
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+def test_a_python_worker_loading_a_builtin_data_source_imports_neither_pandas_nor_sqlglot() -> None:
+    """Spark starts a Python worker per kind of planning call of every query (lookup, create, write, the streaming
+    source runner, the commit runner): each unpickles the data source class and so imports its module. pandas (~0.35 s
+    of CPU) comes with the first Arrow array built from Python values, sqlglot (~0.1 s) with the transforms' parser;
+    neither is needed to plan, so no module a built-in data source's class lives in may pull them in at import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import pyspark.sql.worker.create_data_source\n"
+        "from flinkish_spark.connectors.builtin import BUILTIN_SINKS, BUILTIN_SOURCES\n"
+        "import importlib\n"
+        "for cls in (*BUILTIN_SOURCES, *BUILTIN_SINKS):\n"
+        "    importlib.import_module(cls.__module__)\n"
+        "print(sorted(m for m in ('pandas', 'sqlglot') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"imported at a worker's start: {out.stdout.strip()}"

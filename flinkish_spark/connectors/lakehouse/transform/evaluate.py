@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from flinkish_spark.connectors.lakehouse.transform.modulo import remainder
+from flinkish_spark.connectors.lakehouse.transform.names import resolve
 from flinkish_spark.errors import ConfigError
 
 Value = Union[pa.Array, pa.ChunkedArray, pa.Scalar]
@@ -69,14 +70,6 @@ def arrow_type_of(dt: exp.DataType, where: str) -> pa.DataType:
 
 def column_name(node: exp.Column) -> str:
     return node.name
-
-
-def resolve(name: str, names: list[str] | tuple[str, ...]) -> str | None:
-    """The column ``name`` names among ``names``: exactly, else case-insensitively (Spark's default)."""
-    if name in names:
-        return name
-    folded = [n for n in names if n.lower() == name.lower()]
-    return folded[0] if len(folded) == 1 else None
 
 
 def _literal(node: exp.Expression) -> Any:

@@ -5,7 +5,7 @@ The guarantee: every text is parsed and compiled when the sink starts (:func:`pa
 :class:`~flinkish_spark.errors.ConfigError` naming the text and where it was given -- never an error mid-stream,
 never a value computed some other way than Spark would. What an expression reads is known from its text:
 :attr:`Expression.columns` (the row's columns) and :attr:`Expression.metadata` (the change's metadata:
-:data:`METADATA`), so a column the table lacks is found as soon as the table's schema is known.
+:data:`.names.METADATA`), so a column the table lacks is found as soon as the table's schema is known.
 """
 
 from __future__ import annotations
@@ -17,12 +17,8 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from flinkish_spark.connectors.lakehouse.transform.evaluate import Evaluator, compile_expression
+from flinkish_spark.connectors.lakehouse.transform.names import METADATA
 from flinkish_spark.errors import ConfigError
-
-#: The change metadata an expression may name besides the row's columns: the change's ``_op`` (``r`` snapshot read,
-#: ``c`` insert, ``u`` update), its commit time ``_commit_ts`` (null for snapshot rows) and log position ``_lsn``, and
-#: the source table -- ``_source_table`` (``schema.table``) or Flink CDC's ``__schema_name__`` / ``__table_name__``.
-METADATA = ("_op", "_commit_ts", "_lsn", "_source_table", "__schema_name__", "__table_name__")
 
 
 @dataclass(frozen=True)

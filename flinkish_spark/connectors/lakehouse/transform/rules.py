@@ -31,26 +31,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.cdc.patterns import TablePatterns
-from flinkish_spark.connectors.lakehouse.transform.evaluate import Value, resolve
-from flinkish_spark.connectors.lakehouse.transform.parse import (
-    METADATA, Expression, parse_expression, parse_projection,
-)
+from flinkish_spark.connectors.lakehouse.transform.names import METADATA, resolve
 from flinkish_spark.connectors.postgres.rows import Column, TableSchema
 from flinkish_spark.connectors.postgres.rows.schema import arrow_type
 from flinkish_spark.errors import ChangeDataError, ConfigError
+
+if TYPE_CHECKING:
+    # The parser and evaluator (sqlglot) are imported where a rule is parsed: a sink without rules never needs them.
+    from flinkish_spark.connectors.lakehouse.transform.evaluate import Value
+    from flinkish_spark.connectors.lakehouse.transform.parse import Expression
 
 #: The sink option this module reads.
 TRANSFORM_OPTION = "transforms"
 RULE_KEYS = ("tables", "columns", "columns.exclude", "filter", "computed", "projection", "description")
 #: The columns of a table's rows that are not its data (the change's own).
 _CHANGE = ("_op", "_lsn", "_seq", "_commit_ts", "_unchanged")
-_ROW_OPS = pa.array(["r", "c", "u"])
+#: The ``_op`` values of a row (not a delete). A tuple, not a module-level ``pa.array``: building an Arrow array from a
+#: list imports pandas (pyarrow's pandas shim), which every Python worker importing a routing sink would then pay for.
+_ROW_OPS = ("r", "c", "u")
 
 #: Arrow type of a computed column -> (Spark DDL type, PostgreSQL's spelling, its base type name, JSON encoding).
 _COMPUTED_TYPES: list[tuple[Callable[[pa.DataType], bool], pa.DataType | None, str, str, str, str]] = [
@@ -89,6 +93,7 @@ def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
 
 
 def _computed(value: Any, where: str) -> tuple[tuple[str, Expression], ...]:
+    from flinkish_spark.connectors.lakehouse.transform.parse import parse_expression
     pairs: list[tuple[str, str]] = []
     if isinstance(value, dict):
         pairs = [(str(k), v) for k, v in value.items()]
@@ -183,7 +188,7 @@ class Transform:
         n = rows.num_rows
         names = [c for c in rows.column_names if c not in _CHANGE]
         ops = rows.column("_op")
-        is_row = pc.is_in(ops, value_set=_ROW_OPS)
+        is_row = pc.is_in(ops, value_set=pa.array(_ROW_OPS, pa.string()))
         self._check_unchanged(rows, source.table)
         leave = None
         if self.filter is not None:
@@ -289,6 +294,8 @@ class Transforms:
 
 
 def _rule(d: Any, i: int, component: str) -> Transform:
+    from flinkish_spark.connectors.lakehouse.transform.parse import parse_expression, parse_projection
+
     where = f"{component}: {TRANSFORM_OPTION} rule {i}"
     if not isinstance(d, dict):
         raise ConfigError(f"{where} is {d!r}, not an object")

@@ -33,7 +33,9 @@ _B, _C, _I, _U, _D = (ord(c) for c in "BCIUD")
 _N, _K, _O = (ord(c) for c in "NKO")
 #: control characters json writes as a short escape (the others as \\u00XX)
 _SHORT_ESCAPES = {8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}
-_OPS = pa.array(["c", "u", "d"])
+#: A tuple, not a module-level ``pa.array``: building an Arrow array imports pandas (pyarrow's shim), which every
+#: Python worker importing the source (the planning ones included) would then pay for.
+_OPS = ("c", "u", "d")
 
 
 class Declined(Exception):
@@ -305,6 +307,6 @@ def encode_ops(m: Messages, msgs: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     """``_op`` of each message and which are deletes."""
     k = m.kinds[msgs]
     code = np.where(k == _I, 0, np.where(k == _U, 1, 2))
-    return _OPS.take(pa.array(code.astype(np.int8))), k == _D
+    return pa.array(_OPS, pa.string()).take(pa.array(code.astype(np.int8))), k == _D
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from flinkish_spark.connectors.lakehouse.transform.evaluate import resolve
+from flinkish_spark.connectors.lakehouse.transform.names import resolve
 from flinkish_spark.connectors.lakehouse.transform.rules import TRANSFORM_OPTION, Transforms, parse_transforms
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.errors import ConfigError

@@ -35,7 +35,9 @@ from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.stream_rows import _Stream
 
 _TS = pa.timestamp("us", tz="UTC")
-_ROW_OPS = pa.array(["r", "c", "u", "d"])
+#: A tuple, not a module-level ``pa.array``: building an Arrow array imports pandas (pyarrow's shim), which every
+#: Python worker importing the source (the planning ones included) would then pay for.
+_ROW_OPS = ("r", "c", "u", "d")
 
 
 def typed_column(texts: pa.Array, col: Column) -> pa.Array:
@@ -78,7 +80,7 @@ def pack_row(schema: TableSchema, body: pa.Table) -> dict[str, Any]:
     ts = pc.max(pc.filter(body.column("_commit_ts"), changes)).as_py() if body.num_rows else None
     return {"_table": schema.table, "_op": "p", "_schema_id": schema.schema_id, "_lsn": lsns[0].as_py(),
             "_seq": body.column("_seq")[0].as_py(), "_last_lsn": lsns[-1].as_py(),
-            "_count": int(pc.sum(pc.is_in(ops, _ROW_OPS)).as_py() or 0),
+            "_count": int(pc.sum(pc.is_in(ops, pa.array(_ROW_OPS, pa.string()))).as_py() or 0),
             "_changes": int(pc.sum(pc.and_(changes, pc.is_in(ops, pa.array(["c", "u", "d", "t"])))).as_py() or 0),
             "_commit_ts": ts, "batch": _ipc(body)}
 
