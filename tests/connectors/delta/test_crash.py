@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -246,58 +247,53 @@ def test_crash_matrices_and_random_kills_on_s3_with_failed_first_attempts(run_pi
 
 
 def test_two_queries_with_different_uids_append_concurrently(spark, tmp_path: Path) -> None:
-    """Two drivers append to one table at the same time: a child driver (uid b) and this test's own (uid a,
-    no driver start of its own), each under a processing-time trigger that spreads its 10 commits over 10+
-    seconds; the test's query starts once the child's has, so that they overlap."""
+    """Two drivers append to one table at the same time: this test's own (uid a, no driver start of its own) and a
+    child driver (uid b), each under a processing-time trigger. The test's query starts first and spreads 30 commits
+    over 30+ seconds; the child starts once the first of them is in the table and commits 10, so that they overlap
+    however long the child's start takes on a loaded machine (up to ~30 s; with the child first and 10 commits each,
+    a slow start of the test's query once let the child finish alone)."""
     import flinkish_spark
 
     table = tmp_path / "table"
     specs = {}
-    for name in ("a", "b"):
+    for name, per_trigger in (("a", 20), ("b", 60)):
         s = spec(tmp_path / f"cp-{name}", str(table), str(tmp_path / f"meta-{name}"), uid=name, lengths=[300, 300],
-                 per_trigger=60)
+                 per_trigger=per_trigger)
         s["sink"]["options"]["rowsPerFile"] = 1000
         s.update(trigger="1 second", end="finish", runSeconds=300)
         specs[name] = s
-    path = tmp_path / "b.json"
-    path.write_text(json.dumps(child_spec(specs["b"])))
-    proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    a = specs["a"]
+    stream = spark.readStream.format(a["source"]["format"])
+    for key, value in a["source"]["options"].items():
+        stream = stream.option(key, str(value))
+    writer = stream.load().writeStream.format("flinkish.delta").option("checkpointLocation", a["sink"]["checkpointLocation"])
+    for key, value in a["sink"]["options"].items():
+        writer = writer.option(key, str(value))
+    query = writer.trigger(processingTime="1 second").start()
     lines: list[str] = []
-    started = threading.Event()
-
-    def collect() -> None:
-        for line in proc.stdout or ():
-            lines.append(line)
-            if line.startswith("QUERY_STARTED"):
-                started.set()
-
-    reader = threading.Thread(target=collect, daemon=True)
-    reader.start()
+    proc = None
     try:
-        while not started.wait(0.2):
-            assert proc.poll() is None, "".join(lines)[-3000:]
-        a = specs["a"]
-        stream = spark.readStream.format(a["source"]["format"])
-        for key, value in a["source"]["options"].items():
-            stream = stream.option(key, str(value))
-        writer = stream.load().writeStream.format("flinkish.delta").option("checkpointLocation", a["sink"]["checkpointLocation"])
-        for key, value in a["sink"]["options"].items():
-            writer = writer.option(key, str(value))
-        query = writer.trigger(processingTime="1 second").start()
-        try:
-            assert flinkish_spark.await_finished(query, timeout=300) == "finished"
-        finally:
-            query.stop()
+        deadline = time.monotonic() + 300
+        while not (table / "_delta_log").is_dir() or not Table(str(table)).epochs("a"):
+            assert query.isActive and time.monotonic() < deadline, "the test's query committed nothing"
+            time.sleep(0.2)
+        path = tmp_path / "b.json"
+        path.write_text(json.dumps(child_spec(specs["b"])))
+        proc = subprocess.Popen([sys.executable, "-m", "flinkish_spark.runner", str(path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+        reader.start()
+        assert flinkish_spark.await_finished(query, timeout=300) == "finished"
         proc.wait(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
         reader.join(timeout=10)
+    finally:
+        query.stop()
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, "".join(lines)[-3000:]
     t = Table(str(table))
     assert t.rows() == expected([300, 300]) + expected([300, 300])
-    assert t.epochs("a") == t.epochs("b") == list(range(10))
+    assert t.epochs("a") == list(range(30)) and t.epochs("b") == list(range(10))
     # The two writers' versions interleave: they really committed at the same time.
     order = [h.get("flinkish.uid") for h in reversed(t.load().history()) if h.get("flinkish.uid")]
     assert sum(x != y for x, y in zip(order, order[1:])) >= 2, order
