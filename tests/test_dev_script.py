@@ -17,7 +17,7 @@ case "$1" in
     if [ "$2" = venv ]; then
       mkdir -p "$3/bin" && cp "$0" "$3/bin/python"
       printf '#!/bin/sh\\necho ran flinkish "$@"\\n' > "$3/bin/flinkish" && chmod +x "$3/bin/flinkish"
-    elif [ "$2" = pip ]; then
+    elif [ "$2" = pip ] || [ "$2" = compileall ]; then
       echo "$*" >> "$PIP_LOG"
     fi ;;
 esac
@@ -51,6 +51,21 @@ def test_the_demo_installs_only_what_it_needs_and_switching_to_the_tests_install
     later = (tmp_path / "repo" / ".venv" / ".installed").stat().st_mtime + 10
     os.utime(tmp_path / "repo" / "setup.cfg", (later, later))  # changed metadata: installed again
     assert installs(tmp_path, "demo") == [".[test]"]  # still the larger set it has
+
+
+def test_every_command_leaves_the_package_compiled_for_the_workers(tmp_path: Path) -> None:
+    """Where PYTHONDONTWRITEBYTECODE is set no process writes bytecode, and an editable install compiles none: each
+    Python worker Spark starts would compile the package's modules from source again. ./dev compiles them once."""
+    (tmp_path / "repo").mkdir()
+    for name in ("dev", "setup.cfg"):
+        shutil.copy2(REPO / name, tmp_path / "repo" / name)
+    (tmp_path / "python3").write_text(FAKE_PYTHON)
+    (tmp_path / "python3").chmod(0o755)
+    for args in (("setup", "demo"), ("demo",), ("setup",)):
+        before = (tmp_path / "pip.log").read_text().count("compileall") if (tmp_path / "pip.log").exists() else 0
+        installs(tmp_path, *args)
+        log = (tmp_path / "pip.log").read_text()
+        assert log.count("-m compileall -q -j 0 flinkish_spark") == before + 1, (args, log)
 
 
 FAKE_APT = """#!/bin/sh
