@@ -274,7 +274,8 @@ def test_two_queries_with_different_uids_append_concurrently(spark, tmp_path: Pa
     proc = None
     try:
         deadline = time.monotonic() + 300
-        while not (table / "_delta_log").is_dir() or not Table(str(table)).epochs("a"):
+        # is_deltatable, not the _delta_log folder: the folder exists a moment before its first version does
+        while not deltalake.DeltaTable.is_deltatable(str(table)) or not Table(str(table)).epochs("a"):
             assert query.isActive and time.monotonic() < deadline, "the test's query committed nothing"
             time.sleep(0.2)
         path = tmp_path / "b.json"
