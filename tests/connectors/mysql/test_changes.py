@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from flinkish_spark.connectors.mysql import changes as C
+from flinkish_spark.connectors.mysql import connection as mysql_connection
 from flinkish_spark.connectors.mysql.connection import connect, parse_url
 from flinkish_spark.connectors.mysql.position import FilePosition, MariaGtidPosition
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import collation_charsets
-from flinkish_spark.errors import ChangeDataError
+from flinkish_spark.errors import ChangeDataError, DatabaseUnavailableError
 
 
 def _end(info: Any) -> C.LogEnd:
@@ -199,3 +200,47 @@ def test_uuid_inet4_and_inet6_are_the_text_the_server_shows(mariadb, mysql_db: s
     assert [tuple(r[1:4]) for r in read[:-1]] == shown
     assert read[-1] == [99, None, None, None, None]
     assert read[0][4] == b"\x00\xff" + bytes(14)  # a BINARY(16) stays bytes
+
+
+def _kill_dumps(mariadb: Any) -> int:
+    """Ends every binary log dump of the server from its side (as a restart does to a reader); how many."""
+    ids = [line for line in mariadb.sql("SELECT ID FROM information_schema.PROCESSLIST "
+                                        "WHERE COMMAND LIKE 'Binlog Dump%'").split() if line]
+    for i in ids:
+        mariadb.sql(f"KILL {i}")
+    return len(ids)
+
+
+def test_a_range_read_the_server_ends_midway_is_the_retryable_unavailable_error(mariadb, mysql_db: str) -> None:
+    """A task reading its range when the server restarts: the same retryable DatabaseUnavailableError as a failed
+    connect (the mirror's "transient failure", Spark's task retry), never a terminal ChangeDataError."""
+    info = parse_url(mariadb.url_for(mysql_db))
+    mariadb.sql("CREATE TABLE big (id int PRIMARY KEY, v text)", database=mysql_db)
+    start = _end(info)
+    # ~8 MB of log: far more than the socket buffers hold, so the kill lands while the range is still being sent.
+    mariadb.sql(";".join(f"INSERT INTO big SELECT seq, repeat('x', 2000) FROM seq_{i * 400 + 1}_to_{i * 400 + 400}"
+                         for i in range(10)), database=mysql_db)
+    end = _end(info)
+    txns = C.read_range(info, start.file, end.file, _decoder(info), server_id=9111)
+    assert next(txns).changes  # the read is under way
+    assert _kill_dumps(mariadb) == 1
+    with pytest.raises(DatabaseUnavailableError, match=r"mysql://root@127\.0\.0\.1:\d+"):
+        for _ in txns:
+            pass
+
+
+def test_a_session_the_server_ended_before_the_range_read_began_is_the_retryable_unavailable_error(
+        mariadb, mysql_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The range's first queries (is the start still in the log, its GTID state) on a session the server ended in
+    between (a restart just after the connect): the retryable error, not PyMySQL's raw OperationalError."""
+    info = parse_url(mariadb.url_for(mysql_db))
+    start, end = _end(info), _end(info)
+
+    def ended_session(info: Any, *args: Any, **kwargs: Any) -> Any:
+        conn = connect(info, *args, **kwargs)
+        mariadb.sql(f"KILL {conn.thread_id()}")
+        return conn
+
+    monkeypatch.setattr(mysql_connection, "connect", ended_session)
+    with pytest.raises(DatabaseUnavailableError):
+        list(C.read_range(info, start.file, end.file, _decoder(info), server_id=9112))
