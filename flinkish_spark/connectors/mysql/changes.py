@@ -31,7 +31,7 @@ from typing import Any, Callable, Generator, Iterator, NamedTuple
 
 from flinkish_spark.connectors.mysql import binlog as B
 from flinkish_spark.connectors.mysql import ddl
-from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect, error_code
+from flinkish_spark.connectors.mysql.connection import ConnectionInfo, error_code, lost_session, session
 from flinkish_spark.connectors.mysql.position import FilePosition, Gtid, MariaGtidPosition, MysqlGtidSet, purged
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, oldest_gtid_list
@@ -217,17 +217,19 @@ def read_range(info: ConnectionInfo, start: Start, end: FilePosition, decoder: R
     have the same ``begin``, ``gtid`` and ``commit_ts_us``, their rows and statements in order with one ``seq``
     sequence, and ``last`` True on the final one only. MariaDB only: its GTID event, first in the transaction, carries the
     commit's time (it is written at commit); elsewhere transactions stay whole."""
-    conn = connect(info)
-    try:
+    # session(): a session the server ends (a restart) anywhere in the read is the retryable
+    # DatabaseUnavailableError -- the task is retried, the mirror's failure is transient -- as a failed connect is.
+    with session(info) as conn:
         check_start(conn, info, start)
         state: MariaGtidPosition | None = start if isinstance(start, MariaGtidPosition) else (
             gtid_at(conn, start) if mariadb else None)
         yield from _transactions(conn, info, start, end, decoder, server_id, state, piece_rows)
-    finally:
-        conn.close()
 
 
 def _server_error(info: ConnectionInfo, conn: Any, start: Start, exc: BaseException) -> Exception:
+    lost = lost_session(info, exc)
+    if lost is not None:  # the dump's session ended by the server (a restart, a kill): not a refusal, retryable
+        return lost
     code = error_code(exc)
     text = info.mask(str(exc.args[1] if len(exc.args) > 1 else exc))
     if code == _ER_MASTER_FATAL_ERROR_READING_BINLOG and "purged" in text:
@@ -369,8 +371,7 @@ def wait_for_change(info: ConnectionInfo, after: Start, deadline: float, server_
                     clock: Callable[[], float] = time.time) -> bool:
     """Block until a transaction ends in the log after ``after`` (True) or ``deadline`` (``clock`` seconds) passes
     (False). A blocking dump from ``after`` on a connection of its own: the server wakes it when it logs."""
-    conn = connect(info)
-    try:
+    with session(info) as conn:
         check_start(conn, info, after)
         events = B.dump_events(conn, after, server_id, blocking=True)
         pymysql = __import__("pymysql")
@@ -389,8 +390,6 @@ def wait_for_change(info: ConnectionInfo, after: Start, deadline: float, server_
             if log_pos and (kind == B.XID_EVENT or (kind == B.QUERY_EVENT
                                                     and query_text(event)[1].strip().upper() != "BEGIN")):
                 return True
-    finally:
-        conn.close()
 
 
 __all__ = ["BinlogPurgedError", "LogEnd", "RowChange", "Statement", "Transaction", "check_start", "current_end",

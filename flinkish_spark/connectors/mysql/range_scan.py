@@ -37,7 +37,7 @@ from flinkish_spark.connectors.mysql.changes import (
     INCIDENT_EVENT, LOG_EVENT_ARTIFICIAL_F, MARIADB_FL_STANDALONE, MYSQL_ANONYMOUS_GTID_EVENT, MYSQL_GTID_EVENT,
     MYSQL_PARTIAL_UPDATE_ROWS, XA_PREPARE_EVENT, Start, _pos, _server_error, _where, check_start, query_text, refusal,
 )
-from flinkish_spark.connectors.mysql.connection import ConnectionInfo, connect
+from flinkish_spark.connectors.mysql.connection import ConnectionInfo, session
 from flinkish_spark.connectors.mysql.position import FilePosition
 from flinkish_spark.errors import ChangeDataError
 
@@ -67,12 +67,9 @@ def scan_range(info: ConnectionInfo, start: Start, end: FilePosition, server_id:
                follows: Callable[[str], bool]) -> Iterator[ScannedTxn]:
     """The transactions of ``[start, end)`` (``end``: a transaction boundary at or before the log's end, as for
     :func:`.changes.read_range`), from a dump of their own; ``follows``: whether ``database.table`` is followed."""
-    conn = connect(info)
-    try:
+    with session(info) as conn:  # a session the server ends is the retryable error, as in read_range
         check_start(conn, info, start)
         yield from _scan(conn, info, start, end, server_id, follows)
-    finally:
-        conn.close()
 
 
 def _scan(conn: Any, info: ConnectionInfo, start: Start, end: FilePosition, server_id: int,
