@@ -35,7 +35,7 @@ Rows = Iterator[tuple[str, Any, Any]]
 class Layout:
     """A table map's columns as a row image holds them (all present): what a walk and a column cut need."""
 
-    __slots__ = ("table", "readers", "sizes", "codecs", "count", "bitmap", "nulls_width", "segments", "text_types")
+    __slots__ = ("table", "readers", "sizes", "codecs", "count", "nulls_width", "zero", "heads", "fast", "text_types")
 
     def __init__(self, table: B.TableMap, readers: list[Reader], sizes: list[int], charsets: Mapping[int, str],
                  text_types: Mapping[int, str]) -> None:
@@ -43,33 +43,24 @@ class Layout:
         # per column: its Python codec, None for binary (as compile_readers picks it)
         names = [charsets.get(table.collations.get(i, 63), "binary") for i in range(len(sizes))]
         self.codecs = tuple(None if name == "binary" else CODECS.get(name) for name in names)
-        self.count = len(sizes)
-        self.bitmap = bytes([0xFF] * (self.count // 8) + ([(1 << (self.count % 8)) - 1] if self.count % 8 else []))
-        self.nulls_width = (self.count + 7) // 8
+        self.count = count = len(sizes)
+        self.nulls_width = (count + 7) // 8
+        self.zero = bytes(self.nulls_width)
         self.text_types = dict(text_types)
-        # a row without NULLs: runs of fixed widths summed, a length prefix as its negative width
-        segments: list[int] = []
-        for size in sizes:
-            if size > 0 and segments and segments[-1] > 0:
-                segments[-1] += size
-            else:
-                segments.append(size)
-        self.segments = tuple(segments)
+        # what a row event of this table with every column present starts with: its column count (length-encoded,
+        # as the server writes it) and the present-columns bitmap, twice for an update (the before and after image)
+        bitmap = bytes([0xFF] * (count // 8) + ([(1 << (count % 8)) - 1] if count % 8 else []))
+        counted = bytes([count]) if count < 251 else b"\xfc" + count.to_bytes(2, "little")
+        self.heads = (counted + bitmap, counted + bitmap + bitmap)
+        self.fast = _fast_walk(self.nulls_width, sizes)
 
     def image_end(self, event: bytes, pos: int) -> int:
-        """Where the image at ``pos`` ends (IndexError past the event's end)."""
+        """Where the image at ``pos`` ends (IndexError or an end past the event's when it is not an image)."""
         nw = self.nulls_width
         nulls = event[pos:pos + nw]
+        if nulls == self.zero:
+            return self.fast(event, pos)
         pos += nw
-        if not any(nulls):
-            for size in self.segments:
-                if size > 0:
-                    pos += size
-                elif size == -1:
-                    pos += 1 + event[pos]
-                else:
-                    pos += -size + int.from_bytes(event[pos:pos - size], "little")
-            return pos
         for k, size in enumerate(self.sizes):
             if nulls[k >> 3] >> (k & 7) & 1:
                 continue
@@ -77,9 +68,63 @@ class Layout:
                 pos += size
             else:
                 pos += -size + int.from_bytes(event[pos:pos - size], "little")
-        if pos > len(event):
-            raise IndexError(pos)
         return pos
+
+    def images(self, event: bytes) -> list[tuple[str, Any, Any]] | None:
+        """The rows of a row event of this table as images, or None where a walk is not certain (see the module
+        docstring)."""
+        kind = event[4]
+        pos = 27 if kind < _V2 else 27 + _U16(event, 27)[0]  # after the header, table id, flags (v2: extra data)
+        update = kind in _UPDATES
+        head = self.heads[update]
+        if event[pos:pos + len(head)] != head:
+            return None
+        pos += len(head)
+        op = ROW_EVENTS[kind]
+        end = len(event)
+        out: list[tuple[str, Any, Any]] = []
+        walk = self.image_end
+        try:
+            while pos < end:
+                stop = walk(event, pos)
+                first = RowImage(event, pos, stop, self)
+                pos = stop
+                if update:
+                    stop = walk(event, pos)
+                    out.append((op, first, RowImage(event, pos, stop, self)))
+                    pos = stop
+                elif op == "insert":
+                    out.append((op, None, first))
+                else:
+                    out.append((op, first, None))
+        except IndexError:
+            return None
+        return out if pos == end else None
+
+
+def _fast_walk(nulls_width: int, sizes: list[int]) -> Callable[[bytes, int], int]:
+    """Where an image without NULLs at ``p`` ends: straight-line code made for the layout (runs of fixed widths
+    summed, a length prefix read) -- the per-row step of a change read, so without a loop over the columns."""
+    lines, fixed = [], nulls_width
+    for size in sizes:
+        if size > 0:
+            fixed += size
+            continue
+        if fixed:
+            lines.append(f"    p += {fixed}")
+            fixed = 0
+        if size == -1:
+            lines.append("    p += 1 + ev[p]")
+        elif size == -2:
+            lines.append("    p += 2 + (ev[p] | ev[p + 1] << 8)")
+        else:
+            lines.append(f"    p += {-size} + int.from_bytes(ev[p:p + {-size}], 'little')")
+    if fixed:
+        lines.append(f"    p += {fixed}")
+    namespace: dict[str, Any] = {}
+    exec("def walk(ev, p):\n" + "\n".join(lines) + "\n    return p\n", namespace)  # noqa: S102 - our own code
+    walk: Callable[[bytes, int], int] = namespace["walk"]
+    return walk
 
 
 class RowImage:
@@ -121,68 +166,33 @@ class ImageDecoder(RowDecoder):
     def __init__(self, charsets: dict[int, str], mariadb: bool,
                  column_types: Callable[[str, str], Mapping[str, str]] | None = None) -> None:
         super().__init__(charsets, mariadb, column_types)
-        # table id -> (its latest table map, that map's layout): the decoder hands back the same map object for the
-        # same map bytes, so a layout is made once per distinct map
-        self._layouts: dict[int, tuple[B.TableMap, Layout | None]] = {}
+        # a table map's bytes -> (the decoder's (map, readers), its layout): made once per distinct map
+        self._mapped: dict[bytes, tuple[tuple[B.TableMap, list[Reader]], Layout | None]] = {}
+        self._layouts: dict[int, Layout | None] = {}  # table id -> the layout of its latest map
 
     def table_map(self, event: bytes) -> B.TableMap:
-        table = super().table_map(event)
-        known = self._layouts.get(table.table_id)
-        if known is None or known[0] is not table:
+        body = bytes(event[B.HEADER_SIZE:])
+        hit = self._mapped.get(body)
+        if hit is None:
+            table = super().table_map(event)
             sizes = column_sizes(table)
-            readers = self._by_id[table.table_id][1]
-            layout = None if sizes is None else Layout(table, readers, sizes, self._charsets, self._text_types(table))
-            self._layouts[table.table_id] = (table, layout)
-        return table
+            pair = self._by_id[table.table_id]
+            layout = None if sizes is None else Layout(table, pair[1], sizes, self._charsets, self._text_types(table))
+            if len(self._mapped) >= self.MAX_CACHED:
+                self._mapped.clear()
+            hit = self._mapped[body] = (pair, layout)
+        pair, layout = hit
+        table_id = pair[0].table_id
+        self._by_id[table_id] = pair
+        self._layouts[table_id] = layout
+        return pair[0]
 
     def rows(self, event: bytes) -> tuple[B.TableMap, Rows]:
         table_id = int.from_bytes(event[19:25], "little")
-        table, readers = self._by_id[table_id]
-        known = self._layouts.get(table_id)
-        layout = None if known is None else known[1]
+        layout = self._layouts.get(table_id)
         if layout is not None:
-            rows = _images(event, layout)
+            rows = layout.images(event)
             if rows is not None:
-                return table, iter(rows)
+                return layout.table, iter(rows)
+        table, readers = self._by_id[table_id]
         return table, decode_rows(event, readers)
-
-
-def _images(event: bytes, layout: Layout) -> list[tuple[str, Any, Any]] | None:
-    """The rows of a row event as images, or None where a walk is not certain (see the module docstring)."""
-    kind = event[4]
-    op = ROW_EVENTS[kind]
-    pos = B.HEADER_SIZE + 8
-    if kind >= _V2:
-        pos += _U16(event, pos)[0]
-    count, pos = (event[pos], pos + 1) if event[pos] < 251 else B.lenenc(event, pos)
-    if count != layout.count:
-        return None
-    width = layout.nulls_width
-    bitmap = layout.bitmap
-    if event[pos:pos + width] != bitmap:
-        return None
-    pos += width
-    update = kind in _UPDATES
-    if update:
-        if event[pos:pos + width] != bitmap:
-            return None
-        pos += width
-    end = len(event)
-    out: list[tuple[str, Any, Any]] = []
-    walk = layout.image_end
-    try:
-        while pos < end:
-            stop = walk(event, pos)
-            first = RowImage(event, pos, stop, layout)
-            pos = stop
-            if update:
-                stop = walk(event, pos)
-                out.append((op, first, RowImage(event, pos, stop, layout)))
-                pos = stop
-            elif op == "insert":
-                out.append((op, None, first))
-            else:
-                out.append((op, first, None))
-    except IndexError:
-        return None
-    return out if pos == end else None
