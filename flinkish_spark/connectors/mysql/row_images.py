@@ -35,7 +35,7 @@ Rows = Iterator[tuple[str, Any, Any]]
 class Layout:
     """A table map's columns as a row image holds them (all present): what a walk and a column cut need."""
 
-    __slots__ = ("table", "readers", "sizes", "codecs", "count", "nulls_width", "zero", "heads", "fast", "text_types")
+    __slots__ = ("table", "readers", "sizes", "codecs", "count", "nulls_width", "heads", "fast", "text_types")
 
     def __init__(self, table: B.TableMap, readers: list[Reader], sizes: list[int], charsets: Mapping[int, str],
                  text_types: Mapping[int, str]) -> None:
@@ -45,21 +45,18 @@ class Layout:
         self.codecs = tuple(None if name == "binary" else CODECS.get(name) for name in names)
         self.count = count = len(sizes)
         self.nulls_width = (count + 7) // 8
-        self.zero = bytes(self.nulls_width)
         self.text_types = dict(text_types)
         # what a row event of this table with every column present starts with: its column count (length-encoded,
         # as the server writes it) and the present-columns bitmap, twice for an update (the before and after image)
         bitmap = bytes([0xFF] * (count // 8) + ([(1 << (count % 8)) - 1] if count % 8 else []))
         counted = bytes([count]) if count < 251 else b"\xfc" + count.to_bytes(2, "little")
         self.heads = (counted + bitmap, counted + bitmap + bitmap)
-        self.fast = _fast_walk(self.nulls_width, sizes)
+        self.fast = _fast_walk(self.nulls_width, sizes, self._walk)
 
-    def image_end(self, event: bytes, pos: int) -> int:
-        """Where the image at ``pos`` ends (IndexError or an end past the event's when it is not an image)."""
+    def _walk(self, event: bytes, pos: int) -> int:
+        """Where the image at ``pos``, which has NULLs, ends: column by column (:attr:`fast` for one without)."""
         nw = self.nulls_width
         nulls = event[pos:pos + nw]
-        if nulls == self.zero:
-            return self.fast(event, pos)
         pos += nw
         for k, size in enumerate(self.sizes):
             if nulls[k >> 3] >> (k & 7) & 1:
@@ -83,7 +80,7 @@ class Layout:
         op = ROW_EVENTS[kind]
         end = len(event)
         out: list[tuple[str, Any, Any]] = []
-        walk = self.image_end
+        walk = self.fast
         try:
             while pos < end:
                 stop = walk(event, pos)
@@ -102,10 +99,17 @@ class Layout:
         return out if pos == end else None
 
 
-def _fast_walk(nulls_width: int, sizes: list[int]) -> Callable[[bytes, int], int]:
-    """Where an image without NULLs at ``p`` ends: straight-line code made for the layout (runs of fixed widths
-    summed, a length prefix read) -- the per-row step of a change read, so without a loop over the columns."""
-    lines, fixed = [], nulls_width
+def _fast_walk(nulls_width: int, sizes: list[int], slow: Callable[[bytes, int], int]) -> Callable[[bytes, int], int]:
+    """Where the image at ``p`` ends: straight-line code made for the layout where the image has no NULL (runs of
+    fixed widths summed, a length prefix read: the per-row step of a change read, without a loop over the columns),
+    else ``slow``. The NULL bits past the last column are not the image's (MariaDB sets them)."""
+    mask = (1 << len(sizes)) - 1
+    if nulls_width == 1:
+        lines = [f"    if ev[p] & {mask}:"]
+    else:
+        lines = [f"    if int.from_bytes(ev[p:p + {nulls_width}], 'little') & {mask}:"]
+    lines.append("        return slow(ev, p)")
+    fixed = nulls_width
     for size in sizes:
         if size > 0:
             fixed += size
@@ -121,7 +125,7 @@ def _fast_walk(nulls_width: int, sizes: list[int]) -> Callable[[bytes, int], int
             lines.append(f"    p += {-size} + int.from_bytes(ev[p:p + {-size}], 'little')")
     if fixed:
         lines.append(f"    p += {fixed}")
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"slow": slow}
     exec("def walk(ev, p):\n" + "\n".join(lines) + "\n    return p\n", namespace)  # noqa: S102 - our own code
     walk: Callable[[bytes, int], int] = namespace["walk"]
     return walk
