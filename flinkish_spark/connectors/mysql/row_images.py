@@ -82,6 +82,9 @@ class Layout:
         out: list[tuple[str, Any, Any]] = []
         walk = self.fast
         try:
+            if not update and walk(event, pos) == end:  # one row (an OLTP statement's): no loop
+                image = RowImage(event, pos, end, self)
+                return [(op, None, image) if op == "insert" else (op, image, None)]
             while pos < end:
                 stop = walk(event, pos)
                 first = RowImage(event, pos, stop, self)
