@@ -26,6 +26,11 @@ text column), a value Arrow refuses (invalid UTF-8 bytes in a text column) -- fa
 column of that pack: each value written by the JSON shape's encoder and decoded as the Packer decodes it.
 ``tests/connectors/mysql/test_packed_changes.py`` compares the two shapes on a range of inserts, updates with NULLs,
 key moves, deletes, an ADD COLUMN, two tables, a truncate and every type.
+
+A change read's rows mostly come as row images (:class:`.row_images.ImageDecoder`, the dialect's decoder for packed
+reads): a run of them is cut into the same columns without a Python value per column (:mod:`.image_columns`, which
+takes the path above for the columns it does not cut itself); a run with another row in it (a ``t`` row, an event the
+decoder gave values for) is made from the values, each image's :meth:`~.row_images.RowImage.values`.
 """
 
 from __future__ import annotations
@@ -173,7 +178,8 @@ def _columns(values: list[Any], schema: TableSchema, target: pa.Schema) -> list[
             return cut
     nulls = [None] * len(schema.columns)
     rows = [nulls if v is None else v.values() if type(v) is RowImage else v for v in values]  # 't': columns null
-    return [typed_values(vals, col, target.field(i).type) for i, (col, vals) in enumerate(zip(schema.columns, zip(*rows)))]
+    return [typed_values(vals, col, target.field(i).type)
+            for i, (col, vals) in enumerate(zip(schema.columns, zip(*rows)))]
 
 
 def packs(run: _Run) -> list[dict[str, Any]]:
