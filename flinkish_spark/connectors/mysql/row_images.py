@@ -176,8 +176,12 @@ class ImageDecoder(RowDecoder):
         # a table map's bytes -> (the decoder's (map, readers), its layout): made once per distinct map
         self._mapped: dict[bytes, tuple[tuple[B.TableMap, list[Reader]], Layout | None]] = {}
         self._layouts: dict[int, Layout | None] = {}  # table id -> the layout of its latest map
+        self._last: tuple[int, bytes, B.TableMap] | None = None  # the latest map: its event's length, body, map
 
     def table_map(self, event: bytes) -> B.TableMap:
+        last = self._last
+        if last is not None and len(event) == last[0] and event.startswith(last[1], B.HEADER_SIZE):
+            return last[2]  # the latest map again (a writer of one row per statement logs one per row): as it was
         body = bytes(event[B.HEADER_SIZE:])
         hit = self._mapped.get(body)
         if hit is None:
@@ -192,6 +196,7 @@ class ImageDecoder(RowDecoder):
         table_id = pair[0].table_id
         self._by_id[table_id] = pair
         self._layouts[table_id] = layout
+        self._last = (len(event), body, pair[0])
         return pair[0]
 
     def rows(self, event: bytes) -> tuple[B.TableMap, Rows]:
