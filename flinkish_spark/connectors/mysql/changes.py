@@ -70,10 +70,16 @@ class RowChange(NamedTuple):
 
     table: B.TableMap  # the table map logged with it: database, table, column names
     op: str  # 'i' insert, 'u' update, 'd' delete (the stream rows' _op)
-    position: FilePosition  # the row event's start
+    file: str  # the row event's start (:attr:`position`): its file and offset, kept apart -- a FilePosition per
+    offset: int  # row event was ~5 % of a packed change read's CPU, counting the garbage collector's
     seq: int  # within the transaction
     before: list[Any] | None  # update, delete: a value per column of the table map
     after: list[Any] | None  # insert, update
+
+    @property
+    def position(self) -> FilePosition:
+        """The row event's start."""
+        return _pos(self.file, self.offset)
 
 
 @dataclass(frozen=True)
@@ -276,17 +282,17 @@ def _transactions(conn: Any, info: ConnectionInfo, start: Start, end: FilePositi
             if txn is None:
                 raise ChangeDataError(f"a row event at {_pos(file, log_pos - size)} outside a transaction")
             op = _OPS[kind]
-            at = _pos(file, log_pos - size)
+            offset = log_pos - size
             if piece_rows and len(txn.changes) >= piece_rows and txn.ts is not None:
                 # Cut before this event (not after the one that reached the count): the last piece then holds
                 # rows, and a transaction of exactly piece_rows rows is one piece.
-                yield Transaction(txn.begin, at, txn.gtid, None, txn.ts * 1_000_000, tuple(txn.changes),
-                                  tuple(txn.statements), last=False)
+                yield Transaction(txn.begin, _pos(file, offset), txn.gtid, None, txn.ts * 1_000_000,
+                                  tuple(txn.changes), tuple(txn.statements), last=False)
                 txn.changes, txn.statements = [], []
             table, rows = decoder.rows(event)
             changes, seq = txn.changes, txn.seq
             for _op, before, after in rows:
-                changes.append(RowChange(table, op, at, seq, before, after))
+                changes.append(RowChange(table, op, file, offset, seq, before, after))
                 seq += 1
             txn.seq = seq
         elif kind in (B.MARIADB_GTID_EVENT, MYSQL_GTID_EVENT, MYSQL_ANONYMOUS_GTID_EVENT) and txn is not None:

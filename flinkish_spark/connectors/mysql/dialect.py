@@ -64,6 +64,7 @@ from flinkish_spark.connectors.mysql.planning import ACTED_ON, DdlSeen, RangeRec
 from flinkish_spark.connectors.mysql.range_cuts import CHANGE_BYTES, DEFAULT_MIN_CHANGES, CutPlanner
 from flinkish_spark.connectors.mysql.range_scan import scan_range
 from flinkish_spark.connectors.mysql.row_count import RowCounter
+from flinkish_spark.connectors.mysql.row_images import ImageDecoder
 from flinkish_spark.connectors.mysql.row_values import RowDecoder
 from flinkish_spark.connectors.mysql.server import binary_logs, collation_charsets
 from flinkish_spark.connectors.mysql.snapshot import plan_chunks, table_info
@@ -102,6 +103,9 @@ class MysqlDialect:
         self.packed_chunks = False
         #: ``onSlotLost=resnapshot``: a change range whose log was purged reads no rows (:meth:`read_changes`)
         self.skip_purged = False
+        #: packed change reads decode row images column by column (:mod:`.image_columns`); False: from the decoder's
+        #: values (the same packs: the tests compare both ways)
+        self.row_images = True
         self._component = component
         self.patterns = patterns
         self.server_id = server_id
@@ -278,8 +282,9 @@ class MysqlDialect:
     def _follows(self, name: str) -> bool:
         return self.patterns is not None and catalog.matches(self.patterns, name)
 
-    def _decoder(self, conn: Any, counting: bool = False) -> RowDecoder:
-        """The reader's decoder; ``counting``: the planning's, whose rows carry no values (:mod:`.row_count`)."""
+    def _decoder(self, conn: Any, counting: bool = False, images: bool = False) -> RowDecoder:
+        """The reader's decoder; ``counting``: the planning's, whose rows carry no values (:mod:`.row_count`);
+        ``images``: the packed reads', whose rows are row images cut into columns when packed (:mod:`.row_images`)."""
         info = self.info
 
         def column_types(database: str, table: str) -> dict[str, str]:
@@ -288,7 +293,7 @@ class MysqlDialect:
                             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s", (database, table))
                 return {str(n): str(t) for n, t in cur.fetchall()}
 
-        kind = RowCounter if counting else RowDecoder
+        kind = RowCounter if counting else ImageDecoder if images else RowDecoder
         return kind(collation_charsets(conn), self._is_mariadb(conn), column_types=column_types)
 
     def _reader_id(self) -> int:
@@ -439,7 +444,7 @@ class MysqlDialect:
             return
         with session(self.info) as conn:
             first, last = self._position(start, conn), self._position(end, conn)
-            decoder = self._decoder(conn)
+            decoder = self._decoder(conn, images=self.packed_chunks and self.row_images)
             mariadb = self._is_mariadb(conn)
         planned = None if planned_keys is None else functools.cache(planned_keys)  # read once, when first needed
 

@@ -26,6 +26,11 @@ text column), a value Arrow refuses (invalid UTF-8 bytes in a text column) -- fa
 column of that pack: each value written by the JSON shape's encoder and decoded as the Packer decodes it.
 ``tests/connectors/mysql/test_packed_changes.py`` compares the two shapes on a range of inserts, updates with NULLs,
 key moves, deletes, an ADD COLUMN, two tables, a truncate and every type.
+
+A change read's rows mostly come as row images (:class:`.row_images.ImageDecoder`, the dialect's decoder for packed
+reads): a run of them is cut into the same columns without a Python value per column (:mod:`.image_columns`, which
+takes the path above for the columns it does not cut itself); a run with another row in it (a ``t`` row, an event the
+decoder gave values for) is made from the values, each image's :meth:`~.row_images.RowImage.values`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
+from flinkish_spark.connectors.mysql.image_columns import image_columns
+from flinkish_spark.connectors.mysql.row_images import RowImage
 from flinkish_spark.connectors.mysql.stream_rows import row_encoder
 from flinkish_spark.connectors.postgres.rows.decode import ROW_META, decode_rows
 from flinkish_spark.connectors.postgres.rows.packed import PACK_BYTES, PACK_ROWS, PACKED_ARROW
@@ -162,15 +169,25 @@ class PackedRows:
         self.runs[table] = _Run(run.schema, run.width)
 
 
+def _columns(values: list[Any], schema: TableSchema, target: pa.Schema) -> list[pa.Array]:
+    """A run's rows as the pack's typed columns: row images (:mod:`.row_images`) cut column by column
+    (:mod:`.image_columns`), else each column from the decoded values."""
+    if all(type(v) is RowImage for v in values):
+        cut = image_columns(values, schema.columns, target, typed_values)
+        if cut is not None:
+            return cut
+    nulls = [None] * len(schema.columns)
+    rows = [nulls if v is None else v.values() if type(v) is RowImage else v for v in values]  # 't': columns null
+    return [typed_values(vals, col, target.field(i).type)
+            for i, (col, vals) in enumerate(zip(schema.columns, zip(*rows)))]
+
+
 def packs(run: _Run) -> list[dict[str, Any]]:
     """A run's rows as packed rows, each at most :data:`PACK_ROWS` rows and about :data:`PACK_BYTES` of Arrow."""
     schema, n = run.schema, len(run.ops)
     width = len(schema.columns)
-    nulls = [None] * width
-    rows = [nulls if v is None else v for v in run.values]  # a 't' row: its columns null
     target = schema.arrow_schema()
-    typed = [typed_values(vals, col, target.field(i).type)
-             for i, (col, vals) in enumerate(zip(schema.columns, zip(*rows)))] if width else []
+    typed = _columns(run.values, schema, target) if width else []
     meta = [pa.array(run.ops, pa.string()), pa.array(run.lsns, pa.int64()), pa.array(run.seqs, pa.int32()),
             pa.array(run.ts, pa.int64()).cast(_TS), pa.nulls(n, pa.list_(pa.string()))]
     body = pa.Table.from_arrays(typed + meta, names=list(schema.names) + list(ROW_META))

@@ -86,6 +86,7 @@ def _scan(conn: Any, info: ConnectionInfo, start: Start, end: FilePosition, serv
     begin: FilePosition | None = None
     events = size = 0
     statements: list[ScannedStatement] = []
+    last_size, last_map = -1, b""  # the latest table map event: its length, its bytes after the header
     dump = B.dump_events(conn, start, server_id)
     while True:
         try:
@@ -102,6 +103,9 @@ def _scan(conn: Any, info: ConnectionInfo, start: Start, end: FilePosition, serv
                 size += length
             continue
         if kind == B.TABLE_MAP_EVENT:
+            if len(event) == last_size and event.startswith(last_map, 19):
+                continue  # the map just read again (logged before each row of a one-row-statement writer)
+            last_size, last_map = len(event), event[19:]
             n = event[27]
             m = event[29 + n]
             name = event[28:28 + n] + b"." + event[30 + n:30 + n + m]

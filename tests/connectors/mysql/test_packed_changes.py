@@ -23,8 +23,8 @@ from flinkish_spark.connectors.postgres.rows.packed import PACKED_ARROW, Packer,
 from tests.connectors.mysql.test_packed_chunks import _table
 
 
-def _read(dialect: MysqlDialect, start: int, end: int, packed: bool) -> pa.Table:
-    dialect.packed_chunks = packed
+def _read(dialect: MysqlDialect, start: int, end: int, packed: bool, row_images: bool = True) -> pa.Table:
+    dialect.packed_chunks, dialect.row_images = packed, row_images
     batches = list(Packer().pack_all(dialect.read_changes(start, end, None)))  # the reader's Packer, as the source
     return pa.Table.from_batches(batches, schema=PACKED_ARROW)
 
