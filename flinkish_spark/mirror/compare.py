@@ -2,10 +2,11 @@
 
 :func:`compare_delta`, :func:`compare_iceberg` and :func:`compare_postgres` (and
 :func:`compare_mirror`, which picks one from a ``flinkish mirror`` configuration: ``flinkish mirror
-compare``) read each PostgreSQL table that matches the mirror's ``tables`` the way the source's
-snapshot does (:func:`~flinkish_spark.connectors.postgres.rows.row_sql` under the rows' session
+compare``) read each source table that matches the mirror's ``tables`` the way the source's
+snapshot does -- PostgreSQL: :func:`~flinkish_spark.connectors.postgres.rows.row_sql` under the rows' session
 settings, then :func:`~flinkish_spark.connectors.postgres.rows.decode_rows` to the stream's Arrow
-types) and its target the way a reader of the format does, found through the routing sink's own
+types; MySQL/MariaDB (a ``mysql://`` URL): the ``flinkish.mysql`` chunk read, typed by the columns' types --
+and its target the way a reader of the format does, found through the routing sink's own
 route (and catalog, connection):
 
 * Delta: delta-rs's scan, deletion vectors applied; ``s3://`` targets with the sink's storage
@@ -35,8 +36,9 @@ from __future__ import annotations
 
 import collections
 import math
+import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -275,6 +277,51 @@ def _matching_tables(conn: Any, tables: str) -> list[str]:
     return [t.name for t in find_tables(conn, TablePatterns.parse(tables, "compare: tables"))]
 
 
+#: A source's matching tables, each as (``schema.table``, its schema, its rows in the stream's Arrow types).
+SourceTables = Iterator[tuple[str, TableSchema, pa.Table]]
+
+
+def postgres_tables(source_url: str, tables: str, password_env: str | None = None) -> SourceTables:
+    """Each table of a PostgreSQL ``source_url`` that matches ``tables``, read as a snapshot chunk is
+    (:func:`source_rows`), in name order. The password: in the URL, from the variable ``password_env`` names,
+    ``PGPASSWORD`` or ``~/.pgpass`` (as libpq)."""
+    from flinkish_spark.connectors.postgres.connection import connect, parse_url
+
+    with connect(parse_url(source_url, password_env, "compare: source"), autocommit=True) as conn:
+        for name in _matching_tables(conn, tables):
+            schema, rows = source_rows(conn, name)
+            yield name, schema, decode_rows(rows, schema)
+
+
+def mysql_tables(source_url: str, tables: str, password_env: str | None = None) -> SourceTables:
+    """Each table of a MySQL/MariaDB ``source_url`` that matches ``tables`` (``database.table`` patterns) and has a
+    primary key (a table without one is not mirrored: docs/mysql-source.md), read as the ``flinkish.mysql`` snapshot
+    reads a chunk (the whole table in a consistent snapshot of its own, typed by its column types), in name order.
+    The password: in the URL, from the variable ``password_env`` names, or ``MYSQL_PWD``."""
+    from flinkish_spark.connectors.cdc.patterns import TablePatterns
+    from flinkish_spark.connectors.mysql import catalog
+    from flinkish_spark.connectors.mysql.chunk_rows import read_chunk_arrow
+    from flinkish_spark.connectors.mysql.connection import parse_url, session
+    from flinkish_spark.connectors.mysql.snapshot import table_info
+    from flinkish_spark.connectors.mysql.stream_rows import schema_of_info
+
+    with session(parse_url(source_url, password_env, "compare: source")) as conn:
+        for t in catalog.find_tables(conn, TablePatterns.parse(tables, "compare: tables")):
+            if not t.has_key:
+                continue
+            info = table_info(conn, t.database, t.table)
+            rows = pa.Table.from_batches(list(read_chunk_arrow({"database": t.database, "name": t.table}, conn)),
+                                         info.arrow_schema)
+            yield t.name, schema_of_info(info), rows
+
+
+def matching_source_tables(source_url: str, tables: str, password_env: str | None = None) -> SourceTables:
+    """:func:`mysql_tables` for a ``mysql://`` (or ``mariadb://``) URL, else :func:`postgres_tables`."""
+    if urllib.parse.urlsplit(source_url).scheme in ("mysql", "mariadb"):
+        return mysql_tables(source_url, tables, password_env)
+    return postgres_tables(source_url, tables, password_env)
+
+
 def compare_tables(source_url: str, tables: str, read: Callable[[str], pa.Table | None],
                    password_env: str | None = None, modes: TableModes = TableModes(),
                    transforms: Transforms = Transforms()) -> list[TableComparison]:
@@ -282,18 +329,12 @@ def compare_tables(source_url: str, tables: str, read: Callable[[str], pa.Table 
     target's rows as a reader of the format sees them, None: no target), in name order, one table at a time;
     ``modes``: each target's shape (the sink's ``mode`` / ``deletes`` / ``tableModes``); ``transforms``: the sink's
     columns and rows chosen (a transformed table is compared as its target must hold it now:
-    :func:`~flinkish_spark.connectors.lakehouse.transform.hooks.as_target`).
-
-    The password: in the URL, from the variable ``password_env`` names, ``PGPASSWORD`` or ``~/.pgpass`` (as
-    libpq)."""
-    from flinkish_spark.connectors.postgres.connection import connect, parse_url
-
+    :func:`~flinkish_spark.connectors.lakehouse.transform.hooks.as_target`). ``source_url``: PostgreSQL or MySQL
+    (:func:`matching_source_tables`, which says where the password comes from)."""
     out = []
-    with connect(parse_url(source_url, password_env, "compare: source"), autocommit=True) as conn:
-        for name in _matching_tables(conn, tables):
-            schema, rows = source_rows(conn, name)
-            schema, typed = as_target(transforms, name, schema, decode_rows(rows, schema))
-            out.append(compare_rows(name, schema, typed, read(name), modes.of(name)))
+    for name, schema, rows in matching_source_tables(source_url, tables, password_env):
+        schema, typed = as_target(transforms, name, schema, rows)
+        out.append(compare_rows(name, schema, typed, read(name), modes.of(name)))
     return out
 
 

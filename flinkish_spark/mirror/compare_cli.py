@@ -56,9 +56,6 @@ def run_compare(args: argparse.Namespace, config_of: Callable[[argparse.Namespac
     if not args.pipeline and not args.checkpoint:
         given["checkpoint"] = _NO_CHECKPOINT
     config = config_of(argparse.Namespace(**given))
-    if config.source_kind != "postgres":
-        raise ConfigError("flinkish mirror compare: comparing reads PostgreSQL sources only so far; a MySQL source "
-                          "comes with its flinkish.mysql Spark source (docs/mysql-source.md)")
     sink = config.sink_options()
     if sink["checkpoint"] == _NO_CHECKPOINT and config.format == "iceberg" and not (
             "catalog" in sink or "catalogUri" in sink):
