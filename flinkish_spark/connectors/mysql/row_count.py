@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from flinkish_spark.connectors.mysql import binlog as B
 from flinkish_spark.connectors.mysql.row_values import DIG2BYTES, ROW_EVENTS, RowDecoder, decode_rows, rows_table_id
@@ -71,23 +71,31 @@ def count_rows(event: bytes, sizes: list[int]) -> int | None:
         pos += width
     images = [[sizes[i] for i in range(count) if bits[i >> 3] >> (i & 7) & 1] for bits in bitmaps]
     end, rows = len(event), 0
+    widths = [(len(columns) + 7) // 8 for columns in images]
     try:
         while pos < end:
-            for columns in images:
-                nulls_width = (len(columns) + 7) // 8
-                nulls = event[pos:pos + nulls_width]
-                pos += nulls_width
-                for k, size in enumerate(columns):
-                    if nulls[k >> 3] >> (k & 7) & 1:
-                        continue
-                    if size > 0:
-                        pos += size
-                    else:
-                        pos += -size + int.from_bytes(event[pos:pos - size], "little")
+            for columns, nulls_width in zip(images, widths):
+                pos = image_end(event, pos, columns, nulls_width)
             rows += 1
     except IndexError:
         return None
     return rows if pos == end else None
+
+
+def image_end(event: bytes, pos: int, sizes: Sequence[int], nulls_width: int) -> int:
+    """Where the row image at ``pos`` ends: its NULL bitmap (``nulls_width`` bytes), then each present column not
+    NULL -- ``sizes`` per present column, > 0 a fixed size, < 0 a length prefix of -size bytes. May raise
+    IndexError on a cut image."""
+    nulls = event[pos:pos + nulls_width]
+    pos += nulls_width
+    for k, size in enumerate(sizes):
+        if nulls[k >> 3] >> (k & 7) & 1:
+            continue
+        if size > 0:
+            pos += size
+        else:
+            pos += -size + int.from_bytes(event[pos:pos - size], "little")
+    return pos
 
 
 class RowCounter(RowDecoder):

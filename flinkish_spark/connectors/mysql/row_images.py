@@ -23,7 +23,7 @@ import struct
 from typing import Any, Callable, Iterator, Mapping
 
 from flinkish_spark.connectors.mysql import binlog as B
-from flinkish_spark.connectors.mysql.row_count import column_sizes
+from flinkish_spark.connectors.mysql.row_count import column_sizes, image_end
 from flinkish_spark.connectors.mysql.row_values import CODECS, ROW_EVENTS, Reader, RowDecoder, decode_rows
 
 _UPDATES = (B.UPDATE_ROWS_V1, B.UPDATE_ROWS_V2)
@@ -55,17 +55,7 @@ class Layout:
 
     def _walk(self, event: bytes, pos: int) -> int:
         """Where the image at ``pos``, which has NULLs, ends: column by column (:attr:`fast` for one without)."""
-        nw = self.nulls_width
-        nulls = event[pos:pos + nw]
-        pos += nw
-        for k, size in enumerate(self.sizes):
-            if nulls[k >> 3] >> (k & 7) & 1:
-                continue
-            if size > 0:
-                pos += size
-            else:
-                pos += -size + int.from_bytes(event[pos:pos - size], "little")
-        return pos
+        return image_end(event, pos, self.sizes, self.nulls_width)
 
     def images(self, event: bytes) -> list[tuple[str, Any, Any]] | None:
         """The rows of a row event of this table as images, or None where a walk is not certain (see the module
