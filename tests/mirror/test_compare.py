@@ -155,3 +155,19 @@ def test_compare_delta_reads_every_matching_table_of_the_server(pg_url: str, tmp
     assert (results["public.m_c"].target_rows, results["public.m_c"].source_rows) == (None, 0)
     # the same with the --to template spelled out
     assert [r.equal for r in compare_delta(pg_url, "public.m_a", str(lake / "{schema}" / "{table}"))] == [True]
+
+
+def test_a_matching_table_the_mirror_does_not_follow_for_want_of_a_key_is_not_compared(pg_url: str, tmp_path: Path) -> None:
+    """A table without a usable key is left out of a mirror with a warning (docs/mirror.md): compare leaves it out
+    too, instead of ending with a ValueError for the whole comparison."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE k_a (id int PRIMARY KEY); INSERT INTO k_a VALUES (1);"
+                     "CREATE TABLE k_nokey (x int); INSERT INTO k_nokey VALUES (1), (1);"
+                     "CREATE TABLE k_full (x int); ALTER TABLE k_full REPLICA IDENTITY FULL")
+    from flinkish_spark.mirror.compare import source_rows
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        schema, rows = source_rows(conn, "public.k_a")
+        deltalake.write_deltalake(str(tmp_path / "lake" / "public" / "k_a"), decode_rows(rows, schema))
+    assert [(r.table, r.equal) for r in compare_delta(pg_url, "public.k_*", str(tmp_path / "lake"))] == [
+        ("public.k_a", True)]
