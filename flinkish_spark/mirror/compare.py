@@ -274,7 +274,8 @@ def _matching_tables(conn: Any, tables: str) -> list[str]:
     from flinkish_spark.connectors.cdc.patterns import TablePatterns
     from flinkish_spark.connectors.postgres.source.discovery import find_tables
 
-    return [t.name for t in find_tables(conn, TablePatterns.parse(tables, "compare: tables"))]
+    # A table without a usable key is not mirrored (left out with a warning): not compared either.
+    return [t.name for t in find_tables(conn, TablePatterns.parse(tables, "compare: tables")) if t.key_problem is None]
 
 
 #: A source's matching tables, each as (``schema.table``, its schema, its rows in the stream's Arrow types).
@@ -282,8 +283,9 @@ SourceTables = Iterator[tuple[str, TableSchema, pa.Table]]
 
 
 def postgres_tables(source_url: str, tables: str, password_env: str | None = None) -> SourceTables:
-    """Each table of a PostgreSQL ``source_url`` that matches ``tables``, read as a snapshot chunk is
-    (:func:`source_rows`), in name order. The password: in the URL, from the variable ``password_env`` names,
+    """Each table of a PostgreSQL ``source_url`` that matches ``tables`` and has a key its changes are applied by
+    (a table without one is not mirrored: docs/mirror.md), read as a snapshot chunk is (:func:`source_rows`), in
+    name order. The password: in the URL, from the variable ``password_env`` names,
     ``PGPASSWORD`` or ``~/.pgpass`` (as libpq)."""
     from flinkish_spark.connectors.postgres.connection import connect, parse_url
 
