@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from flinkish_spark.connectors.mysql.position import FilePosition, MariaGtidPosition
+from flinkish_spark.connectors.mysql.socket_blocks import LOST, more
 
 COM_BINLOG_DUMP = 0x12
 BINLOG_DUMP_NON_BLOCK = 0x01
@@ -119,8 +120,6 @@ def dump_events(conn: Any, start: FilePosition | MariaGtidPosition, server_id: i
 
 
 _MAX_PACKET = 0xFFFFFF
-#: bytes asked of the socket at a time by a non-blocking dump
-BLOCK = 1 << 20
 
 
 def _pymysql_packets(conn: Any) -> Iterator[bytes]:
@@ -130,24 +129,26 @@ def _pymysql_packets(conn: Any) -> Iterator[bytes]:
 
 def _block_events(conn: Any, trailer: int) -> Iterator[bytes]:
     """A non-blocking dump's events (status byte and ``trailer`` cut) read off the connection's buffered socket file
-    in blocks of :data:`BLOCK` bytes, each event one slice of a block: what PyMySQL's ``_read_packet`` does (a 4-byte
-    header, the payload, one of 16 MiB and more continued in the next packet, the sequence number checked, an error
-    packet raised as PyMySQL's error, a lost connection as its OperationalError) without a packet object, nor two
-    socket reads and two copies, per event -- ~40 % of a range's planning read, ~15 % of a change task's
+    in blocks (:func:`.socket_blocks.more`), each event one slice of a block: what PyMySQL's ``_read_packet`` does
+    (a 4-byte header, the payload, one of 16 MiB and more continued in the next packet, the sequence number checked,
+    an error packet raised as PyMySQL's error, a lost connection as its OperationalError) without a packet object,
+    nor two socket reads and two copies, per event -- ~40 % of a range's planning read, ~15 % of a change task's
     (benchmarks: ``mysql_source_parts.py``, ``mysql_decode.py``). Bytes past the dump's end may be taken off the
     socket: the dump's connection carries nothing else. Not for a blocking dump, whose caller bounds each read with
     the connection's read timeout (PyMySQL sets it per packet)."""
     if getattr(conn, "_current_timeout", object()) != conn._read_timeout:
         conn._sock.settimeout(conn._read_timeout)
         conn._current_timeout = conn._read_timeout
-    read1, seq = conn._rfile.read1, conn._next_seq_id
+    rfile, seq = conn._rfile, conn._next_seq_id
     buf, pos, n = b"", 0, 0
     while True:
         if n - pos < 4:
-            buf, pos, n = _refill(conn, read1, buf, pos, 4)
+            buf, pos = more(conn, rfile, buf[pos:], 4), 0
+            n = len(buf)
         size = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
         if n - pos < 4 + size:
-            buf, pos, n = _refill(conn, read1, buf, pos, 4 + size)
+            buf, pos = more(conn, rfile, buf[pos:], 4 + size), 0
+            n = len(buf)
         if buf[pos + 3] != seq:
             _check_seq(conn, buf[pos + 3], seq)
         seq = (seq + 1) & 255
@@ -156,10 +157,12 @@ def _block_events(conn: Any, trailer: int) -> Iterator[bytes]:
             parts = [buf[start:pos]]
             while size == _MAX_PACKET:
                 if n - pos < 4:
-                    buf, pos, n = _refill(conn, read1, buf, pos, 4)
+                    buf, pos = more(conn, rfile, buf[pos:], 4), 0
+                    n = len(buf)
                 size = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
                 if n - pos < 4 + size:
-                    buf, pos, n = _refill(conn, read1, buf, pos, 4 + size)
+                    buf, pos = more(conn, rfile, buf[pos:], 4 + size), 0
+                    n = len(buf)
                 seq = _check_seq(conn, buf[pos + 3], seq)
                 parts.append(buf[pos + 4:pos + 4 + size])
                 pos += 4 + size
@@ -184,7 +187,7 @@ def _check_seq(conn: Any, number: int, seq: int) -> int:
         pymysql = __import__("pymysql")
         conn._force_close()
         if number == 0:  # MariaDB's error packet when it shuts down (as PyMySQL reads it)
-            raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+            raise pymysql.err.OperationalError(2013, LOST)
         raise pymysql.err.InternalError(f"Packet sequence number wrong - got {number} expected {seq}")
     return (seq + 1) & 255
 
@@ -194,26 +197,6 @@ def _check_end(conn: Any, data: bytes) -> None:
     if data[:1] == b"\xff":
         pymysql = __import__("pymysql")
         pymysql.protocol.MysqlPacket(data, conn.encoding).raise_for_error()
-
-
-def _refill(conn: Any, read1: Any, buf: bytes, pos: int, need: int) -> tuple[bytes, int, int]:
-    """``buf`` from ``pos`` on and what the socket has after it, at least ``need`` bytes: (buffer, 0, its length)."""
-    parts, have = [buf[pos:]], len(buf) - pos
-    while have < need:
-        try:
-            chunk = read1(max(BLOCK, need - have))
-        except OSError as e:
-            chunk, error = b"", f" ({e})"
-        else:
-            error = ""
-        if not chunk:  # a closed connection
-            pymysql = __import__("pymysql")
-            conn._force_close()
-            raise pymysql.err.OperationalError(2013, f"Lost connection to MySQL server during query{error}") from None
-        parts.append(chunk)
-        have += len(chunk)
-    joined = b"".join(parts)
-    return joined, 0, len(joined)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 
 :func:`.snapshot.read_chunk` reads a chunk's ``SELECT`` unbuffered. Splitting each row packet's length-encoded values
 in a Python loop cost ~1.5 us a row of six columns (most of a snapshot task's CPU, docs/benchmarks.md); here the
-socket is read in blocks of :data:`BLOCK` bytes, one Python step per row finds the packets (a 4-byte header each),
-and then each column is cut out of every row of the block at once with numpy: the length byte of every row's value
-at its position, the positions of the next column from it, the values gathered into one Arrow binary array (its
-validity from the NULL markers). What it guarantees:
+socket is read in blocks of :data:`.socket_blocks.BLOCK` bytes (a block's rows are split together), one Python
+step per row finds the packets (a 4-byte header each), and then each column is cut out of every row of the block at
+once with numpy: the length byte of every row's value at its position, the positions of the next column from it,
+the values gathered into one Arrow binary array (its validity from the NULL markers). What it guarantees:
 
 * **The same columns as the server sent**: value for value the bytes of the text protocol (``None`` for NULL), as
   the loop before (tests/connectors/mysql/test_row_packets.py compares both on NULLs, empty values, values of
@@ -24,10 +24,9 @@ from typing import Any, Generator, Iterator
 import numpy as np
 import pyarrow as pa
 
-#: bytes asked of the socket at a time (a block's rows are split together)
-BLOCK = 1 << 20
+from flinkish_spark.connectors.mysql.socket_blocks import more as _more
+
 _MAX = 0xFFFFFF
-_LOST = "Lost connection to MySQL server during query"
 
 
 def column_blocks(result: Any, ncols: int, rows: int = 8192) -> Iterator[list[pa.Array]]:
@@ -140,31 +139,6 @@ def _drain(conn: Any, rfile: Any, tail: bytes, seq: int) -> None:
         tail = tail[4 + size:]
 
 
-def _more(conn: Any, rfile: Any, tail: bytes, need: int) -> bytes:
-    """``tail`` and what the socket has after it, at least ``need`` bytes in all (one join, however many reads)."""
-    parts, have = [tail], len(tail)
-    while True:
-        chunk = _read(conn, rfile, max(BLOCK, need - have))
-        parts.append(chunk)
-        have += len(chunk)
-        if have >= need:
-            return b"".join(parts)
-
-
-def _read(conn: Any, rfile: Any, size: int) -> bytes:
-    try:
-        chunk = rfile.read1(size)
-    except OSError as e:
-        conn._force_close()
-        from pymysql import err
-        raise err.OperationalError(2013, f"{_LOST} ({e})") from None
-    if not chunk:
-        conn._force_close()
-        from pymysql import err
-        raise err.OperationalError(2013, _LOST)
-    return bytes(chunk)
-
-
 def _long_row(conn: Any, rfile: Any, buf: bytes, pos: int, seq: int) -> tuple[bytes, int, int, bytes, int]:
     """A row of several packets (16 MiB and more) starting at ``pos``: (its payload, where the packet after it
     starts, the next sequence number, the buffer -- grown by what was read --, its length)."""
@@ -239,7 +213,7 @@ def _binary(data: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, valid: n
     """A binary array of the ``lengths`` bytes at ``offsets`` of ``data`` (null where ``valid`` is False)."""
     n = len(lengths)
     ends = np.cumsum(lengths)
-    total = int(ends[-1]) if n else 0  # < 2 GiB: a block is BLOCK bytes and a row (max_allowed_packet <= 1 GiB)
+    total = int(ends[-1]) if n else 0  # < 2 GiB: a block of socket_blocks.BLOCK and a row (max_allowed_packet <= 1 GiB)
     value_offsets = np.zeros(n + 1, dtype=np.int32)
     value_offsets[1:] = ends
     if total:

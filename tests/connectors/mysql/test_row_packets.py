@@ -10,7 +10,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from flinkish_spark.connectors.mysql import row_packets
+from flinkish_spark.connectors.mysql import row_packets, socket_blocks
 from flinkish_spark.connectors.mysql.connection import connect, parse_url
 
 
@@ -42,7 +42,7 @@ def test_blocks_of_rows_give_the_server_values_whatever_their_lengths(
                           for i, n in enumerate(lengths))
                 + "; INSERT INTO t VALUES (100, NULL, NULL, NULL), (101, '', '', 0)"
                 + "; INSERT INTO t VALUES (102, 'big', repeat('y', 17 * 1024 * 1024), 1)", database=mysql_db)
-    monkeypatch.setattr(row_packets, "BLOCK", block)  # 7 bytes: a block's end inside every header and value
+    monkeypatch.setattr(socket_blocks, "BLOCK", block)  # 7 bytes: a block's end inside every header and value
     sql = "SELECT id, v, b, concat(n) FROM t ORDER BY id"  # the server's text of the double (PyMySQL: a float)
     with closing(connect(parse_url(mariadb.url_for(mysql_db)))) as conn:
         want = _pymysql(conn, sql)
