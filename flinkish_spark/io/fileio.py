@@ -170,6 +170,10 @@ class FileIO:
 
     def strip(self, url: str) -> str:
         """The path as the file system wants it (no protocol)."""
+        if self.protocol in ("file", "local") and url.startswith("/") and os.sep == "/":
+            # What fsspec's LocalFileSystem._strip_protocol returns for an absolute POSIX path, without its
+            # prefix loop: a many-table commit strips ~70 paths per table (a tenth of its time on a local disk).
+            return url.rstrip("/") or "/"
         return str(self.fs._strip_protocol(url))
 
     def url(self, path: str) -> str:

@@ -114,7 +114,9 @@ class EpochCommit:
         return out
 
     def _file_url(self, f: LiveFile) -> str:
-        rel = f.relative_path
+        return self._url(f.relative_path)
+
+    def _url(self, rel: str) -> str:
         return rel if "://" in rel or rel.startswith("/") else self.sink.url(rel)
 
     def build(self) -> Built:
@@ -156,6 +158,7 @@ class EpochCommit:
         deleted = 0 if not self.extra.drop_all else deleted
         deleted += self._table_deletes(apply)
         added += self._new_files(apply)
+        self._seed_key_indexes()
         if not self.dvs.empty:
             self.sink.io.write_bytes(self.sink.url(self.dvs.relative_path), self.dvs.bytes())
         crash_point("delta.keyed.before_version")
@@ -218,6 +221,22 @@ class EpochCommit:
                 rows += f.rows - (0 if local is None else len(local))
         return rows
 
+    def _seed_key_indexes(self) -> None:
+        """The key index of each task file this version names, from the epoch's entries (no read of the file in the
+        next epoch's lookup: :meth:`KeyLookup.seed`). A file never named (a lost attempt) only takes cache room."""
+        plan = self.sink.plan
+        assert plan is not None
+        lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
+        for index, c in enumerate(self.committables):
+            ends = [start + f.rows for start, f in zip(c.starts, c.files)]
+            if not c.files or c.starts[0] != 0 or list(c.starts[1:]) != ends[:-1]:
+                continue  # not the files' rows one after another (as :meth:`KeyedCommittable.locate` reads them)
+            keys = self.changes.written_keys(index, ends[-1])
+            if keys is None:
+                continue
+            for f, start in zip(c.files, c.starts):
+                lookup.seed(self._url(f.path), f.size, keys.slice(start, f.rows))
+
     def _write_driver_file(self, table: pa.Table, stem: str) -> None:
         written, _ = write_grouped(self.sink.io, self.folder, table, lambda i: f"{stem}-{i:04d}.parquet",
                                    self.sink.partition_by, max(table.num_rows, 1), 1 << 62)
@@ -239,10 +258,14 @@ class EpochCommit:
             return 0
         table = pa.concat_tables(pieces, promote_options="permissive")
         table = table.sort_by([(k, "ascending") for k in plan.key])
-        written, _ = write_grouped(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
-                                   self.sink.partition_by, self.sink.rows_per_file, self.sink.target_file_size)
-        for f in delta_files(self.sink.io, self.sink.path, [w for w, _ in written]):
+        written, order = write_grouped(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
+                                       self.sink.partition_by, self.sink.rows_per_file, self.sink.target_file_size)
+        keys = table.select(list(plan.key))
+        keys = keys if order is None else keys.take(pa.array(order))
+        lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
+        for f, (_, first) in zip(delta_files(self.sink.io, self.sink.path, [w for w, _ in written]), written):
             self._add_new(f, None)
+            lookup.seed(self._url(f.path), f.size, keys.slice(first, f.rows))  # as the tasks' files (below)
         return table.num_rows
 
     def _table_deletes(self, apply: Apply) -> int:

@@ -136,10 +136,10 @@ class RoutedDeltaTarget(LiveTarget):
             evolution = dataclasses.replace(evolution, schema=delta_arrow(pa.schema(list(evolution.schema) + extra)))
         return evolution
 
-    def ensure_created(self, evolution: Evolution, create: bool) -> bool:
-        """Create the table with the evolved schema if it does not exist; whether it was created now."""
-        dl = deltalake()
-        if self.existing_state() is not None:
+    def ensure_created(self, evolution: Evolution, create: bool, exists: bool = False) -> bool:
+        """Create the table with the evolved schema if it does not exist; whether it was created now. ``exists``:
+        the caller read the table's state in this commit already (no second read of its log)."""
+        if exists or self.existing_state() is not None:
             return False
         if not create:
             raise TableMismatchError(

@@ -146,14 +146,6 @@ def _forget_vectors(prefix: str = "") -> None:
             _DV_BYTES -= _cost(_DV_CACHE.pop(dv_key)[1])
 
 
-def live_references(target: DeltaTarget) -> set[str]:
-    """Paths (relative, decoded) of live data files and of the DV files live files use."""
-    state = table_state(target)
-    return {name for f in state.files.values() for name in f.stored_files()}
-
-
-
-
 class LiveTarget(DeltaTarget):
     """A target whose keyed mode (``plan``) answers from this module's per-process state: what the table
     holds, its newest version, and -- for a table recreated at the path -- every cache to drop.
@@ -186,13 +178,14 @@ class LiveTarget(DeltaTarget):
             # by listing could remove committed data. Leave the folder.
             return
         root = self.io.strip(self.path).rstrip("/") + "/"
-        if self.plan is not None and self.committed(epoch):
+        state = table_state(self) if self.plan is not None else None
+        if state is not None and state.txn(self.uid) >= epoch:
             # Keyed: the commit left out files whose rows all lost, and wrote files of its own
             # (vectors, copies, compactions): what the table names now or the epoch's version
             # named stays (a compaction right after the epoch may have removed some, but a reader
             # of the epoch's version still reads them: VACUUM's job), nothing else -- whatever the
             # decision says.
-            wanted = live_references(self) | named
+            wanted = {name for f in state.files.values() for name in f.stored_files()} | named
         else:
             wanted = named | kept
         self.io.delete_many([self.io.url(p) for p in on_storage if p[len(root):] not in wanted])

@@ -13,7 +13,9 @@
   Delta version per table: an evolved schema's ``metaData`` action, the keyed commit's actions
   (a truncate removes every live file first; a re-snapshot's end deletes the rows it did not
   deliver) and ``txn(appId = uid, version = epoch)`` -- the first table (by name) alone, then
-  the others :data:`COMMIT_THREADS` at a time (independent logs; the time is storage waits).
+  the others :func:`commit_threads` at a time (independent logs: on object storage the time is
+  requests' latency, overlapped by threads; on a local disk it is the commit's Python, which
+  threads only slow down -- one at a time there).
 * **Exactly once across tables**: each table's txn makes its commit idempotent on its own. A
   restart commits the decided epoch again: tables whose txn is >= the epoch are skipped (a
   table's txn moves only when the table changes, and epochs commit in order, so a txn at a
@@ -89,8 +91,17 @@ from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhase
 log = logging.getLogger(__name__)
 
 ROUTED_MAGIC = b"FRD1"
-#: Tables of one epoch committed at once (after the first one, see :meth:`RoutedDeltaSink.commit`).
+#: Tables of one epoch committed at once on object storage (after the first one, see :meth:`RoutedDeltaSink.commit`).
 COMMIT_THREADS = 8
+#: ... and on a local file system: a commit there is Python work plus two fsyncs of well under a millisecond,
+#: and 8 threads fighting over the GIL made it 1.3-1.45x slower than one thread on an idle 2-core machine
+#: (docs/benchmarks.md, "The routed commit's threads on a local disk").
+LOCAL_COMMIT_THREADS = 1
+
+
+def commit_threads(io: FileIO) -> int:
+    """How many of an epoch's tables are committed at once into storage ``io``."""
+    return LOCAL_COMMIT_THREADS if io.protocol in ("file", "local") else COMMIT_THREADS
 
 
 @dataclass(frozen=True)
@@ -200,23 +211,28 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             # Every table's evolution is checked before the first table is written: a change
             # that cannot be followed ends the query with nothing of the epoch visible.
             evolution = target.evolution(state, t.steps())
-            pending.append((t, target, evolution))
+            pending.append((t, target, (evolution, state is not None)))
         if not pending:
             return "COMMITTED"
-        t, target, evolution = pending[0]
-        outcome = self._commit_table(t, target, evolution, epoch)
+        t, target, evolved = pending[0]
+        outcome = self._commit_table(t, target, evolved, epoch)
         if outcome != "COMMITTED" or len(pending) == 1:
             return outcome
         crash_point("sink.between_tables")  # the first table has the epoch, the others not yet
-        # The other tables at once: each table's version is independent (its own log, its own txn),
-        # and its time is waiting on storage -- the fsyncs of a local log, the requests to S3
-        # (measured in benchmarks/mirror_scale.py: 2 fsyncs per table were half of the commit).
-        with ThreadPoolExecutor(min(COMMIT_THREADS, len(pending) - 1), thread_name_prefix="flinkish-routed") as pool:
-            outcomes = list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending[1:]))
+        # The other tables, several at once on object storage: each table's version is independent (its own
+        # log, its own txn) and its time there is waiting on requests; on a local disk one after another.
+        threads = min(commit_threads(self.io), len(pending) - 1)
+        if threads == 1:
+            outcomes = [self._commit_table(t, target, evolved, epoch) for t, target, evolved in pending[1:]]
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="flinkish-routed") as pool:
+                outcomes = list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending[1:]))
         return next((o for o in outcomes if o != "COMMITTED"), "COMMITTED")
 
-    def _commit_table(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, epoch: int) -> CommitOutcome:
-        created = target.ensure_created(evolution, self.create_table)
+    def _commit_table(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolved: tuple[Any, bool],
+                      epoch: int) -> CommitOutcome:
+        evolution, exists = evolved
+        created = target.ensure_created(evolution, self.create_table, exists)
         outcome = commit_keyed(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch))
         if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
             return outcome

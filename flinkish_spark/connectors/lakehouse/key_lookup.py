@@ -167,6 +167,22 @@ class KeyLookup:
         columns = list(self.key) + ([self.live_column] if self.live_column else [])
         with self.io.fs.open(self.io.strip(f.url), "rb") as handle:
             table = pq.read_table(handle, columns=columns)
+        return self._index(table)
+
+    def seed(self, url: str, size: int, keys: pa.Table) -> None:
+        """Cache the index of a file this process just wrote into the table, from its rows' key columns in row
+        order (``keys``: exactly the file's, in the types the next epochs' changed keys will have), so that the
+        next epoch's lookup does not read back the file the commit named -- every epoch's commit names a new
+        file per changed table, whose cold index was a fifth of a many-table commit. Only without a
+        ``live_column`` (the index then depends on the keys alone). The same index :meth:`_build` makes from
+        the file: a lookup cannot tell them apart."""
+        if self.live_column is not None:
+            return
+        self.types = pa.schema([pa.field(k, keys.schema.field(k).type) for k in self.key])
+        self.cache.put((url, size, self.key, self.live_column, self.types), self._index(keys.select(list(self.key))))
+
+    def _index(self, table: pa.Table) -> FileKeys:
+        """The index of a file from its key columns (and ``live_column``), by row position."""
         keys = table.select(list(self.key))
         if self.types is not None and keys.schema != self.types:
             # Another writer's file may store the key in another type (Spark's INT96 timestamps read

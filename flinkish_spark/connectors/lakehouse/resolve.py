@@ -171,6 +171,17 @@ class EpochChanges:
             return pa.table({k: pa.array([], self.plan.input_schema.field(k).type) for k in self.plan.key})
         return self.entries.select(list(self.plan.key)).take(pa.array(self.starts))
 
+    def written_keys(self, task: int, rows: int) -> pa.Table | None:
+        """The key columns of the ``rows`` rows committable ``task`` wrote, in row order -- when its entries name
+        each of those rows exactly once (a version entry per row written), else None."""
+        if self.entries is None:
+            return None
+        mine = np.flatnonzero((self.task == task) & (self.kind == KIND_VERSION))
+        order = mine[np.argsort(self.pos[mine], kind="stable")]
+        if len(order) != rows or not np.array_equal(self.pos[order], np.arange(rows, dtype=np.int64)):
+            return None
+        return self.entries.select(list(self.plan.key)).take(pa.array(order))
+
     def apply(self, matches: Matches, close_by: pa.Scalar | pa.Array | None = None,
               snapshot_from: pa.Scalar | None = None) -> Apply:
         """``close_by`` (history): a table version closes at the key's first change of the epoch or at this time,

@@ -124,3 +124,56 @@ def test_a_long_running_commit_process_keeps_one_vector_per_file(tmp_path: Path)
     mine = [key for key in live._DV_CACHE if key.startswith(f"{sink.table_uri}|")]
     assert len(mine) == 1, f"{len(mine)} vectors cached for the table's one file"
     assert live.vector_cache_bytes() == sum(live._cost(p) for _, p in live._DV_CACHE.values())
+
+
+@pytest.mark.parametrize("deletes", ["true", "soft"])
+def test_the_key_index_a_commit_seeds_is_the_one_its_files_give_and_the_next_lookup_reads_none(
+        tmp_path: Path, monkeypatch, deletes: str) -> None:
+    """Each commit keeps the key index of the tasks' files it names (from the epoch's entries) instead of the next
+    epoch's lookup reading them back: every seeded index equals the index read from the file (codes, positions,
+    keys), the next epoch reads no file the previous one wrote, and the table is the change sequence."""
+    from flinkish_spark.connectors.delta.state import load_state
+    from flinkish_spark.connectors.lakehouse import key_lookup
+    from flinkish_spark.connectors.lakehouse.key_lookup import CACHE, CandidateFile, KeyLookup
+    from flinkish_spark.testing.changes import Model, random_epochs
+
+    from tests.connectors.delta.test_keyed import read_table
+
+    read: list[str] = []
+    build = key_lookup.KeyLookup._build
+
+    def reading(self, f):
+        read.append(f.url)
+        return build(self, f)
+
+    monkeypatch.setattr(key_lookup.KeyLookup, "_build", reading)
+    path = tmp_path / "t"
+    sink = sink_at(path, deletes=deletes, rows_per_file=7)  # several files per task
+    model = Model("upsert", deletes)
+    key_types = None
+    for epoch, changes in enumerate(random_epochs(seed=13, epochs=6, keys=80, per_epoch=60, tasks=3)):
+        read.clear()
+        assert run_epoch(sink, epoch, changes) == "COMMITTED"
+        model.apply(changes)
+        assert read_table(str(path)) == model.table(), f"epoch {epoch}"
+        if epoch > 0:
+            assert read == [], f"epoch {epoch} read back the key index of {read}"
+        state = load_state(sink.log(), deltalake.DeltaTable(str(path)).version())
+        mine = [f for f in state.files.values() if f"/e{epoch:012d}/" in f.path]
+        assert mine, "the epoch named none of its files"
+        key_types = key_types or pa.schema([pa.field("id", pa.int64())])
+        fresh = KeyLookup(sink.io, ("id",), None, cache=key_lookup.KeyIndexCache())
+        fresh.types = key_types
+        for f in mine:
+            url = sink.url(f.relative_path)
+            seeded = CACHE.get((url, f.size, ("id",), None, key_types))
+            assert seeded is not None, f"{f.path}: no index kept by the commit"
+            back = fresh._index(pq_keys(url))
+            assert seeded.codes.tolist() == back.codes.tolist() and seeded.positions is None and back.positions is None
+            assert len(seeded.codes) == f.num_records
+
+
+def pq_keys(url: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(url, columns=["id"])

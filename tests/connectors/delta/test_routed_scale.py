@@ -64,11 +64,12 @@ def test_an_epoch_changing_one_table_writes_the_same_metadata_for_2_and_40_mirro
         assert any(p.startswith("meta/sinks/m/decisions/") for p in written)
 
 
-def test_an_epoch_changing_many_tables_commits_each_once_also_after_a_crash_after_the_first(tmp_path: Path,
-                                                                                             monkeypatch) -> None:
-    """The tables after the first are committed several at once (routed.COMMIT_THREADS): every one
-    gets the epoch's rows in one version, and a restart after a crash past the first table
-    commits the others and leaves the first as it was."""
+@pytest.mark.parametrize("threads", [1, 8], ids=["one-at-a-time", "threads"])
+def test_an_epoch_changing_many_tables_commits_each_once_also_after_a_crash_after_the_first(tmp_path: Path, monkeypatch,
+                                                                                             threads: int) -> None:
+    """The tables after the first are committed one after another (a local disk) or several at once
+    (object storage: routed.commit_threads): every one gets the epoch's rows in one version, and a
+    restart after a crash past the first table commits the others and leaves the first as it was."""
     import deltalake
     import pyarrow as pa
 
@@ -93,9 +94,10 @@ def test_an_epoch_changing_many_tables_commits_each_once_also_after_a_crash_afte
             raise SystemExit("killed")  # a BaseException, as a kill: nothing in the commit catches it
 
     monkeypatch.setattr(routed, "crash_point", killed_after_the_first_table)
+    monkeypatch.setattr(routed, "LOCAL_COMMIT_THREADS", threads)  # as object storage would have it
     with pytest.raises(SystemExit, match="killed"):
         commit_epoch(sink, log, 1, prepared, "run")
-    monkeypatch.undo()
+    monkeypatch.setattr(routed, "crash_point", lambda point: None)
 
     def table(i: int) -> deltalake.DeltaTable:
         return deltalake.DeltaTable(str(tmp_path / "lake" / "public" / f"t_{i:03d}"))
