@@ -13,7 +13,9 @@
   Delta version per table: an evolved schema's ``metaData`` action, the keyed commit's actions
   (a truncate removes every live file first; a re-snapshot's end deletes the rows it did not
   deliver) and ``txn(appId = uid, version = epoch)`` -- the first table (by name) alone, then
-  the others :data:`COMMIT_THREADS` at a time (independent logs; the time is storage waits).
+  the others :data:`COMMIT_THREADS` at a time (independent logs; the time is storage waits). With
+  ``commitProcesses`` = P > 0 the same steps run in P committer processes, each table always in the same one
+  (:mod:`flinkish_spark.connectors.delta.committers`: the evolution checks, the first table alone, the rest).
 * **Exactly once across tables**: each table's txn makes its commit idempotent on its own. A
   restart commits the decided epoch again: tables whose txn is >= the epoch are skipped (a
   table's txn moves only when the table changes, and epochs commit in order, so a txn at a
@@ -142,8 +144,9 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
                  metadata_io: FileIO | None = None, metadata_dir: str | None = None, compact_every: int = 0,
-                 modes: TableModes = TableModes()) -> None:
+                 modes: TableModes = TableModes(), commit_processes: int = 0) -> None:
         self.io, self.route, self.uid, self.merge_mode = io, route, uid, merge_mode
+        self.commit_processes = commit_processes  # > 0: the tables' commits in committer processes (.committers)
         self.modes = modes
         self.compact_every = compact_every
         self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
@@ -190,17 +193,14 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         return routed_shards.merged_tables(tables, self.route, self.modes.of, "Delta")  # one commit per merged target
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
-        pending = []
-        for t in self._tables(committables):
-            schemas = t.schemas()
-            target = self.target(t.table, schemas[-1])
-            state = target.existing_state()
-            if state is not None and state.txn(self.uid) >= epoch:
-                continue  # this table has the epoch (a recovered commit)
-            # Every table's evolution is checked before the first table is written: a change
-            # that cannot be followed ends the query with nothing of the epoch visible.
-            evolution = target.evolution(state, t.steps())
-            pending.append((t, target, evolution))
+        if self.commit_processes:  # the same order, in committer processes (module .committers)
+            from flinkish_spark.connectors.delta import committers
+
+            return committers.commit_tables(self, self._tables(committables), epoch,
+                                            lambda: crash_point("sink.between_tables"))
+        # Every table's evolution is checked before the first table is written: a change that
+        # cannot be followed ends the query with nothing of the epoch visible.
+        pending = [p for t in self._tables(committables) if (p := self._pending(t, epoch)) is not None]
         if not pending:
             return "COMMITTED"
         t, target, evolution = pending[0]
@@ -214,6 +214,15 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         with ThreadPoolExecutor(min(COMMIT_THREADS, len(pending) - 1), thread_name_prefix="flinkish-routed") as pool:
             outcomes = list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending[1:]))
         return next((o for o in outcomes if o != "COMMITTED"), "COMMITTED")
+
+    def _pending(self, t: TableEpoch[RoutedPart], epoch: int) -> tuple[TableEpoch[RoutedPart], RoutedDeltaTarget, Any] | None:
+        """The table's target and evolution when it does not hold the epoch yet (None: it does, a recovered commit).
+        Raises :class:`~flinkish_spark.errors.SchemaChangeError` for a change the target cannot follow."""
+        target = self.target(t.table, t.schemas()[-1])
+        state = target.existing_state()
+        if state is not None and state.txn(self.uid) >= epoch:
+            return None
+        return t, target, target.evolution(state, t.steps())
 
     def _commit_table(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolution: Any, epoch: int) -> CommitOutcome:
         created = target.ensure_created(evolution, self.create_table)
