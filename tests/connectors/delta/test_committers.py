@@ -14,9 +14,7 @@ import pyarrow as pa
 import pytest
 
 from flinkish_spark.connectors.lakehouse.routing import Route
-from flinkish_spark.errors import ConfigError
 from flinkish_spark.io.fileio import FileIO
-from flinkish_spark.options import Options
 from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
 from flinkish_spark.sink.protocol import PrepareContext
@@ -170,20 +168,3 @@ def running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-@pytest.mark.parametrize("value", ["-1", "65", "two", "1.5"])
-def test_commit_processes_outside_0_to_64_is_one_clear_error(value: str) -> None:
-    from flinkish_spark.connectors.delta.committers import commit_processes
-
-    with pytest.raises(ConfigError, match=r"'commitProcesses' must be a whole number from 0 .* to 64, got"):
-        commit_processes(Options({"commitProcesses": value}, "flinkish.delta sink", ["commitProcesses"]), True)
-    assert commit_processes(Options({"commitProcesses": "4"}, "c", ["commitProcesses"]), True) == 4
-    assert commit_processes(Options({}, "c", ["commitProcesses"]), True) == 0
-
-
-def test_commit_processes_on_a_one_table_sink_is_refused() -> None:
-    from flinkish_spark.connectors.delta.committers import commit_processes
-
-    with pytest.raises(ConfigError, match="routing sink"):
-        commit_processes(Options({"commitProcesses": "2"}, "flinkish.delta sink", ["commitProcesses"]), False)
