@@ -4,7 +4,9 @@ spread over P long-lived processes beside the driver's commit worker (issue 26).
 * **Who commits what**: a target is always committed by the same process -- crc32 of its path mod P
   (:func:`owner`) -- so each process keeps its tables' caches warm from epoch to epoch (the live state, key
   indexes and deletion vectors of :mod:`~flinkish_spark.connectors.delta.live`, the re-snapshots under way).
-  The processes are started at the first commit that needs them and kept for the life of the parent.
+  The processes are started at the first commit that needs them and kept for the life of the parent (an
+  in-process commit of the same uid, ``commitProcesses`` = 0 in a later query, stops them: their caches
+  would miss its versions and re-snapshots).
 * **Order, exactly once** (docs/benchmarks.md, "Taking the table commits off the driver"): the sink's commit is
   called after the epoch's decision is recorded; then (1) every process checks its tables -- which already hold
   the epoch (txn of the uid >= epoch) and, for the others, the evolution: a
@@ -268,6 +270,15 @@ def pool_for(sink: RoutedDeltaSink) -> Committers:
         if pool is None:
             pool = _POOLS[sink.uid] = Committers(sent, sink.commit_processes, digest)
         return pool
+
+
+def close_pool(uid: str) -> None:
+    """Stop the committers of ``uid`` in this process, if any (the sink commits in process now)."""
+    if _POOLS:
+        with _POOLS_LOCK:
+            pool = _POOLS.pop(uid, None)
+        if pool is not None and pool.parent_pid == os.getpid():
+            pool.close()
 
 
 def commit_tables(sink: RoutedDeltaSink, tables: list[TableEpoch[RoutedPart]], epoch: int,

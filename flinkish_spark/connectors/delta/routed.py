@@ -64,7 +64,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from flinkish_spark.connectors.delta import routed_shards
+from flinkish_spark.connectors.delta import committers, routed_shards
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
 from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
@@ -194,10 +194,11 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         if self.commit_processes:  # the same order, in committer processes (module .committers)
-            from flinkish_spark.connectors.delta import committers
-
+            if self.resnapshots is not None:
+                self.resnapshots.forget()  # the committers begin and end them now: a later in-process commit lists them
             return committers.commit_tables(self, self._tables(committables), epoch,
                                             lambda: crash_point("sink.between_tables"))
+        committers.close_pool(self.uid)  # committed here now: committers of an earlier commit would hold stale caches
         # Every table's evolution is checked before the first table is written: a change that
         # cannot be followed ends the query with nothing of the epoch visible.
         pending = [p for t in self._tables(committables) if (p := self._pending(t, epoch)) is not None]
