@@ -15,7 +15,8 @@ spread over P long-lived processes beside the driver's commit worker (issue 26).
   ``sink.between_tables``; (3) the other tables, every process at once (each with up to
   :data:`~flinkish_spark.connectors.delta.routed.COMMIT_THREADS` threads). The parent returns only when every
   table's outcome is in: the decision's ``.done`` marker follows every table, and epoch e + 1's commit starts only
-  after e is in every table. Each table's version carries ``txn(appId = uid, version = epoch)``: a restart's
+  after e is in every table. The epoch's cleanup (files no version names) runs in the same processes, after
+  ``.done``: it reads each table's head and live files, which those processes keep warm. Each table's version carries ``txn(appId = uid, version = epoch)``: a restart's
   commit of the decided epoch skips the tables that have it, whichever process committed them.
 * **A committer that dies** (killed, out of memory) while the parent waits on it: every process of the pool is
   killed and waited for -- nothing of the epoch is still being written once the error is raised -- and
@@ -25,13 +26,17 @@ spread over P long-lived processes beside the driver's commit worker (issue 26).
   inside the commit, invisible to the user. An idle committer found dead at an epoch's start is replaced
   silently (nothing of an epoch was in it).
 * **Parent death**: a committer exits as soon as its parent is gone -- the EOF of its pipe (its loop's read) and a
-  watchdog thread (the parent's sentinel pipe of the 'spawn' start; the parent pid changing). Not
-  ``PR_SET_PDEATHSIG``: it fires when the *thread* that started the child ends, and a commit may run in a
-  short-lived thread. Started with 'spawn', never 'fork': the parent has threads (delta-rs's runtime, pools).
+  watchdog thread (its parent pid changes: it was adopted). Not ``PR_SET_PDEATHSIG``: it fires when the *thread*
+  that started the child ends, and a commit may run in a short-lived thread.
+* **Started as new interpreters** (``python -c``, the parent's ``sys.path``, its pipe passed as a file descriptor),
+  never with fork -- the parent has threads (delta-rs's runtime, pools) -- nor with multiprocessing's 'spawn', which
+  runs the parent's main script again in the child: a ``foreachBatch`` driver script without a ``__main__`` guard
+  (its commits run in the script's process) would start a second pipeline there.
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import logging
@@ -39,7 +44,10 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import subprocess
+import sys
 import threading
+import time
 import traceback
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -110,17 +118,12 @@ def owner(path: str, processes: int) -> int:
 # -- the child -------------------------------------------------------------------------------------------------------
 
 def _watch_parent(parent_pid: int) -> None:
-    """Exit this process as soon as its parent is gone (even in the middle of a table: a kill -9 the protocol allows)."""
-    parent = multiprocessing.parent_process()
-
+    """Exit this process as soon as its parent is gone (even in the middle of a table: a kill -9 the protocol allows).
+    A process whose parent died is adopted by another (init or a subreaper): its parent pid changes."""
     def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(70)
-            if parent is not None and multiprocessing.connection.wait([parent.sentinel], timeout=1.0):
-                os._exit(70)
-            if parent is None:
-                threading.Event().wait(1.0)
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(70)
 
     threading.Thread(target=watch, name="flinkish-committer-watchdog", daemon=True).start()
 
@@ -133,10 +136,25 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def serve(conn: Any, sink: RoutedDeltaSink, parent_pid: int) -> None:
-    """The committer's loop: ``("check", epoch, tables)`` -> :class:`Checked`, ``("commit", epoch, names)`` ->
-    :class:`Committed` (or :class:`Failed`), ``None`` -> exit."""
+#: What a committer runs (``python -c``: no main script of the parent's is run again in it).
+_ENTRY = "import sys; from flinkish_spark.connectors.delta.committers import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+
+
+def main(fd: int, parent_pid: int) -> None:
+    """A committer process: its pipe is file descriptor ``fd``; the first message is the sink."""
     _watch_parent(parent_pid)
+    conn = multiprocessing.connection.Connection(fd)
+    try:
+        sink = conn.recv()
+    except (EOFError, OSError):
+        os._exit(0)
+    serve(conn, sink)
+
+
+def serve(conn: Any, sink: RoutedDeltaSink) -> None:
+    """The committer's loop: ``("check", epoch, tables)`` -> :class:`Checked`, ``("commit", epoch, names)`` ->
+    :class:`Committed`, ``("cleanup", epoch, tables)`` -> an empty :class:`Committed` (or each :class:`Failed`),
+    ``None`` -> exit."""
     pending: dict[str, Any] = {}
     while True:
         try:
@@ -148,7 +166,10 @@ def serve(conn: Any, sink: RoutedDeltaSink, parent_pid: int) -> None:
         kind, epoch, payload = message
         reply: Any
         try:
-            if kind == "check":
+            if kind == "cleanup":
+                sink._cleanup_tables(payload, epoch)
+                reply = Committed({}, {})
+            elif kind == "check":
                 pending = {t.table: p for t in payload if (p := sink._pending(t, epoch)) is not None}
                 reply = Checked(tuple(pending))
             else:
@@ -187,16 +208,16 @@ class Committers:
 
     def _ready(self, k: int) -> None:
         proc = self._procs[k]
-        if proc is not None and proc.is_alive():
+        if proc is not None and proc.poll() is None:
             return
         if proc is not None:  # died while idle (nothing of an epoch was in it): replaced
             self._conns[k].close()
-        ctx = multiprocessing.get_context("spawn")  # never fork: the parent has threads (delta-rs, pools)
-        mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=serve, args=(theirs, self.sink, os.getpid()), name=f"flinkish-committer-{k}",
-                           daemon=True)
-        proc.start()
+        mine, theirs = multiprocessing.Pipe()  # not inheritable: only the child gets its end (pass_fds)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what the parent imports from
+        proc = subprocess.Popen([sys.executable, "-c", _ENTRY, str(theirs.fileno()), str(os.getpid())],
+                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
         theirs.close()  # only the child holds its end: its death is this end's EOF
+        mine.send(self.sink)
         self._procs[k], self._conns[k] = proc, mine
 
     def pids(self) -> list[int]:
@@ -212,18 +233,13 @@ class Committers:
             answers: dict[int, Any] = {}
             while len(answers) < len(requests):
                 waiting = {k: self._conns[k] for k in requests if k not in answers}
-                sentinels = {self._procs[k].sentinel: k for k in waiting}
-                ready = multiprocessing.connection.wait([*waiting.values(), *sentinels])
+                ready = multiprocessing.connection.wait(list(waiting.values()))
                 for k, conn in waiting.items():
                     if conn in ready:
-                        answers[k] = conn.recv()
-                for s in ready:
-                    k = sentinels.get(s, -1)
-                    if k >= 0 and k not in answers and not self._conns[k].poll():
-                        raise EOFError
+                        answers[k] = conn.recv()  # EOFError: the child died (only it held the other end)
             return answers
         except (EOFError, OSError) as exc:
-            dead = [p.pid for p in self._procs if p is not None and not p.is_alive()]
+            dead = [p.pid for p in self._procs if p is not None and p.poll() is not None]
             self.close(kill=True)
             raise CommitterCrashedError(
                 f"{type(self.sink).__name__} uid {self.sink.uid!r}: committer process {dead or '?'} died during the "
@@ -241,10 +257,11 @@ class Committers:
                     self._conns[k].send(None)
                 except OSError:
                     proc.kill()
-            proc.join(timeout=None if kill else 10)
-            if proc.is_alive():
+            try:
+                proc.wait(timeout=None if kill else 10)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.join()
+                proc.wait()
             self._conns[k].close()
         self._procs = [None] * self.processes
         self._conns = [None] * self.processes
@@ -270,6 +287,13 @@ def pool_for(sink: RoutedDeltaSink) -> Committers:
         if pool is None:
             pool = _POOLS[sink.uid] = Committers(sent, sink.commit_processes, digest)
         return pool
+
+
+@atexit.register
+def _close_all() -> None:
+    """At the parent's exit: each committer ends after its current request (it would, on its pipe's EOF, anyway)."""
+    for uid in list(_POOLS):
+        close_pool(uid)
 
 
 def close_pool(uid: str) -> None:
@@ -303,6 +327,16 @@ def commit_tables(sink: RoutedDeltaSink, tables: list[TableEpoch[RoutedPart]], e
     for name, k in order[1:]:
         rest.setdefault(k, []).append(name)
     return _collect(sink, _answers(pool, {k: ("commit", epoch, names) for k, names in rest.items()}))
+
+
+def cleanup_tables(sink: RoutedDeltaSink, tables: list[TableEpoch[RoutedPart]], epoch: int) -> None:
+    """The done epoch's cleanup (:meth:`~flinkish_spark.connectors.delta.live.LiveTarget.cleanup_epoch` per table) in
+    the processes that commit the tables: it reads each table's head and live files, which the parent does not keep."""
+    pool = pool_for(sink)
+    by_process: dict[int, list[TableEpoch[RoutedPart]]] = {}
+    for t in tables:
+        by_process.setdefault(owner(sink.route.target(t.table), pool.processes), []).append(t)
+    _answers(pool, {k: ("cleanup", epoch, ts) for k, ts in by_process.items()})
 
 
 def _answers(pool: Committers, requests: dict[int, Any]) -> dict[int, Any]:

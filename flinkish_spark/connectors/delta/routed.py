@@ -273,7 +273,14 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
         """Per table the decision names, what :meth:`LiveTarget.cleanup_epoch` deletes for one table. Tables no
         decided part names are not listed: the per-epoch cost stays with the tables the epoch changed."""
-        for t in self._tables(keep):
+        tables = self._tables(keep)
+        if self.commit_processes:  # in the processes that committed them: their caches of the tables are warm
+            committers.cleanup_tables(self, tables, epoch)
+            return
+        self._cleanup_tables(tables, epoch)
+
+    def _cleanup_tables(self, tables: list[TableEpoch[RoutedPart]], epoch: int) -> None:
+        for t in tables:
             target = self.target(t.table, t.schemas()[-1])
             target._committed_here = self._committed_here.get(t.table, {})
             target.cleanup_epoch(epoch, {f for k in t.keyed() for f in k.paths()})

@@ -28,23 +28,23 @@ TABLES = [table_schema(f"public.t_{i:02d}", [("id", "int"), ("v", "bigint"), ("s
 class Lake:
     """A routed sink with ``processes`` committers over a lake below ``root``; :meth:`epoch` prepares and commits."""
 
-    def __init__(self, root: Path, processes: int) -> None:
-        self.root, self.processes = root, processes
+    def __init__(self, root: Path, processes: int, uid: str = "m") -> None:
+        self.root, self.processes, self.uid = root, processes, uid
         self.meta = str(root / "meta")
         self.epochs = 0
 
     def log(self) -> DecisionLog:
-        return DecisionLog(FileIO.for_url(self.meta), self.meta, "m")
+        return DecisionLog(FileIO.for_url(self.meta), self.meta, self.uid)
 
     def sink(self):  # a new instance per epoch, as Spark unpickles it for each commit
         from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
 
         return RoutedDeltaSink(FileIO.for_url(str(self.root / "lake")), Route(str(self.root / "lake" / "{schema}" / "{table}"),
-                               "path"), "m", checkpoint_interval=3, metadata_io=FileIO.for_url(self.meta),
+                               "path"), self.uid, checkpoint_interval=3, metadata_io=FileIO.for_url(self.meta),
                                metadata_dir=self.log().directory, commit_processes=self.processes)
 
     def prepared(self, batch: pa.Table) -> list:
-        return [self.sink().prepare(iter(batch.to_batches()), PrepareContext("m", self.epochs, 0, 0))]
+        return [self.sink().prepare(iter(batch.to_batches()), PrepareContext(self.uid, self.epochs, 0, 0))]
 
     def commit(self, prepared: list) -> None:
         commit_epoch(self.sink(), self.log(), self.epochs, prepared, "run")
@@ -62,7 +62,7 @@ class Lake:
         for schema in TABLES:
             t = self.table(schema.table)
             out[schema.table] = (sorted(pa.table(t.scan()).to_pylist(), key=lambda r: r["id"]), t.version(),
-                                 t.transaction_version("m"))
+                                 t.transaction_version(self.uid))
         return out
 
 
@@ -96,11 +96,12 @@ def _no_committers_left():
 
 
 def test_two_committer_processes_write_the_same_targets_as_the_in_process_commit(tmp_path: Path) -> None:
-    threads, processes = Lake(tmp_path / "threads", 0), Lake(tmp_path / "processes", 2)
+    # Another uid for the in-process commit: an in-process commit of a uid stops that uid's committers.
+    threads, processes = Lake(tmp_path / "threads", 0, "t"), Lake(tmp_path / "processes", 2)
     for batch in batches(4):
         threads.epoch(batch)
         processes.epoch(batch)
-    assert processes.seen() == threads.seen()
+    assert processes.seen() == threads.seen()  # rows, versions, each table's txn of its uid
     assert {txn for _, _, txn in processes.seen().values()} == {2, 3}  # quiet tables keep an older epoch
     from flinkish_spark.connectors.delta import committers
 
