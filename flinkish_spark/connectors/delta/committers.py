@@ -82,7 +82,8 @@ class Checked:
 
 @dataclass(frozen=True)
 class Committed:
-    """Each table's outcome, and the files its version named (the parent's cleanup spares them)."""
+    """Each table's outcome, and the files its version named (the cleanup spares them; it runs in the committer,
+    which keeps them too -- the parent's copy is the sink's record, as after an in-process commit)."""
 
     outcomes: dict[str, CommitOutcome]
     committed_here: dict[str, dict[int, frozenset[str]]]

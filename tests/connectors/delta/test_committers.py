@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from flinkish_spark.connectors.lakehouse.routing import Route
+from flinkish_spark.errors import SchemaChangeError
 from flinkish_spark.io.fileio import FileIO
 from flinkish_spark.sink.committer import commit_epoch
 from flinkish_spark.sink.decisions import DecisionLog
@@ -107,6 +108,16 @@ def test_two_committer_processes_write_the_same_targets_as_the_in_process_commit
 
     pids = committers._POOLS["m"].pids()
     assert len(pids) == 2 and os.getpid() not in pids  # the tables were committed in two other processes
+
+    # A change one table's target cannot follow (bigint narrowed to int), found in a committer: the error the
+    # in-process commit raises, and no table -- of either process -- gets the epoch.
+    narrowed = table_schema(TABLES[-1].table, [("id", "int"), ("v", "int"), ("s", "text")], ("id",))
+    s = StreamBuilder()
+    s.transaction(*[(t, "u", {"id": 1, "v": 9, "s": "n"}) for t in TABLES[:-1]], (narrowed, "u", {"id": 1, "v": 9, "s": "n"}))
+    before = processes.seen()
+    with pytest.raises(SchemaChangeError, match=TABLES[-1].table):
+        processes.epoch(s.batch())
+    assert processes.seen() == before
 
 
 def test_a_committer_killed_mid_epoch_fails_the_commit_and_the_restart_commits_each_table_once(
