@@ -86,8 +86,8 @@ SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.
 STARTUP_MODES = {"initial": "snapshotThenChanges", "snapshot": "snapshot", "latest-offset": "changes"}
 #: Options each routing sink accepts from a mirror (the target option and uid/checkpoint are the mirror's).
 SINK_OPTIONS: dict[Format, tuple[str, ...]] = {
-    "delta": ("createTable", "checkpointInterval", "compactEvery", "rowsPerFile", "targetFileSize", "mergeMode",
-              *_COMMON_SINK),
+    "delta": ("createTable", "checkpointInterval", "compactEvery", "commitProcesses", "rowsPerFile", "targetFileSize",
+              "mergeMode", *_COMMON_SINK),
     "iceberg": ("catalog", "catalogUri", "catalogName", "warehouse", "createTable", "rowsPerFile", "targetFileSize",
                 "retainSnapshots", "compactEvery", "mergeMode", *_COMMON_SINK),
     "postgres": ("createTable", "lockTimeout", "passwordEnv", "keepSparkCheckpoint", "mode", "deletes", "tableModes",

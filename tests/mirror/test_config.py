@@ -54,6 +54,7 @@ def test_flags_give_the_options_a_python_user_passes() -> None:
     assert flags(source_option=["rowFormat=json"]).source_options()["rowFormat"] == "json"  # the user's choice holds
     assert flags(source_option=["maxRowsPerTrigger=5000"]).source_options()["maxRowsPerTrigger"] == "5000"
     assert flags(sink_option=["compactEvery=50"]).sink_options()["compactEvery"] == "50"  # routed targets compact
+    assert flags(sink_option=["commitProcesses=2"]).sink_options()["commitProcesses"] == "2"  # the Delta commit's processes
     ice = flags(to="m.{schema}_{table}", fmt="iceberg", sink_option=["compactEvery=5"])
     assert ice.sink_options()["compactEvery"] == "5"
     # A snapshot epoch fills the default 10 s trigger; a bound the user gives holds for the snapshot too.

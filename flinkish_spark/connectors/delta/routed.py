@@ -15,7 +15,9 @@
   deliver) and ``txn(appId = uid, version = epoch)`` -- the first table (by name) alone, then
   the others :func:`commit_threads` at a time (independent logs: on object storage the time is
   requests' latency, overlapped by threads; on a local disk it is the commit's Python, which
-  threads only slow down -- one at a time there).
+  threads only slow down -- one at a time there). With ``commitProcesses`` = P > 0 the same steps run in
+  P committer processes, each table always in the same one (:mod:`flinkish_spark.connectors.delta.committers`:
+  the evolution checks, the first table alone, the rest).
 * **Exactly once across tables**: each table's txn makes its commit idempotent on its own. A
   restart commits the decided epoch again: tables whose txn is >= the epoch are skipped (a
   table's txn moves only when the table changes, and epochs commit in order, so a txn at a
@@ -64,7 +66,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from flinkish_spark.connectors.delta import routed_shards
+from flinkish_spark.connectors.delta import committers, routed_shards
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
 from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
@@ -153,8 +155,9 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                  checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL, rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                  target_file_size: int = DEFAULT_TARGET_FILE_SIZE, create_table: bool = True,
                  metadata_io: FileIO | None = None, metadata_dir: str | None = None, compact_every: int = 0,
-                 modes: TableModes = TableModes()) -> None:
+                 modes: TableModes = TableModes(), commit_processes: int = 0) -> None:
         self.io, self.route, self.uid, self.merge_mode = io, route, uid, merge_mode
+        self.commit_processes = commit_processes  # > 0: the tables' commits in committer processes (.committers)
         self.modes = modes
         self.compact_every = compact_every
         self.checkpoint_interval, self.rows_per_file, self.target_file_size = checkpoint_interval, rows_per_file, target_file_size
@@ -201,17 +204,15 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         return routed_shards.merged_tables(tables, self.route, self.modes.of, "Delta")  # one commit per merged target
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
-        pending = []
-        for t in self._tables(committables):
-            schemas = t.schemas()
-            target = self.target(t.table, schemas[-1])
-            state = target.existing_state()
-            if state is not None and state.txn(self.uid) >= epoch:
-                continue  # this table has the epoch (a recovered commit)
-            # Every table's evolution is checked before the first table is written: a change
-            # that cannot be followed ends the query with nothing of the epoch visible.
-            evolution = target.evolution(state, t.steps())
-            pending.append((t, target, (evolution, state is not None)))
+        if self.commit_processes:  # the same order, in committer processes (module .committers)
+            if self.resnapshots is not None:
+                self.resnapshots.forget()  # the committers begin and end them now: a later in-process commit lists them
+            return committers.commit_tables(self, self._tables(committables), epoch,
+                                            lambda: crash_point("sink.between_tables"))
+        committers.close_pool(self.uid)  # committed here now: committers of an earlier commit would hold stale caches
+        # Every table's evolution is checked before the first table is written: a change that
+        # cannot be followed ends the query with nothing of the epoch visible.
+        pending = [p for t in self._tables(committables) if (p := self._pending(t, epoch)) is not None]
         if not pending:
             return "COMMITTED"
         t, target, evolved = pending[0]
@@ -228,6 +229,17 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
             with ThreadPoolExecutor(threads, thread_name_prefix="flinkish-routed") as pool:
                 outcomes = list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending[1:]))
         return next((o for o in outcomes if o != "COMMITTED"), "COMMITTED")
+
+    def _pending(self, t: TableEpoch[RoutedPart], epoch: int
+                 ) -> tuple[TableEpoch[RoutedPart], RoutedDeltaTarget, tuple[Any, bool]] | None:
+        """The table's target, evolution and whether it exists, when it does not hold the epoch yet (None: it does,
+        a recovered commit). Raises :class:`~flinkish_spark.errors.SchemaChangeError` for a change the target
+        cannot follow."""
+        target = self.target(t.table, t.schemas()[-1])
+        state = target.existing_state()
+        if state is not None and state.txn(self.uid) >= epoch:
+            return None
+        return t, target, (target.evolution(state, t.steps()), state is not None)
 
     def _commit_table(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolved: tuple[Any, bool],
                       epoch: int) -> CommitOutcome:
@@ -279,7 +291,14 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
     def cleanup(self, epoch: int, keep: list[RoutedCommittable]) -> None:
         """Per table the decision names, what :meth:`LiveTarget.cleanup_epoch` deletes for one table. Tables no
         decided part names are not listed: the per-epoch cost stays with the tables the epoch changed."""
-        for t in self._tables(keep):
+        tables = self._tables(keep)
+        if self.commit_processes:  # in the processes that committed them: their caches of the tables are warm
+            committers.cleanup_tables(self, tables, epoch)
+            return
+        self._cleanup_tables(tables, epoch)
+
+    def _cleanup_tables(self, tables: list[TableEpoch[RoutedPart]], epoch: int) -> None:
+        for t in tables:
             target = self.target(t.table, t.schemas()[-1])
             target._committed_here = self._committed_here.get(t.table, {})
             target.cleanup_epoch(epoch, {f for k in t.keyed() for f in k.paths()})

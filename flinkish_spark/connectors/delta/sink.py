@@ -48,6 +48,7 @@ from flinkish_spark.connectors.delta.append import commit_append, prepare_append
 from flinkish_spark.connectors.delta.committables import (
     DeltaCommittable, DeltaFile, KeyedCommittable, decode_files, decode_keyed, encode_files, encode_keyed, is_keyed,
 )
+from flinkish_spark.connectors.delta.committers import commit_processes
 from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
 from flinkish_spark.connectors.delta.live import LiveTarget
 from flinkish_spark.connectors.delta.routed import RoutedDeltaSink
@@ -160,6 +161,7 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
 
     KIND = "flinkish.delta"
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = ("partitionBy", "createTable", "checkpointInterval", "compactEvery",
+                                                "commitProcesses",
                                                 "rowsPerFile", "targetFileSize", *KEYED_SINK_OPTIONS, *TABLE_MODE_OPTIONS,
                                                 TRANSFORM_OPTION, *ROUTE_OPTIONS)
 
@@ -172,6 +174,7 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
         elif routing_only := [o for o in ("tableModes", TRACK, TRACK_EXCEPT) if opts.has(o)]:
             raise ConfigError(f"{opts.component}: option '{routing_only[0]}' gives the tables of a routing sink their modes "
                               "('{table}' in 'path'); one table's sink has 'mode' and 'deletes'. Drop it.")
+        self.commit_processes = commit_processes(opts, self.route is not None)
         self.modes = parse_table_modes(opts.get, opts.component) if self.route is not None else TableModes()
         self.transforms = sink_transforms(opts.get, self.route is not None, opts.component, "path")
         raw = opts.get("partitionBy") or ""
@@ -198,7 +201,8 @@ class DeltaSinkDataSource(TwoPhaseCommitDataSource):
             routed = RoutedDeltaSink(self.data_io, self.route, self.uid, self.keyed.merge_mode,
                                      DEFAULT_CHECKPOINT_INTERVAL if self.checkpoint_interval is None else self.checkpoint_interval,
                                      self.rows_per_file, self.target_file_size, self.create_table,
-                                     self.io, self.decision_log().directory, self.compact_every, self.modes)
+                                     self.io, self.decision_log().directory, self.compact_every, self.modes,
+                                     self.commit_processes)
             routed.transforms = self.transforms
             return routed
         missing = [c for c in self.partition_by if c not in schema.fieldNames()]

@@ -80,6 +80,12 @@ class ResnapshotKeys:
     def active(self, target: str) -> bool:
         return target_hash(target) in self._active()
 
+    def forget(self) -> None:
+        """Drop this process's set of the targets under way (listed again when next asked): another process
+        (a committer, :mod:`flinkish_spark.connectors.delta.committers`) may have begun or ended one."""
+        with _LOCK:
+            _ACTIVE.pop(self.root, None)
+
     def step(self, target: str, key: tuple[str, ...], entries: Sequence[pa.Table], begin: bool, end: bool,
              epoch: int) -> pa.Table | None:
         """Remember the epoch's upserted keys; at the end, every key the re-snapshot delivered (None before)."""

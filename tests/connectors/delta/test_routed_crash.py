@@ -33,7 +33,8 @@ MODES = ('[{"tables": "public.a", "mode": "history", "trackHistoryColumns.except
 HISTORY = ("_valid_from", "_valid_to", "_current")
 
 
-def spec(tmp_path: Path) -> dict:
+def spec(tmp_path: Path, commit_processes: int = 0) -> dict:
+    """``commit_processes``: the routed sink's option commitProcesses (0: the tables' commits in the commit worker)."""
     return {
         "source": {"format": "flinkish.sequence", "options": {
             "uid": "seq", "checkpoint": str(tmp_path / "meta"), "rowsPerSplit": ",".join(map(str, LENGTHS)),
@@ -41,7 +42,7 @@ def spec(tmp_path: Path) -> dict:
         "select": stream_sql(),
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "mirror", "path": str(tmp_path / "lake" / "{schema}" / "{table}"), "checkpointInterval": 3,
-            "rowsPerFile": 40, "tableModes": MODES}},
+            "rowsPerFile": 40, "tableModes": MODES, "commitProcesses": str(commit_processes)}},
         "master": "local[2,4]",
     }
 
@@ -66,15 +67,17 @@ def test_routed_delta_survives_kills_between_and_inside_the_tables_commits(run_p
     assert (txn("a"), txn("b")) == (1, 0)  # one table has the epoch, the other not yet
 
     # The restart commits public.b's share of epoch 1 (public.a's is not applied again), then
-    # is killed inside a later table commit, before its version.
-    run = run_pipeline(spec(tmp_path), crash_at="delta.keyed.before_version:3")
+    # is killed inside a later table commit, before its version -- this run and the last one with two
+    # committer processes (commitProcesses): the kill is in a committer, whose crash point kills the
+    # whole driver's process group, the committers with it.
+    run = run_pipeline(spec(tmp_path, 2), crash_at="delta.keyed.before_version:3")
     assert run.killed, f"no kill: {run.output[-3000:]}"
     assert txn("b") >= 1
 
     run = run_pipeline(spec(tmp_path), crash_at="sink.after_decision:2")
     assert run.killed, f"no kill: {run.output[-3000:]}"
 
-    last = run_pipeline(spec(tmp_path))
+    last = run_pipeline(spec(tmp_path, 2))
     assert last.returncode == 0, last.output[-3000:]
     a = deltalake.DeltaTable(str(lake / "a"))
     b = deltalake.DeltaTable(str(lake / "b"))

@@ -32,6 +32,9 @@ def source(tmp_path: Path, **options: str) -> DeltaSinkDataSource:
     ({"trackHistoryColumns": "v"}, r"option trackHistoryColumns is for mode 'history'"),
     ({"path": "{schema}/{table}"}, r"needs a folder before its first placeholder"),
     ({"path": "/lake/{db}/{table}"}, r"a placeholder other than \{schema\} and \{table\}"),
+    ({"commitProcesses": "65"}, r"'commitProcesses' must be a whole number from 0 .* to 64, got '65'"),
+    ({"commitProcesses": "-1"}, r"'commitProcesses' must be a whole number from 0 .* to 64, got '-1'"),
+    ({"commitProcesses": "two"}, r"'commitProcesses' must be a whole number from 0 .* to 64, got 'two'"),
 ])
 def test_options_routing_refuses(tmp_path: Path, options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -40,9 +43,10 @@ def test_options_routing_refuses(tmp_path: Path, options: dict, message: str) ->
 
 
 def test_routing_takes_only_the_multi_table_stream(tmp_path: Path) -> None:
-    ds = source(tmp_path, mergeMode="copyOnWrite", compactEvery="4")
+    ds = source(tmp_path, mergeMode="copyOnWrite", compactEvery="4", commitProcesses="3")
     sink = ds.sink(STREAM)
-    assert isinstance(sink, RoutedDeltaSink) and sink.merge_mode == "copyOnWrite"
+    assert isinstance(sink, RoutedDeltaSink) and sink.merge_mode == "copyOnWrite" and sink.commit_processes == 3
+    assert source(tmp_path).sink(STREAM).commit_processes == 0  # default: the commit worker's threads
     assert sink.target("public.t", table_schema("public.t", [("id", "int")], ("id",))).compact_every == 4  # each table compacts
     plain = StructType([StructField("id", LongType()), StructField("v", StringType())])
     with pytest.raises(ConfigError, match=r"multi-table stream.*writes id, v"):
@@ -60,6 +64,9 @@ def test_mode_deletes_and_table_modes_give_each_routed_table_its_shape(tmp_path:
     with pytest.raises(ConfigError, match=r"'tableModes' gives the tables of a routing sink their modes"):
         DeltaSinkDataSource({"uid": "m", "checkpoint": str(tmp_path / "meta"), "path": str(tmp_path / "one"),
                              "mode": "upsert", "tableModes": "[]"})
+    with pytest.raises(ConfigError, match=r"'commitProcesses' spreads the commits of a routing sink's tables"):
+        DeltaSinkDataSource({"uid": "m", "checkpoint": str(tmp_path / "meta"), "path": str(tmp_path / "one"),
+                             "commitProcesses": "2"})
 
 
 def test_a_one_table_sink_refuses_the_tracked_columns_of_a_routing_sink(tmp_path: Path) -> None:
