@@ -125,7 +125,7 @@ def paced_round(spark: Any, url: str, dirs: tuple[str, str, str], n: int, p: int
                   "prepare_ms_per_table": round(1000 * timers["prepare_s"] / versions, 2),
                   "commit_ms_per_table": round(1000 * timers["commit_s"] / versions, 2)}
                  if args.timers and versions else {})
-    return {**per_table, "parallelism": p, "load": load, "load_end": os.getloadavg(), "rate_asked": rate_for(args, n),
+    return {**per_table, "parallelism": p, "commit_processes": COMMIT_PROCESSES.get(p, 0), "load": load, "load_end": os.getloadavg(), "rate_asked": rate_for(args, n),
             "sync_commit": args.sync_commit,
             "rate_reached": round(changes / (t1 - t0)), "seconds": round(t1 - t0, 1), "changes": changes,
             "lag_samples": len(lags), "lag_ms_p50": round(1000 * percentile([x for x, _ in lags], 0.5)),
@@ -153,9 +153,16 @@ def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int,
     if max_rows is not None:
         reader = reader.option("maxRowsPerTrigger", str(max_rows))
     df = reader.load()
-    return (spread_tables(df, parallelism).writeStream.format("flinkish.delta").option("uid", "lake")
-            .option("checkpoint", meta).option("path", os.path.join(lake, "{schema}", "{table}"))
-            .option("checkpointLocation", cp).trigger(processingTime=f"{trigger} seconds").start())
+    writer = (spread_tables(df, parallelism).writeStream.format("flinkish.delta").option("uid", "lake")
+              .option("checkpoint", meta).option("path", os.path.join(lake, "{schema}", "{table}")))
+    if COMMIT_PROCESSES.get(parallelism):
+        writer = writer.option("commitProcesses", str(COMMIT_PROCESSES[parallelism]))
+    return writer.option("checkpointLocation", cp).trigger(processingTime=f"{trigger} seconds").start()
+
+
+#: ``--commit-processes``: the sink's commitProcesses for the rounds of a parallelism ("2:2": rounds with 2 tasks
+#: commit in 2 committer processes; the others in the driver's commit worker).
+COMMIT_PROCESSES: dict[int, int] = {}
 
 
 def timers_between(path: str, lo: float, hi: float) -> dict[str, float]:
@@ -258,7 +265,7 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
         # tables changed = the Delta versions written in the round (one per changed table and epoch)
         logs = glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", "*.json"))
         tables_changed = sum(1 for f in logs if lo <= os.path.getmtime(f) <= hi + 1)
-        r = {"round": i, "parallelism": p, "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
+        r = {"round": i, "parallelism": p, "commit_processes": COMMIT_PROCESSES.get(p, 0), "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
              "rows": changes, "seconds": round(hi - lo, 1), "throughput": round(changes / (hi - lo)),
              "tables_changed": tables_changed,
              "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5)),
@@ -281,6 +288,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tables", default="1000")
     ap.add_argument("--rounds", default="1,2,1,2", help="the parallelism of each round, in order")
+    ap.add_argument("--commit-processes", default="", help="parallelism:commitProcesses,... (e.g. 2:2)")
     ap.add_argument("--txns", type=int, default=10000, help="transactions per round's backlog")
     ap.add_argument("--per-txn", type=int, default=3, help="tables changed per transaction")
     ap.add_argument("--rows", type=int, default=20, help="rows per table")
@@ -296,6 +304,7 @@ def main() -> None:
     ap.add_argument("--writer-repeats", type=int, default=2)
     ap.add_argument("--name", default="mirror_scaleout", help="results/<name>.json")
     args = ap.parse_args()
+    COMMIT_PROCESSES.update({int(a): int(b) for a, b in (x.split(":") for x in args.commit_processes.split(",") if x)})
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if args.timers:  # before the JVM starts: Spark's Python workers inherit the environment
         os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "timers"), os.environ.get("PYTHONPATH", "")])
