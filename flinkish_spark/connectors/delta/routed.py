@@ -97,7 +97,7 @@ ROUTED_MAGIC = b"FRD1"
 COMMIT_THREADS = 8
 #: ... and on a local file system: a commit there is Python work plus two fsyncs of well under a millisecond,
 #: and 8 threads fighting over the GIL made it 1.3-1.45x slower than one thread on an idle 2-core machine
-#: (docs/benchmarks.md, "The routed commit's threads on a local disk").
+#: (docs/benchmarks.md, "The commit per table on a local disk, and committer processes").
 LOCAL_COMMIT_THREADS = 1
 
 
