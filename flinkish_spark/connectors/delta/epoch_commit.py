@@ -226,6 +226,8 @@ class EpochCommit:
         next epoch's lookup: :meth:`KeyLookup.seed`). A file never named (a lost attempt) only takes cache room."""
         plan = self.sink.plan
         assert plan is not None
+        if plan.live_column is not None:
+            return  # history: the index depends on the rows' _current too (KeyLookup.seed keeps none)
         lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
         for index, c in enumerate(self.committables):
             ends = [start + f.rows for start, f in zip(c.starts, c.files)]
