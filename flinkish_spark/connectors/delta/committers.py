@@ -50,7 +50,6 @@ import threading
 import time
 import traceback
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -181,18 +180,7 @@ def serve(conn: Any, sink: RoutedDeltaSink) -> None:
 
 
 def _commit(sink: RoutedDeltaSink, items: list[Any], epoch: int) -> Committed:
-    from flinkish_spark.connectors.delta.routed import commit_threads
-
-    def one(item: Any) -> tuple[str, CommitOutcome]:
-        return item[0].table, sink._commit_table(item[0], item[1], item[2], epoch)
-
-    threads = min(commit_threads(sink.io), len(items))
-    if threads <= 1:
-        results = [one(item) for item in items]
-    else:  # as the in-process commit: on object storage the time of a table is mostly requests' latency
-        with ThreadPoolExecutor(threads, thread_name_prefix="flinkish-routed") as pool:
-            results = list(pool.map(one, items))
-    outcomes = dict(results)
+    outcomes = dict(zip((item[0].table for item in items), sink._commit_tables(items, epoch)))
     here = {n: sink._committed_here[n] for n, o in outcomes.items() if o == "COMMITTED" and n in sink._committed_here}
     return Committed(outcomes, here)
 

@@ -220,15 +220,19 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         if outcome != "COMMITTED" or len(pending) == 1:
             return outcome
         crash_point("sink.between_tables")  # the first table has the epoch, the others not yet
-        # The other tables, several at once on object storage: each table's version is independent (its own
-        # log, its own txn) and its time there is waiting on requests; on a local disk one after another.
-        threads = min(commit_threads(self.io), len(pending) - 1)
-        if threads == 1:
-            outcomes = [self._commit_table(t, target, evolved, epoch) for t, target, evolved in pending[1:]]
-        else:
-            with ThreadPoolExecutor(threads, thread_name_prefix="flinkish-routed") as pool:
-                outcomes = list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending[1:]))
+        outcomes = self._commit_tables(pending[1:], epoch)
         return next((o for o in outcomes if o != "COMMITTED"), "COMMITTED")
+
+    def _commit_tables(self, pending: list[tuple[TableEpoch[RoutedPart], RoutedDeltaTarget, tuple[Any, bool]]],
+                       epoch: int) -> list[CommitOutcome]:
+        """:meth:`_commit_table` of each (in order), several at once on object storage: each table's version is
+        independent (its own log, its own txn) and its time there is waiting on requests; on a local disk one
+        after another. Here and in each committer process (:mod:`.committers`)."""
+        threads = min(commit_threads(self.io), len(pending))
+        if threads <= 1:
+            return [self._commit_table(t, target, evolved, epoch) for t, target, evolved in pending]
+        with ThreadPoolExecutor(threads, thread_name_prefix="flinkish-routed") as pool:
+            return list(pool.map(lambda p: self._commit_table(p[0], p[1], p[2], epoch), pending))
 
     def _pending(self, t: TableEpoch[RoutedPart], epoch: int
                  ) -> tuple[TableEpoch[RoutedPart], RoutedDeltaTarget, tuple[Any, bool]] | None:
