@@ -18,7 +18,7 @@ import functools
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -228,16 +228,23 @@ class EpochCommit:
         assert plan is not None
         if plan.live_column is not None:
             return  # history: the index depends on the rows' _current too (KeyLookup.seed keeps none)
-        lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
         for index, c in enumerate(self.committables):
             ends = [start + f.rows for start, f in zip(c.starts, c.files)]
             if not c.files or c.starts[0] != 0 or list(c.starts[1:]) != ends[:-1]:
                 continue  # not the files' rows one after another (as :meth:`KeyedCommittable.locate` reads them)
             keys = self.changes.written_keys(index, ends[-1])
-            if keys is None:
-                continue
-            for f, start in zip(c.files, c.starts):
-                lookup.seed(self._url(f.path), f.size, keys.slice(start, f.rows))
+            if keys is not None:
+                self._seed(c.files, c.starts, keys)
+
+    def _seed(self, files: Sequence[DeltaFile], starts: Sequence[int], keys: pa.Table) -> None:
+        """:meth:`KeyLookup.seed` of each file, whose rows' keys are ``keys`` from its start on."""
+        plan = self.sink.plan
+        assert plan is not None
+        if plan.live_column is not None:
+            return
+        lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
+        for f, start in zip(files, starts):
+            lookup.seed(self._url(f.path), f.size, keys.slice(start, f.rows))
 
     def _write_driver_file(self, table: pa.Table, stem: str) -> None:
         written, _ = write_grouped(self.sink.io, self.folder, table, lambda i: f"{stem}-{i:04d}.parquet",
@@ -262,12 +269,11 @@ class EpochCommit:
         table = table.sort_by([(k, "ascending") for k in plan.key])
         written, order = write_grouped(self.sink.io, self.folder, table, lambda i: f"driver-copy-{i:04d}.parquet",
                                        self.sink.partition_by, self.sink.rows_per_file, self.sink.target_file_size)
-        keys = table.select(list(plan.key))
-        keys = keys if order is None else keys.take(pa.array(order))
-        lookup = KeyLookup(self.sink.io, plan.key, plan.live_column)
-        for f, (_, first) in zip(delta_files(self.sink.io, self.sink.path, [w for w, _ in written]), written):
+        files = delta_files(self.sink.io, self.sink.path, [w for w, _ in written])
+        for f in files:
             self._add_new(f, None)
-            lookup.seed(self._url(f.path), f.size, keys.slice(first, f.rows))  # as the tasks' files (below)
+        keys = table.select(list(plan.key))
+        self._seed(files, [first for _, first in written], keys if order is None else keys.take(pa.array(order)))
         return table.num_rows
 
     def _table_deletes(self, apply: Apply) -> int:
