@@ -143,12 +143,10 @@ def _block_events(conn: Any, trailer: int) -> Iterator[bytes]:
     buf, pos, n = b"", 0, 0
     while True:
         if n - pos < 4:
-            buf, pos = more(conn, rfile, buf[pos:], 4), 0
-            n = len(buf)
+            buf, pos, n = _refill(conn, rfile, buf, pos, 4)
         size = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
         if n - pos < 4 + size:
-            buf, pos = more(conn, rfile, buf[pos:], 4 + size), 0
-            n = len(buf)
+            buf, pos, n = _refill(conn, rfile, buf, pos, 4 + size)
         if buf[pos + 3] != seq:
             _check_seq(conn, buf[pos + 3], seq)
         seq = (seq + 1) & 255
@@ -157,12 +155,10 @@ def _block_events(conn: Any, trailer: int) -> Iterator[bytes]:
             parts = [buf[start:pos]]
             while size == _MAX_PACKET:
                 if n - pos < 4:
-                    buf, pos = more(conn, rfile, buf[pos:], 4), 0
-                    n = len(buf)
+                    buf, pos, n = _refill(conn, rfile, buf, pos, 4)
                 size = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
                 if n - pos < 4 + size:
-                    buf, pos = more(conn, rfile, buf[pos:], 4 + size), 0
-                    n = len(buf)
+                    buf, pos, n = _refill(conn, rfile, buf, pos, 4 + size)
                 seq = _check_seq(conn, buf[pos + 3], seq)
                 parts.append(buf[pos + 4:pos + 4 + size])
                 pos += 4 + size
@@ -179,6 +175,12 @@ def _block_events(conn: Any, trailer: int) -> Iterator[bytes]:
             _check_end(conn, buf[start:pos])
             return  # EOF: the end of the log
         yield buf[start + 1:pos - trailer]
+
+
+def _refill(conn: Any, rfile: Any, buf: bytes, pos: int, need: int) -> tuple[bytes, int, int]:
+    """``buf`` from ``pos`` on and what the socket has after it, at least ``need`` bytes: (buffer, 0, its length)."""
+    joined = more(conn, rfile, buf[pos:], need)
+    return joined, 0, len(joined)
 
 
 def _check_seq(conn: Any, number: int, seq: int) -> int:
