@@ -47,6 +47,7 @@ from flinkish_spark.errors import (
     StorageAccessError,
     StorageUnavailableError,
 )
+from flinkish_spark.io import local_disk
 
 T = TypeVar("T")
 
@@ -314,15 +315,17 @@ class FileIO:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def write_exclusive(self, path: str, data: bytes) -> None:
-        """Create ``path`` with ``data``; raise AlreadyExistsError if it exists (put-if-absent)."""
+    def write_exclusive(self, path: str, data: bytes, sync_folder: bool = True) -> None:
+        """Create ``path`` with ``data``; raise AlreadyExistsError if it exists (put-if-absent). On a local disk the
+        data is fsynced before the name appears; ``sync_folder`` False leaves the folder's fsync (the name's
+        durability after a machine crash) to the caller: :mod:`flinkish_spark.io.local_disk`."""
         stripped = self.strip(path)
         attempt = 0
         while True:
             attempt += 1
             try:
                 if self.protocol in ("file", "local"):
-                    _local_exclusive_write(stripped, data)
+                    local_disk.create_exclusive(stripped, data, sync_folder)
                 else:
                     self._call("writing", path, lambda: self.fs.pipe_file(stripped, data, mode="create"), idempotent=False)
                 return
@@ -338,6 +341,23 @@ class FileIO:
                     raise
                 time.sleep(0.2 * attempt)
 
+    def stage_exclusive(self, path: str, data: bytes) -> str:
+        """A local disk's put-if-absent in two steps, for many files behind one sync: ``data`` in a hidden
+        temporary file beside ``path``, *not* fsynced -- the caller syncs the file system (:mod:`.local_disk`)
+        before :meth:`publish_staged`, so that the name never appears before its bytes are durable. Returns
+        the temporary file's name."""
+        assert self.protocol in ("file", "local"), "staged writes are for a local disk"
+        stripped = self.strip(path)
+        return self._call("writing", path, lambda: local_disk.stage_file(stripped, data, durable=False), idempotent=False)
+
+    def publish_staged(self, staged: str, path: str) -> None:
+        """The second step of :meth:`stage_exclusive`: ``staged`` linked to ``path`` (AlreadyExistsError when
+        ``path`` exists) and removed either way; the folder is not fsynced (the caller syncs the file system)."""
+        try:
+            local_disk.publish_staged(staged, self.strip(path), sync_folder=False)
+        except FileExistsError:
+            raise AlreadyExistsError(f"{path!r} already exists") from None
+
     def _stored_equals(self, path: str, data: bytes) -> bool:
         try:
             return self.read_bytes(path) == data
@@ -350,7 +370,7 @@ class FileIO:
         stripped = self.strip(path)
         if self.protocol in ("file", "local"):
             os.makedirs(os.path.dirname(stripped) or ".", exist_ok=True)
-            # hidden, as _local_exclusive_write's: a listing of the folder never sees a name with the file's prefix
+            # hidden, as local_disk.create_exclusive's: a listing of the folder never sees a name with the file's prefix
             # that vanishes a moment later (a reader taking the newest "v..." would read a half-written file)
             tmp = os.path.join(os.path.dirname(stripped), f".{os.path.basename(stripped)}.tmp-{uuid.uuid4().hex}")
             with open(tmp, "wb") as f:
@@ -515,25 +535,6 @@ def _shared_filesystem(protocol: str, storage_options: Mapping[str, Any]) -> Any
             fs = fsspec.filesystem(protocol, **options)
             _FS_CACHE[key] = fs
         return fs
-
-
-def _local_exclusive_write(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.link(tmp, path)  # atomic, fails with EEXIST when another writer got there first
-    finally:
-        os.unlink(tmp)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _is_transient(exc: BaseException) -> bool:

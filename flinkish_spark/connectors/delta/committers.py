@@ -13,7 +13,7 @@ spread over P long-lived processes beside the driver's commit worker (issue 26).
   :class:`~flinkish_spark.errors.SchemaChangeError` (or any error) of any table ends the epoch before any table
   is written; (2) the first pending table (by name) alone, in its process, then the parent's crash point
   ``sink.between_tables``; (3) the other tables, every process at once (each with up to
-  :func:`~flinkish_spark.connectors.delta.routed.commit_threads` threads: one on a local disk). The parent returns only when every
+  :meth:`~flinkish_spark.connectors.delta.routed.RoutedDeltaSink._commit_tables`: on a local disk staged behind one sync). The parent returns only when every
   table's outcome is in: the decision's ``.done`` marker follows every table, and epoch e + 1's commit starts only
   after e is in every table. The epoch's cleanup (files no version names) runs in the same processes, after
   ``.done``: it reads each table's head and live files, which those processes keep warm. Each table's version carries ``txn(appId = uid, version = epoch)``: a restart's

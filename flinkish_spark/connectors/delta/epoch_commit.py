@@ -119,7 +119,9 @@ class EpochCommit:
     def _url(self, rel: str) -> str:
         return rel if "://" in rel or rel.startswith("/") else self.sink.url(rel)
 
-    def build(self) -> Built:
+    def build(self, durable_files: bool = True) -> Built:
+        """``durable_files`` False: the deletion vector file is not fsynced (the caller syncs the file system before
+        the version is linked: :mod:`~flinkish_spark.connectors.delta.version_writes`)."""
         plan = self.sink.plan
         assert plan is not None
         self.actions.extend(self.extra.before)
@@ -160,7 +162,7 @@ class EpochCommit:
         added += self._new_files(apply)
         self._seed_key_indexes()
         if not self.dvs.empty:
-            self.sink.io.write_bytes(self.sink.url(self.dvs.relative_path), self.dvs.bytes())
+            self.sink.io.write_bytes(self.sink.url(self.dvs.relative_path), self.dvs.bytes(), durable=durable_files)
         crash_point("delta.keyed.before_version")
         info = {"flinkish.uid": self.sink.uid, "flinkish.epoch": self.epoch, "flinkish.mode": plan.mode,
                 "operationMetrics": {"numTargetRowsAdded": added, "numTargetRowsDeleted": deleted,

@@ -53,6 +53,7 @@ from flinkish_spark.connectors.delta.live import forget_state, remember_dv, tabl
 from flinkish_spark.connectors.delta.log import StaleHead, TableChanged, VersionTaken, stored_files
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DATA_PREFIX, DeltaTarget
+from flinkish_spark.connectors.delta.version_writes import Steps, VersionWrite, write_now
 from flinkish_spark.connectors.lakehouse.changes import check_rows
 from flinkish_spark.connectors.lakehouse.entries_file import SUFFIX, store_entries
 from flinkish_spark.connectors.lakehouse.files import epoch_dir, write_grouped
@@ -102,6 +103,14 @@ def prepare_keyed(sink: DeltaTarget, batches: Iterator[pa.RecordBatch], ctx: Pre
 def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch: int,
                  extra: Callable[[DeltaState], EpochExtra] | None = None) -> CommitOutcome:
     """``extra``: computed against each attempt's state (routing: a new schema, a truncate, a re-snapshot's end)."""
+    return write_now(keyed_steps(sink, committables, epoch, extra), sink.sync_version_folder)
+
+
+def keyed_steps(sink: DeltaTarget, committables: list[KeyedCommittable], epoch: int,
+                extra: Callable[[DeltaState], EpochExtra] | None = None, staged: bool = False) -> Steps:
+    """The keyed commit, yielding its version where it is written (:mod:`.version_writes`: at once, or staged
+    with other tables' behind one sync of the file system -- ``staged``: then the files the commit writes
+    itself, its deletion vectors, need no fsync of their own)."""
     plan = sink.plan
     assert plan is not None
     changes = None
@@ -121,14 +130,14 @@ def commit_keyed(sink: DeltaTarget, committables: list[KeyedCommittable], epoch:
             except StorageUnavailableError:
                 return "RETRY_LATER"
         more = extra(state) if extra is not None else None
-        built = EpochCommit(sink, state, changes, committables, epoch, more).build()
+        built = EpochCommit(sink, state, changes, committables, epoch, more).build(durable_files=not staged)
         version = state.version + 1
         try:
             passed = sink.log().behind_checkpoint(version, sink.log().last_checkpoint())
             if passed is not None:
                 state.apply(version, passed)  # a version we had not seen: read again and redo
                 continue
-            sink.log().write_version(version, built.payload)
+            yield VersionWrite(sink.log(), version, built.payload)
         except VersionTaken:
             continue  # another writer's commit: read it, then look the keys up again
         except (StaleHead, TableChanged):

@@ -233,14 +233,15 @@ class DeltaLog:
             raise StaleHead(f"{self.root}: version {version} is behind checkpoint {checkpoint} and gone")
         return passed
 
-    def write_version(self, version: int, payload: bytes) -> None:
-        """Put-if-absent of one commit file; VersionTaken when another writer has that version.
+    def write_version(self, version: int, payload: bytes, sync_folder: bool = True) -> None:
+        """Put-if-absent of one commit file; VersionTaken when another writer has that version. ``sync_folder``
+        False: on a local disk the caller makes the name durable (:mod:`flinkish_spark.io.local_disk`).
 
         A put whose answer was lost but that landed is recognised by FileIO.write_exclusive
         (the stored bytes are ours) and counts as written.
         """
         try:
-            self.io.write_exclusive(self.commit_url(version), payload)
+            self.io.write_exclusive(self.commit_url(version), payload, sync_folder)
         except AlreadyExistsError:
             raise VersionTaken(version) from None
 

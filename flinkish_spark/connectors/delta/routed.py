@@ -13,9 +13,10 @@
   Delta version per table: an evolved schema's ``metaData`` action, the keyed commit's actions
   (a truncate removes every live file first; a re-snapshot's end deletes the rows it did not
   deliver) and ``txn(appId = uid, version = epoch)`` -- the first table (by name) alone, then
-  the others :func:`commit_threads` at a time (independent logs: on object storage the time is
-  requests' latency, overlapped by threads; on a local disk it is the commit's Python, which
-  threads only slow down -- one at a time there). With ``commitProcesses`` = P > 0 the same steps run in
+  the others: on object storage :data:`COMMIT_THREADS` at a time (independent logs: the time is
+  requests' latency, overlapped by threads); on a local disk one after another, their versions staged
+  behind one sync of the file system (:mod:`.version_writes`; the epoch's files are durable before any
+  version names them, every version before ``.done``: :mod:`flinkish_spark.io.local_disk`). With ``commitProcesses`` = P > 0 the same steps run in
   P committer processes, each table always in the same one (:mod:`flinkish_spark.connectors.delta.committers`:
   the evolution checks, the first table alone, the rest).
 * **Exactly once across tables**: each table's txn makes its commit idempotent on its own. A
@@ -70,10 +71,11 @@ from flinkish_spark.connectors.delta import committers, routed_shards
 from flinkish_spark.connectors.delta.committables import KeyedCommittable, decode_keyed, encode_keyed
 from flinkish_spark.connectors.delta.epoch_commit import EpochExtra
 from flinkish_spark.connectors.delta.evolve import RoutedDeltaTarget, schema_actions
-from flinkish_spark.connectors.delta.keyed import commit_keyed, prepare_keyed
+from flinkish_spark.connectors.delta.keyed import keyed_steps, prepare_keyed
 from flinkish_spark.connectors.delta.resnapshot import Resnapshots
 from flinkish_spark.connectors.delta.state import DeltaState
 from flinkish_spark.connectors.delta.table import DEFAULT_CHECKPOINT_INTERVAL, DeltaTarget
+from flinkish_spark.connectors.delta.version_writes import Steps, write_now, write_staged
 from flinkish_spark.connectors.lakehouse.changes import COMMIT_TS, LSN, OP, UNCHANGED, MergeMode
 from flinkish_spark.connectors.lakehouse.files import DEFAULT_ROWS_PER_FILE, DEFAULT_TARGET_FILE_SIZE
 from flinkish_spark.connectors.lakehouse.figures import Figures, epoch_figures
@@ -88,6 +90,7 @@ from flinkish_spark.connectors.lakehouse.transform.rules import Transforms
 from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.faults import crash_point
 from flinkish_spark.io.fileio import FileIO
+from flinkish_spark.io.local_disk import sync_file_systems
 from flinkish_spark.sink.protocol import CommitOutcome, PrepareContext, TwoPhaseCommitSink
 
 log = logging.getLogger(__name__)
@@ -95,15 +98,14 @@ log = logging.getLogger(__name__)
 ROUTED_MAGIC = b"FRD1"
 #: Tables of one epoch committed at once on object storage (after the first one, see :meth:`RoutedDeltaSink.commit`).
 COMMIT_THREADS = 8
-#: ... and on a local file system: a commit there is Python work plus two fsyncs of well under a millisecond,
-#: and 8 threads fighting over the GIL made it 1.3-1.45x slower than one thread on an idle 2-core machine
-#: (docs/benchmarks.md, "The commit per table on a local disk, and committer processes").
-LOCAL_COMMIT_THREADS = 1
 
 
-def commit_threads(io: FileIO) -> int:
-    """How many of an epoch's tables are committed at once into storage ``io``."""
-    return LOCAL_COMMIT_THREADS if io.protocol in ("file", "local") else COMMIT_THREADS
+def staged_writes(io: FileIO) -> bool:
+    """Whether an epoch's tables (after the first) have their versions staged behind one sync of the file system
+    (:func:`~.version_writes.write_staged`: a local disk, where a table's commit is Python work plus fsyncs that
+    queue behind one journal -- threads only slowed it down, 1.3-1.45x with 8 on an idle 2-core machine), or are
+    committed :data:`COMMIT_THREADS` at a time (object storage: a table's time is requests' latency)."""
+    return io.protocol in ("file", "local")
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
                                    self.checkpoint_interval, self.compact_every, self.rows_per_file,
                                    self.target_file_size, source_table=routed_shards.label(self.route, table), mode=mode)
         target.checkpoint_offset = checkpoint_offset(target.path, self.checkpoint_interval)
+        target.sync_version_folder = False  # commit() syncs the file system once per epoch instead
         if self.compact_every:  # counted in the table's versions, at its own offset (module docstring)
             target.compact_offset = checkpoint_offset(target.path, self.compact_every)
         return target
@@ -204,15 +207,27 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         return routed_shards.merged_tables(tables, self.route, self.modes.of, "Delta")  # one commit per merged target
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
+        tables = self._tables(committables)
+        if self.io.protocol not in ("file", "local"):
+            return self._commit_epoch(tables, epoch)
+        # A local disk: one sync of the file system before the first version (the tasks' files are durable before a
+        # version names them) and one after the last (every version before .done), instead of a folder fsync per
+        # version: io.local_disk has the argument. Committer processes write to the same page cache.
+        paths = [self.io.strip(self.route.target(t.table)) for t in tables]
+        sync_file_systems(paths, folders_too=False)
+        outcome = self._commit_epoch(tables, epoch)
+        sync_file_systems(f"{p}/_delta_log" for p in paths)
+        return outcome
+
+    def _commit_epoch(self, tables: list[TableEpoch[RoutedPart]], epoch: int) -> CommitOutcome:
         if self.commit_processes:  # the same order, in committer processes (module .committers)
             if self.resnapshots is not None:
                 self.resnapshots.forget()  # the committers begin and end them now: a later in-process commit lists them
-            return committers.commit_tables(self, self._tables(committables), epoch,
-                                            lambda: crash_point("sink.between_tables"))
+            return committers.commit_tables(self, tables, epoch, lambda: crash_point("sink.between_tables"))
         committers.close_pool(self.uid)  # committed here now: committers of an earlier commit would hold stale caches
         # Every table's evolution is checked before the first table is written: a change that
         # cannot be followed ends the query with nothing of the epoch visible.
-        pending = [p for t in self._tables(committables) if (p := self._pending(t, epoch)) is not None]
+        pending = [p for t in tables if (p := self._pending(t, epoch)) is not None]
         if not pending:
             return "COMMITTED"
         t, target, evolved = pending[0]
@@ -225,10 +240,14 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def _commit_tables(self, pending: list[tuple[TableEpoch[RoutedPart], RoutedDeltaTarget, tuple[Any, bool]]],
                        epoch: int) -> list[CommitOutcome]:
-        """:meth:`_commit_table` of each (in order), several at once on object storage: each table's version is
-        independent (its own log, its own txn) and its time there is waiting on requests; on a local disk one
-        after another. Here and in each committer process (:mod:`.committers`)."""
-        threads = min(commit_threads(self.io), len(pending))
+        """:meth:`_commit_table` of each (in order): on a local disk one after another, their versions staged behind
+        one sync of the file system (:func:`~.version_writes.write_staged`); on object storage several at once --
+        each table's version is independent (its own log, its own txn) and its time there is waiting on requests.
+        Here and in each committer process (:mod:`.committers`)."""
+        if staged_writes(self.io):
+            return write_staged([self._table_steps(t, target, evolved, epoch, staged=True)
+                                 for t, target, evolved in pending], self.io)
+        threads = min(COMMIT_THREADS, len(pending))
         if threads <= 1:
             return [self._commit_table(t, target, evolved, epoch) for t, target, evolved in pending]
         with ThreadPoolExecutor(threads, thread_name_prefix="flinkish-routed") as pool:
@@ -247,9 +266,15 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def _commit_table(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolved: tuple[Any, bool],
                       epoch: int) -> CommitOutcome:
+        return write_now(self._table_steps(t, target, evolved, epoch), target.sync_version_folder)
+
+    def _table_steps(self, t: TableEpoch[RoutedPart], target: RoutedDeltaTarget, evolved: tuple[Any, bool],
+                     epoch: int, staged: bool = False) -> Steps:
+        """One table's commit, yielding its version where it is written (:mod:`.version_writes`)."""
         evolution, exists = evolved
         created = target.ensure_created(evolution, self.create_table, exists)
-        outcome = commit_keyed(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch))
+        outcome = yield from keyed_steps(target, t.keyed(), epoch, self._extra(t, target, evolution, created, epoch),
+                                         staged)
         if outcome not in ("COMMITTED", "ALREADY_COMMITTED"):
             return outcome
         self._committed_here[t.table] = target._committed_here  # the files its version named: cleanup spares them

@@ -110,6 +110,9 @@ class DeltaTarget:
         self.storage_options = delta_storage_options(io.storage_options) if io.protocol == "s3" else {}
         # The epoch this object last made visible, with the files its commit named (cleanup spares them).
         self._committed_here: dict[int, frozenset[str]] = {}
+        # False: the keyed commit's version file is not followed by an fsync of its folder -- the sink syncs
+        # the file system once per epoch before the epoch is done (a routed sink on a local disk: io.local_disk).
+        self.sync_version_folder = True
 
     def checkpoint_due(self, version: int) -> bool:
         """Whether ``version`` gets a checkpoint: every ``checkpoint_interval`` versions, at the target's offset."""

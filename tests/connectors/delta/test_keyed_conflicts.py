@@ -41,8 +41,8 @@ def interleave(monkeypatch: pytest.MonkeyPatch, concurrent, uid: str = "a") -> l
     builds = []
     original = keyed.EpochCommit.build
 
-    def build(self):
-        built = original(self)
+    def build(self, **kwargs):
+        built = original(self, **kwargs)
         if self.sink.uid != uid:
             return built
         builds.append(self.state.version)
@@ -97,8 +97,8 @@ def test_a_commit_whose_answer_was_lost_is_found_again(tmp_path: Path, monkeypat
         model.apply(epochs[epoch])
     original = DeltaLog.write_version
 
-    def lost(self, version, payload):
-        original(self, version, payload)
+    def lost(self, version, payload, *args):
+        original(self, version, payload, *args)
         raise StorageUnavailableError("the answer was lost")
 
     monkeypatch.setattr(DeltaLog, "write_version", lost)
@@ -129,11 +129,11 @@ def test_the_sinks_compaction_is_abandoned_when_another_writer_changes_its_files
     write_version = DeltaLog.write_version
     raced = []
 
-    def racing(self, version, payload):
+    def racing(self, version, payload, *args):
         if b'"operation":"OPTIMIZE"' in payload and not raced:
             raced.append(version)
             assert run_epoch(b, 0, theirs) == "COMMITTED"  # after a's epoch: applied to the model after it
-        return write_version(self, version, payload)
+        return write_version(self, version, payload, *args)
 
     monkeypatch.setattr(DeltaLog, "write_version", racing)
     for epoch in range(6):

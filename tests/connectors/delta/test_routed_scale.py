@@ -64,11 +64,11 @@ def test_an_epoch_changing_one_table_writes_the_same_metadata_for_2_and_40_mirro
         assert any(p.startswith("meta/sinks/m/decisions/") for p in written)
 
 
-@pytest.mark.parametrize("threads", [1, 8], ids=["one-at-a-time", "threads"])
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "threads"])
 def test_an_epoch_changing_many_tables_commits_each_once_also_after_a_crash_after_the_first(tmp_path: Path, monkeypatch,
-                                                                                             threads: int) -> None:
-    """The tables after the first are committed one after another (a local disk) or several at once
-    (object storage: routed.commit_threads): every one gets the epoch's rows in one version, and a
+                                                                                             staged: bool) -> None:
+    """The tables after the first have their versions staged behind one sync (a local disk) or are committed
+    several at once (object storage: routed.staged_writes): every one gets the epoch's rows in one version, and a
     restart after a crash past the first table commits the others and leaves the first as it was."""
     import deltalake
     import pyarrow as pa
@@ -94,7 +94,7 @@ def test_an_epoch_changing_many_tables_commits_each_once_also_after_a_crash_afte
             raise SystemExit("killed")  # a BaseException, as a kill: nothing in the commit catches it
 
     monkeypatch.setattr(routed, "crash_point", killed_after_the_first_table)
-    monkeypatch.setattr(routed, "LOCAL_COMMIT_THREADS", threads)  # as object storage would have it
+    monkeypatch.setattr(routed, "staged_writes", lambda io: staged)  # False: as object storage would have it
     with pytest.raises(SystemExit, match="killed"):
         commit_epoch(sink, log, 1, prepared, "run")
     monkeypatch.setattr(routed, "crash_point", lambda point: None)
