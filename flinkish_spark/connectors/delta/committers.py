@@ -154,8 +154,9 @@ def main(fd: int, parent_pid: int) -> None:
 def serve(conn: Any, sink: RoutedDeltaSink) -> None:
     """The committer's loop: ``("check", epoch, tables)`` -> :class:`Checked`, ``("commit", epoch, names)`` ->
     :class:`Committed`, ``("cleanup", epoch, tables)`` -> an empty :class:`Committed` (or each :class:`Failed`),
-    ``None`` -> exit."""
+    ``None`` -> exit. A cleanup of the epoch last checked names its tables (the check sent them), any other sends them."""
     pending: dict[str, Any] = {}
+    checked: tuple[int, dict[str, Any]] = (-1, {})
     while True:
         try:
             message = conn.recv()
@@ -167,9 +168,10 @@ def serve(conn: Any, sink: RoutedDeltaSink) -> None:
         reply: Any
         try:
             if kind == "cleanup":
-                sink._cleanup_tables(payload, epoch)
+                sink._cleanup_tables([checked[1][t] if isinstance(t, str) else t for t in payload], epoch)
                 reply = Committed({}, {})
             elif kind == "check":
+                checked = (epoch, {t.table: t for t in payload})
                 pending = {t.table: p for t in payload if (p := sink._pending(t, epoch)) is not None}
                 reply = Checked(tuple(pending))
             else:
@@ -195,6 +197,7 @@ class Committers:
         self.parent_pid = os.getpid()
         self._procs: list[Any] = [None] * processes
         self._conns: list[Any] = [None] * processes
+        self.checked = -1  # the epoch whose tables every process got in a check (a cleanup may name them then)
 
     def _ready(self, k: int) -> None:
         proc = self._procs[k]
@@ -202,6 +205,7 @@ class Committers:
             return
         if proc is not None:  # died while idle (nothing of an epoch was in it): replaced
             self._conns[k].close()
+        self.checked = -1
         mine, theirs = multiprocessing.Pipe()  # not inheritable: only the child gets its end (pass_fds)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what the parent imports from
         proc = subprocess.Popen([sys.executable, "-c", _ENTRY, str(theirs.fileno()), str(os.getpid())],
@@ -255,6 +259,7 @@ class Committers:
             self._conns[k].close()
         self._procs = [None] * self.processes
         self._conns = [None] * self.processes
+        self.checked = -1
 
 
 _POOLS: dict[str, Committers] = {}  # sink uid -> its committers in this process
@@ -302,7 +307,9 @@ def commit_tables(sink: RoutedDeltaSink, tables: list[TableEpoch[RoutedPart]], e
     by_process: dict[int, list[TableEpoch[RoutedPart]]] = {}
     for t in tables:
         by_process.setdefault(owner(sink.route.target(t.table), pool.processes), []).append(t)
+    pool.checked = -1  # until every process has answered this check
     checked = _answers(pool, {k: ("check", epoch, ts) for k, ts in by_process.items()})
+    pool.checked = epoch
     pending = {name for c in checked.values() for name in c.pending}
     order = [(t.table, k) for k, ts in by_process.items() for t in ts if t.table in pending]
     if not order:
@@ -326,7 +333,11 @@ def cleanup_tables(sink: RoutedDeltaSink, tables: list[TableEpoch[RoutedPart]], 
     by_process: dict[int, list[TableEpoch[RoutedPart]]] = {}
     for t in tables:
         by_process.setdefault(owner(sink.route.target(t.table), pool.processes), []).append(t)
-    _answers(pool, {k: ("cleanup", epoch, ts) for k, ts in by_process.items()})
+    for k in by_process:
+        pool._ready(k)  # a process started now (its predecessor died idle) knows no check's tables
+    # The epoch this pool last checked: each process has its tables from the check -- their names will do.
+    sent: dict[int, list[Any]] = {k: [t.table for t in ts] if pool.checked == epoch else list(ts) for k, ts in by_process.items()}
+    _answers(pool, {k: ("cleanup", epoch, ts) for k, ts in sent.items()})
 
 
 def _answers(pool: Committers, requests: dict[int, Any]) -> dict[int, Any]:

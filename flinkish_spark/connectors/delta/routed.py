@@ -244,7 +244,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
         one sync of the file system (:func:`~.version_writes.write_staged`); on object storage several at once --
         each table's version is independent (its own log, its own txn) and its time there is waiting on requests.
         Here and in each committer process (:mod:`.committers`)."""
-        if staged_writes(self.io):
+        if staged_writes(self.io) and len(pending) > 1:  # one table alone: its own fsync is cheaper than a sync
             return write_staged([self._table_steps(t, target, evolved, epoch, staged=True)
                                  for t, target, evolved in pending], self.io)
         threads = min(COMMIT_THREADS, len(pending))

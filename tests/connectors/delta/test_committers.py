@@ -180,3 +180,26 @@ def running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_committers_cleanup_removes_a_failed_attempts_file_also_when_the_epoch_is_replayed(tmp_path: Path) -> None:
+    """The cleanup after ``.done`` runs in the committers on the tables their check got (a cleanup of that epoch
+    names them only): a file a failed task attempt left in a table's epoch folder goes, the version's files stay."""
+    from flinkish_spark.connectors.lakehouse.files import epoch_dir
+
+    lake = Lake(tmp_path, 2)
+    epochs = batches(2)
+    lake.epoch(epochs[0])
+    prepared = lake.prepared(epochs[1])
+    table = str(tmp_path / "lake" / "public" / "t_01")
+    folder = Path(epoch_dir(table, "flinkish", "m", 1))
+    failed = folder / "00000-1-failed-attempt.parquet"  # what an executor that died mid-task leaves
+    failed.write_bytes(b"PAR1 half a file")
+    lake.commit(prepared)
+    assert not failed.exists()
+    kept = sorted(p.name for p in folder.iterdir())
+    assert kept and lake.seen() == Lake(tmp_path, 2).seen()  # the version's files are there: the table reads
+
+    failed.write_bytes(b"PAR1 half a file")  # and once more, for Spark's replay of the done epoch
+    lake.commit(prepared)
+    assert not failed.exists() and sorted(p.name for p in folder.iterdir()) == kept
