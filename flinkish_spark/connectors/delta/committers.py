@@ -12,12 +12,14 @@ spread over P long-lived processes beside the driver's commit worker (issue 26).
   the epoch (txn of the uid >= epoch) and, for the others, the evolution: a
   :class:`~flinkish_spark.errors.SchemaChangeError` (or any error) of any table ends the epoch before any table
   is written; (2) the first pending table (by name) alone, in its process, then the parent's crash point
-  ``sink.between_tables``; (3) the other tables, every process at once (each with up to
-  :meth:`~flinkish_spark.connectors.delta.routed.RoutedDeltaSink._commit_tables`: on a local disk staged behind one sync). The parent returns only when every
-  table's outcome is in: the decision's ``.done`` marker follows every table, and epoch e + 1's commit starts only
-  after e is in every table. The epoch's cleanup (files no version names) runs in the same processes, after
-  ``.done``: it reads each table's head and live files, which those processes keep warm. Each table's version carries ``txn(appId = uid, version = epoch)``: a restart's
-  commit of the decided epoch skips the tables that have it, whichever process committed them.
+  ``sink.between_tables``; (3) the other tables, every process at once (each as
+  :meth:`~flinkish_spark.connectors.delta.routed.RoutedDeltaSink._commit_tables` does: on a local disk their
+  versions staged behind one sync of the file system). The parent returns only when every table's outcome is in:
+  the decision's ``.done`` marker follows every table, and epoch e + 1's commit starts only after e is in every
+  table. The epoch's cleanup (files no version names) runs in the same processes, after ``.done``: it reads each
+  table's head and live files, which those processes keep warm. Each table's version carries
+  ``txn(appId = uid, version = epoch)``: a restart's commit of the decided epoch skips the tables that have it,
+  whichever process committed them.
 * **A committer that dies** (killed, out of memory) while the parent waits on it: every process of the pool is
   killed and waited for -- nothing of the epoch is still being written once the error is raised -- and
   :class:`CommitterCrashedError` is raised, a :class:`~flinkish_spark.errors.RetryableError`: the epoch stays
@@ -154,7 +156,8 @@ def main(fd: int, parent_pid: int) -> None:
 def serve(conn: Any, sink: RoutedDeltaSink) -> None:
     """The committer's loop: ``("check", epoch, tables)`` -> :class:`Checked`, ``("commit", epoch, names)`` ->
     :class:`Committed`, ``("cleanup", epoch, tables)`` -> an empty :class:`Committed` (or each :class:`Failed`),
-    ``None`` -> exit. A cleanup of the epoch last checked names its tables (the check sent them), any other sends them."""
+    ``None`` -> exit. A cleanup of the epoch last checked names its tables (the check sent them); any other cleanup
+    sends them."""
     pending: dict[str, Any] = {}
     checked: tuple[int, dict[str, Any]] = (-1, {})
     while True:
