@@ -14,7 +14,9 @@
   united with the new positions) -- or, with ``mergeMode=copyOnWrite``, the file rewritten
   without them -- rows copied with columns changed (soft deletes, closed history
   versions) in one more file, and ``txn(appId = uid, version = epoch)``. Also an epoch
-  that changes nothing writes its version: the txn says it is done.
+  that changes nothing writes its version: the txn says it is done. The commit yields its
+  version write (:func:`keyed_steps`): written at once, or -- the tables of a routed epoch on a
+  local disk -- staged behind one sync of the file system (:mod:`.version_writes`).
 * **Exactly once**: before each attempt the sink reads the commits written since its
   state (:class:`DeltaState`) and answers ``ALREADY_COMMITTED`` when the txn of its uid
   is >= the epoch -- a replay, or a commit of ours whose answer was lost. When another
