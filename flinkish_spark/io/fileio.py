@@ -33,7 +33,6 @@ import os
 import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
@@ -369,16 +368,9 @@ class FileIO:
         not fsynced first (a hint whose readers take a torn one for none, e.g. Delta's ``_last_checkpoint``)."""
         stripped = self.strip(path)
         if self.protocol in ("file", "local"):
-            os.makedirs(os.path.dirname(stripped) or ".", exist_ok=True)
-            # hidden, as local_disk.create_exclusive's: a listing of the folder never sees a name with the file's prefix
-            # that vanishes a moment later (a reader taking the newest "v..." would read a half-written file)
-            tmp = os.path.join(os.path.dirname(stripped), f".{os.path.basename(stripped)}.tmp-{uuid.uuid4().hex}")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                if durable:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, stripped)
+            # staged in a hidden file, as a put-if-absent's: a listing of the folder never sees a name with the file's
+            # prefix that vanishes a moment later (a reader taking the newest "v..." would read a half-written file)
+            os.replace(local_disk.stage_file(stripped, data, durable), stripped)
             return
         self._call("writing", path, lambda: self.fs.pipe_file(stripped, data))
 
