@@ -159,7 +159,7 @@ def serve(conn: Any, sink: RoutedDeltaSink) -> None:
     ``None`` -> exit. A cleanup of the epoch last checked names its tables (the check sent them); any other cleanup
     sends them."""
     pending: dict[str, Any] = {}
-    checked: tuple[int, dict[str, Any]] = (-1, {})
+    checked: dict[str, Any] = {}  # the tables of the last check, by name (the parent names them only for its epoch)
     while True:
         try:
             message = conn.recv()
@@ -171,10 +171,10 @@ def serve(conn: Any, sink: RoutedDeltaSink) -> None:
         reply: Any
         try:
             if kind == "cleanup":
-                sink._cleanup_tables([checked[1][t] if isinstance(t, str) else t for t in payload], epoch)
+                sink._cleanup_tables([checked[t] if isinstance(t, str) else t for t in payload], epoch)
                 reply = Committed({}, {})
             elif kind == "check":
-                checked = (epoch, {t.table: t for t in payload})
+                checked = {t.table: t for t in payload}
                 pending = {t.table: p for t in payload if (p := sink._pending(t, epoch)) is not None}
                 reply = Checked(tuple(pending))
             else:
