@@ -140,7 +140,7 @@ class TwoPhaseCommitDataSource(DataSource):
                            if location and copy_wanted(location, self.checkpoint_root, keep) else None)
         self.configure(opts)
         self.io.check_writable_root(self.checkpoint_root, "option 'checkpoint'")
-        # start() makes this instance on the driver: a renamed sink fails before any batch.
+        # Spark makes this instance on the driver before each batch's tasks: a renamed sink fails before they write.
         self.check_uid_unchanged()
 
     @classmethod
