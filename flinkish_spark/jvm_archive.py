@@ -46,11 +46,19 @@ def enabled() -> bool:
 
 
 def _key(java: str, spark_home: str) -> str:
-    """What the archive depends on: the JVM build, the PySpark version and the driver's classpath."""
+    """What the archive depends on: the JVM build, the PySpark version and the driver's classpath.
+
+    The classpath is each jar's name, size and modification time, as the JVM checks them: it refuses
+    an archive whose jars changed ("The top archive failed to load", a warning only), and the driver
+    then loads every class from the jars again. A venv installed anew at the same path (a CI checkout)
+    keeps the names and gets new times, so names alone would hand its drivers an archive they refuse."""
     import pyspark
 
     version = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    jars = sorted(os.path.basename(p) for p in glob.glob(os.path.join(spark_home, "jars", "*.jar")))
+    jars = []
+    for path in sorted(glob.glob(os.path.join(spark_home, "jars", "*.jar"))):
+        st = os.stat(path)
+        jars.append((os.path.basename(path), st.st_size, st.st_mtime_ns))
     material = json.dumps([os.path.realpath(java), version.stderr, pyspark.__version__,
                            os.path.realpath(spark_home), jars])
     return hashlib.sha256(material.encode()).hexdigest()[:16]
@@ -137,6 +145,7 @@ def build(java: str, timeout: float = 600.0) -> str | None:
             with open(record + ".tmp", "w") as f:
                 json.dump({"size": size, "java": java, "sparkHome": spark_home}, f)
             os.replace(record + ".tmp", record)
+            _remove_stale(record, spark_home)
             return archive
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("flinkish: could not build the JVM class archive: %s", exc)
@@ -144,3 +153,21 @@ def build(java: str, timeout: float = 600.0) -> str | None:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _remove_stale(kept: str, spark_home: str) -> None:
+    """Delete the archives no driver can use any more (~180 MB each): made for this ``SPARK_HOME`` before its jars
+    changed, or for a ``SPARK_HOME`` that is gone (a deleted checkout). A JVM that maps one keeps its mapping."""
+    for other in glob.glob(os.path.join(os.path.dirname(kept), "jvm-*.json")):
+        if other == kept:
+            continue
+        try:
+            with open(other) as f:
+                home = str(json.load(f)["sparkHome"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge
+        if home == spark_home or not os.path.isfile(os.path.join(home, "bin", "spark-submit")):
+            stem = other[: -len(".json")]
+            for path in (stem + ".jsa", other, stem + ".jsa.lock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
