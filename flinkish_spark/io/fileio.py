@@ -163,6 +163,11 @@ class FileIO:
         return self._fs
 
     @property
+    def is_local(self) -> bool:
+        """A local disk (``file`` / ``local``): plain ``os`` calls, fsyncs and renames instead of requests."""
+        return self.protocol in ("file", "local")
+
+    @property
     def endpoint(self) -> str:
         if self.protocol == "s3":
             return str(self.storage_options.get("endpoint_url") or "the default AWS S3 endpoint")
@@ -170,7 +175,7 @@ class FileIO:
 
     def strip(self, url: str) -> str:
         """The path as the file system wants it (no protocol)."""
-        if self.protocol in ("file", "local") and url.startswith("/") and os.sep == "/":
+        if self.is_local and url.startswith("/") and os.sep == "/":
             # What fsspec's LocalFileSystem._strip_protocol returns for an absolute POSIX path, without its
             # prefix loop: a many-table commit strips ~70 paths per table (a tenth of its time on a local disk).
             return url.rstrip("/") or "/"
@@ -178,7 +183,7 @@ class FileIO:
 
     def url(self, path: str) -> str:
         """A full URL for a stripped path."""
-        if self.protocol in ("file", "local"):
+        if self.is_local:
             return path
         return f"{self.protocol}://{path.lstrip('/')}" if self.protocol != "memory" else f"memory://{path}"
 
@@ -323,7 +328,7 @@ class FileIO:
         while True:
             attempt += 1
             try:
-                if self.protocol in ("file", "local"):
+                if self.is_local:
                     local_disk.create_exclusive(stripped, data, sync_folder)
                 else:
                     self._call("writing", path, lambda: self.fs.pipe_file(stripped, data, mode="create"), idempotent=False)
@@ -345,7 +350,7 @@ class FileIO:
         temporary file beside ``path``, *not* fsynced -- the caller syncs the file system (:mod:`.local_disk`)
         before :meth:`publish_staged`, so that the name never appears before its bytes are durable. Returns
         the temporary file's name."""
-        assert self.protocol in ("file", "local"), "staged writes are for a local disk"
+        assert self.is_local, "staged writes are for a local disk"
         stripped = self.strip(path)
         return self._call("writing", path, lambda: local_disk.stage_file(stripped, data, durable=False), idempotent=False)
 
@@ -367,7 +372,7 @@ class FileIO:
         """Write (or overwrite) ``path``; atomic on local disk via rename. ``durable`` False: a local file is
         not fsynced first (a hint whose readers take a torn one for none, e.g. Delta's ``_last_checkpoint``)."""
         stripped = self.strip(path)
-        if self.protocol in ("file", "local"):
+        if self.is_local:
             # staged in a hidden file, as a put-if-absent's: a listing of the folder never sees a name with the file's
             # prefix that vanishes a moment later (a reader taking the newest "v..." would read a half-written file)
             os.replace(local_disk.stage_file(stripped, data, durable), stripped)
@@ -375,7 +380,7 @@ class FileIO:
         self._call("writing", path, lambda: self.fs.pipe_file(stripped, data))
 
     def makedirs(self, path: str) -> None:
-        if self.protocol in ("file", "local"):
+        if self.is_local:
             self._call("creating", path, lambda: os.makedirs(self.strip(path), exist_ok=True))
 
     def delete(self, path: str) -> None:
@@ -415,7 +420,7 @@ class FileIO:
     def move(self, src: str, dst: str) -> None:
         """Move ``src`` to ``dst`` (copy + delete on object stores)."""
         s, d = self.strip(src), self.strip(dst)
-        if self.protocol in ("file", "local"):
+        if self.is_local:
             os.makedirs(os.path.dirname(d) or ".", exist_ok=True)
             self._call("moving", src, lambda: os.replace(s, d))
             return
@@ -431,7 +436,7 @@ class FileIO:
         """
         if not pairs:
             return
-        if self.protocol in ("file", "local") or (len(pairs) == 1 and not small):
+        if self.is_local or (len(pairs) == 1 and not small):
             for src, dst in pairs:
                 self.move(src, dst)
             return
@@ -469,7 +474,7 @@ class FileIO:
                     f"{what} {url!r}: the bucket {bucket!r} does not exist at {self.endpoint}; "
                     "create it first or fix the URL"
                 ) from None
-        elif self.protocol in ("file", "local"):
+        elif self.is_local:
             probe = stripped
             while probe and not os.path.exists(probe):
                 probe = os.path.dirname(probe.rstrip("/"))

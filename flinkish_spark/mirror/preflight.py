@@ -283,7 +283,7 @@ def probe_writable(io: FileIO, url: str, what: str) -> None:
     Local: in the nearest folder of ``url`` that exists (nothing is created above it). Object
     stores: an object under ``url`` (put, then deleted). Nothing stays behind either way.
     """
-    if io.protocol in ("file", "local"):
+    if io.is_local:
         folder = io.strip(url)
         while folder and not os.path.exists(folder):
             folder = os.path.dirname(folder.rstrip("/"))

@@ -105,7 +105,7 @@ def staged_writes(io: FileIO) -> bool:
     (:func:`~.version_writes.write_staged`: a local disk, where a table's commit is Python work plus fsyncs that
     queue behind one journal -- threads only slowed it down, 1.3-1.45x with 8 on an idle 2-core machine), or are
     committed :data:`COMMIT_THREADS` at a time (object storage: a table's time is requests' latency)."""
-    return io.protocol in ("file", "local")
+    return io.is_local
 
 
 @dataclass(frozen=True)
