@@ -336,7 +336,7 @@ class FileIO:
             except FileExistsError:
                 # An earlier attempt of ours may have landed before its answer was lost -- ours,
                 # or on an object store the client's own resend of the PUT (it surfaces as 412).
-                remote = self.protocol not in ("file", "local")
+                remote = not self.is_local
                 if (attempt > 1 or remote) and self._stored_equals(path, data):
                     return
                 raise AlreadyExistsError(f"{path!r} already exists") from None
@@ -485,7 +485,7 @@ class FileIO:
 
     def remove_empty_dirs(self, directory: str) -> None:
         """Remove ``directory`` and its empty sub-folders (local disk; object stores have none)."""
-        if self.protocol not in ("file", "local"):
+        if not self.is_local:
             return
         top = self.strip(directory)
         for root, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):

@@ -208,7 +208,7 @@ class RoutedDeltaSink(TwoPhaseCommitSink[RoutedCommittable]):
 
     def commit(self, committables: list[RoutedCommittable], epoch: int) -> CommitOutcome:
         tables = self._tables(committables)
-        if self.io.protocol not in ("file", "local"):
+        if not self.io.is_local:
             return self._commit_epoch(tables, epoch)
         # A local disk: one sync of the file system before the first version (the tasks' files are durable before a
         # version names them) and one after the last (every version before .done), instead of a folder fsync per
