@@ -12,6 +12,8 @@ Wrapped (generators: the time spent inside ``next()``, i.e. the producer's own t
   source's worker behind it, and for a one-table task the decode of each batch on arrival);
 * ``RoutedDeltaSink.prepare`` -- the sink task's whole write (split, key lookup, Parquet files);
 * ``RoutedDeltaSink.commit`` -- the driver's commit of every changed table's Delta version;
+* ``Committers.ask`` (``commitProcesses``): each round of the committer processes by kind (``committers.check``,
+  ``.commit_first`` -- the table committed alone --, ``.commit``, ``.cleanup``), the parent's wall time;
 * ``TwoPhaseCommitStreamWriter.write`` (the sink task) and ``.commit`` (Spark's call on the driver), and
   ``commit_epoch`` in it (the decision record, the sink's commit, the ``.done`` marker).
 """
@@ -109,6 +111,24 @@ def _install(out: str) -> None:
     routed.task_tables = task_tables
     routed.RoutedDeltaSink.prepare = timed("sink.prepare", routed.RoutedDeltaSink.prepare)  # type: ignore[method-assign]
     routed.RoutedDeltaSink.commit = timed("sink.commit", routed.RoutedDeltaSink.commit)  # type: ignore[method-assign]
+    from flinkish_spark.connectors.delta import committers
+
+    ask = committers.Committers.ask
+
+    def timed_ask(self: Any, requests: dict) -> Any:
+        # one round of the committer processes, by its kind: check, commit (commit_first: the one table committed
+        # alone before the others), cleanup -- the parent's wall time, sending (pickling) included
+        kinds = {r[0] for r in requests.values()}
+        kind = kinds.pop() if len(kinds) == 1 else "mixed"
+        if kind == "commit" and sum(len(r[2]) for r in requests.values()) == 1:
+            kind = "commit_first"
+        t0, t = time.time(), time.perf_counter()
+        try:
+            return ask(self, requests)
+        finally:
+            record(f"committers.{kind}", t0, time.perf_counter() - t)
+
+    committers.Committers.ask = timed_ask  # type: ignore[method-assign]
     from flinkish_spark.sink import datasource
 
     datasource.TwoPhaseCommitStreamWriter.write = timed(  # type: ignore[method-assign]
