@@ -6,14 +6,15 @@ SparkSession with the flinkish sources registered and a first job run, 10-12 s w
 JVM maps those classes from a dynamic CDS archive (``-XX:SharedArchiveFile``, JDK 13+).
 Every restart of a query pays that start, and so does every test that kills a driver.
 
-:func:`build` makes the archive once per Java, PySpark and ``SPARK_HOME``: a child process
+:func:`build` makes the archive once per Java, PySpark and ``SPARK_HOME`` with its jars (each one's
+name, size and time, as the JVM checks them: see :func:`_key`): a child process
 runs a small streaming query with ``-XX:ArchiveClassesAtExit``, so that its JVM writes the
 classes it loaded when it exits. The archive is moved into the cache only after that JVM
 exited normally *and* a second JVM started with it: a truncated archive crashes the JVM
 (``-Xshare:auto`` only covers a missing or mismatched one). :func:`driver_java_options`
 returns the option that uses it, for :func:`flinkish_spark.session`, when an archive for
-exactly this Java, PySpark and ``SPARK_HOME`` is in the cache with the size recorded when
-it was verified.
+exactly this Java, PySpark and ``SPARK_HOME`` with these jars is in the cache with the size
+recorded when it was verified. A new build deletes the archives no driver can use any more.
 
 Guarantee: start-up speed only; nothing here changes what Spark computes. Without an
 archive (never built, made for another Java or Spark, ``FLINKISH_JVM_ARCHIVE=0``) the
