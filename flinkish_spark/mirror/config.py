@@ -78,7 +78,7 @@ _COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint", "mode", "deletes", "tableModes
                 "trackHistoryColumns.except", "transforms", "routes", "keysUniqueAcrossShards")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
-                  "rowFormat", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
+                  "rowFormat", "decodeIn", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
 #: Flink CDC's names for some of them (a pipeline file may use either).
 SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.size": "splitSize",
                       "scan.startup.mode": "startup"}
@@ -174,6 +174,10 @@ class MirrorConfig:
             # Packed rows (rows.packed): typed Arrow per table, no JSON through Spark; the PostgreSQL routed sink
             # stages JSON and keeps the JSON shape (exact for values Arrow cannot hold, e.g. NaN in a numeric).
             opts.setdefault("rowFormat", "arrow")
+            if self.source_kind == "postgres" and opts["rowFormat"] == "arrow":
+                # The changes typed by the sink tasks, not all by the one reading the slot: what spreads with
+                # --parallelism, and faster with one task too (the read and the typing in two processes).
+                opts.setdefault("decodeIn", "sink")
         return opts
 
     def sink_options(self) -> dict[str, str]:

@@ -3,9 +3,9 @@
 What it guarantees: :meth:`PackedDecode.result` has the form of :meth:`.task_decode.TaskDecode.result` and, for the
 same changes, the same content: per source table the schemas its rows used (oldest first), its rows typed in the
 newest schema's columns and types (columns only older schemas had kept, null in newer rows) in stream order
-(snapshot rows first, then by ``_lsn``, ``_seq``), its figures and the older schemas its changes announced. The
-packs are typed already (by the same decoder the JSON shape's sink uses): no JSON is decoded here, a pack's
-IPC stream is read as it is.
+(snapshot rows first, then by ``_lsn``, ``_seq``), its figures and the older schemas its changes announced. A ``p``
+pack is typed already (by the same decoder the JSON shape's sink uses) and its IPC stream is read as it is; a ``j``
+pack (the source's ``decodeIn=sink``) is typed here by that same decoder, as it arrives -- the same rows either way.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from flinkish_spark.connectors.lakehouse.figures import Figures
 from flinkish_spark.connectors.postgres.rows import TableRows, TableSchema
 from flinkish_spark.connectors.postgres.rows.decode import ROW_META, _in_order, _versions, conformed, union_fields
-from flinkish_spark.connectors.postgres.rows.packed import PACKED_COLUMNS, read_pack
+from flinkish_spark.connectors.postgres.rows.packed import PACKED_COLUMNS, pack_rows, read_pack
 
 
 class PackedDecode:
@@ -44,7 +44,14 @@ class PackedDecode:
                 if lsn is not None:
                     self.by_change.add(schema.schema_id)
                 continue
-            self.pieces.setdefault(name, []).append((sid, read_pack(blobs[i].as_buffer())))
+            if r["_op"] in ("j", "w"):  # typed here (the source's decodeIn=sink); its 's' row came before it
+                known = self.schemas.get(sid)
+                if known is None:
+                    raise ValueError(f"rows of {name} name schema {sid} without an 's' row before them in the task")
+                rows = pack_rows(r["_op"], known, blobs[i].as_buffer())
+            else:
+                rows = read_pack(blobs[i].as_buffer())
+            self.pieces.setdefault(name, []).append((sid, rows))
             count, changes = int(r["_count"] or 0), int(r["_changes"] or 0)
             if lsn is None:
                 f = Figures(snapshot_rows=count)

@@ -50,14 +50,17 @@ def as_text(t: pa.Table) -> str:
     return json.dumps(t.to_pylist(), default=str)  # NaN and nested values compared as their text
 
 
-def test_the_packed_shape_decodes_to_the_same_tables_schemas_rows_and_figures(tmp_path: Path) -> None:
+@pytest.mark.parametrize("defer", [False, True], ids=["typed-in-source", "typed-in-sink"])
+def test_the_packed_shape_decodes_to_the_same_tables_schemas_rows_and_figures(tmp_path: Path, defer: bool) -> None:
     batches = stream(cut=5)
     plain = TaskDecode(7)
     for b in batches:
         plain.add(b)
-    packer, packed = Packer(), PackedDecode()
+    packer, packed = Packer(defer), PackedDecode()
     packs = [packer.pack(b) for b in batches]
     assert all(p.schema.equals(PACKED_ARROW) and is_packed(p.schema.names) for p in packs)
+    ops = set(pc.unique(pa.concat_arrays([p.column("_op") for p in packs])).to_pylist())
+    assert ops == ({"s", "j"} if defer else {"s", "p"})  # decodeIn=sink: no pack typed in the source
     assert sum(p.num_rows for p in packs) < sum(b.num_rows for b in batches)
     for p in packs:
         packed.add(p)
@@ -86,22 +89,31 @@ def test_routed_delta_targets_are_identical_from_either_shape(tmp_path: Path) ->
 
     keyed = made().filter(pc.not_equal(made().column("_table"), "public.keyless"))  # a routed target needs a key
     targets = {}
-    for shape in ("json", "arrow"):
+    for shape in ("json", "arrow", "arrow-typed-in-sink"):
         root, meta = tmp_path / shape, str(tmp_path / shape / "meta")
         log = DecisionLog(FileIO.for_url(meta), meta, "m")
         sink = RoutedDeltaSink(FileIO.for_url(str(root / "lake")), Route(str(root / "lake" / "{schema}" / "{table}"), "path"),
                                "m", checkpoint_interval=3, create_table=True, metadata_io=FileIO.for_url(meta),
                                metadata_dir=log.directory)
-        packer = Packer()
+        packer = Packer(defer=shape.endswith("in-sink"))
         for epoch, rows in enumerate((recorded(), keyed)):
             batches = rows.to_batches(max_chunksize=4)
-            if shape == "arrow":
+            if shape != "json":
                 batches = [packer.pack(b) for b in batches]
             commit_epoch(sink, log, epoch, [sink.prepare(iter(batches), PrepareContext("m", epoch, 0, 0))], "run")
         targets[shape] = {t: as_text(pa.table(deltalake.DeltaTable(str(root / "lake" / t.replace(".", "/"))).scan()))
                           for t in ("public.docs", "public.everything", "public.full_docs", "public.snap")}
-    assert targets["arrow"] == targets["json"]
+    assert targets["arrow"] == targets["json"] == targets["arrow-typed-in-sink"]
     assert json.loads(targets["arrow"]["public.snap"]) and not json.loads(targets["arrow"]["public.docs"])  # truncated
+
+
+def test_unpacked_deferred_packs_are_the_json_rows_exactly() -> None:
+    """``j`` packs (decodeIn=sink) hold the JSON rows as read: unpacked, they are those rows, nothing lost."""
+    batches = stream(cut=5)
+    packer = Packer(defer=True)
+    back = unpack_json(pa.Table.from_batches([packer.pack(b) for b in batches])).to_pylist()
+    key = lambda r: (r["_table"], r["_lsn"] is not None, r["_lsn"] or 0, r["_seq"] or 0, r["_op"], r["row"] or "")  # noqa: E731
+    assert sorted(back, key=key) == sorted(pa.Table.from_batches(batches).to_pylist(), key=key)
 
 
 def test_unpacked_rows_are_the_json_rows_but_for_what_arrow_cannot_hold() -> None:

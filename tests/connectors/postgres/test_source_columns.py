@@ -142,6 +142,35 @@ def test_where_no_column_list_can_keep_a_column_out_the_source_drops_it_at_decod
     assert columns_of_schema_rows(stream, "public.m_full") == [["id", "name"]]
 
 
+def test_changes_shipped_as_messages_never_carry_a_column_left_out(pg_url: str, tmp_path: Path) -> None:
+    """decodeIn=sink ships plain changes as their pgoutput messages (w packs): not those of a table whose messages
+    carry a column its rules leave out (REPLICA IDENTITY FULL: no column list) -- they go the per-message way,
+    which drops the column -- while the other tables' changes do go as messages."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE m_full (id int PRIMARY KEY, name text, secret text)")
+        conn.execute("ALTER TABLE m_full REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE m_plain (id int PRIMARY KEY, v text)")
+        rules = json.dumps([{"tables": "public.m_full", "columns.exclude": "secret"}])
+        enum, changes = start_streaming(source(pg_url, tmp_path, transforms=rules))
+        conn.execute("INSERT INTO m_plain SELECT g, 'v' || g FROM generate_series(1, 5) g")
+        stream_options = {"transforms": rules, "rowFormat": "arrow", "decodeIn": "sink"}
+        plain, _ = changes_between(source(pg_url, tmp_path, **stream_options), enum, changes, 0)
+        conn.execute(f"INSERT INTO m_full VALUES (1, 'a', '{MARK}1'), (2, 'b', '{MARK}2')")  # plain changes ...
+        conn.execute("DELETE FROM m_full WHERE id = 2")  # ... a delete of FULL identity carries the whole old row
+        assert MARK.encode() in raw_stream(conn)
+        shipped, _ = changes_between(source(pg_url, tmp_path, **stream_options), enum, changes, 0)
+        drop_slot(conn)
+    assert set(plain.column("_op").to_pylist()) == {"s", "w"}  # the shipped way, where nothing is left out
+    assert MARK not in json.dumps(shipped.to_pylist(), default=str)
+    assert set(shipped.column("_op").to_pylist()) == {"s", "j"}  # the read that holds m_full's: the per-message way
+    decode = PackedDecode()
+    for batch in shipped.to_batches():
+        decode.add(batch)
+    rows = decode.result()["public.m_full"][1]
+    assert rows.column_names[:2] == ["id", "name"] and "secret" not in rows.column_names
+    assert rows.column("_op").to_pylist() == ["c", "c", "d"]
+
+
 def test_a_rule_leaving_out_a_key_is_refused_and_the_option_needs_tables(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE m_u (id int PRIMARY KEY, secret text)")

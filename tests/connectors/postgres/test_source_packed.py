@@ -6,6 +6,8 @@ a truncate, a table not followed), decoded once the JSON way and packed after, o
 from __future__ import annotations
 
 import json
+import random
+import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,22 +20,27 @@ from flinkish_spark.connectors.postgres.rows import TableSchema
 from flinkish_spark.connectors.postgres.rows.packed import Packer, is_packed
 from flinkish_spark.connectors.postgres.source import packed_rows
 from flinkish_spark.connectors.postgres.source.stream_rows import stream_pieces
-from tests.connectors.postgres.test_source_stream_bulk import Stream, _mixed_stream, small_runs  # noqa: F401
+from tests.connectors.postgres.test_source_stream_bulk import (  # noqa: F401
+    COLUMNS, Stream, _mixed_stream, _row, delete, insert, small_runs, update,
+)
 
 
-def tables(s: Stream, packed: bool, start: int = 0, end: int = 1 << 62) -> dict[str, Any]:
+def tables(s: Stream, packed: bool, start: int = 0, end: int = 1 << 62, decode_in: str = "source",
+           ops: set[str] | None = None, piece: int = 97) -> dict[str, Any]:
     relations = relations_in(s.messages)
 
     def resolve(rel: Relation) -> TableSchema | None:
         return s.schemas[(rel.relid, rel.names)]
 
-    src = SimpleNamespace(component="test", slot_name="s")
-    pieces = [s.messages[i:i + 97] for i in range(0, len(s.messages), 97)]  # cut anywhere, as peeks are
+    src = SimpleNamespace(component="test", slot_name="s", decode_in=decode_in)
+    pieces = [s.messages[i:i + piece] for i in range(0, len(s.messages), piece)]  # cut anywhere, as peeks are
     if packed:
         batches = list(packed_rows.packed_pieces(src, pieces, start, end, relations, resolve))
     else:
         batches = list(Packer().pack_all(stream_pieces(src, pieces, start, end, relations, resolve)))
     assert all(is_packed(b.schema.names) for b in batches)
+    if ops is not None:
+        ops.update(op for b in batches for op in b.column("_op").to_pylist())
     decode = PackedDecode()
     for b in batches:
         decode.add(b)
@@ -41,8 +48,10 @@ def tables(s: Stream, packed: bool, start: int = 0, end: int = 1 << 62) -> dict[
             for name, (rows, joined, figures, earlier) in decode.result().items()}
 
 
+@pytest.mark.parametrize("decode_in", ["source", "sink"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_typed_packs_hold_what_the_json_rows_decode_to(small_runs: None, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_typed_packs_hold_what_the_json_rows_decode_to(small_runs: None, seed: int, decode_in: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     typed = []
     run = packed_rows._PackedStream._typed_run
 
@@ -53,11 +62,80 @@ def test_typed_packs_hold_what_the_json_rows_decode_to(small_runs: None, seed: i
 
     monkeypatch.setattr(packed_rows._PackedStream, "_typed_run", counted)
     s = _mixed_stream(seed)
-    want, got = tables(s, packed=False), tables(s, packed=True)
+    ops: set[str] = set()
+    want, got = tables(s, packed=False), tables(s, packed=True, decode_in=decode_in, ops=ops)
     assert sorted(got) == sorted(want) == ["public.full", "public.nokey", "public.wide"]
     for name in want:
         assert got[name] == want[name], name
     assert sum(typed) >= 5  # the long runs of inserts went the typed way
+    # decodeIn=sink: pieces of plain changes as w packs, the others' rows in j packs (and their runs typed in p
+    # packs), all typed by the sink (PackedDecode)
+    assert ops == ({"s", "p", "j", "w"} if decode_in == "sink" else {"s", "p"})
+
+
+@pytest.mark.parametrize("piece", [7, 40, 333, 100_000])
+@pytest.mark.parametrize("seed", [3, 4])
+def test_w_packs_hold_what_the_json_rows_decode_to_wherever_the_pieces_are_cut(small_runs: None, seed: int,
+                                                                              piece: int) -> None:
+    """decodeIn=sink ships a piece's plain changes as their messages (.source.wire_rows) and the sink types them
+    (.rows.wire): the same tables as the JSON way -- values, _op, _lsn, _seq (the 's' rows take one), figures --
+    with TOAST-unchanged values (typed message by message), a table not followed, a keyless one, deletes of full
+    rows, and pieces that do not qualify (old keys, a truncate, a schema change) between, in a range cut mid-stream."""
+    s = _mixed_stream(seed)
+    lsns = sorted({struct.unpack(">q", m[1:9])[0] for m in s.messages if m[:1] == b"B"})
+    for start, end in ((0, 1 << 62), (lsns[2], lsns[-3])):
+        ops: set[str] = set()
+        want = tables(s, packed=False, start=start, end=end, piece=piece)
+        got = tables(s, packed=True, start=start, end=end, decode_in="sink", ops=ops, piece=piece)
+        assert sorted(got) == sorted(want) == ["public.full", "public.nokey", "public.wide"]
+        for name in want:
+            assert got[name] == want[name], (name, start, end)
+        assert "w" in ops or piece > 40  # a big piece holds a change that does not qualify: all of it the old way
+
+
+def _many_tables_stream(seed: int, tables: int = 20, txns: int = 300) -> Stream:
+    """What a database of many tables sends: transactions of changes to 3 random tables, each table's Relation
+    message inside the transaction of its first change; plain inserts, updates (some with TOAST-unchanged values),
+    deletes of a key or, for a table of identity FULL, of the whole row; one table not followed."""
+    r = random.Random(seed)
+    s = Stream()
+    cols = COLUMNS[:6]
+    announced: set[int] = set()
+    for _ in range(txns):
+        changes = []
+        for relid in r.sample(range(1, tables + 1), 3):
+            if relid not in announced:
+                announced.add(relid)
+                s.relation(relid, f"public.t{relid}", cols, identity="f" if relid == 2 else "d",
+                           key=(tuple(c[0] for c in cols) if relid == 2 else ("id",)), followed=relid != 3)
+                changes.append(s.messages.pop())
+            i = r.randint(1, 10**6)
+            p = r.random()
+            if p < 0.4:
+                changes.append(insert(relid, _row(r, i, cols)))
+            elif p < 0.7:
+                changes.append(update(relid, _row(r, i, cols)))
+            elif p < 0.8:
+                changes.append(update(relid, [v if j % 2 == 0 else "u" for j, v in enumerate(_row(r, i, cols))]))
+            else:
+                changes.append(delete(relid, _row(r, i, cols) if relid == 2 else [str(i)] + [None] * (len(cols) - 1),
+                                      tag=b"O" if relid == 2 else b"K"))
+        s.txn(changes)
+    return s
+
+
+@pytest.mark.parametrize("piece", [50, 100_000])
+def test_a_many_table_stream_goes_as_w_packs_whole(small_runs: None, piece: int) -> None:
+    """The stream of a many-table database qualifies piece by piece: every change in w packs (flushed every
+    BATCH_ROWS), none typed in the source, the same tables as the JSON way."""
+    s = _many_tables_stream(5)
+    ops: set[str] = set()
+    want = tables(s, packed=False, piece=piece)
+    got = tables(s, packed=True, decode_in="sink", ops=ops, piece=piece)
+    assert len(want) == 19 and sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+    assert ops == {"s", "w"}
 
 
 def test_typed_column_reads_each_text_as_the_json_shape_does() -> None:
@@ -122,3 +200,24 @@ def test_a_packed_chunk_holds_what_the_json_chunk_decodes_to(pg_url: str) -> Non
             assert json.dumps(ra[k]) == json.dumps(rj[k]), (k, ra[k], rj[k])
     assert got["arrow"] == got["json"]
     assert "2024-01-01 21:34:05.123456+00:00" in got["arrow"]  # timestamptz typed, in UTC
+
+
+def test_w_packs_unpack_to_the_json_rows_p_packs_unpack_to(small_runs: None) -> None:
+    """A sink that reads JSON rows (the PostgreSQL routed sink's staging, ``unpack_json``) gets from w packs the
+    rows it gets from the same changes packed and typed in the source."""
+    from flinkish_spark.connectors.postgres.rows.packed import unpack_json
+
+    s = _many_tables_stream(6, txns=120)
+    relations = relations_in(s.messages)
+    src = SimpleNamespace(component="test", slot_name="s", decode_in="sink")
+
+    def resolve(rel: Relation) -> TableSchema | None:
+        return s.schemas[(rel.relid, rel.names)]
+
+    wire = list(packed_rows.packed_pieces(src, [s.messages], 0, 1 << 62, relations, resolve))
+    assert {op for b in wire for op in b.column("_op").to_pylist()} == {"s", "w"}
+    typed = list(Packer().pack_all(stream_pieces(src, [s.messages], 0, 1 << 62, relations, resolve)))
+    key = lambda r: (r["_table"], r["_lsn"], r["_seq"])  # noqa: E731
+    want = sorted(unpack_json(pa.Table.from_batches(typed)).to_pylist(), key=key)
+    got = sorted(unpack_json(pa.Table.from_batches(wire)).to_pylist(), key=key)
+    assert len(got) == len(want) > 300 and got == want

@@ -32,6 +32,11 @@ def test_options_table_and_tables_exclude_each_other(pg_url: str, tmp_path: Path
         source(pg_url, tmp_path, table="public.t")
     with pytest.raises(ConfigError, match="'splitColumn' applies to 'table' only"):
         source(pg_url, tmp_path, splitColumn="id")
+    with pytest.raises(ConfigError, match="'decodeIn' applies to rowFormat=arrow only.*set rowFormat=arrow or drop"):
+        source(pg_url, tmp_path, decodeIn="sink")
+    with pytest.raises(ConfigError, match="option 'decodeIn' must be one of source, sink, got 'driver'"):
+        source(pg_url, tmp_path, rowFormat="arrow", decodeIn="driver")
+    assert source(pg_url, tmp_path, rowFormat="arrow", decodeIn="sink").decode_in == "sink"  # type: ignore[attr-defined]
 
 
 def test_snapshot_rows_per_trigger_bounds_the_chunks_of_an_epoch_and_defaults_to_max_rows_per_trigger(

@@ -11,7 +11,13 @@ Columns (:data:`PACKED_DDL`)::
     _table       string     'schema.table'
     _op          string     's': a schema row -- batch holds the TableSchema JSON (UTF-8), _lsn/_seq as in the
                                  JSON shape (null: a snapshot's);
-                            'p': a pack of consecutive rows of _table, all written in _schema_id
+                            'p': a pack of consecutive rows of _table, all written in _schema_id, typed;
+                            'j': the same, not typed yet (the source's ``decodeIn=sink``): ``batch`` holds the rows
+                                 as the JSON shape has them (_op, _lsn, _seq, _commit_ts, row), the sink task types
+                                 them (:func:`pack_rows`) -- the typing then runs in the tasks the stream is spread
+                                 to, not in the one task that reads the change stream;
+                            'w': the same, as the pgoutput messages of its changes (``decodeIn=sink``,
+                                 :mod:`.wire`): ``batch`` holds each change's message, its _lsn, _seq and _commit_ts
     _schema_id   string     the schema of the pack's rows (of the schema row: its own id)
     _lsn, _seq   bigint/int the first row's (null: snapshot rows)
     _last_lsn    bigint     the last row's _lsn
@@ -36,6 +42,7 @@ in the lakehouse targets of the JSON shape; :func:`unpack_json` gives JSON rows 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from datetime import date, datetime
 from decimal import Decimal
@@ -48,6 +55,7 @@ import pyarrow.compute as pc
 from flinkish_spark.connectors.postgres.rows.decode import ROW_META, UNCHANGED, _unchanged, decode_rows
 from flinkish_spark.connectors.postgres.rows.encode import UNCHANGED_FIELD
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema
+from flinkish_spark.connectors.postgres.rows.wire import wire_rows
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -57,6 +65,9 @@ PACK_ROWS = 65_536
 PACK_BYTES = 32 << 20
 
 _TS = pa.timestamp("us", tz="UTC")
+#: Tuples, not module-level ``pa.array``: building an Arrow array imports pandas (pyarrow's shim) at import.
+_ROW_OPS = ("r", "c", "u", "d")
+_CHANGE_OPS = ("c", "u", "d", "t")
 PACKED_ARROW = pa.schema([
     pa.field("_table", pa.string()), pa.field("_op", pa.string()), pa.field("_schema_id", pa.string()),
     pa.field("_lsn", pa.int64()), pa.field("_seq", pa.int32()), pa.field("_last_lsn", pa.int64()),
@@ -69,6 +80,8 @@ PACKED_DDL = (
     "`_count` int, `_changes` int, `_commit_ts` timestamp, `batch` binary"
 )
 ROW_FORMATS = ("json", "arrow")
+#: The source option ``decodeIn`` (``rowFormat=arrow``): where a change's values are typed (``sink``: ``j`` packs).
+DECODE_IN = ("source", "sink")
 
 
 def packed_schema() -> "StructType":
@@ -94,10 +107,12 @@ def is_packed(names: Iterable[str]) -> bool:
 
 class Packer:
     """Packs one read's stream batches (JSON shape, in stream order); the schema rows seen so far name the
-    schemas of the rows after them (a read carries the ``s`` row of every schema its rows name, ahead of them)."""
+    schemas of the rows after them (a read carries the ``s`` row of every schema its rows name, ahead of them).
+    ``defer``: ``j`` packs (rows as they are, typed by the sink task) instead of ``p`` packs."""
 
-    def __init__(self) -> None:
+    def __init__(self, defer: bool = False) -> None:
         self.schemas: dict[str, TableSchema] = {}
+        self.defer = defer
 
     def pack_all(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
@@ -120,24 +135,26 @@ class Packer:
         cut = np.flatnonzero((t[1:] != t[:-1]) | (s[1:] != s[:-1]) | k[1:] | k[:-1]) + 1
         bounds = np.concatenate([[0], cut, [n]]).tolist()
         contiguous = bool(np.array_equal(order, np.arange(n)))
+        ordered = batch if contiguous else batch.take(pa.array(order))  # one take; each part a slice of it
+        fig = _Figures.of(ordered)
         rows: list[dict[str, Any]] = []
         for a, b in zip(bounds[:-1], bounds[1:]):
-            part = batch.slice(a, b - a) if contiguous else batch.take(pa.array(order[a:b]))
+            part = ordered.slice(a, b - a)
             if k[a]:
                 rows.append(self._schema_row(part))
             else:
-                rows.extend(self._packs(part))
+                rows.extend(self._packs(part, fig, a))
         return pa.RecordBatch.from_pylist(rows, schema=PACKED_ARROW)
 
     def _schema_row(self, part: pa.RecordBatch) -> dict[str, Any]:
         r = part.to_pylist()[0]
-        schema = TableSchema.from_json(r["row"])
+        schema = _schema_of(r["row"])
         self.schemas[schema.schema_id] = schema
         return {"_table": r["_table"], "_op": "s", "_schema_id": schema.schema_id, "_lsn": r["_lsn"],
                 "_seq": r["_seq"], "_last_lsn": r["_lsn"], "_count": 0, "_changes": 0, "_commit_ts": r["_commit_ts"],
                 "batch": r["row"].encode()}
 
-    def _packs(self, part: pa.RecordBatch) -> Iterator[dict[str, Any]]:
+    def _packs(self, part: pa.RecordBatch, fig: "_Figures", at0: int) -> Iterator[dict[str, Any]]:
         sid = part.column("_schema_id")[0].as_py()
         schema = self.schemas.get(sid)
         table = part.column("_table")[0].as_py()
@@ -145,36 +162,88 @@ class Packer:
             raise ValueError(f"rows of {table} name schema {sid} without an 's' row before them in the same read")
         per = max(1, min(PACK_ROWS, int(PACK_BYTES * part.num_rows // max(1, part.column("row").nbytes))))
         for at in range(0, part.num_rows, per):
-            yield self._pack(table, schema, part.slice(at, per))
+            rows = part.slice(at, per)
+            yield self._pack(table, schema, rows, fig.of_rows(at0 + at, rows.num_rows))
 
-    def _pack(self, table: str, schema: TableSchema, rows: pa.RecordBatch) -> dict[str, Any]:
-        texts = pa.chunked_array([rows.column("row")])
-        typed = decode_rows(texts, schema)
-        cols = list(typed.columns) + [rows.column(m) for m in ROW_META if m != UNCHANGED] + [_unchanged(texts)]
-        body = pa.Table.from_arrays(cols, names=typed.column_names + list(ROW_META))
+    def _pack(self, table: str, schema: TableSchema, rows: pa.RecordBatch, figures: dict[str, Any]) -> dict[str, Any]:
+        body = rows.select(_JSON_PACK) if self.defer else typed_rows(schema, rows)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, body.schema) as w:
-            w.write_table(body)
-        ops = rows.column("_op")
-        changes = pc.is_in(ops, pa.array(["c", "u", "d", "t"]))
-        lsns = rows.column("_lsn")
-        return {"_table": table, "_op": "p", "_schema_id": schema.schema_id, "_lsn": lsns[0].as_py(),
-                "_seq": rows.column("_seq")[0].as_py(), "_last_lsn": lsns[-1].as_py(),
-                "_count": int(pc.sum(pc.is_in(ops, pa.array(["r", "c", "u", "d"]))).as_py() or 0),
-                "_changes": int(pc.sum(changes).as_py() or 0),
-                "_commit_ts": pc.max(pc.filter(rows.column("_commit_ts"), changes)).as_py(),
+            w.write(body)
+        return {"_table": table, "_op": "j" if self.defer else "p", "_schema_id": schema.schema_id, **figures,
                 "batch": sink.getvalue().to_pybytes()}
 
 
-def packing(row_format: str) -> "Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None":
+@functools.lru_cache(maxsize=4096)
+def _schema_of(text: str) -> TableSchema:
+    """A schema row's schema (the same text every read of a table carries: parsed once per process)."""
+    return TableSchema.from_json(text)
+
+
+class _Figures:
+    """What a packed row says of its rows, for every row of a batch at once (numpy), then per pack by slicing."""
+
+    def __init__(self, lsn: np.ndarray, has_lsn: np.ndarray, seq: np.ndarray, has_seq: np.ndarray, ts: np.ndarray,
+                 is_row: np.ndarray, is_change: np.ndarray) -> None:
+        self.lsn, self.has_lsn, self.seq, self.has_seq, self.ts = lsn, has_lsn, seq, has_seq, ts
+        self.is_row, self.is_change = is_row, is_change
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> "_Figures":
+        ops = batch.column("_op")
+        lsn, seq = batch.column("_lsn"), batch.column("_seq")
+        ts = batch.column("_commit_ts").cast(pa.int64())
+        return cls(lsn.fill_null(0).to_numpy(), lsn.is_valid().to_numpy(zero_copy_only=False),
+                   seq.fill_null(0).to_numpy(), seq.is_valid().to_numpy(zero_copy_only=False),
+                   np.where(ts.is_valid().to_numpy(zero_copy_only=False), ts.fill_null(0).to_numpy(), np.iinfo(np.int64).min),
+                   pc.is_in(ops, pa.array(_ROW_OPS, pa.string())).to_numpy(zero_copy_only=False),
+                   pc.is_in(ops, pa.array(_CHANGE_OPS, pa.string())).to_numpy(zero_copy_only=False))
+
+    def of_rows(self, a: int, n: int) -> dict[str, Any]:
+        """The packed row's columns but ``batch`` for the rows [a, a + n): first and last LSN, first seq, counts,
+        the newest commit time of its changes (see the module docstring)."""
+        b = a + n
+        changes = self.is_change[a:b]
+        newest = int(self.ts[a:b][changes].max()) if changes.any() else None
+        return {"_lsn": int(self.lsn[a]) if self.has_lsn[a] else None,
+                "_seq": int(self.seq[a]) if self.has_seq[a] else None,
+                "_last_lsn": int(self.lsn[b - 1]) if self.has_lsn[b - 1] else None,
+                "_count": int(np.count_nonzero(self.is_row[a:b])), "_changes": int(np.count_nonzero(changes)),
+                "_commit_ts": None if newest is None or newest == np.iinfo(np.int64).min else newest}
+
+
+#: The columns of a ``j`` pack's rows: the JSON shape's, without what the packed row itself says (table, schema id).
+_JSON_PACK = ("_op", "_lsn", "_seq", "_commit_ts", "row")
+
+
+def typed_rows(schema: TableSchema, rows: pa.RecordBatch | pa.Table) -> pa.Table:
+    """JSON-shape rows of one schema (``_op``, ``_lsn``, ``_seq``, ``_commit_ts``, ``row``) as a ``p`` pack's rows:
+    the columns typed by the JSON shape's own decoder, then :data:`..decode.ROW_META`."""
+    texts = pa.chunked_array([rows.column("row")]) if isinstance(rows, pa.RecordBatch) else rows.column("row")
+    typed = decode_rows(texts, schema)
+    cols = list(typed.columns) + [rows.column(m) for m in ROW_META if m != UNCHANGED] + [_unchanged(texts)]
+    return pa.Table.from_arrays(cols, names=typed.column_names + list(ROW_META))
+
+
+def packing(row_format: str, defer: bool = False) -> "Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None":
     """What a multi-table source's reader applies to its stream rows for ``rowFormat`` (None: ``json``, as they are);
-    a fresh :class:`Packer` per read, as a read's runs end with it."""
-    return (lambda rows: Packer().pack_all(rows)) if row_format == "arrow" else None
+    a fresh :class:`Packer` per read, as a read's runs end with it. ``defer``: the source's ``decodeIn=sink``."""
+    return (lambda rows: Packer(defer).pack_all(rows)) if row_format == "arrow" else None
 
 
 def read_pack(blob: pa.Buffer | bytes) -> pa.Table:
-    """A pack's rows (its ``batch`` value)."""
+    """A pack's rows (its ``batch`` value) as they are: typed for ``p``, JSON-shape for ``j``."""
     return pa.ipc.open_stream(blob).read_all()
+
+
+def pack_rows(op: str, schema: TableSchema, blob: pa.Buffer | bytes) -> pa.Table:
+    """A ``p``, ``j`` or ``w`` pack's rows typed (``schema``: the one its ``_schema_id`` names)."""
+    rows = read_pack(blob)
+    if op == "j":
+        return typed_rows(schema, rows)
+    if op == "w":
+        return wire_rows(schema, rows)
+    return rows
 
 
 # -- back to the JSON shape (sinks that read JSON rows) --------------------------------------------------------------
@@ -200,8 +269,12 @@ def unpack_json(stream: pa.Table) -> pa.Table:
                     "_schema_id": r["_schema_id"], "row": text}], schema=STREAM_ARROW))
                 continue
             schema = schemas[r["_schema_id"]]
-            rows = read_pack(blob)
-            texts = [_row_json(schema, row) for row in rows.to_pylist()]
+            if r["_op"] == "j":  # not typed: the JSON rows as they were read
+                rows = read_pack(blob)
+                texts = rows.column("row").to_pylist()
+            else:
+                rows = pack_rows(r["_op"], schema, blob)
+                texts = [_row_json(schema, row) for row in rows.to_pylist()]
             n = rows.num_rows
             out.append(pa.RecordBatch.from_arrays([
                 pa.array([r["_table"]] * n, pa.string()), rows.column("_op").combine_chunks(),

@@ -17,7 +17,7 @@ from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_server_version, connect, parse_url
 from flinkish_spark.connectors.postgres.rows import stream_schema
-from flinkish_spark.connectors.postgres.rows.packed import ROW_FORMATS, packed_schema
+from flinkish_spark.connectors.postgres.rows.packed import DECODE_IN, ROW_FORMATS, packed_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
 from flinkish_spark.connectors.postgres.source.columns import SourceColumns, source_columns
 from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
@@ -47,7 +47,7 @@ class PostgresSourceDataSource(CdcDataSource):
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
         "snapshotRowsPerTrigger", "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
-        "heartbeatInterval", "rowFormat", "transforms",
+        "heartbeatInterval", "rowFormat", "decodeIn", "transforms",
     )
 
     def __init__(self, options: Any) -> None:
@@ -102,6 +102,12 @@ class PostgresSourceDataSource(CdcDataSource):
         self.row_format: str = opts.choice("rowFormat", ROW_FORMATS, "json")
         if self.patterns is None and opts.has("rowFormat"):
             raise ConfigError(f"{self.component}: option 'rowFormat' applies to 'tables' only")
+        # Where a change's values are typed when rowFormat=arrow (rows.packed): 'source', the one task reading the
+        # slot; 'sink', the tasks the stream is spread to (j packs) -- not part of config() either.
+        self.decode_in: str = opts.choice("decodeIn", DECODE_IN, "source")
+        if opts.has("decodeIn") and self.row_format != "arrow":
+            raise ConfigError(f"{self.component}: option 'decodeIn' applies to rowFormat=arrow only (the JSON shape's "
+                              "rows are always typed by the sink); set rowFormat=arrow or drop decodeIn")
         # The columns never read (the routing sinks' rules, their column part: source.columns).
         self.source_columns: SourceColumns = source_columns(opts.get, self.component)
         if self.source_columns and self.patterns is None:
@@ -192,4 +198,4 @@ class PostgresSourceDataSource(CdcDataSource):
             return PostgresReader(self, schema)
         from flinkish_spark.connectors.postgres.rows.packed import packing
 
-        return TablesReaderCore(self, PostgresDialect(self), packing(self.row_format))
+        return TablesReaderCore(self, PostgresDialect(self), packing(self.row_format, self.decode_in == "sink"))

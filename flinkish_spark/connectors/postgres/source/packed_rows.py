@@ -3,7 +3,7 @@ the values straight into typed Arrow.
 
 What it guarantees: the packs hold the values the JSON shape's rows decode to (:func:`..rows.decode.decode_rows`),
 value for value. Both start from PostgreSQL's text output of a value under the same session settings (pgoutput's
-for changes, ``::text`` for snapshot chunks, :mod:`..rows.encode`): :func:`typed_column` casts a column's texts with
+for changes, ``::text`` for snapshot chunks, :mod:`..rows.encode`): :func:`..rows.typed.typed_column` casts a column's texts with
 Arrow where the cast reads them as the JSON decoder reads their JSON (integers, floats, decimals, booleans, ISO dates
 and timestamps, text); a column whose cast refuses a value (NaN in a numeric, infinite or BC dates, bytea, arrays) is
 written as JSON per value and decoded as the JSON shape decodes it. ``tests/connectors/lakehouse/
@@ -26,44 +26,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flinkish_spark.connectors.postgres.pgoutput import DecodeState, Relation
-from flinkish_spark.connectors.postgres.rows.decode import decode_rows
-from flinkish_spark.connectors.postgres.rows.encode import value_encoder
 from flinkish_spark.connectors.postgres.rows.packed import PACKED_ARROW, Packer, is_packed
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type
+from flinkish_spark.connectors.postgres.rows.typed import typed_column
 from flinkish_spark.connectors.postgres.source import bulk_rows
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.stream_rows import _Stream
+from flinkish_spark.connectors.postgres.source.wire_rows import WireRows
 
 _TS = pa.timestamp("us", tz="UTC")
 #: A tuple, not a module-level ``pa.array``: building an Arrow array imports pandas (pyarrow's shim), which every
 #: Python worker importing the source (the planning ones included) would then pay for.
 _ROW_OPS = ("r", "c", "u", "d")
-
-
-def typed_column(texts: pa.Array, col: Column) -> pa.Array:
-    """A column's PostgreSQL texts (null: SQL NULL) as its typed Arrow array, the values the JSON shape decodes to."""
-    target = arrow_type(col.spark_type)
-    if col.encoding == "string" and pa.types.is_string(target):
-        return texts
-    if col.encoding == "bool":
-        # 't'/'f' from pgoutput (the type's output function), 'true'/'false' from a ::text cast (booltext)
-        return pc.if_else(pc.is_valid(texts), pc.is_in(texts, pa.array(["t", "true"])), pa.scalar(None, pa.bool_()))
-    if col.encoding == "number" or (col.encoding == "string" and (pa.types.is_date32(target)
-                                                                   or pa.types.is_timestamp(target))):
-        try:
-            return texts.cast(target)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            pass  # NaN in a decimal, infinity, BC, a year past 9999: as the JSON shape reads them
-    return _by_json(texts, col)
-
-
-def _by_json(texts: pa.Array, col: Column) -> pa.Array:
-    """The column written as JSON value by value (the encoder of the JSON shape) and decoded as that shape is."""
-    enc = value_encoder(col)
-    rows = [None if v is None else '{"v":' + enc(v) + "}" for v in texts.to_pylist()]
-    one = TableSchema("packed.column", (dataclasses.replace(col, name="v"),), ())
-    out = decode_rows(pa.chunked_array([pa.array([r if r is not None else "{}" for r in rows], pa.string())]), one)
-    return out.column(0).combine_chunks()
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -95,8 +69,10 @@ def _body(schema: TableSchema, typed: list[pa.Array], meta: list[pa.Array]) -> p
 def packed_pieces(src: PostgresSourceHost, pieces: Iterable[list[bytes]], start: int, end: int,
                   relations: Mapping[int, Relation], resolve: Callable[[Relation], TableSchema | None],
                   bulk: bool = True) -> Iterator[pa.RecordBatch]:
-    """:func:`.stream_rows.stream_pieces`, packed (see the module docstring)."""
-    out = _PackedStream(src, relations, resolve)
+    """:func:`.stream_rows.stream_pieces`, packed (see the module docstring); with the source's ``decodeIn=sink``
+    a piece of plain changes goes in ``w`` packs as its pgoutput messages (:mod:`.wire_rows`) and any other
+    piece's rows in ``j`` packs, all typed by the sink tasks."""
+    out = _PackedStream(src, relations, resolve, getattr(src, "decode_in", "source") == "sink")
     state = DecodeState()
     for messages in pieces:
         yield from out.packed(out.piece(messages, start, end, state, bulk))
@@ -107,9 +83,25 @@ class _PackedStream(_Stream):
     """A stream whose bulk runs come out as packs (and whose JSON batches the caller packs)."""
 
     def __init__(self, src: PostgresSourceHost, relations: Mapping[int, Relation],
-                 resolve: Callable[[Relation], TableSchema | None]) -> None:
+                 resolve: Callable[[Relation], TableSchema | None], defer: bool = False) -> None:
         super().__init__(src, relations, resolve)
-        self.packer = Packer()
+        self.packer = Packer(defer)
+        self.wire = WireRows() if defer else None  # decodeIn=sink: pieces that qualify as w packs (.wire_rows)
+
+    def piece(self, messages: list[bytes], start: int, end: int, state: DecodeState,
+              bulk: bool) -> Iterator[pa.RecordBatch]:
+        if self.wire is not None:
+            taken = self.wire.piece(self, messages, start, end, state)
+            if taken is not None:
+                yield from taken
+                return
+            yield from self.wire.flush()  # the w rows before this piece's rows: stream order within each table
+        yield from super().piece(messages, start, end, state, bulk)
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        yield from super().finish()
+        if self.wire is not None:
+            yield from self.wire.flush()
 
     def packed(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
