@@ -50,8 +50,12 @@ def test_flags_give_the_options_a_python_user_passes() -> None:
                                   "tables": "public.*", "splitSize": "5000", "passwordEnv": SOURCE_PASSWORD_ENV,
                                   "maxRowsPerTrigger": "200000",  # the mirror's default bound of an epoch
                                   "snapshotRowsPerTrigger": "200000",  # 100,000 per second of the trigger, >= 200,000
-                                  "rowFormat": "arrow"}  # packed rows for a lakehouse target
+                                  "rowFormat": "arrow",  # packed rows for a lakehouse target
+                                  "decodeIn": "sink"}  # typed by the sink tasks, not the one reading the slot
     assert flags(source_option=["rowFormat=json"]).source_options()["rowFormat"] == "json"  # the user's choice holds
+    assert "decodeIn" not in flags(source_option=["rowFormat=json"]).source_options()  # JSON rows: the sink types them
+    assert flags(parallelism=1).source_options()["decodeIn"] == "sink"  # one task too: read and typing in 2 processes
+    assert flags(source_option=["decodeIn=source"]).source_options()["decodeIn"] == "source"
     assert flags(source_option=["maxRowsPerTrigger=5000"]).source_options()["maxRowsPerTrigger"] == "5000"
     assert flags(sink_option=["compactEvery=50"]).sink_options()["compactEvery"] == "50"  # routed targets compact
     assert flags(sink_option=["commitProcesses=2"]).sink_options()["commitProcesses"] == "2"  # the Delta commit's processes
