@@ -18,7 +18,7 @@ Per epoch, from the query progress: rows, ``latestOffset`` / ``queryPlanning`` /
 worker's read of the change split, its peek, the sink task's ``task_tables`` and ``prepare``, the driver's
 ``commit`` -- summed per epoch.
 
-    python benchmarks/mirror_path.py [--row-formats json,arrow] [--changes 300000] [--txn 1000] [--trigger 1] [--max-rows N] [--timers [--profile driver.commit_epoch,...]]
+    python benchmarks/mirror_path.py [--row-formats json,arrow,arrow/sink] [--changes 300000] [--txn 1000] [--trigger 1] [--max-rows N] [--timers [--profile driver.commit_epoch,...]]
 """
 
 from __future__ import annotations
@@ -57,12 +57,15 @@ def start_query(spark: Any, url: str, work: str, args: argparse.Namespace, fmt: 
     from pyspark.sql import functions as F
 
     meta, cp, lake = (os.path.join(work, fmt, x) for x in ("meta", "cp", "lake"))
-    r = (spark.readStream.format("flinkish.postgres").option("uid", f"src_{fmt}").option("checkpoint", meta)
-         .option("url", url).option("tables", "bench.*").option("rowFormat", fmt))
+    row_format, _, decode_in = fmt.partition("/")  # "arrow/sink": rowFormat=arrow, decodeIn=sink
+    r = (spark.readStream.format("flinkish.postgres").option("uid", f"src_{fmt.replace('/', '_')}")
+         .option("checkpoint", meta).option("url", url).option("tables", "bench.*").option("rowFormat", row_format))
+    if decode_in:
+        r = r.option("decodeIn", decode_in)
     if args.max_rows:
         r = r.option("maxRowsPerTrigger", str(args.max_rows))
     df = r.load()
-    n = F.sum("_count") if fmt == "arrow" else F.count_if(F.col("_op").isin("r", "c", "u", "d"))
+    n = F.sum("_count") if row_format == "arrow" else F.count_if(F.col("_op").isin("r", "c", "u", "d"))
     df = df.observe("changes", F.coalesce(n, F.lit(0)).cast("long").alias("n"))
     return (df.writeStream.format("flinkish.delta").option("uid", "lake").option("checkpoint", meta)
             .option("path", os.path.join(lake, "{schema}", "{table}"))
@@ -153,7 +156,8 @@ def main() -> None:
     ap.add_argument("--timers", action="store_true", help="benchmark-only timers in the driver and Python workers")
     ap.add_argument("--profile", default="", help="with --timers: timer names to cProfile too, e.g. driver.commit_epoch")
     ap.add_argument("--name", default="mirror_path", help="results/<name>.json")
-    ap.add_argument("--row-formats", default="json,arrow", help="the source's rowFormat values to run, one after another")
+    ap.add_argument("--row-formats", default="json,arrow", help="the source's rowFormat values to run, one after another "
+                                                                  "(arrow/sink: with decodeIn=sink)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="flinkish-bench-mirror-path-")
     timer_file = os.path.join(work, "timers.jsonl")
@@ -233,8 +237,8 @@ def main() -> None:
         spark.stop()
         with psycopg.connect(url, autocommit=True) as conn:
             for fmt in formats:
-                conn.execute(f"SELECT pg_drop_replication_slot('flinkish_src_{fmt}')")
-                conn.execute(f"DROP PUBLICATION flinkish_src_{fmt}")
+                conn.execute(f"SELECT pg_drop_replication_slot('flinkish_src_{fmt.replace('/', '_')}')")
+                conn.execute(f"DROP PUBLICATION flinkish_src_{fmt.replace('/', '_')}")
     finally:
         pg.stop()
     if len(runs) > 1:

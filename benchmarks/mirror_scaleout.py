@@ -149,7 +149,9 @@ def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int,
     from flinkish_spark.mirror.spread import spread_tables
 
     reader = (spark.readStream.format("flinkish.postgres").option("uid", "src").option("checkpoint", meta)
-              .option("url", url).option("tables", "bench.*"))
+              .option("url", url).option("tables", "bench.*").option("rowFormat", ROW_FORMAT[0]))
+    if ROUND_DECODE_IN[0]:
+        reader = reader.option("decodeIn", ROUND_DECODE_IN[0])
     if max_rows is not None:
         reader = reader.option("maxRowsPerTrigger", str(max_rows))
     df = reader.load()
@@ -159,6 +161,13 @@ def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int,
         writer = writer.option("commitProcesses", str(COMMIT_PROCESSES[parallelism]))
     return writer.option("checkpointLocation", cp).trigger(processingTime=f"{trigger} seconds").start()
 
+
+#: ``--row-format``: the source's rowFormat (``arrow``: what ``flinkish mirror`` sets for Delta and Iceberg targets).
+ROW_FORMAT = ["arrow"]
+
+#: ``--decode-in``: the source's decodeIn for the rounds of a parallelism ("2:sink"; the others: the source's default).
+DECODE_IN: dict[int, str] = {}
+ROUND_DECODE_IN = [""]  # the round's
 
 #: ``--commit-processes``: the sink's commitProcesses for the rounds of a parallelism ("2:2": rounds with 2 tasks
 #: commit in 2 committer processes; the others in the driver's commit worker).
@@ -237,7 +246,10 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
     flinkish_spark.stop(q, drain=False, timeout=300)
     timer_file = os.environ.get("FLINKISH_BENCH_TIMERS", "")
     rounds = []
-    for i, p in enumerate(int(x) for x in args.rounds.split(",")):
+    for i, spec in enumerate(args.rounds.split(",")):
+        # "2" or "2/sink": a round's parallelism and, after the slash, its decodeIn (else --decode-in's)
+        p = int(spec.partition("/")[0])
+        ROUND_DECODE_IN[0] = spec.partition("/")[2] or DECODE_IN.get(p, "")
         if args.rate:
             rounds.append({"round": i, **paced_round(spark, url, (meta, cp, lake), n, p, args)})
             print(json.dumps(rounds[-1]), flush=True)
@@ -260,13 +272,15 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
         busy = [x for x in progress if x.numInputRows]
         lo = last_epoch_end(busy[0]) - busy[0].durationMs["triggerExecution"] / 1000
         hi = last_epoch_end(busy[-1])
-        changes = sum(x.numInputRows for x in busy)
+        # The backlog's changes (numInputRows counts stream rows: with rowFormat=arrow a row is a pack of changes,
+        # with json a change or a table's schema row -- the runs before 2026-11-28 divided those).
+        changes = args.txns * args.per_txn
         timers = timers_between(timer_file, lo, hi)
         # tables changed = the Delta versions written in the round (one per changed table and epoch)
         logs = glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", "*.json"))
         tables_changed = sum(1 for f in logs if lo <= os.path.getmtime(f) <= hi + 1)
-        r = {"round": i, "parallelism": p, "commit_processes": COMMIT_PROCESSES.get(p, 0), "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
-             "rows": changes, "seconds": round(hi - lo, 1), "throughput": round(changes / (hi - lo)),
+        r = {"round": i, "parallelism": p, "commit_processes": COMMIT_PROCESSES.get(p, 0), "decode_in": ROUND_DECODE_IN[0] or "source", "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
+             "rows": sum(x.numInputRows for x in busy), "changes": changes, "seconds": round(hi - lo, 1), "throughput": round(changes / (hi - lo)),
              "tables_changed": tables_changed,
              "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5)),
              "add_batch_ms_p50": round(percentile([x.durationMs.get("addBatch", 0) for x in busy], 0.5)),
@@ -287,13 +301,17 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tables", default="1000")
-    ap.add_argument("--rounds", default="1,2,1,2", help="the parallelism of each round, in order")
+    ap.add_argument("--rounds", default="1,2,1,2", help="the parallelism of each round, in order (2/sink: and its decodeIn)")
     ap.add_argument("--commit-processes", default="", help="parallelism:commitProcesses,... (e.g. 2:2)")
+    ap.add_argument("--decode-in", default="", help="parallelism:decodeIn,... (e.g. 2:sink, 1:source)")
     ap.add_argument("--txns", type=int, default=10000, help="transactions per round's backlog")
     ap.add_argument("--per-txn", type=int, default=3, help="tables changed per transaction")
     ap.add_argument("--rows", type=int, default=20, help="rows per table")
     ap.add_argument("--max-rows", type=int, default=6000, help="the source's maxRowsPerTrigger")
     ap.add_argument("--trigger", type=float, default=1.0)
+    ap.add_argument("--row-format", default="arrow", choices=("arrow", "json"),
+                    help="the source's rowFormat (arrow: the mirror's own for Delta and Iceberg; json: the runs before "
+                         "2026-11-28)")
     ap.add_argument("--timers", action="store_true", help="benchmark-only timers: prepare / commit per changed table")
     ap.add_argument("--rate", default=None, help="paced rounds: changes/s written by the server (one per --tables entry)")
     ap.add_argument("--seconds", type=float, default=120, help="paced rounds: how long")
@@ -305,6 +323,8 @@ def main() -> None:
     ap.add_argument("--name", default="mirror_scaleout", help="results/<name>.json")
     args = ap.parse_args()
     COMMIT_PROCESSES.update({int(a): int(b) for a, b in (x.split(":") for x in args.commit_processes.split(",") if x)})
+    ROW_FORMAT[0] = args.row_format
+    DECODE_IN.update({int(a): b for a, b in (x.split(":") for x in args.decode_in.split(",") if x)})
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if args.timers:  # before the JVM starts: Spark's Python workers inherit the environment
         os.environ["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "timers"), os.environ.get("PYTHONPATH", "")])
