@@ -221,3 +221,27 @@ def test_w_packs_unpack_to_the_json_rows_p_packs_unpack_to(small_runs: None) -> 
     want = sorted(unpack_json(pa.Table.from_batches(typed)).to_pylist(), key=key)
     got = sorted(unpack_json(pa.Table.from_batches(wire)).to_pylist(), key=key)
     assert len(got) == len(want) > 300 and got == want
+
+
+def test_a_piece_of_only_a_skipped_table_keeps_the_transactions_seq(small_runs: None) -> None:
+    """A piece cut inside a transaction whose only change is of a table not followed: the _seq of the followed
+    table's next change (in the next piece) counts on from before, as the per-message path counts."""
+    s = Stream()
+    s.relation(1, "public.t1", COLUMNS[:2])
+    s.relation(3, "other.skip", COLUMNS[:2], followed=False)
+    s.txn([insert(1, ["1", "a"]), insert(1, ["2", "b"]), insert(3, ["3", "c"]), insert(1, ["4", "d"])])
+    relations = relations_in(s.messages)
+    src = SimpleNamespace(component="test", slot_name="s", decode_in="sink")
+
+    def resolve(rel: Relation) -> TableSchema | None:
+        return s.schemas[(rel.relid, rel.names)]
+
+    pieces = [s.messages[:5], s.messages[5:6], s.messages[6:]]  # [R, R, B, I, I], [I of the skipped table], [I, C]
+    assert [m[:1] for m in pieces[1]] == [b"I"]
+    batches = list(packed_rows.packed_pieces(src, pieces, 0, 1 << 62, relations, resolve))
+    assert {op for b in batches for op in b.column("_op").to_pylist()} == {"s", "w"}
+    decode = PackedDecode()
+    for b in batches:
+        decode.add(b)
+    rows = decode.result()["public.t1"][1]
+    assert rows.column("_seq").to_pylist() == [1, 2, 3]  # 0 is the 's' row's

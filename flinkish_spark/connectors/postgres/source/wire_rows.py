@@ -216,12 +216,16 @@ def _plan(stream: "_Stream", messages: list[bytes], start: int, end: int, st: De
         schema = schemas[int(frel[i])]
         assert schema is not None
         schema_rows.append((schema.table, int(f_lsn[i]), int(seq[i]), int(f_ts[i]), schema.schema_id, schema.to_json()))
-    # the stream's counters after the piece: as per_message leaves them (a wanted change of a table not followed
-    # starts its transaction's count too)
+    # The stream's counters after the piece, as per_message leaves them: the last wanted change's transaction
+    # (a change of a table not followed starts a new transaction's count too, and takes no _seq) and the _seq
+    # after the last followed change of that transaction -- in this piece, or before it.
     txn_after = (stream.txn, stream.seq)
     if len(wrows):
         last_lsn = int(lsn[wrows[-1]])
-        txn_after = (last_lsn, int(row_seq[-1]) + 1) if len(frows) and int(f_lsn[-1]) == last_lsn else (last_lsn, 0)
+        if len(frows) and int(f_lsn[-1]) == last_lsn:
+            txn_after = (last_lsn, int(row_seq[-1]) + 1)
+        else:
+            txn_after = (last_lsn, stream.seq if last_lsn == stream.txn else 0)
     changes: dict[int, tuple[TableSchema, Relation, pa.BinaryArray, np.ndarray, np.ndarray, np.ndarray]] = {}
     if len(frows):
         offsets = np.concatenate([m.starts, m.ends[-1:]]).astype(np.int32)
