@@ -26,7 +26,7 @@ from tests.connectors.postgres.test_source_stream_bulk import (  # noqa: F401
 
 
 def tables(s: Stream, packed: bool, start: int = 0, end: int = 1 << 62, decode_in: str = "source",
-           ops: set[str] | None = None, piece: int = 97) -> dict[str, Any]:
+           ops: set[str] | None = None, piece: int = 97, cuts: list[int] | None = None) -> dict[str, Any]:
     relations = relations_in(s.messages)
 
     def resolve(rel: Relation) -> TableSchema | None:
@@ -34,6 +34,8 @@ def tables(s: Stream, packed: bool, start: int = 0, end: int = 1 << 62, decode_i
 
     src = SimpleNamespace(component="test", slot_name="s", decode_in=decode_in)
     pieces = [s.messages[i:i + piece] for i in range(0, len(s.messages), piece)]  # cut anywhere, as peeks are
+    if cuts is not None:
+        pieces = [s.messages[a:b] for a, b in zip([0] + cuts, cuts + [len(s.messages)]) if b > a]
     if packed:
         batches = list(packed_rows.packed_pieces(src, pieces, start, end, relations, resolve))
     else:
@@ -245,3 +247,22 @@ def test_a_piece_of_only_a_skipped_table_keeps_the_transactions_seq(small_runs: 
         decode.add(b)
     rows = decode.result()["public.t1"][1]
     assert rows.column("_seq").to_pylist() == [1, 2, 3]  # 0 is the 's' row's
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_w_packs_equal_the_json_way_for_random_streams_cut_at_random(small_runs: None, seed: int) -> None:
+    """Many tables (one not followed, one of identity FULL), now and then a piece that does not qualify: pieces
+    cut at random (~3 or ~20 messages), ranges starting and ending mid-stream -- the same tables as the JSON way."""
+    r = random.Random(seed)
+    s = _many_tables_stream(100 + seed, tables=6, txns=80)
+    n = len(s.messages)
+    cuts = sorted(r.sample(range(1, n), n // (3 if seed % 3 else 20)))  # pieces of ~3 messages, or ~20
+    lsns = sorted({struct.unpack(">q", m[1:9])[0] for m in s.messages if m[:1] == b"B"})
+    start, end = (0, 1 << 62) if seed % 2 else (lsns[r.randrange(5)], lsns[-1 - r.randrange(5)])
+    ops: set[str] = set()
+    want = tables(s, packed=False, start=start, end=end, cuts=cuts)
+    got = tables(s, packed=True, start=start, end=end, decode_in="sink", ops=ops, cuts=cuts)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], (name, start, end)
+    assert "w" in ops
