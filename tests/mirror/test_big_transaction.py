@@ -44,7 +44,7 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
         "source": {"format": "flinkish.postgres", "options": {
             "uid": "mirror", "checkpoint": str(tmp_path / "meta"), "url": url, "tables": "public.big",
             "splitSize": 100_000, "maxRowsPerTrigger": 200_000,
-            "rowFormat": "arrow"}},  # the shape flinkish mirror reads to a lakehouse
+            "rowFormat": "arrow", "decodeIn": "sink"}},  # the shape flinkish mirror reads to a lakehouse
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": str(tmp_path / "meta"), "path": str(tmp_path / "lake" / "{schema}" / "{table}")}},
         "trigger": "1 second",

@@ -42,7 +42,7 @@ def spec(tmp_path: Path, url: str, target: str, **extra: object) -> dict:
         "source": {"format": "flinkish.postgres", "options": {
             "uid": UID, "checkpoint": meta, "url": url, "tables": "public.d_*",
             "splitSize": 500, "maxRowsPerTrigger": 2000, "discoveryInterval": 1,
-            "rowFormat": "arrow"}},  # the shape flinkish mirror reads to a lakehouse
+            "rowFormat": "arrow", "decodeIn": "sink"}},  # the shape flinkish mirror reads to a lakehouse
         "sink": {"format": f"flinkish.{target}", "checkpointLocation": str(tmp_path / "cp"), "options": sink},
         "trigger": "1 second",
         **extra,

@@ -60,7 +60,7 @@ def spec(tmp_path: Path, url: str, **extra: object) -> dict:
         "source": {"format": "flinkish.postgres", "options": {
             "uid": UID, "checkpoint": meta, "url": url, "tables": "public.r_*",
             "splitSize": 500, "maxRowsPerTrigger": 1000, "discoveryInterval": 1,
-            "rowFormat": "arrow"}},  # the shape flinkish mirror reads to a lakehouse
+            "rowFormat": "arrow", "decodeIn": "sink"}},  # the shape flinkish mirror reads to a lakehouse
         "sink": {"format": "flinkish.delta", "checkpointLocation": str(tmp_path / "cp"), "options": {
             "uid": "lake", "checkpoint": meta, "path": str(tmp_path / "lake") + "/{schema}/{table}"}},
         "trigger": "1 second",
