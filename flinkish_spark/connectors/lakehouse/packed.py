@@ -26,7 +26,8 @@ class PackedDecode:
         self.schemas: dict[str, TableSchema] = {}
         self.order: dict[str, list[tuple[tuple[int, int, int], str]]] = {}  # table -> (position, schema id) of 's' rows
         self.by_change: set[str] = set()  # schemas an 's' row of the change stream announced
-        self.pieces: dict[str, list[tuple[str, pa.Table]]] = {}
+        #: table -> (schema id, its rows typed, or a j/w pack's op and bytes whose 's' row had not come yet)
+        self.pieces: dict[str, list[tuple[str, pa.Table | tuple[str, pa.Buffer]]]] = {}
         self.figures: dict[str, Figures] = {}
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -44,11 +45,12 @@ class PackedDecode:
                 if lsn is not None:
                     self.by_change.add(schema.schema_id)
                 continue
-            if r["_op"] in ("j", "w"):  # typed here (the source's decodeIn=sink); its 's' row came before it
+            rows: pa.Table | tuple[str, pa.Buffer]
+            if r["_op"] in ("j", "w"):  # typed here (the source's decodeIn=sink), as it arrives
                 known = self.schemas.get(sid)
-                if known is None:
-                    raise ValueError(f"rows of {name} name schema {sid} without an 's' row before them in the task")
-                rows = pack_rows(r["_op"], known, blobs[i].as_buffer())
+                # Its 's' row comes before it (the source writes it first, a shuffle keeps a map output's order);
+                # if not, the pack waits for result(), which raises if the task never got it.
+                rows = (r["_op"], blobs[i].as_buffer()) if known is None else pack_rows(r["_op"], known, blobs[i].as_buffer())
             else:
                 rows = read_pack(blobs[i].as_buffer())
             self.pieces.setdefault(name, []).append((sid, rows))
@@ -69,7 +71,9 @@ class PackedDecode:
             if missing:
                 raise ValueError(f"rows of {name} name schemas {sorted(missing)} without an 's' row in the same task")
             schemas = [self.schemas[v] for v in versions]
-            rows = TableRows(name, tuple(schemas), _joined(schemas, [p for _, p in self.pieces.get(name, [])]))
+            pieces = [p if isinstance(p, pa.Table) else pack_rows(p[0], self.schemas[sid], p[1])
+                      for sid, p in self.pieces.get(name, [])]
+            rows = TableRows(name, tuple(schemas), _joined(schemas, pieces))
             earlier = tuple(s.to_json() for s in schemas[:-1] if s.schema_id in self.by_change)
             out[name] = (rows, rows.rows, self.figures.get(name, Figures()), earlier)
         return out

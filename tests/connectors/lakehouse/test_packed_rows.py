@@ -136,3 +136,25 @@ def test_unpacked_rows_are_the_json_rows_but_for_what_arrow_cannot_hold() -> Non
         assert sorted(got) == sorted(want)  # the same columns: key-only deletes, unchanged columns left out
         assert {k: v for k, v in got.items() if k not in lossy} == {k: v for k, v in want.items() if k not in lossy}
 
+
+
+def test_untyped_packs_before_their_schema_row_wait_for_it_and_without_it_are_refused() -> None:
+    """A j pack whose 's' row comes later in the task (a shuffle that did not keep the source's order) is typed
+    once it has come: the same tables; a task that never gets the 's' row is refused, naming the table."""
+    packer = Packer(defer=True)
+    packs = pa.Table.from_batches([packer.pack(b) for b in stream(cut=5)])
+    is_s = pc.equal(packs.column("_op"), "s")
+    in_order, reversed_ = PackedDecode(), PackedDecode()
+    in_order.add(pa.Table.from_batches(packs.to_batches()).combine_chunks().to_batches()[0])
+    for part in (packs.filter(pc.invert(is_s)), packs.filter(is_s)):  # every pack first, the schema rows after
+        for b in part.to_batches():
+            reversed_.add(b)
+    want, got = in_order.result(), reversed_.result()
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert as_text(got[name][1]) == as_text(want[name][1]), name
+    lost = PackedDecode()
+    for b in packs.filter(pc.invert(is_s)).to_batches():
+        lost.add(b)
+    with pytest.raises(ValueError, match=r"rows of public\.\w+ name schemas .* without an 's' row in the same task"):
+        lost.result()
