@@ -4,8 +4,9 @@ What it guarantees: :meth:`PackedDecode.result` has the form of :meth:`.task_dec
 same changes, the same content: per source table the schemas its rows used (oldest first), its rows typed in the
 newest schema's columns and types (columns only older schemas had kept, null in newer rows) in stream order
 (snapshot rows first, then by ``_lsn``, ``_seq``), its figures and the older schemas its changes announced. A ``p``
-pack is typed already (by the same decoder the JSON shape's sink uses) and its IPC stream is read as it is; a ``j``
-pack (the source's ``decodeIn=sink``) is typed here by that same decoder, as it arrives -- the same rows either way.
+pack is typed already (by the same decoder the JSON shape's sink uses) and its IPC stream is read as it is; a ``w``
+pack (pgoutput messages) or a ``j`` pack (JSON texts), the source's ``decodeIn=sink``, is typed here as it arrives
+by the source's own decoders (:func:`..postgres.rows.packed.pack_rows`) -- the same rows either way.
 """
 
 from __future__ import annotations
