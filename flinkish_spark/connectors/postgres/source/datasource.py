@@ -103,7 +103,7 @@ class PostgresSourceDataSource(CdcDataSource):
         if self.patterns is None and opts.has("rowFormat"):
             raise ConfigError(f"{self.component}: option 'rowFormat' applies to 'tables' only")
         # Where a change's values are typed when rowFormat=arrow (rows.packed): 'source', the one task reading the
-        # slot; 'sink', the tasks the stream is spread to (j packs) -- not part of config() either.
+        # slot; 'sink', the sink tasks (w and j packs, source.wire_rows) -- not part of config() either.
         self.decode_in: str = opts.choice("decodeIn", DECODE_IN, "source")
         if opts.has("decodeIn") and self.row_format != "arrow":
             raise ConfigError(f"{self.component}: option 'decodeIn' applies to rowFormat=arrow only (the JSON shape's "
