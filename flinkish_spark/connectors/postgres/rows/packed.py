@@ -52,9 +52,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flinkish_spark.connectors.postgres.rows.decode import ROW_META, UNCHANGED, _unchanged, decode_rows
+from flinkish_spark.connectors.postgres.rows.decode import UNCHANGED
 from flinkish_spark.connectors.postgres.rows.encode import UNCHANGED_FIELD
 from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema
+from flinkish_spark.connectors.postgres.rows.typed import typed_rows
 from flinkish_spark.connectors.postgres.rows.wire import wire_rows
 
 if TYPE_CHECKING:
@@ -80,7 +81,8 @@ PACKED_DDL = (
     "`_count` int, `_changes` int, `_commit_ts` timestamp, `batch` binary"
 )
 ROW_FORMATS = ("json", "arrow")
-#: The source option ``decodeIn`` (``rowFormat=arrow``): where a change's values are typed (``sink``: ``j`` packs).
+#: The source option ``decodeIn`` (``rowFormat=arrow``): where a change's values are typed (``sink``: ``w`` and ``j``
+#: packs, typed by the sink task).
 DECODE_IN = ("source", "sink")
 
 
@@ -214,15 +216,6 @@ class _Figures:
 
 #: The columns of a ``j`` pack's rows: the JSON shape's, without what the packed row itself says (table, schema id).
 _JSON_PACK = ("_op", "_lsn", "_seq", "_commit_ts", "row")
-
-
-def typed_rows(schema: TableSchema, rows: pa.RecordBatch | pa.Table) -> pa.Table:
-    """JSON-shape rows of one schema (``_op``, ``_lsn``, ``_seq``, ``_commit_ts``, ``row``) as a ``p`` pack's rows:
-    the columns typed by the JSON shape's own decoder, then :data:`..decode.ROW_META`."""
-    texts = pa.chunked_array([rows.column("row")]) if isinstance(rows, pa.RecordBatch) else rows.column("row")
-    typed = decode_rows(texts, schema)
-    cols = list(typed.columns) + [rows.column(m) for m in ROW_META if m != UNCHANGED] + [_unchanged(texts)]
-    return pa.Table.from_arrays(cols, names=typed.column_names + list(ROW_META))
 
 
 def packing(row_format: str, defer: bool = False) -> "Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None":

@@ -27,7 +27,8 @@ import pyarrow.compute as pc
 
 from flinkish_spark.connectors.postgres.pgoutput import PG_EPOCH_US, DecodeState
 from flinkish_spark.connectors.postgres.rows.encode import _json_string, value_encoder
-from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema
+from flinkish_spark.connectors.postgres.rows.schema import Column, TableSchema, arrow_type
+from flinkish_spark.connectors.postgres.rows.typed import typed_column
 
 _B, _C, _I, _U, _D = (ord(c) for c in "BCIUD")
 _N, _K, _O = (ord(c) for c in "NKO")
@@ -58,12 +59,32 @@ class Messages:
     def of(cls, messages: Sequence[bytes]) -> Messages:
         lens = np.fromiter(map(len, messages), np.int64, len(messages))
         ends = np.cumsum(lens)
-        starts = ends - lens
         buf = np.frombuffer(b"".join(messages) + b"\x00" * 16, np.uint8)  # padded: reads past a short message stay in
+        return cls._framed(buf, ends - lens, ends)
+
+    @classmethod
+    def _framed(cls, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Messages:
+        lens = ends - starts
         kinds = np.where(lens > 0, buf[starts], 0).astype(np.uint8)
         tags = np.where(lens > 5, buf[starts + 5], 0).astype(np.uint8)
         relids = np.where(lens > 5, _be32(buf, starts + 1), 0)
         return cls(buf, starts, ends, kinds, tags, relids)
+
+    @classmethod
+    def of_array(cls, msgs: pa.BinaryArray) -> Messages:
+        """The messages of an Arrow binary array (a ``w`` pack's, :mod:`..rows.wire`): their bytes copied once."""
+        offsets = np.frombuffer(msgs.buffers()[1], np.int32, len(msgs) + 1, msgs.offset * 4).astype(np.int64)
+        data = msgs.buffers()[2]
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        raw = np.frombuffer(data, np.uint8, hi - lo, lo) if data is not None and hi > lo else np.zeros(0, np.uint8)
+        buf = np.concatenate([raw, np.zeros(16, np.uint8)])  # padded, as of() pads
+        return cls._framed(buf, offsets[:-1] - lo, offsets[1:] - lo)
+
+    def as_array(self) -> pa.BinaryArray:
+        """The messages as one Arrow binary array over the same bytes (no copy); its offsets are 32-bit, so the
+        caller checks the total is under 2 GiB."""
+        offsets = np.concatenate([self.starts, self.ends[-1:]]).astype(np.int32)
+        return pa.Array.from_buffers(pa.binary(), len(self.starts), [None, pa.py_buffer(offsets), pa.py_buffer(self.buf)])
 
     def runs(self, min_rows: int, max_rows: int) -> list[tuple[int, int]]:
         """Message ranges [a, b) the bulk path may take: Begin, Commit and row messages without an old tuple of one
@@ -301,6 +322,29 @@ def rows_json(m: Messages, msgs: np.ndarray, rel_names: Sequence[str], schema: T
     if len(parts) == 1:
         return pa.array([parts[0]] * len(msgs), pa.string())
     return pc.binary_join_element_wise(*parts, "")
+
+
+def typed_columns(m: Messages, msgs: np.ndarray, rel_names: Sequence[str], schema: TableSchema,
+                  is_del: np.ndarray) -> list[pa.Array]:
+    """The schema's columns of the row messages ``msgs`` (carrying ``rel_names``, in that order), typed column by
+    column as the JSON shape decodes them (:func:`..rows.typed.typed_column`); a delete's columns but its key null;
+    a column the messages lack null. Raises Declined (see :func:`columns`)."""
+    n = len(msgs)
+    vals = columns(m, msgs, len(rel_names))
+    index = {name: i for i, name in enumerate(rel_names)}
+    key = set(schema.key)
+    masked = pa.array(is_del) if schema.key and is_del.any() else None  # a delete carries its key only
+    typed = []
+    for col in schema.columns:
+        i = index.get(col.name)
+        if i is None:
+            typed.append(pa.nulls(n, arrow_type(col.spark_type)))
+            continue
+        arr = typed_column(_strings(m.buf, vals[i])[0], col)
+        if masked is not None and col.name not in key:
+            arr = pc.if_else(masked, pa.scalar(None, arr.type), arr)
+        typed.append(arr)
+    return typed
 
 
 def encode_ops(m: Messages, msgs: np.ndarray) -> tuple[pa.Array, np.ndarray]:

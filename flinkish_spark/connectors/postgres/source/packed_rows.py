@@ -141,22 +141,8 @@ class _PackedStream(_Stream):
         schema = entry[1]
         if schema is None:
             raise bulk_rows.Declined("not followed")
-        vals = bulk_rows.columns(m, pos.msgs, len(rel.names))
         ops, is_del = bulk_rows.encode_ops(m, pos.msgs)
-        index = {name: i for i, name in enumerate(rel.names)}
-        key = set(schema.key)
-        masked = pa.array(is_del) if schema.key and is_del.any() else None  # a delete carries its key only
-        typed = []
-        for col in schema.columns:
-            t = arrow_type(col.spark_type)
-            i = index.get(col.name)
-            if i is None:
-                typed.append(pa.nulls(n, t))
-                continue
-            arr = typed_column(bulk_rows._strings(m.buf, vals[i])[0], col)
-            if masked is not None and col.name not in key:
-                arr = pc.if_else(masked, pa.scalar(None, arr.type), arr)
-            typed.append(arr)
+        typed = bulk_rows.typed_columns(m, pos.msgs, rel.names, schema, is_del)
         seq, self.txn, self.seq = bulk_rows.seqs(pos.lsns, self.txn, self.seq)
         meta = [ops, pa.array(pos.lsns, pa.int64()), pa.array(seq.astype(np.int32), pa.int32()),
                 pa.array(pos.ts, pa.int64()).cast(_TS), pa.nulls(n, pa.list_(pa.string()))]

@@ -228,8 +228,7 @@ def _plan(stream: "_Stream", messages: list[bytes], start: int, end: int, st: De
             txn_after = (last_lsn, stream.seq if last_lsn == stream.txn else 0)
     changes: dict[int, tuple[TableSchema, Relation, pa.BinaryArray, np.ndarray, np.ndarray, np.ndarray]] = {}
     if len(frows):
-        offsets = np.concatenate([m.starts, m.ends[-1:]]).astype(np.int32)
-        arr = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(m.buf)])
+        arr = m.as_array()  # the total was checked under 2 GiB above
         order = np.argsort(frel, kind="stable")
         taken = arr.take(pa.array(frows[order]))
         sorted_rel = frel[order]
