@@ -124,6 +124,19 @@ def local_driver_environment(master: str, python: str) -> dict[str, str]:
     return env
 
 
+#: Session settings flinkish's sessions start with (local drivers, the Connect servers it starts, and
+#: ``sc://`` sessions it opens); the caller's ``conf`` wins.
+#:
+#: ``spark.sql.execution.arrow.maxBytesPerBatch``: Spark hands rows to a Python sink task in Arrow batches of
+#: ``maxRecordsPerBatch`` (10,000) rows, its byte cap unset. A packed CDC stream (``rowFormat=arrow``) is a few
+#: rows of megabytes each, so without a byte cap an epoch's packs cross in one batch, after the source task has
+#: read the whole range: the sink waits idle for the read, then holds every pack at once. At 4 MiB a pack goes
+#: on as soon as the source yields it (measured on one table, 300,000 changes: the sink's first batch 1.5 s ->
+#: 0.75 s after the task's start; docs/benchmarks.md). Rows of a few hundred bytes (the JSON shape, most
+#: tables) still fill 10,000-row batches under the cap.
+SESSION_DEFAULTS: Mapping[str, str] = {"spark.sql.execution.arrow.maxBytesPerBatch": str(4 << 20)}
+
+
 def driver_conf(master: str, python: str, conf: Mapping[str, str] | None = None,
                 spark_home: str | None = None) -> dict[str, str]:
     """The Spark settings flinkish starts a local driver with; ``conf`` entries win."""
@@ -133,5 +146,6 @@ def driver_conf(master: str, python: str, conf: Mapping[str, str] | None = None,
         "spark.sql.shuffle.partitions": "4",
         "spark.sql.streaming.stopTimeout": "30s",
         "spark.executorEnv.PYSPARK_PYTHON": python,
+        **SESSION_DEFAULTS,
     }
     return with_class_archive(master, {**defaults, **(conf or {})}, spark_home)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from flinkish_spark.connect_client import bound_retries, check_server_timeout, is_connect
 from flinkish_spark.environment import (
+    SESSION_DEFAULTS,
     check_java,
     check_worker_python,
     driver_conf,
@@ -115,6 +116,7 @@ def _connect_session(remote: str, app_name: str, conf: Mapping[str, str] | None,
         url, session_conf = server.url, {ARTIFACT_ISOLATION: isolation}
     elif remote.startswith("sc://"):
         url = remote
+        session_conf = {**SESSION_DEFAULTS, **session_conf}  # session confs: a server of others keeps its own
     else:
         raise ConfigError(
             f"session(remote={remote!r}): expected a Spark Connect URL 'sc://host:port' or 'local[N]' "

@@ -96,3 +96,13 @@ def test_a_remote_that_is_no_spark_connect_url_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"session\(remote='http://host:15002'\): expected a Spark Connect URL 'sc://host:port' or 'local\[N\]'"):
         flinkish_spark.session(remote="http://host:15002")
+
+
+def test_sessions_cap_arrow_batches_by_bytes_and_the_callers_conf_wins(spark) -> None:
+    # A packed CDC stream's rows are megabytes each: under the cap each pack reaches the sink task as the source
+    # yields it, not all of an epoch's packs in one batch after the whole read.
+    from flinkish_spark.environment import driver_conf
+
+    assert spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch") == str(4 << 20)
+    mine = driver_conf("local[2]", sys.executable, {"spark.sql.execution.arrow.maxBytesPerBatch": "1000"})
+    assert mine["spark.sql.execution.arrow.maxBytesPerBatch"] == "1000"
