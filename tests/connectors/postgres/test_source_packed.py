@@ -140,6 +140,39 @@ def test_a_many_table_stream_goes_as_w_packs_whole(small_runs: None, piece: int)
     assert ops == {"s", "w"}
 
 
+def test_a_table_with_a_whole_pack_pending_sends_it_while_the_read_goes_on(small_runs: None,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """decodeIn=sink: a table whose pending changes make a whole pack (PACK_ROWS) goes to its sink task before the
+    read ends -- the sink types it while the source reads on -- and the tables are still those of the JSON way."""
+    from flinkish_spark.connectors.postgres.source import stream_rows, wire_rows
+
+    monkeypatch.setattr(wire_rows, "PACK_ROWS", 40)
+    monkeypatch.setattr(stream_rows, "BATCH_ROWS", 10_000)  # the flush of all tables far off
+    s = _many_tables_stream(6, tables=4, txns=200)  # ~150 changes per table, far below FLUSH_BATCHES * BATCH_ROWS
+    want = tables(s, packed=False, piece=50)
+    got = tables(s, packed=True, decode_in="sink", piece=50)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+    relations = relations_in(s.messages)
+    src = SimpleNamespace(component="test", slot_name="s", decode_in="sink")
+    pieces = [s.messages[i:i + 50] for i in range(0, len(s.messages), 50)]
+    read = 0
+
+    def counted() -> Any:
+        nonlocal read
+        for p in pieces:
+            read += 1
+            yield p
+
+    first_w = None
+    for b in packed_rows.packed_pieces(src, counted(), 0, 1 << 62, relations,
+                                       lambda rel: s.schemas[(rel.relid, rel.names)]):
+        if first_w is None and "w" in b.column("_op").to_pylist():
+            first_w = read
+    assert first_w is not None and first_w < len(pieces) // 2, (first_w, len(pieces))
+
+
 def test_typed_column_reads_each_text_as_the_json_shape_does() -> None:
     from flinkish_spark.connectors.postgres.rows.decode import decode_rows
     from flinkish_spark.connectors.postgres.rows.encode import value_encoder

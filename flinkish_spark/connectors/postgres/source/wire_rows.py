@@ -17,7 +17,8 @@ writes its new ``s`` row in place), and no message carries a column the table's 
 ``transforms`` where no column list keeps it out of the publication: its values never leave the source task). Any other piece goes the old way after the pending ``w`` rows are flushed, so
 within a table the stream stays in order. Pending rows are flushed every ``FLUSH_BATCHES * BATCH_ROWS`` changes or
 ``PACK_BYTES`` of messages (memory stays bounded whatever the read holds: one big transaction is millions of
-changes).
+changes), and a table's as soon as it has a whole pack (``PACK_ROWS``) pending, so that its sink task works while
+this one reads on.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class _Table:
     schema: TableSchema
     rel: Relation
     parts: list[tuple[pa.BinaryArray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    count: int = 0
 
 
 class WireRows:
@@ -87,24 +89,34 @@ class WireRows:
             if entry is None:
                 entry = self.tables[relid] = _Table(schema, rel)
             entry.parts.append((msgs, lsns, seqs, tss))
+            entry.count += len(msgs)
             self.count += len(msgs)
             self.bytes += msgs.nbytes
         if self.count >= FLUSH_BATCHES * stream_rows.BATCH_ROWS or self.bytes >= PACK_BYTES:
             yield from self.flush()
+        else:
+            # A table with a whole pack pending sends it now: its sink task starts on it while this task reads on
+            # (a busy table's changes cross to the sink as they are read, not after the range).
+            full = [relid for relid, t in self.tables.items() if t.count >= PACK_ROWS]
+            if full:
+                yield from self.flush(full)
 
-    def flush(self) -> Iterator[pa.RecordBatch]:
-        """Every pending change, as ``w`` packs (a table's changes cut by ``PACK_ROWS`` and ``PACK_BYTES``)."""
+    def flush(self, relids: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+        """The pending changes of ``relids`` (default: all), as ``w`` packs (a table's changes cut by ``PACK_ROWS``
+        and ``PACK_BYTES``)."""
         if not self.tables:
             return
         rows: list[dict[str, Any]] = []
-        for t in self.tables.values():
+        for relid in list(self.tables) if relids is None else relids:
+            t = self.tables.pop(relid)
+            self.count -= t.count
+            self.bytes -= sum(p[0].nbytes for p in t.parts)
             msgs = pa.concat_arrays([p[0] for p in t.parts]) if len(t.parts) > 1 else t.parts[0][0]
             lsns, seqs, tss = (np.concatenate([p[i] for p in t.parts]) for i in (1, 2, 3))
             per = max(1, min(PACK_ROWS, int(PACK_BYTES * len(msgs) // max(1, msgs.nbytes))))
             for a in range(0, len(msgs), per):
                 b = min(len(msgs), a + per)
                 rows.append(_pack(t, msgs.slice(a, b - a), lsns[a:b], seqs[a:b], tss[a:b]))
-        self.tables, self.count, self.bytes = {}, 0, 0
         yield pa.RecordBatch.from_pylist(rows, schema=PACKED_ARROW)
 
 
