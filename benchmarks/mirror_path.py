@@ -196,7 +196,12 @@ def main() -> None:
                 time.sleep(0.5)
             time.sleep(2 * args.trigger)
             flinkish_spark.stop(q, drain=False, timeout=300)
+        # The first query's publication: pgoutput skips a publication that does not exist (a warning, no error), and
+        # pg_recvlogical would time an empty stream.
+        publication = f"flinkish_src_{formats[0].replace('/', '_')}"
         with psycopg.connect(url, autocommit=True) as conn:
+            if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone():
+                raise RuntimeError(f"no publication {publication!r} for pg_recvlogical")
             for i in range(args.recv_repeats):  # pg_recvlogical consumes its slot: one per run
                 conn.execute(f"SELECT pg_create_logical_replication_slot('bench_recv{i}', 'pgoutput')")
             t0 = time.perf_counter()
@@ -210,7 +215,7 @@ def main() -> None:
         for i in range(args.recv_repeats):
             t0 = time.perf_counter()
             subprocess.run([exe, "-d", url, "--slot", f"bench_recv{i}", "--start", "--no-loop", "-o", "proto_version=1",
-                            "-o", f"publication_names=flinkish_src_{formats[0]}", "-f", "/dev/null",
+                            "-o", f"publication_names={publication}", "-f", "/dev/null",
                             "--endpos", format_lsn(end)], check=True, capture_output=True)
             recv_runs.append(time.perf_counter() - t0)
             with psycopg.connect(url, autocommit=True) as conn:
