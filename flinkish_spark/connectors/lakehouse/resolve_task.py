@@ -11,6 +11,7 @@ own earlier versions here; what the task cannot fill it names (``E_UNFILLED``) f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +54,14 @@ def key_changes(columns: list[pa.ChunkedArray | pa.Array]) -> np.ndarray:
     return out
 
 
+def taken(x: Any, idx: np.ndarray) -> Any:
+    """``x.take(idx)`` (a table or an array), or ``x`` itself when ``idx`` picks every row in order -- the common case
+    of keys changed in key order, one change each (appended rows of a serial key): no copy of the epoch's rows."""
+    if len(idx) == len(x) and (len(idx) == 0 or (idx[0] == 0 and bool(np.all(np.diff(idx) == 1)))):
+        return x
+    return x.take(pa.array(idx, pa.int64()))
+
+
 def change_order(table: pa.Table, key: tuple[str, ...], tail: list[str]) -> pa.Array:
     sort_keys = [(k, "ascending") for k in key] + [(c, "ascending") for c in tail]
     return pc.sort_indices(table, sort_keys=sort_keys)  # no nulls: keys are checked, LSNs filled
@@ -71,8 +80,8 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
     if plan.deletes == "false" and plan.has_op:
         keep = pc.invert(is_delete)
         table, work = table.filter(keep), work.filter(keep)
-    order = change_order(work, plan.key, [E_LSN, E_ROW])
-    table, work = table.take(order), work.take(order)
+    order = change_order(work, plan.key, [E_LSN, E_ROW]).to_numpy()
+    table, work = taken(table, order), taken(work, order)
     n = table.num_rows
     diff = key_changes([work.column(k) for k in plan.key])
     last = np.append(diff, True) if n else np.zeros(0, dtype=np.bool_)
@@ -107,7 +116,7 @@ def resolve_task(plan: ChangePlan, table: pa.Table) -> TaskChanges:
     pos = np.full(len(win), -1, dtype=np.int64)
     pos[~win_delete] = np.arange(len(versions))
     entries = _entries(keys, work, win, kinds, pos)
-    return TaskChanges(data.take(pa.array(versions)), _with_unfilled(entries, unfilled, win))
+    return TaskChanges(taken(data, versions), _with_unfilled(entries, unfilled, win))
 
 
 def _fill_unchanged(data: pa.Table, lists: pa.ChunkedArray, diff: np.ndarray) -> tuple[pa.Table, list[list[str] | None] | None]:
@@ -144,10 +153,9 @@ def _with_unfilled(entries: pa.Table, unfilled: list[list[str] | None] | None, r
 
 def _entries(keys: dict[str, pa.ChunkedArray], work: pa.Table, idx: np.ndarray, kinds: np.ndarray,
              pos: np.ndarray) -> pa.Table:
-    at = pa.array(idx, pa.int64())
-    cols = {k: v.take(at) for k, v in keys.items()}
-    cols[E_LSN] = work.column(E_LSN).take(at)
-    cols[E_ROW] = work.column(E_ROW).take(at)
+    cols = {k: taken(v, idx) for k, v in keys.items()}
+    cols[E_LSN] = taken(work.column(E_LSN), idx)
+    cols[E_ROW] = taken(work.column(E_ROW), idx)
     cols[E_KIND] = pa.array(kinds, pa.int8())
     cols[E_POS] = pa.array(pos, pa.int64())
     return pa.table(cols)

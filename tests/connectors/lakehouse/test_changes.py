@@ -11,7 +11,7 @@ from flinkish_spark.connectors.lakehouse.changes import (
     KEYED_SINK_OPTIONS, check_rows, parse_keyed_options, plan_changes,
 )
 from flinkish_spark.connectors.lakehouse.resolve import Matches, resolve_epoch
-from flinkish_spark.connectors.lakehouse.resolve_task import E_POS, resolve_task
+from flinkish_spark.connectors.lakehouse.resolve_task import E_POS, resolve_task, taken
 from flinkish_spark.connectors.primary_key import PRIMARY_KEY_METADATA, carried_key, with_primary_key
 from flinkish_spark.errors import ChangeDataError, ConfigError
 from flinkish_spark.options import Options
@@ -99,3 +99,13 @@ def test_across_tasks_the_later_change_wins_and_the_losers_rows_are_dropped() ->
     assert {t: p.tolist() for t, p in apply.new_deletes.items()} == {0: [0]}
     assert {f: p.tolist() for f, p in apply.table_deletes.items()} == {"f": [4, 8]}
     assert apply.copies == []
+
+
+def test_taken_copies_only_when_the_rows_move() -> None:
+    # An epoch of appended rows in key order (one change per key) is already what resolve_task writes: no copy.
+    t = pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]})
+    assert taken(t, np.arange(3)) is t
+    assert taken(t, np.arange(0)).num_rows == 0
+    assert taken(t, np.array([0, 2])).column("k").to_pylist() == [1, 3]
+    assert taken(t, np.array([1, 2, 0])).column("v").to_pylist() == ["b", "c", "a"]
+    assert taken(t.column("v"), np.array([2, 1, 0])).to_pylist() == ["c", "b", "a"]
