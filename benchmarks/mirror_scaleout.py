@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -219,6 +220,37 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class MachineCpu(threading.Thread):
+    """The machine's busy CPU seconds (``/proc/stat``: all cores, every process -- the JVM, the Python workers and
+    committers, PostgreSQL) sampled every 0.1 s, so a round's window known only afterwards can be measured: the
+    cores busy on average over it. What a second task can add is at most the cores the first left idle."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float]] = []
+        self.tck = os.sysconf("SC_CLK_TCK")
+
+    def busy_s(self) -> float:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v) - v[3] - v[4]) / self.tck  # all but idle and iowait
+
+    def run(self) -> None:
+        while True:
+            self.samples.append((time.time(), self.busy_s()))
+            time.sleep(0.1)
+
+    def cores_busy(self, lo: float, hi: float) -> float:
+        inside = [x for x in self.samples if lo <= x[0] <= hi]
+        if len(inside) < 2:
+            return float("nan")
+        (t0, b0), (t1, b1) = inside[0], inside[-1]
+        return (b1 - b0) / (t1 - t0)
+
+
+CPU = MachineCpu()
+
+
 def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]:
     import glob
 
@@ -281,7 +313,7 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
         tables_changed = sum(1 for f in logs if lo <= os.path.getmtime(f) <= hi + 1)
         r = {"round": i, "parallelism": p, "commit_processes": COMMIT_PROCESSES.get(p, 0), "decode_in": ROUND_DECODE_IN[0] or "source", "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
              "rows": sum(x.numInputRows for x in busy), "changes": changes, "seconds": round(hi - lo, 1), "throughput": round(changes / (hi - lo)),
-             "tables_changed": tables_changed,
+             "tables_changed": tables_changed, "cores_busy": round(CPU.cores_busy(lo, hi), 2),
              "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5)),
              "add_batch_ms_p50": round(percentile([x.durationMs.get("addBatch", 0) for x in busy], 0.5)),
              "latest_offset_ms_p50": round(percentile([x.durationMs.get("latestOffset", 0) for x in busy], 0.5)),
@@ -339,6 +371,7 @@ def main() -> None:
         results = per_table_count(args.tables, "flinkish-bench-writer-", lambda url, n, work: writer_only(url, n, args))
         print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
         return
+    CPU.start()
     results = per_table_count(args.tables, "flinkish-bench-scaleout-", lambda url, n, work: run(url, n, args, work))
     print()
     if args.rate:
@@ -353,11 +386,11 @@ def main() -> None:
         print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
         return
     rows = [(r["tables"], x["round"], x["parallelism"], f"{x['load'][0]:.1f}", x["rows"], x["epochs"], x["seconds"],
-             x["throughput"], x["tables_changed"], x["batch_ms_p50"], x.get("prepare_ms_per_table", ""),
-             x.get("commit_ms_per_table", "")) for r in results for x in r["rounds"]]
+             x["throughput"], x.get("cores_busy", ""), x["tables_changed"], x["batch_ms_p50"],
+             x.get("prepare_ms_per_table", ""), x.get("commit_ms_per_table", "")) for r in results for x in r["rounds"]]
     print_table(["tables", "round", "parallelism", "load 1 min", "changes", "epochs", "s", "changes/s",
-                 "tables changed (versions)", "batch ms p50", "prepare ms / changed table (all tasks)",
-                 "commit ms / changed table"], rows)
+                 f"cores busy (of {os.cpu_count()})", "tables changed (versions)", "batch ms p50",
+                 "prepare ms / changed table (all tasks)", "commit ms / changed table"], rows)
     print("\nwrote", write_results(args.name, {"args": vars(args), "results": results}))
 
 
