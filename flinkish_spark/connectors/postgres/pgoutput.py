@@ -277,6 +277,14 @@ _I16 = struct.Struct(">h").unpack_from
 _BEGIN = struct.Struct(">qq").unpack_from
 
 
+def begin_final_lsn(data: bytes) -> int:
+    """The commit LSN a Begin message (``data[:1] == b"B"``) announces, without decoding the rest: what planning
+    reads of every transaction in a range (tens of thousands per epoch with many small transactions)."""
+    if len(data) < 9:
+        decode_message(data)  # says why
+    return int(_BEGIN(data, 1)[0])
+
+
 def _tuple_at(data: bytes, pos: int) -> tuple[tuple[object, ...], int]:
     """The TupleData at ``pos`` and the offset after it (what :meth:`_Reader.tuple_data` reads, without a method
     call per field: this runs for every column of every change)."""

@@ -26,6 +26,7 @@ from flinkish_spark.connectors.postgres.pgoutput import (
     Commit,
     PgOutputError,
     Relation,
+    begin_final_lsn,
     decode_changes,
     decode_message,
     format_lsn,
@@ -84,6 +85,17 @@ def test_lsn_range_selects_whole_transactions_by_commit_lsn() -> None:
     left = list(decode_changes(messages(), 0, txns[2]))
     right = list(decode_changes(messages(), txns[2], None))
     assert left + right == list(decode_changes(messages()))
+
+
+def test_begin_final_lsn_reads_what_the_decoder_reads() -> None:
+    # Planning reads only this field of every Begin in a range (change_target).
+    begins = [m for m in messages() if m[:1] == b"B"]
+    assert begins
+    for m in begins:
+        decoded = decode_message(m)
+        assert isinstance(decoded, Begin) and begin_final_lsn(m) == decoded.final_lsn
+    with pytest.raises(PgOutputError, match="truncated"):
+        begin_final_lsn(begins[0][:5])
 
 
 def test_bad_messages_are_refused_with_a_reason() -> None:

@@ -25,7 +25,7 @@ from flinkish_spark.connectors.cdc.registry import TableEntry
 from flinkish_spark.connectors.postgres import publication as publications
 from flinkish_spark.connectors.postgres import slot as slots
 from flinkish_spark.connectors.postgres.connection import connect, qualified
-from flinkish_spark.connectors.postgres.pgoutput import Begin, decode_message, format_lsn, parse_lsn
+from flinkish_spark.connectors.postgres.pgoutput import begin_final_lsn, format_lsn, parse_lsn
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
 from flinkish_spark.connectors.postgres.source.columns import identity_full, lists_unsupported
 from flinkish_spark.connectors.postgres.source.changes import peek_pieces, with_busy_slot
@@ -317,9 +317,7 @@ class PostgresDialect:
                     seen += len(piece)
                     for data in piece:
                         if data[:1] == b"B":
-                            msg = decode_message(data)
-                            assert isinstance(msg, Begin)
-                            current = msg.final_lsn
+                            current = begin_final_lsn(data)
                             if current >= position:
                                 finals.append(current)
                         if current is None or current < position:
