@@ -96,8 +96,9 @@ class WireRows:
             yield from self.flush()
         else:
             # A table with a whole pack pending sends it now: its sink task starts on it while this task reads on
-            # (a busy table's changes cross to the sink as they are read, not after the range).
-            full = [relid for relid, t in self.tables.items() if t.count >= PACK_ROWS]
+            # (a busy table's changes cross to the sink as they are read, not after the range). Only the piece's
+            # tables can have filled one: the others were below it after the last piece.
+            full = [relid for relid in plan.changes if self.tables[relid].count >= PACK_ROWS]
             if full:
                 yield from self.flush(full)
 
