@@ -155,8 +155,11 @@ def start(spark: Any, url: str, meta: str, cp: str, lake: str, parallelism: int,
         reader = reader.option("decodeIn", ROUND_DECODE_IN[0])
     if max_rows is not None:
         reader = reader.option("maxRowsPerTrigger", str(max_rows))
+    if ROUND_SPREAD[0] and parallelism > 1:
+        # the source spreads the changes by table itself (what `flinkish mirror` does with decodeIn=sink): no shuffle
+        reader = reader.option("spreadChanges", str(parallelism)).option("snapshotPartitions", str(parallelism))
     df = reader.load()
-    writer = (spread_tables(df, parallelism).writeStream.format("flinkish.delta").option("uid", "lake")
+    writer = (spread_tables(df, 1 if ROUND_SPREAD[0] else parallelism).writeStream.format("flinkish.delta").option("uid", "lake")
               .option("checkpoint", meta).option("path", os.path.join(lake, "{schema}", "{table}")))
     if COMMIT_PROCESSES.get(parallelism):
         writer = writer.option("commitProcesses", str(COMMIT_PROCESSES[parallelism]))
@@ -169,6 +172,8 @@ ROW_FORMAT = ["arrow"]
 #: ``--decode-in``: the source's decodeIn for the rounds of a parallelism ("2:sink"; the others: the source's default).
 DECODE_IN: dict[int, str] = {}
 ROUND_DECODE_IN = [""]  # the round's
+#: A round "2/sink/spread": the source's spreadChanges instead of the shuffle (spread_tables).
+ROUND_SPREAD = [False]
 
 #: ``--commit-processes``: the sink's commitProcesses for the rounds of a parallelism ("2:2": rounds with 2 tasks
 #: commit in 2 committer processes; the others in the driver's commit worker).
@@ -280,8 +285,11 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
     rounds = []
     for i, spec in enumerate(args.rounds.split(",")):
         # "2" or "2/sink": a round's parallelism and, after the slash, its decodeIn (else --decode-in's)
-        p = int(spec.partition("/")[0])
-        ROUND_DECODE_IN[0] = spec.partition("/")[2] or DECODE_IN.get(p, "")
+        p, _, rest = spec.partition("/")
+        p = int(p)
+        decode_in, _, how = rest.partition("/")
+        ROUND_DECODE_IN[0] = decode_in or DECODE_IN.get(p, "")
+        ROUND_SPREAD[0] = how == "spread"
         if args.rate:
             rounds.append({"round": i, **paced_round(spark, url, (meta, cp, lake), n, p, args)})
             print(json.dumps(rounds[-1]), flush=True)
@@ -311,7 +319,7 @@ def run(url: str, n: int, args: argparse.Namespace, work: str) -> dict[str, Any]
         # tables changed = the Delta versions written in the round (one per changed table and epoch)
         logs = glob.glob(os.path.join(lake, "bench", "t_*", "_delta_log", "*.json"))
         tables_changed = sum(1 for f in logs if lo <= os.path.getmtime(f) <= hi + 1)
-        r = {"round": i, "parallelism": p, "commit_processes": COMMIT_PROCESSES.get(p, 0), "decode_in": ROUND_DECODE_IN[0] or "source", "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
+        r = {"round": i, "parallelism": p, "commit_processes": COMMIT_PROCESSES.get(p, 0), "decode_in": ROUND_DECODE_IN[0] or "source", "spread": "source" if ROUND_SPREAD[0] and p > 1 else "shuffle", "load": load, "write_s": round(write_s, 1), "epochs": len(busy),
              "rows": sum(x.numInputRows for x in busy), "changes": changes, "seconds": round(hi - lo, 1), "throughput": round(changes / (hi - lo)),
              "tables_changed": tables_changed, "cores_busy": round(CPU.cores_busy(lo, hi), 2),
              "batch_ms_p50": round(percentile([x.durationMs["triggerExecution"] for x in busy], 0.5)),

@@ -14,6 +14,8 @@ Wrapped (generators: the time spent inside ``next()``, i.e. the producer's own t
 * ``RoutedDeltaSink.commit`` -- the driver's commit of every changed table's Delta version;
 * ``Committers.ask`` (``commitProcesses``): each round of the committer processes by kind (``committers.check``,
   ``.commit_first`` -- the table committed alone --, ``.commit``, ``.cleanup``), the parent's wall time;
+* ``SplitStreamReader.latestOffset`` and ``.partitions`` (the driver's source process: the range bounded; with
+  ``spreadChanges`` the range read and cut by table);
 * ``TwoPhaseCommitStreamWriter.write`` (the sink task) and ``.commit`` (Spark's call on the driver), and
   ``commit_epoch`` in it (the decision record, the sink's commit, the ``.done`` marker).
 """
@@ -111,6 +113,11 @@ def _install(out: str) -> None:
     routed.task_tables = task_tables
     routed.RoutedDeltaSink.prepare = timed("sink.prepare", routed.RoutedDeltaSink.prepare)  # type: ignore[method-assign]
     routed.RoutedDeltaSink.commit = timed("sink.commit", routed.RoutedDeltaSink.commit)  # type: ignore[method-assign]
+    from flinkish_spark.source.adapter import SplitStreamReader
+
+    # the driver's planning of an epoch: latestOffset (bounding the range) and partitions (with spreadChanges: the read)
+    SplitStreamReader.latestOffset = timed("driver.latest_offset", SplitStreamReader.latestOffset)  # type: ignore[method-assign]
+    SplitStreamReader.partitions = timed("driver.partitions", SplitStreamReader.partitions)  # type: ignore[method-assign]
     from flinkish_spark.connectors.delta import committers
 
     ask = committers.Committers.ask

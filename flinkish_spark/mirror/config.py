@@ -78,7 +78,7 @@ _COMMON_SINK = (*_STORAGE, "keepSparkCheckpoint", "mode", "deletes", "tableModes
                 "trackHistoryColumns.except", "transforms", "routes", "keysUniqueAcrossShards")
 #: Options of the flinkish.postgres source a mirror may set besides url/tables (their own names).
 SOURCE_OPTIONS = ("splitSize", "maxRowsPerTrigger", "snapshotRowsPerTrigger", "snapshotPartitions", "discoveryInterval", "heartbeatInterval",
-                  "rowFormat", "decodeIn", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
+                  "rowFormat", "decodeIn", "spreadChanges", "slotName", "publication", "onSlotLost", "passwordEnv", "startup")
 #: Flink CDC's names for some of them (a pipeline file may use either).
 SOURCE_FLINK_NAMES = {"slot.name": "slotName", "scan.incremental.snapshot.chunk.size": "splitSize",
                       "scan.startup.mode": "startup"}
@@ -178,7 +178,16 @@ class MirrorConfig:
                 # The changes typed by the sink tasks, not all by the one reading the slot: what spreads with
                 # --parallelism, and faster with one task too (the read and the typing in two processes).
                 opts.setdefault("decodeIn", "sink")
+        if self.source_kind == "postgres" and self.parallelism > 1 and opts.get("decodeIn") == "sink":
+            # The change range read by the driver (which bounds it: the server decodes it once) and handed to the
+            # sink tasks by table, without a shuffle (source.spread_read); the snapshot's chunks in as many tasks.
+            opts.setdefault("spreadChanges", str(self.parallelism))
+            opts.setdefault("snapshotPartitions", str(self.parallelism))
         return opts
+
+    def spread_in_source(self) -> bool:
+        """Whether the source hands the changes to the sink tasks by table itself (no shuffle: :mod:`.spread`)."""
+        return int(self.source_options().get("spreadChanges", "1")) > 1
 
     def sink_options(self) -> dict[str, str]:
         """The routing sink's options (what ``writeStream.option(...)`` gets), without checkpointLocation."""

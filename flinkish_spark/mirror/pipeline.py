@@ -203,8 +203,10 @@ def start_query(spark: Any, config: MirrorConfig) -> Any:
     reader = spark.readStream.format(config.source_format)
     for key, value in config.source_options().items():
         reader = reader.option(key, value)
-    # the per-table work of an epoch in `parallelism` tasks, not in the one that reads the slot
-    writer = spread_tables(_observe(reader.load()), config.parallelism).writeStream.format(config.sink_format)
+    # the per-table work of an epoch in `parallelism` tasks, not in the one that reads the slot: spread by the
+    # source itself where it can (spreadChanges), else by a shuffle
+    shuffle = 1 if config.spread_in_source() else config.parallelism
+    writer = spread_tables(_observe(reader.load()), shuffle).writeStream.format(config.sink_format)
     for key, value in config.sink_options().items():
         writer = writer.option(key, value)
     writer = writer.option("checkpointLocation", config.spark_checkpoint)

@@ -24,6 +24,10 @@ Why the result stays exact (the guarantee of :mod:`flinkish_spark.connectors.pos
   of the epoch, committed on the driver.
 
 ``parallelism = 1`` leaves the stream as it is (no shuffle): the per-table work runs in the read task.
+
+A ``flinkish.postgres`` source with ``spreadChanges`` hands its change rows to the tasks by table itself (the driver
+reads the range it bounded: :mod:`flinkish_spark.source.spread_read`), with the same two properties; the mirror
+then adds no shuffle (:meth:`flinkish_spark.mirror.config.MirrorConfig.spread_in_source`).
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ from flinkish_spark.source.offset import GENESIS, OFFSET_VERSION, EndOfInput, So
 from flinkish_spark.source.planning import Budget, ReadRange, plan_epoch
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
+from flinkish_spark.source.spread_read import RowsPartition, partition_rows, spread_rows
 from flinkish_spark.faults import crash_point
 
 
@@ -86,6 +87,7 @@ class SourceHost(Protocol):
     def default_read_limit(self) -> ReadLimit: ...
     def group_ranges(self, ranges: list[ReadRange]) -> list[list[ReadRange]]: ...
     def epoch_ranges(self, checkpoint: SourceCheckpoint) -> list[ReadRange]: ...
+    def spread(self, r: ReadRange) -> tuple[int, str] | None: ...
 
 @dataclass
 class SplitPartition(InputPartition):
@@ -474,12 +476,38 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # A pure function of the checkpoint: a source may cut a range into pieces its state names, the same pieces
         # at every replay (SplitDataSource.epoch_ranges).
         for group in self.source.group_ranges(self.source.epoch_ranges(ckpt)):
-            if len(group) == 1:
+            spread = self.source.spread(group[0]) if len(group) == 1 else None
+            rows = None if spread is None else self._spread_read(group[0], ckpt.ckpt_id, *spread)
+            if rows is not None:
+                out.extend(rows)
+            elif len(group) == 1:
                 r = group[0]
                 out.append(SplitPartition(r.split_id, r.payload, r.start, r.end, ckpt.ckpt_id))
             elif group:
                 out.append(SplitsPartition(tuple((r.split_id, r.payload, r.start, r.end) for r in group), ckpt.ckpt_id))
         return out
+
+    def _spread_read(self, r: ReadRange, ckpt_id: int, tasks: int, key: str) -> list[RowsPartition] | None:
+        """The range ``r`` read here, its rows in ``tasks`` partitions by ``key`` (:mod:`.spread_read`); None
+        past the budget (the range is then one task's)."""
+        reader = self.source.create_reader(self.schema)
+        target = self._target()
+        reader.begin_epoch(ckpt_id)
+        try:
+            def rows() -> Iterator[pa.RecordBatch]:
+                for batch in reader.read(Split(r.split_id, r.payload), r.start, r.end):
+                    yield conform(batch, target)
+                    crash_point("source.spread_read")
+            return spread_rows(rows(), key, tasks, ckpt_id)
+        finally:
+            reader.close()
+
+    def _target(self) -> pa.Schema:
+        if self._arrow_schema is None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        return self._arrow_schema
 
     def commit(self, end: dict) -> None:
         self._checkpoint_complete(self._load(self._ckpt_id(end)))
@@ -507,6 +535,11 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(partition, EndOfInputPartition):
             yield self._end_of_input_batch()
             return
+        if isinstance(partition, RowsPartition):
+            for batch in partition_rows(partition):
+                yield batch
+                crash_point("source.read")
+            return
         if isinstance(partition, SplitsPartition):
             ranges = list(partition.ranges)
         else:
@@ -514,11 +547,7 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ranges = [(partition.split_id, partition.payload, partition.start, partition.end)]
         if self._split_reader is None:
             self._split_reader = self.source.create_reader(self.schema)
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            self._arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
-        target = self._arrow_schema
-        assert target is not None
+        target = self._target()
         self._split_reader.begin_epoch(partition.ckpt_id)
         try:
             for split_id, payload, start, end in ranges:

@@ -97,6 +97,11 @@ class SplitDataSource(DataSource):
         """
         return [[r] for r in ranges]
 
+    def spread(self, r: ReadRange) -> tuple[int, str] | None:
+        """``(tasks, key column)`` to read the range ``r`` while its epoch is planned and hand its rows to that many
+        tasks by the key (:mod:`.spread_read`); None (the default): ``r`` is read by a task of its own."""
+        return None
+
     def epoch_ranges(self, checkpoint: SourceCheckpoint) -> list[ReadRange]:
         """The ranges the epoch of ``checkpoint`` reads: :func:`.planning.read_ranges` by default. A source may cut a
         range into pieces read by separate tasks (a change log range at the transaction boundaries its planning

@@ -51,7 +51,14 @@ def test_flags_give_the_options_a_python_user_passes() -> None:
                                   "maxRowsPerTrigger": "200000",  # the mirror's default bound of an epoch
                                   "snapshotRowsPerTrigger": "200000",  # 100,000 per second of the trigger, >= 200,000
                                   "rowFormat": "arrow",  # packed rows for a lakehouse target
-                                  "decodeIn": "sink"}  # typed by the sink tasks, not the one reading the slot
+                                  "decodeIn": "sink",  # typed by the sink tasks, not the one reading the slot
+                                  # the changes handed to the 2 tasks by the source (no shuffle), the chunks in 2 too
+                                  "spreadChanges": "2", "snapshotPartitions": "2"}
+    assert c.spread_in_source()
+    assert "spreadChanges" not in flags(parallelism=1).source_options() and not flags(parallelism=1).spread_in_source()
+    assert not flags(source_option=["decodeIn=source"]).spread_in_source()  # the driver would type them: a shuffle
+    assert not flags(source_option=["spreadChanges=1"]).spread_in_source()  # the user's choice holds
+    assert flags(parallelism=4, source_option=["snapshotPartitions=8"]).source_options()["snapshotPartitions"] == "8"
     assert flags(source_option=["rowFormat=json"]).source_options()["rowFormat"] == "json"  # the user's choice holds
     assert "decodeIn" not in flags(source_option=["rowFormat=json"]).source_options()  # JSON rows: the sink types them
     assert flags(parallelism=1).source_options()["decodeIn"] == "sink"  # one task too: read and typing in 2 processes

@@ -79,7 +79,8 @@ pipeline:
         "tables": "public.m_*, sales.order_*, !public.m_audit", "slotName": "ignored_by_test", "splitSize": "50000",
         "discoveryInterval": "5", "passwordEnv": SOURCE_PASSWORD_ENV, "maxRowsPerTrigger": "200000",
         "snapshotRowsPerTrigger": "1000000",  # 30 s of 100,000 rows, at most 1,000,000
-        "rowFormat": "arrow", "decodeIn": "sink"}  # packed rows for a lakehouse target, typed by the sink tasks
+        "rowFormat": "arrow", "decodeIn": "sink",  # packed rows for a lakehouse target, typed by the sink tasks
+        "spreadChanges": "4", "snapshotPartitions": "4"}  # handed to the 4 tasks by the source itself
     assert c.sink_options() == {"uid": "shop_sink", "checkpoint": "s3://lake/_meta", "path": "s3://lake/raw/{table}",
                                 "targetFileSize": "64MiB", "compactEvery": "50"}
     assert (c.name, c.trigger_s, c.master, c.spark_checkpoint) == ("Shop to the lake", 30.0, "local[4]", "/var/lib/shop")

@@ -161,10 +161,12 @@ class RelationSchemas:
 
     def prepare(self, relations: Iterable[Relation]) -> None:
         """Resolve the types (and, for a non-default replica identity, the keys) of ``relations`` at once."""
+        # (membership tests, not set() of the dicts: schema() calls this once per relation, and the dicts grow to
+        # every table of the read -- copying them each time was ~0.07 s per read of 1,000 tables)
         rels = [r for r in relations if r not in self._cache]
-        pairs = {(c.type_oid, c.type_mod) for r in rels for c in r.columns} - set(self._types)
+        pairs = {(c.type_oid, c.type_mod) for r in rels for c in r.columns if (c.type_oid, c.type_mod) not in self._types}
         self._types.update(resolve_types(self.query, pairs))
-        need_key = {r.relid for r in rels if r.replica_identity != "d"} - set(self._keys)
+        need_key = {r.relid for r in rels if r.replica_identity != "d" and r.relid not in self._keys}
         if need_key and self._planned_keys is not None:
             if self._planned is None:
                 self._planned = self._planned_keys()
@@ -173,7 +175,7 @@ class RelationSchemas:
         found = primary_keys(self.query, need_key)
         self._keys.update({relid: found.get(relid, ()) for relid in need_key})
         # Only a publication with publish_generated_columns (PostgreSQL 18) sends generated columns: left out.
-        need_generated = {r.relid for r in rels} - set(self._generated)
+        need_generated = {r.relid for r in rels if r.relid not in self._generated}
         if need_generated and self._may_publish_generated:
             generated = generated_columns(self.query, need_generated)
             self._generated.update({relid: generated.get(relid, frozenset()) for relid in need_generated})

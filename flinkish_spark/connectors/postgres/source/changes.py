@@ -10,6 +10,7 @@ transactions").
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Any, Callable, Generator
@@ -73,6 +74,49 @@ def peek_pieces(conn: Any, slot: str, publication: str, upto: int, nchanges: int
             yield rows
     finally:
         cur.close()
+
+
+#: The most bytes of messages a bounding peek keeps for the epoch's planning read (:func:`keep_peeked`); past it, the
+#: planning read peeks the range again. About two epochs of the mirror's default 200,000 changes of narrow rows.
+KEEP_PEEKED_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class PeekedRange:
+    """The messages a bounding peek fetched: every message of the slot up to the range ending at ``end``."""
+
+    slot: str
+    end: int
+    pieces: tuple[list[bytes], ...]
+
+
+_peeked: PeekedRange | None = None
+
+
+def keep_peeked(range_: PeekedRange | None) -> None:
+    """Keep (or, with None, drop) the messages of the range just bounded, for :func:`take_peeked` in this process.
+
+    Why it is exact: a peek returns whole transactions in commit order from the slot's confirmed position, which
+    never passes an epoch not yet committed; so the messages a peek fetched that stopped at the range's last
+    transaction (or at ``end``) are the messages a later peek up to ``end`` returns -- the same transactions, plus
+    perhaps older ones the slot has not yet been advanced past, which every read skips by their commit position.
+    """
+    global _peeked
+    _peeked = range_
+
+
+def has_peeked(slot: str, end: int) -> bool:
+    """Whether this process keeps the messages of the range ending at ``end`` on ``slot``."""
+    return _peeked is not None and (_peeked.slot, _peeked.end) == (slot, end)
+
+
+def take_peeked(slot: str, end: int) -> list[list[bytes]] | None:
+    """The kept messages of the range ending at ``end`` on ``slot`` (once: they are dropped), or None."""
+    global _peeked
+    kept, _peeked = _peeked, None
+    if kept is None or kept.slot != slot or kept.end != end:
+        return None
+    return list(kept.pieces)
 
 
 def with_busy_slot(fn: Callable[[], Any]) -> Any:

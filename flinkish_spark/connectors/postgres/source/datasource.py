@@ -19,6 +19,7 @@ from flinkish_spark.connectors.postgres.connection import ConnectionInfo, check_
 from flinkish_spark.connectors.postgres.rows import stream_schema
 from flinkish_spark.connectors.postgres.rows.packed import DECODE_IN, ROW_FORMATS, packed_schema
 from flinkish_spark.connectors.postgres.source.catalog import table_columns
+from flinkish_spark.connectors.postgres.source.changes import has_peeked
 from flinkish_spark.connectors.postgres.source.columns import SourceColumns, source_columns
 from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
 from flinkish_spark.connectors.postgres.source.discovery import followable_tables
@@ -29,6 +30,7 @@ from flinkish_spark.connectors.postgres.source.tables import TableInfo, load_tab
 from flinkish_spark.connectors.postgres.source.tables_enumerator import TablesEnumerator
 from flinkish_spark.errors import ConfigError, PostgresSourceError
 from flinkish_spark.options import Options
+from flinkish_spark.source.planning import ReadRange
 from flinkish_spark.source.reader import SplitReader
 
 DEFAULT_DISCOVERY_INTERVAL_S = 10.0
@@ -47,7 +49,7 @@ class PostgresSourceDataSource(CdcDataSource):
     EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = (
         "url", "passwordEnv", "table", "tables", "startup", "splitSize", "splitColumn", "maxRowsPerTrigger",
         "snapshotRowsPerTrigger", "slotName", "publication", "onSlotLost", "snapshotPartitions", "discoveryInterval",
-        "heartbeatInterval", "rowFormat", "decodeIn", "transforms",
+        "heartbeatInterval", "rowFormat", "decodeIn", "transforms", "spreadChanges",
     )
 
     def __init__(self, options: Any) -> None:
@@ -108,6 +110,16 @@ class PostgresSourceDataSource(CdcDataSource):
         if opts.has("decodeIn") and self.row_format != "arrow":
             raise ConfigError(f"{self.component}: option 'decodeIn' applies to rowFormat=arrow only (the JSON shape's "
                               "rows are always typed by the sink); set rowFormat=arrow or drop decodeIn")
+        # An epoch's changes read in the driver and spread by table over this many tasks (source.spread_read): not
+        # part of config() either (a replay of an epoch gives the same rows whichever way it is read).
+        self.spread_changes = opts.integer("spreadChanges", 1, minimum=1) or 1
+        if self.patterns is None and opts.has("spreadChanges"):
+            raise ConfigError(f"{self.component}: option 'spreadChanges' applies to 'tables' only (one table's changes "
+                              "are one table's work)")
+        if self.spread_changes > 1 and self.max_rows_per_trigger is None:
+            raise ConfigError(f"{self.component}: option 'spreadChanges' needs 'maxRowsPerTrigger' (the driver reads "
+                              "an epoch's changes whole, from the messages it fetched to bound the range: set a bound, "
+                              "e.g. maxRowsPerTrigger=200000)")
         # The columns never read (the routing sinks' rules, their column part: source.columns).
         self.source_columns: SourceColumns = source_columns(opts.get, self.component)
         if self.source_columns and self.patterns is None:
@@ -189,6 +201,13 @@ class PostgresSourceDataSource(CdcDataSource):
         else:
             self.table_info()
         return super().streamReader(schema)
+
+    def spread(self, r: ReadRange) -> tuple[int, str] | None:
+        """As the CDC source's, and only for the range whose messages this process fetched to bound it (the epoch
+        just planned): a replayed epoch, a range capped by ``Trigger.AvailableNow`` or one too big to keep is read
+        by one task, never peeked again in the driver (the server would decode it a third time)."""
+        spread = super().spread(r)
+        return spread if spread is not None and has_peeked(self.slot_name, r.end) else None
 
     def create_enumerator(self) -> PostgresEnumerator:
         return PostgresEnumerator(self) if self.patterns is None else TablesEnumerator(self)

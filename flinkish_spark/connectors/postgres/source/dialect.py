@@ -28,7 +28,9 @@ from flinkish_spark.connectors.postgres.connection import connect, qualified
 from flinkish_spark.connectors.postgres.pgoutput import begin_final_lsn, format_lsn, parse_lsn
 from flinkish_spark.connectors.postgres.source.catalog import primary_keys, psycopg_query, table_columns
 from flinkish_spark.connectors.postgres.source.columns import identity_full, lists_unsupported
-from flinkish_spark.connectors.postgres.source.changes import peek_pieces, with_busy_slot
+from flinkish_spark.connectors.postgres.source.changes import (
+    KEEP_PEEKED_BYTES, PeekedRange, keep_peeked, peek_pieces, take_peeked, with_busy_slot,
+)
 from flinkish_spark.connectors.postgres.source.discovery import check_followable, find_tables
 from flinkish_spark.connectors.postgres.source.host import PostgresSourceHost
 from flinkish_spark.connectors.postgres.source.signature import Signature, change, signatures
@@ -306,6 +308,10 @@ class PostgresDialect:
         src = self.source
         want = limit or 1
         stale = 0  # messages of transactions before ``position`` that the slot still returns
+        # With spreadChanges the epoch's planning reads the range in this process: the messages fetched here are
+        # kept for it (up to KEEP_PEEKED_BYTES), so that the server decodes the range once, not twice.
+        keep = getattr(src, "spread_changes", 1) > 1
+        keep_peeked(None)
         with connect(src.conn_info, autocommit=True) as conn:
             flush = parse_lsn(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
             while True:
@@ -313,8 +319,16 @@ class PostgresDialect:
                 # messages, of which only the Begins are looked at here (docs/postgres-source.md, "Big transactions").
                 finals, old, seen = [], 0, 0
                 current: int | None = None
+                kept: list[list[bytes]] | None = [] if keep else None
+                size = 0
                 for piece in peek_pieces(conn, src.slot_name, src.publication, flush, want + stale):
                     seen += len(piece)
+                    if kept is not None:
+                        size += sum(map(len, piece))
+                        if size <= KEEP_PEEKED_BYTES:
+                            kept.append(piece)
+                        else:
+                            kept = None
                     for data in piece:
                         if data[:1] == b"B":
                             current = begin_final_lsn(data)
@@ -327,12 +341,19 @@ class PostgresDialect:
                 if old <= stale or seen < want + stale:
                     break
                 stale = old
+            # Whether the peek fetched the whole range: it ran out before the flush position, or stopped at the limit.
+            whole = seen < want + stale or (limit is not None and seen - old >= limit)
             if not finals:
                 # Nothing new: no epoch (and no empty batch), unless the slot must move.
-                return flush if self.heartbeat_due(conn, position, flush) else position
-        if limit is not None and seen - old >= limit:
-            return finals[-1] + 1  # the peek stopped after a whole transaction: end just after it
-        return flush
+                end = flush if self.heartbeat_due(conn, position, flush) else position
+                if end != position and kept is not None and whole:
+                    keep_peeked(PeekedRange(src.slot_name, end, tuple(kept)))
+                return end
+        # the peek stopped after a whole transaction: end just after it
+        end = finals[-1] + 1 if limit is not None and seen - old >= limit else flush
+        if kept is not None and whole:
+            keep_peeked(PeekedRange(src.slot_name, end, tuple(kept)))
+        return end
 
     def heartbeat_due(self, conn: Any, position: int, flush: int) -> bool:
         """Whether an epoch without rows should carry the slot to ``flush``.
@@ -367,7 +388,8 @@ class PostgresDialect:
         """The range's stream rows; none for a lost slot's range under ``onSlotLost=resnapshot`` (:meth:`readable`)."""
         if not self.readable(start, end):
             return iter(())
-        return read_changes(self.source, start, end, planned_keys)
+        # The bounding peek's messages where this process just fetched them (spreadChanges: the driver's read).
+        return read_changes(self.source, start, end, planned_keys, take_peeked(self.source.slot_name, end))
 
 
 if TYPE_CHECKING:

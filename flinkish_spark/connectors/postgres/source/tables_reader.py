@@ -178,9 +178,11 @@ def _bounds(chunk: dict[str, Any]) -> str:
 
 
 def read_changes(src: PostgresSourceHost, start: int, end: int,
-                 planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None = None) -> Iterator[pa.RecordBatch]:
+                 planned_keys: Callable[[], Mapping[int, tuple[str, ...]]] | None = None,
+                 peeked: list[list[bytes]] | None = None) -> Iterator[pa.RecordBatch]:
     """The stream rows of the WAL range ``[start, end)``; ``planned_keys``: the tables' keys as the epoch was
-    planned (see the module docstring; None -- a read outside an epoch -- takes them from the catalog)."""
+    planned (see the module docstring; None -- a read outside an epoch -- takes them from the catalog); ``peeked``:
+    the slot's messages up to ``end`` if they were already fetched (:func:`.changes.take_peeked`), else peeked."""
     assert src.patterns is not None
     patterns = src.patterns
     with connect(src.conn_info, autocommit=True) as conn:
@@ -193,7 +195,7 @@ def read_changes(src: PostgresSourceHost, start: int, end: int,
         def pieces() -> Iterator[list[bytes]]:
             # The range piece by piece (one big transaction is millions of messages): each piece's new relations
             # resolved at once (one catalog query for a piece of many tables), before any of its changes.
-            for piece in peek_pieces(conn, src.slot_name, src.publication, end):
+            for piece in peek_pieces(conn, src.slot_name, src.publication, end) if peeked is None else peeked:
                 found = relations_in(piece)
                 schemas.prepare(r for r in found.values() if patterns.matches(f"{r.namespace}.{r.name}"))
                 relations.update(found)
