@@ -5,8 +5,10 @@ The writer changes m_a, m_b, m_c all the time and, once two epochs are committed
 creates a table and drops one (flinkish_spark.testing.mirror's workload): the schema rows must travel with their
 table's changes into its task. Run 1 is killed (``FLINKISH_CRASH_AT=sink.after_prepare``) when a sink task has
 written its files -- the epoch's other task not necessarily; run 2 when the first table of an epoch has its Delta
-version and the others not (``sink.between_tables``); run 3 drains. Every target then equals its table, and the
-sink's decision records show epochs whose changed tables came from two tasks.
+version and the others not (``sink.between_tables``); run 3 in the driver, while it reads an epoch's change range
+to hand it to the two tasks (``source.spread_read``: the source's ``spreadChanges``, which the command sets); run 4
+drains. Every target then equals its table, and the sink's decision records show epochs whose changed tables came
+from two tasks.
 """
 
 from __future__ import annotations
@@ -48,19 +50,20 @@ def test_two_tasks_killed_between_prepares_and_mid_commit_then_the_targets_equal
            "--checkpoint", str(meta), "--trigger", "1s", "--parallelism", "2", "--source-option", "splitSize=500",
            "--source-option", "maxRowsPerTrigger=2000", "--source-option", "discoveryInterval=1"]
     with writer_running(pg_url, tmp_path, ddl_after=os.path.join(spark_cp, "commits")) as stop_writer:
-        for run, point in (("run1", "sink.after_prepare:9"), ("run2", "sink.between_tables:3")):
+        for run, point in (("run1", "sink.after_prepare:9"), ("run2", "sink.between_tables:3"),
+                           ("run3", "source.spread_read:2")):
             (tmp_path / run).mkdir()
             log = tmp_path / f"{run}.log"
             rc, out = ended(start(cmd, log, env={"FLINKISH_CRASH_AT": point, "FLINKISH_CRASH_DIR": str(tmp_path / run)}),
                             log)
             assert rc == 137 and "run the same command again" in out, out[-4000:]
-        log = tmp_path / "run3.log"
-        run3 = start(cmd, log)
+        log = tmp_path / "run4.log"
+        last = start(cmd, log)
         before = len(committed_batches(spark_cp))
         # the schema changes and the new table come 2 s apart once two epochs are committed: give them time
-        wait_for("6 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 6, run3, log)
+        wait_for("6 more epochs", lambda: len(committed_batches(spark_cp)) >= before + 6, last, log)
         stop_writer()
-        drain(run3, log)
+        drain(last, log)
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         source, schemas = table_states(conn, TABLES)
