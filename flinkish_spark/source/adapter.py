@@ -9,7 +9,9 @@ Protocol (write-ahead metadata, DESIGN.md section 4.1):
   checkpoint file, and only then returns an offset that names the file.
   When nothing changed it returns ``start`` itself, so no empty epoch is made.
 * ``partitions(start, end)`` is a pure function of the file ``end`` names (whose
-  parent must be ``start``): a replay after a crash plans the same ranges.
+  parent must be ``start``): a replay after a crash plans the same ranges. (Which tasks
+  read them may differ: a source that spreads a range it just bounded -- :mod:`.spread_read`
+  -- plans its replay as one task; every task layout reads the same rows.)
   Splits that finished in an earlier epoch never get a partition.
 * A call ``latestOffset(start)`` means the batch that ended at ``start`` has been
   committed by the sink: Spark runs micro-batches one after another and only
@@ -34,6 +36,7 @@ carries only the source and schema: ``read`` needs nothing else.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -62,8 +65,11 @@ from flinkish_spark.source.offset import GENESIS, OFFSET_VERSION, EndOfInput, So
 from flinkish_spark.source.planning import Budget, ReadRange, plan_epoch
 from flinkish_spark.source.reader import SplitReader
 from flinkish_spark.source.split import Split, SplitExtent
+from flinkish_spark.source import spread_read
 from flinkish_spark.source.spread_read import RowsPartition, partition_rows, spread_rows
 from flinkish_spark.faults import crash_point
+
+_log = logging.getLogger(__name__)
 
 
 class SourceHost(Protocol):
@@ -498,9 +504,14 @@ class SplitStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for batch in reader.read(Split(r.split_id, r.payload), r.start, r.end):
                     yield conform(batch, target)
                     crash_point("source.spread_read")
-            return spread_rows(rows(), key, tasks, ckpt_id)
+            spread = spread_rows(rows(), key, tasks, ckpt_id)
         finally:
             reader.close()
+        if spread is None:
+            _log.warning("source uid %r: epoch %d's range of %s holds more than %d MiB of rows: read by one task, its "
+                         "per-key work there (a lower maxRowsPerTrigger keeps epochs spread)", self.source.uid, ckpt_id,
+                         r.split_id, spread_read.SPREAD_BUDGET_BYTES >> 20)
+        return spread
 
     def _target(self) -> pa.Schema:
         if self._arrow_schema is None:

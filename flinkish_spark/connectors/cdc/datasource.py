@@ -30,8 +30,6 @@ class CdcDataSource(SplitDataSource):
     split_size: int
     snapshot_rows_per_trigger: int | None
     snapshot_partitions: int
-    #: Tasks a change range's rows are spread over by table, read in the driver (``spreadChanges``; 1: not spread).
-    spread_changes: int = 1
 
     def default_read_limit(self) -> ReadLimit:
         if self.snapshot_rows_per_trigger is not None:
@@ -51,13 +49,6 @@ class CdcDataSource(SplitDataSource):
         for i in range(n):
             groups.append(chunks[len(chunks) * i // n: len(chunks) * (i + 1) // n])
         return groups
-
-    def spread(self, r: ReadRange) -> tuple[int, str] | None:
-        """A change range read in the driver and spread by table over ``spread_changes`` tasks
-        (:mod:`flinkish_spark.source.spread_read`); snapshot chunks as they are."""
-        if self.spread_changes <= 1 or r.split_id.startswith("snapshot-"):
-            return None
-        return self.spread_changes, "_table"
 
     def epoch_ranges(self, checkpoint: SourceCheckpoint) -> list[ReadRange]:
         """The epoch's ranges, the change range cut into the pieces its planning recorded in the checkpoint."""

@@ -17,8 +17,10 @@ import pytest
 
 from flinkish_spark.connectors.postgres.rows.packed import packed_schema
 from flinkish_spark.connectors.postgres.source import PostgresSourceDataSource
+from flinkish_spark.connectors.postgres.source import changes as changes_mod
 from flinkish_spark.connectors.postgres.source import tables_reader
-from flinkish_spark.source import spread_read
+from flinkish_spark.connectors.postgres.source.dialect import PostgresDialect
+from flinkish_spark.source import adapter, spread_read
 from flinkish_spark.source.adapter import SplitPartition
 from flinkish_spark.source.spread_read import RowsPartition
 
@@ -136,7 +138,16 @@ def test_a_range_past_the_budget_is_one_task_that_reads_it(pg_url: str, tmp_path
     write_changes(pg_url)
     end = reader.latestOffset(start, ReadAllAvailable())
     monkeypatch.setattr(spread_read, "SPREAD_BUDGET_BYTES", 1_000)
+    gave_up: list[object] = []
+    real_spread = adapter.spread_rows
+
+    def spread_rows(*a: Any, **k: Any) -> Any:
+        gave_up.append(real_spread(*a, **k))
+        return gave_up[-1]
+
+    monkeypatch.setattr(adapter, "spread_rows", spread_rows)
     parts = reader.partitions(start, end)
+    assert gave_up == [None]  # the driver read the range to spread it, and gave up at the budget
     assert [type(p) for p in parts] == [SplitPartition]
     assert sum(r["_changes"] or 0 for r in rows(reader, parts[0])) >= 40 * 6
     reader.stop()
@@ -156,3 +167,33 @@ def test_spread_changes_is_refused_without_tables_or_a_bound(pg_url: str, tmp_pa
     unbounded = source(pg_url, tmp_path, "unbounded", spreadChanges="2")
     with pytest.raises(ConfigError, match="'spreadChanges' needs 'maxRowsPerTrigger'"):
         unbounded.schema()
+
+
+def test_the_kept_messages_are_a_fresh_peek_of_the_range_and_none_are_kept_for_an_unbounded_range(
+        pg_url: str, tmp_path: Path) -> None:
+    """The invariant the driver's read stands on: what ``change_target`` keeps for a range is what a peek up to its
+    end returns; a range it bounded without fetching it (no limit: a drain) keeps nothing."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    make_tables(pg_url)
+    src = source(pg_url, tmp_path, "kept", spreadChanges="2", maxRowsPerTrigger="100000")
+    reader = src.streamReader(packed_schema())
+    start = reader.initialOffset()
+    while (end := reader.latestOffset(start, ReadAllAvailable())) != start:
+        reader.partitions(start, end)
+        reader.commit(end)
+        start = end
+    write_changes(pg_url)
+    dialect = PostgresDialect(src)
+    slot = src.slot_name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        position = 0  # the slot's own start: every change written above is after it
+        for limit in (7, 60, 100_000):
+            end_lsn = dialect.change_target(position, limit)
+            assert changes_mod.has_peeked(slot, end_lsn), limit
+            kept = [m for piece in changes_mod.take_peeked(slot, end_lsn) or [] for m in piece]
+            fresh = changes_mod.peek(conn, slot, src.publication, end_lsn, None)
+            assert kept == fresh and kept, limit
+        end_lsn = dialect.change_target(position, None)  # a drain's bound: up to the flush position, one change fetched
+        assert not changes_mod.has_peeked(slot, end_lsn)
+    reader.stop()

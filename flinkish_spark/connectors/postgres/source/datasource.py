@@ -203,11 +203,15 @@ class PostgresSourceDataSource(CdcDataSource):
         return super().streamReader(schema)
 
     def spread(self, r: ReadRange) -> tuple[int, str] | None:
-        """As the CDC source's, and only for the range whose messages this process fetched to bound it (the epoch
-        just planned): a replayed epoch, a range capped by ``Trigger.AvailableNow`` or one too big to keep is read
-        by one task, never peeked again in the driver (the server would decode it a third time)."""
-        spread = super().spread(r)
-        return spread if spread is not None and has_peeked(self.slot_name, r.end) else None
+        """With ``spreadChanges``: the change range read in the driver and spread by table
+        (:mod:`flinkish_spark.source.spread_read`) -- only the range whose messages this process fetched to bound it
+        (the epoch just planned): a replayed epoch, a range capped by ``Trigger.AvailableNow`` or one too big to keep
+        is read by one task, never peeked again in the driver (the server would decode it a third time). Here, not
+        in the CDC core: a range cut into pieces (MySQL's ``changeReaders``) would put a table in two pieces' tasks;
+        a slot's range is never cut."""
+        if self.spread_changes <= 1 or r.split_id.startswith("snapshot-"):
+            return None
+        return (self.spread_changes, "_table") if has_peeked(self.slot_name, r.end) else None
 
     def create_enumerator(self) -> PostgresEnumerator:
         return PostgresEnumerator(self) if self.patterns is None else TablesEnumerator(self)

@@ -56,6 +56,7 @@ class PostgresDialect:
         # list lacked until this poll (its changes since ADD COLUMN came without its values).
         self._unlisted: dict[str, str] = {}
         self._warned: set[str] = set()
+        self.warned_unspread = False  # spreadChanges: a range too big to keep was said once
         self._owns = False  # the source's own publication (cached once true)
         # Without rules, once the own publication has no column list none comes back in this process (only rules
         # make lists): the polls stop asking (two round trips each).
@@ -329,6 +330,11 @@ class PostgresDialect:
                             kept.append(piece)
                         else:
                             kept = None
+                            if not self.warned_unspread:  # once per driver: wide rows make every epoch so
+                                self.warned_unspread = True
+                                _log.warning("%s: a change range holds more than %d MiB of messages: such an epoch is "
+                                             "read by one task, not spread (spreadChanges; a lower maxRowsPerTrigger "
+                                             "keeps epochs spread)", src.component, KEEP_PEEKED_BYTES >> 20)
                     for data in piece:
                         if data[:1] == b"B":
                             current = begin_final_lsn(data)
