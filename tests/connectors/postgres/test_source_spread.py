@@ -123,19 +123,27 @@ def test_spread_partitions_hold_the_ranges_rows_each_table_in_one_task(
     assert changes >= 40 * 6  # every insert and update at least (deletes, the truncate and the added row besides)
 
 
-def test_a_range_past_the_budget_is_one_task_that_reads_it(pg_url: str, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def backlog_after_snapshot(url: str, tmp: Path, uid: str) -> tuple[Any, Any, dict]:
+    """A spreading source whose snapshot is read, then the changes written as a backlog: (source, reader, offset)."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    make_tables(pg_url)
-    src = source(pg_url, tmp_path, "budget", spreadChanges="2", maxRowsPerTrigger="100000")
+    make_tables(url)
+    src = source(url, tmp, uid, spreadChanges="2", maxRowsPerTrigger="100000")
     reader = src.streamReader(packed_schema())
     start = reader.initialOffset()
     while (end := reader.latestOffset(start, ReadAllAvailable())) != start:
         reader.partitions(start, end)
         reader.commit(end)
         start = end
-    write_changes(pg_url)
+    write_changes(url)
+    return src, reader, start
+
+
+def test_a_range_past_the_budget_is_one_task_that_reads_it(pg_url: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    src, reader, start = backlog_after_snapshot(pg_url, tmp_path, "budget")
     end = reader.latestOffset(start, ReadAllAvailable())
     monkeypatch.setattr(spread_read, "SPREAD_BUDGET_BYTES", 1_000)
     gave_up: list[object] = []
@@ -173,17 +181,7 @@ def test_the_kept_messages_are_a_fresh_peek_of_the_range_and_none_are_kept_for_a
         pg_url: str, tmp_path: Path) -> None:
     """The invariant the driver's read stands on: what ``change_target`` keeps for a range is what a peek up to its
     end returns; a range it bounded without fetching it (no limit: a drain) keeps nothing."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
-
-    make_tables(pg_url)
-    src = source(pg_url, tmp_path, "kept", spreadChanges="2", maxRowsPerTrigger="100000")
-    reader = src.streamReader(packed_schema())
-    start = reader.initialOffset()
-    while (end := reader.latestOffset(start, ReadAllAvailable())) != start:
-        reader.partitions(start, end)
-        reader.commit(end)
-        start = end
-    write_changes(pg_url)
+    src, reader, start = backlog_after_snapshot(pg_url, tmp_path, "kept")
     dialect = PostgresDialect(src)
     slot = src.slot_name
     with psycopg.connect(pg_url, autocommit=True) as conn:
