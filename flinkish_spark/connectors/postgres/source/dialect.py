@@ -347,17 +347,15 @@ class PostgresDialect:
                 if old <= stale or seen < want + stale:
                     break
                 stale = old
-            # Whether the peek fetched the whole range: it ran out before the flush position, or stopped at the limit.
-            whole = seen < want + stale or (limit is not None and seen - old >= limit)
             if not finals:
                 # Nothing new: no epoch (and no empty batch), unless the slot must move.
                 end = flush if self.heartbeat_due(conn, position, flush) else position
-                if end != position and kept is not None and whole:
-                    keep_peeked(PeekedRange(src.slot_name, end, tuple(kept)))
-                return end
-        # the peek stopped after a whole transaction: end just after it
-        end = finals[-1] + 1 if limit is not None and seen - old >= limit else flush
-        if kept is not None and whole:
+            elif limit is not None and seen - old >= limit:
+                end = finals[-1] + 1  # the peek stopped after a whole transaction: end just after it
+            else:
+                end = flush
+        # Kept only if the peek fetched the whole range: it ran out before the flush position, or stopped at the limit.
+        if end != position and kept is not None and (seen < want + stale or (limit is not None and seen - old >= limit)):
             keep_peeked(PeekedRange(src.slot_name, end, tuple(kept)))
         return end
 
